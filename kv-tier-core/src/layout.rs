@@ -1,0 +1,422 @@
+//! The on-disk layout shared with vLLM's filesystem tier: namespace digest, directory names
+//! and block paths. The `fs` tier uses it under its `root_dir`, the `obj` tier under its prefix.
+//!
+//! See `spec/vllm-layout.md` of the project; [`Namespace`] reproduces its vectors byte for byte.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::key::BlockKey;
+
+/// One KV-cache group of the run fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvCacheGroup {
+    /// Tokens per block of this group.
+    pub tokens_per_block: u64,
+    /// The attention layers of this group, in order.
+    pub layer_names: Vec<String>,
+}
+
+fn one() -> u64 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+fn vllm() -> String {
+    "vllm".into()
+}
+
+/// The run fields: what a block means. Blocks of different run fields are never mixed.
+///
+/// Deserializes from the `config.json` form, where `parallel_agnostic` is present only when
+/// false and `replicated_layout` only when true.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunFields {
+    /// Model name, e.g. `meta-llama/Llama-3.1-8B-Instruct`.
+    pub model_name: String,
+    /// Tokens per block hash.
+    pub tokens_per_hash: u64,
+    /// Blocks per file (1 by default).
+    #[serde(default = "one")]
+    pub blocks_per_file: u64,
+    /// Tensor-parallel size (forced to 1 when parallelism-agnostic).
+    #[serde(default = "one")]
+    pub tp_size: u64,
+    /// Pipeline-parallel size (forced to 1 when parallelism-agnostic).
+    #[serde(default = "one")]
+    pub pp_size: u64,
+    /// Prefill context-parallel size (forced to 1 when parallelism-agnostic).
+    #[serde(default = "one")]
+    pub pcp_size: u64,
+    /// Decode context-parallel size (forced to 1 when parallelism-agnostic).
+    #[serde(default = "one")]
+    pub dcp_size: u64,
+    /// The dtype as the engine spells it, e.g. `torch.bfloat16`.
+    pub dtype: String,
+    /// KV-cache groups, order kept.
+    #[serde(default)]
+    pub kv_cache_groups: Vec<KvCacheGroup>,
+    /// The engine, `"vllm"` by default.
+    #[serde(default = "vllm")]
+    pub inference_engine: String,
+    /// Whether the namespace is shared across parallel layouts (the default).
+    #[serde(default = "yes")]
+    pub parallel_agnostic: bool,
+    /// Whether the layout is replicated across ranks.
+    #[serde(default)]
+    pub replicated_layout: bool,
+    /// A canonical byte format, when one is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canonical_format: Option<String>,
+}
+
+impl RunFields {
+    /// Minimal run fields for a model and dtype; parallelism-agnostic, one block per file.
+    pub fn new(model_name: impl Into<String>, dtype: impl Into<String>, tokens_per_hash: u64) -> Self {
+        Self {
+            model_name: model_name.into(),
+            tokens_per_hash,
+            blocks_per_file: 1,
+            tp_size: 1,
+            pp_size: 1,
+            pcp_size: 1,
+            dcp_size: 1,
+            dtype: dtype.into(),
+            kv_cache_groups: Vec::new(),
+            inference_engine: vllm(),
+            parallel_agnostic: true,
+            replicated_layout: false,
+            canonical_format: None,
+        }
+    }
+
+    /// The fields as written into `config.json` and digested (sorted keys; the optional
+    /// fields present only as the spec says).
+    pub fn to_json(&self) -> Value {
+        let agnostic = self.parallel_agnostic;
+        let par = |v: u64| Value::from(if agnostic { 1 } else { v });
+        let mut m = Map::new();
+        m.insert("model_name".into(), self.model_name.clone().into());
+        m.insert("tokens_per_hash".into(), self.tokens_per_hash.into());
+        m.insert("blocks_per_file".into(), self.blocks_per_file.into());
+        m.insert("tp_size".into(), par(self.tp_size));
+        m.insert("pp_size".into(), par(self.pp_size));
+        m.insert("pcp_size".into(), par(self.pcp_size));
+        m.insert("dcp_size".into(), par(self.dcp_size));
+        m.insert("dtype".into(), self.dtype.clone().into());
+        m.insert(
+            "kv_cache_groups".into(),
+            serde_json::to_value(&self.kv_cache_groups).expect("groups serialize"),
+        );
+        m.insert("inference_engine".into(), self.inference_engine.clone().into());
+        if !agnostic {
+            m.insert("parallel_agnostic".into(), false.into());
+        }
+        if self.replicated_layout {
+            m.insert("replicated_layout".into(), true.into());
+        }
+        if let Some(f) = &self.canonical_format {
+            m.insert("canonical_format".into(), f.clone().into());
+        }
+        Value::Object(m)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.model_name.is_empty() {
+            return Err(Error::config("layout.model_name", "must not be empty"));
+        }
+        if self.dtype.is_empty() {
+            return Err(Error::config("layout.dtype", "must not be empty"));
+        }
+        for (name, v) in [
+            ("tokens_per_hash", self.tokens_per_hash),
+            ("blocks_per_file", self.blocks_per_file),
+            ("tp_size", self.tp_size),
+            ("pp_size", self.pp_size),
+            ("pcp_size", self.pcp_size),
+            ("dcp_size", self.dcp_size),
+        ] {
+            if v == 0 {
+                return Err(Error::config(format!("layout.{name}"), "must be positive"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A resolved namespace: run fields, rank and digest. Maps keys to paths relative to a root.
+///
+/// ```
+/// use kv_tier_core::{BlockKey, Namespace, RunFields};
+/// let ns = Namespace::new(RunFields::new("org/model", "torch.bfloat16", 16), 0)?;
+/// let key = BlockKey::from_hex("abcdef01", 0)?;
+/// let rel = ns.block_rel_path(&key);
+/// assert_eq!(rel, format!("org_model_{}_r0/abc/de_g0/abcdef01.bin", ns.digest()));
+/// # Ok::<(), kv_tier_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    fields: RunFields,
+    rank: u32,
+    digest: String,
+    dir_name: String,
+}
+
+impl Namespace {
+    /// Resolves run fields and a worker rank (forced to 0 when parallelism-agnostic).
+    pub fn new(fields: RunFields, rank: u32) -> Result<Self> {
+        fields.validate()?;
+        let canonical = canonical_json(&fields.to_json());
+        let hash = Sha256::digest(canonical.as_bytes());
+        let mut digest = String::with_capacity(12);
+        for b in &hash[..6] {
+            write!(digest, "{b:02x}").expect("string write");
+        }
+        let dir_name = format!("{}_{digest}", fields.model_name.replace('/', "_"));
+        let rank = if fields.parallel_agnostic { 0 } else { rank };
+        Ok(Self {
+            fields,
+            rank,
+            digest,
+            dir_name,
+        })
+    }
+
+    /// Parses the `config.json` form of the run fields (a JSON object) plus a rank.
+    pub fn from_json(fields: &Value, rank: u32) -> Result<Self> {
+        let fields: RunFields = crate::config::from_value(fields.clone(), "layout")?;
+        Self::new(fields, rank)
+    }
+
+    /// The run fields.
+    pub fn fields(&self) -> &RunFields {
+        &self.fields
+    }
+
+    /// The effective rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The 12-hex-digit digest of the canonical JSON.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The canonical JSON that the digest is taken over.
+    pub fn canonical_json(&self) -> String {
+        canonical_json(&self.fields.to_json())
+    }
+
+    /// `<root>/<model_name with '/' -> '_'>_<digest>`.
+    pub fn namespace_dir(&self, root: &Path) -> PathBuf {
+        root.join(&self.dir_name)
+    }
+
+    /// `<namespace dir>/config.json`.
+    pub fn config_path(&self, root: &Path) -> PathBuf {
+        self.namespace_dir(root).join("config.json")
+    }
+
+    /// The name of the directory holding this rank's blocks, relative to the root.
+    pub fn rank_dir_name(&self) -> String {
+        format!("{}_r{}", self.dir_name, self.rank)
+    }
+
+    /// The content of `config.json`: pretty-printed, sorted keys, 2-space indent, non-ASCII
+    /// escaped (Python's `json.dumps(fields, indent=2, sort_keys=True)`).
+    pub fn config_json(&self) -> String {
+        let mut out = String::new();
+        write_json(&mut out, &self.fields.to_json(), Some(0));
+        out
+    }
+
+    /// Checks an existing `config.json` against this namespace (compared as JSON values).
+    pub fn check_config_json(&self, path: &Path, content: &str) -> Result<()> {
+        let found: Value = serde_json::from_str(content).map_err(|e| Error::LayoutMismatch {
+            path: path.to_path_buf(),
+            reason: format!("not valid JSON: {e}"),
+        })?;
+        let want = self.fields.to_json();
+        if found != want {
+            return Err(Error::LayoutMismatch {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "it holds run fields {} but this tier is configured with {}",
+                    canonical_json(&found),
+                    canonical_json(&want)
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// `<rank dir>/<hex[0..3]>/<hex[3..5]>_g<group>/<hex>.bin`, relative to the root, with `/`
+    /// separators. Slices shorter hashes as Python does (a 1-byte hash gives `ab/_g0/ab.bin`).
+    pub fn block_rel_path(&self, key: &BlockKey) -> String {
+        let hex = key.hash_hex();
+        let a = &hex[..hex.len().min(3)];
+        let b = &hex[hex.len().min(3)..hex.len().min(5)];
+        format!(
+            "{}/{a}/{b}_g{}/{hex}.bin",
+            self.rank_dir_name(),
+            key.group()
+        )
+    }
+
+    /// [`Namespace::block_rel_path`] under `root`.
+    pub fn block_path(&self, root: &Path, key: &BlockKey) -> PathBuf {
+        root.join(self.block_rel_path(key))
+    }
+}
+
+/// Canonical JSON as Python's `json.dumps(v, sort_keys=True, separators=(",", ":"))`:
+/// sorted keys, no spaces, every character outside printable ASCII escaped as `\uXXXX`.
+pub fn canonical_json(v: &Value) -> String {
+    let mut out = String::new();
+    write_json(&mut out, v, None);
+    out
+}
+
+fn write_json(out: &mut String, v: &Value, indent: Option<usize>) {
+    match v {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::String(s) => write_str(out, s),
+        Value::Array(items) => {
+            if items.is_empty() {
+                out.push_str("[]");
+                return;
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                newline(out, indent.map(|d| d + 1));
+                write_json(out, item, indent.map(|d| d + 1));
+            }
+            newline(out, indent);
+            out.push(']');
+        }
+        Value::Object(map) => {
+            if map.is_empty() {
+                out.push_str("{}");
+                return;
+            }
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                newline(out, indent.map(|d| d + 1));
+                write_str(out, k);
+                out.push_str(if indent.is_some() { ": " } else { ":" });
+                write_json(out, &map[k], indent.map(|d| d + 1));
+            }
+            newline(out, indent);
+            out.push('}');
+        }
+    }
+}
+
+fn newline(out: &mut String, indent: Option<usize>) {
+    if let Some(d) = indent {
+        out.push('\n');
+        for _ in 0..d {
+            out.push_str("  ");
+        }
+    }
+}
+
+fn write_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            ' '..='~' => out.push(c),
+            _ => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    write!(out, "\\u{unit:04x}").expect("string write");
+                }
+            }
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_like_python() {
+        let v = serde_json::json!({"b": "é\"\\\n\u{1}\u{7f}😀", "a": [1, {"z": true, "y": null}]});
+        assert_eq!(
+            canonical_json(&v),
+            r#"{"a":[1,{"y":null,"z":true}],"b":"\u00e9\"\\\n\u0001\u007f\ud83d\ude00"}"#
+        );
+    }
+
+    #[test]
+    fn pretty_matches_python_indent_2() {
+        let v = serde_json::json!({"b": [], "a": [1, 2], "c": {}});
+        let mut out = String::new();
+        write_json(&mut out, &v, Some(0));
+        assert_eq!(out, "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": [],\n  \"c\": {}\n}");
+    }
+
+    #[test]
+    fn agnostic_forces_parallel_sizes_and_rank() {
+        let mut f = RunFields::new("m", "float16", 16);
+        f.tp_size = 4;
+        let ns = Namespace::new(f.clone(), 3).unwrap();
+        assert_eq!(ns.rank(), 0);
+        assert_eq!(ns.fields().to_json()["tp_size"], 1);
+        assert!(ns.fields().to_json().get("parallel_agnostic").is_none());
+        f.parallel_agnostic = false;
+        let ns2 = Namespace::new(f, 3).unwrap();
+        assert_eq!(ns2.rank(), 3);
+        assert_eq!(ns2.fields().to_json()["tp_size"], 4);
+        assert_ne!(ns.digest(), ns2.digest());
+    }
+
+    #[test]
+    fn short_hashes_slice_like_python() {
+        let ns = Namespace::new(RunFields::new("m", "f", 16), 0).unwrap();
+        let key = BlockKey::new(&[0xab], 1).unwrap();
+        assert!(ns.block_rel_path(&key).ends_with("_r0/ab/_g1/ab.bin"));
+        let key = BlockKey::new(&[0xab, 0xcd], 0).unwrap();
+        assert!(ns.block_rel_path(&key).ends_with("_r0/abc/d_g0/abcd.bin"));
+    }
+
+    #[test]
+    fn config_json_round_trips_and_mismatch_is_refused() {
+        let ns = Namespace::new(RunFields::new("a/b", "torch.float16", 16), 0).unwrap();
+        let text = ns.config_json();
+        let p = Path::new("/x/config.json");
+        ns.check_config_json(p, &text).unwrap();
+        let other = Namespace::new(RunFields::new("a/b", "torch.bfloat16", 16), 0).unwrap();
+        let err = other.check_config_json(p, &text).unwrap_err();
+        assert!(matches!(err, Error::LayoutMismatch { .. }), "{err}");
+        assert!(err.to_string().contains("/x/config.json"));
+    }
+}

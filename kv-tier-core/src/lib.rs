@@ -1,0 +1,33 @@
+#![doc = include_str!("../README.md")]
+
+pub mod buf;
+pub mod config;
+pub mod error;
+pub mod event;
+pub mod key;
+pub mod layout;
+pub mod lookup;
+pub mod manager;
+pub mod registry;
+pub mod request;
+pub mod stats;
+pub mod tier;
+
+pub use buf::{AlignedBuf, BlockSink, BlockSource, PAGE_SIZE, SinkReader};
+pub use config::{EvictionPolicy, KvTierConfig, TierSpec};
+pub use error::{Error, Result};
+pub use event::{Locality, Medium, TierEvent};
+pub use key::BlockKey;
+pub use layout::{Namespace, RunFields};
+pub use lookup::{AsyncLookup, Presence};
+pub use manager::{TieringManager, TieringManagerBuilder};
+pub use registry::{BuildContext, TierBuilder, TierRegistry};
+pub use request::{LookupResult, PrefixCount, RequestContext, RequestId, TierFilter, count_prefix};
+pub use stats::{LatencyHistogram, ManagerStats, TierStats};
+pub use tier::{
+    Capability, JobResult, LoadJob, PreparedStore, PrimaryStats, PrimaryTier, ProtectGuard, ProtectionSet,
+    SecondaryTier, StoreJob, TierInfo,
+};
+
+/// Re-exported so tier crates and the conformance macro use the same version.
+pub use async_trait::async_trait;

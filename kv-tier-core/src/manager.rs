@@ -1,0 +1,690 @@
+//! [`TieringManager`]: the DRAM primary plus ordered secondary tiers, driven from the
+//! engine's scheduler thread without ever blocking it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use futures::FutureExt;
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::Notify;
+
+use crate::buf::BlockSink;
+use crate::config::KvTierConfig;
+use crate::error::{Error, Result};
+use crate::event::TierEvent;
+use crate::key::BlockKey;
+use crate::layout::Namespace;
+use crate::lookup::{AsyncLookup, Presence};
+use crate::registry::{BuildContext, TierRegistry};
+use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count_prefix};
+use crate::stats::{ManagerStats, TierStats};
+use crate::tier::{JobResult, LoadJob, PreparedStore, PrimaryTier, ProtectGuard, SecondaryTier, StoreJob};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobKind {
+    Store,
+    Load,
+}
+
+struct JobInfo {
+    kind: JobKind,
+    tier: usize,
+    req: RequestId,
+    keys: Vec<BlockKey>,
+    bytes: u64,
+    started: Instant,
+    _protect: ProtectGuard,
+}
+
+struct Completion {
+    job: u64,
+    result: JobResult,
+}
+
+struct State {
+    in_step: bool,
+    lookups: Vec<AsyncLookup>,
+    /// Promotions queued this step: one load job per (tier, request) at schedule end.
+    promotions: BTreeMap<(usize, RequestId), Vec<(BlockKey, BlockSink)>>,
+    jobs: FxHashMap<u64, JobInfo>,
+    next_job: u64,
+    pending_stores: FxHashMap<RequestId, usize>,
+    finishing: FxHashSet<RequestId>,
+    stats: ManagerStats,
+    shut_down: bool,
+}
+
+struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The tiering manager: answers lookups without blocking, cascades stores to every secondary
+/// tier, and promotes secondary hits into DRAM in batched background jobs.
+///
+/// All methods but the `async` ones are synchronous, cheap and non-blocking: call them from
+/// the scheduler's loop. Completed jobs and probes are applied at the first call of a step
+/// and at [`TieringManager::on_schedule_end`], so verdicts change only there.
+///
+/// ```
+/// # async fn demo(manager: kv_tier_core::TieringManager) -> kv_tier_core::Result<()> {
+/// use kv_tier_core::{BlockKey, LookupResult, RequestContext};
+/// let req = RequestContext::new(1);
+/// let key = BlockKey::from_hash32([7; 32], 0);
+/// let mut prepared = manager.prepare_store(&[key])?;
+/// for (_, sink) in &mut prepared.to_store {
+///     sink.as_mut_slice().fill(42); // the engine copies GPU -> DRAM here
+/// }
+/// drop(prepared);
+/// manager.complete_store(req.id, &[key], true);
+/// assert_eq!(manager.lookup(&key, &req), LookupResult::Hit);
+/// manager.on_schedule_end();
+/// # Ok(()) }
+/// ```
+pub struct TieringManager {
+    state: Mutex<State>,
+    primary: Arc<dyn PrimaryTier>,
+    tiers: Vec<Arc<dyn SecondaryTier>>,
+    names: Vec<String>,
+    notify: Arc<Notify>,
+    inbox: Arc<Mutex<Vec<Completion>>>,
+    runtime: tokio::runtime::Handle,
+    _owned_runtime: OwnedRuntime,
+}
+
+impl fmt::Debug for TieringManager {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TieringManager")
+            .field("primary", &self.primary)
+            .field("tiers", &self.names)
+            .finish()
+    }
+}
+
+impl TieringManager {
+    /// A builder from a validated config.
+    pub fn builder(config: KvTierConfig) -> TieringManagerBuilder {
+        TieringManagerBuilder {
+            config,
+            primary: None,
+            registry: TierRegistry::new(),
+            runtime: None,
+            namespace: None,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The secondary tiers' names, in lookup order.
+    pub fn tier_names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The secondary tiers, in lookup order.
+    pub fn tiers(&self) -> &[Arc<dyn SecondaryTier>] {
+        &self.tiers
+    }
+
+    /// The primary tier.
+    pub fn primary(&self) -> &Arc<dyn PrimaryTier> {
+        &self.primary
+    }
+
+    /// The runtime jobs run on.
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
+    /// Bytes per block.
+    pub fn block_size(&self) -> usize {
+        self.primary.block_size()
+    }
+
+    /// Locks the state; the first call of a step applies what completed since the last step.
+    fn begin(&self) -> MutexGuard<'_, State> {
+        let mut st = self.state.lock().expect("manager state");
+        if !st.in_step {
+            self.drain(&mut st);
+            st.in_step = true;
+        }
+        st
+    }
+
+    /// Whether `key` is available for request `req`; see [`LookupResult`].
+    ///
+    /// DRAM answers first. Otherwise the secondary tiers the request may load from are asked
+    /// in order through their async lookups; a hit reserves a DRAM slot and queues a promotion
+    /// (one load job per tier and request, sent at [`TieringManager::on_schedule_end`]).
+    pub fn lookup(&self, key: &BlockKey, req: &RequestContext) -> LookupResult {
+        let mut st = self.begin();
+        self.lookup_locked(&mut st, key, req)
+    }
+
+    /// Looks up `keys` in prefix order and counts the contiguous run of hits. Stops at the
+    /// first `Miss`; keys after a `Retry` are still looked up so their probes share a batch.
+    pub fn lookup_prefix(&self, keys: &[BlockKey], req: &RequestContext) -> PrefixCount {
+        let mut st = self.begin();
+        let mut results = Vec::with_capacity(keys.len());
+        for key in keys {
+            let r = self.lookup_locked(&mut st, key, req);
+            results.push(r);
+            if r == LookupResult::Miss {
+                break;
+            }
+        }
+        count_prefix(results)
+    }
+
+    fn lookup_locked(&self, st: &mut State, key: &BlockKey, req: &RequestContext) -> LookupResult {
+        st.stats.lookups += 1;
+        match self.primary.lookup(key) {
+            LookupResult::Hit => {
+                st.stats.hits += 1;
+                return LookupResult::Hit;
+            }
+            LookupResult::HitPending => {
+                st.stats.hits_pending += 1;
+                return LookupResult::HitPending;
+            }
+            _ => {}
+        }
+        for i in 0..self.tiers.len() {
+            if !req.filter.allows(&self.names[i]) {
+                continue;
+            }
+            match st.lookups[i].lookup(key, req.id) {
+                Presence::Absent => continue,
+                Presence::Retry => {
+                    st.stats.retries += 1;
+                    return LookupResult::Retry;
+                }
+                Presence::Present => match self.primary.prepare_store(std::slice::from_ref(key)) {
+                    Ok(PreparedStore { mut to_store, .. }) => {
+                        if let Some(block) = to_store.pop() {
+                            st.promotions.entry((i, req.id)).or_default().push(block);
+                            st.stats.tiers[i].hits += 1;
+                        }
+                        st.stats.hits_pending += 1;
+                        return LookupResult::HitPending;
+                    }
+                    Err(err) => {
+                        tracing::debug!(%key, error = %err, "no DRAM slot to promote into; answering Miss");
+                        st.stats.promotions_refused += 1;
+                        st.stats.misses += 1;
+                        return LookupResult::Miss;
+                    }
+                },
+            }
+        }
+        st.stats.misses += 1;
+        LookupResult::Miss
+    }
+
+    /// Reserves DRAM slots for `keys` (evicting least-recently-used unpinned blocks). Fill the
+    /// returned sinks, drop them, then call [`TieringManager::complete_store`].
+    pub fn prepare_store(&self, keys: &[BlockKey]) -> Result<PreparedStore> {
+        let _st = self.begin();
+        self.primary.prepare_store(keys)
+    }
+
+    /// Ends a store begun by `prepare_store`. On success the blocks become `Hit` in DRAM and
+    /// one store job per secondary tier copies them down, keeping the slots pinned until each
+    /// job ends; a failed store frees the slots and cascades nothing.
+    pub fn complete_store(&self, req: RequestId, keys: &[BlockKey], success: bool) {
+        let mut st = self.begin();
+        let stored = self.primary.complete_store(keys, success);
+        if !success || stored.is_empty() || self.tiers.is_empty() {
+            return;
+        }
+        let sources = self.primary.sources(&stored);
+        st.stats.cascades += 1;
+        for i in 0..self.tiers.len() {
+            let blocks: Vec<_> = stored
+                .iter()
+                .zip(&sources)
+                .filter_map(|(k, s)| s.clone().map(|s| (*k, s)))
+                .collect();
+            if blocks.is_empty() {
+                continue;
+            }
+            self.submit_store(&mut st, i, req, StoreJob { blocks });
+        }
+    }
+
+    fn submit_store(&self, st: &mut State, tier: usize, req: RequestId, job: StoreJob) {
+        let keys = job.keys();
+        let bytes = job.blocks.iter().map(|(_, s)| s.len() as u64).sum();
+        let protect = self.tiers[tier].protect(&keys);
+        *st.pending_stores.entry(req).or_default() += 1;
+        let t = self.tiers[tier].clone();
+        let fail_keys = keys.clone();
+        self.spawn_job(st, JobKind::Store, tier, req, keys, bytes, protect, async move {
+            match AssertUnwindSafe(t.store(job)).catch_unwind().await {
+                Ok(r) => r,
+                Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
+            }
+        });
+    }
+
+    fn submit_load(&self, st: &mut State, tier: usize, req: RequestId, blocks: Vec<(BlockKey, BlockSink)>) {
+        let job = LoadJob { blocks };
+        let keys = job.keys();
+        let bytes = job.blocks.iter().map(|(_, s)| s.len() as u64).sum();
+        let protect = self.tiers[tier].protect(&keys);
+        let t = self.tiers[tier].clone();
+        let fail_keys = keys.clone();
+        self.spawn_job(st, JobKind::Load, tier, req, keys, bytes, protect, async move {
+            match AssertUnwindSafe(t.load(job)).catch_unwind().await {
+                Ok(r) => r,
+                Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
+            }
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_job<F>(
+        &self,
+        st: &mut State,
+        kind: JobKind,
+        tier: usize,
+        req: RequestId,
+        keys: Vec<BlockKey>,
+        bytes: u64,
+        protect: ProtectGuard,
+        fut: F,
+    ) where
+        F: Future<Output = JobResult> + Send + 'static,
+    {
+        let id = st.next_job;
+        st.next_job += 1;
+        st.jobs.insert(
+            id,
+            JobInfo {
+                kind,
+                tier,
+                req,
+                keys,
+                bytes,
+                started: Instant::now(),
+                _protect: protect,
+            },
+        );
+        let inbox = self.inbox.clone();
+        let notify = self.notify.clone();
+        self.runtime.spawn(async move {
+            let result = fut.await;
+            inbox
+                .lock()
+                .expect("completion inbox")
+                .push(Completion { job: id, result });
+            notify.notify_one();
+        });
+    }
+
+    /// Applies finished jobs and probe answers.
+    fn drain(&self, st: &mut State) {
+        let done = std::mem::take(&mut *self.inbox.lock().expect("completion inbox"));
+        for Completion { job, result } in done {
+            let Some(info) = st.jobs.remove(&job) else {
+                continue;
+            };
+            let elapsed = info.started.elapsed();
+            let ok: FxHashSet<BlockKey> = result.ok.iter().copied().collect();
+            // Keys a tier forgot to report count as failed.
+            let failed: Vec<BlockKey> = info.keys.iter().filter(|k| !ok.contains(k)).copied().collect();
+            let ok_keys: Vec<BlockKey> = info.keys.iter().filter(|k| ok.contains(k)).copied().collect();
+            let per_block = if info.keys.is_empty() { 0 } else { info.bytes / info.keys.len() as u64 };
+            for (k, e) in result.failed.iter().take(3) {
+                tracing::warn!(tier = %self.names[info.tier], key = %k, error = %e, kind = ?info.kind, "block transfer failed");
+            }
+            let ts = &mut st.stats.tiers[info.tier];
+            match info.kind {
+                JobKind::Store => {
+                    ts.store_jobs += 1;
+                    ts.blocks_stored += ok_keys.len() as u64;
+                    ts.bytes_stored += per_block * ok_keys.len() as u64;
+                    ts.store_failures += failed.len() as u64;
+                    ts.store_latency.record(elapsed);
+                    st.lookups[info.tier].mark_present(&ok_keys);
+                    let left = st.pending_stores.get_mut(&info.req).map(|n| {
+                        *n -= 1;
+                        *n
+                    });
+                    if left == Some(0) {
+                        st.pending_stores.remove(&info.req);
+                        if st.finishing.remove(&info.req) {
+                            for l in &mut st.lookups {
+                                l.finish_request(info.req);
+                            }
+                        }
+                    }
+                }
+                JobKind::Load => {
+                    ts.load_jobs += 1;
+                    ts.blocks_loaded += ok_keys.len() as u64;
+                    ts.bytes_loaded += per_block * ok_keys.len() as u64;
+                    ts.load_failures += failed.len() as u64;
+                    ts.load_latency.record(elapsed);
+                    self.primary.complete_store(&ok_keys, true);
+                    if !failed.is_empty() {
+                        self.primary.complete_store(&failed, false);
+                        st.lookups[info.tier].mark_miss(&failed, info.req);
+                    }
+                }
+            }
+        }
+        for l in &mut st.lookups {
+            l.apply_results();
+        }
+    }
+
+    /// Ends the scheduling step: sends the queued promotions (one load job per tier and
+    /// request) and the queued existence probes, and applies what has completed.
+    pub fn on_schedule_end(&self) {
+        let mut st = self.state.lock().expect("manager state");
+        self.flush(&mut st);
+        self.drain(&mut st);
+        st.in_step = false;
+    }
+
+    fn flush(&self, st: &mut State) {
+        for ((tier, req), blocks) in std::mem::take(&mut st.promotions) {
+            self.submit_load(st, tier, req, blocks);
+        }
+        for l in &mut st.lookups {
+            l.flush();
+        }
+    }
+
+    /// Refreshes recency of `keys` in DRAM (the first key ends most recent) and in every
+    /// secondary tier. Never blocks.
+    pub fn touch(&self, keys: &[BlockKey]) {
+        let _st = self.begin();
+        self.primary.touch(keys);
+        for t in &self.tiers {
+            t.touch(keys);
+        }
+    }
+
+    /// The request is done. Its per-request lookup state is dropped in every tier, but only
+    /// once its pending store jobs have finished.
+    pub fn on_request_finished(&self, req: RequestId) {
+        let mut st = self.begin();
+        if st.pending_stores.contains_key(&req) {
+            st.finishing.insert(req);
+        } else {
+            for l in &mut st.lookups {
+                l.finish_request(req);
+            }
+        }
+    }
+
+    /// Events since the last call: the primary's first, then each secondary tier's in order.
+    pub fn take_events(&self) -> Vec<TierEvent> {
+        let _st = self.begin();
+        let mut out = self.primary.take_events();
+        for t in &self.tiers {
+            out.extend(t.take_events());
+        }
+        out
+    }
+
+    /// Applies whatever has completed, without waiting (for callers outside a step loop).
+    pub fn poll(&self) {
+        let mut st = self.state.lock().expect("manager state");
+        self.drain(&mut st);
+    }
+
+    /// Whether no job or probe is queued or in flight.
+    pub fn is_idle(&self) -> bool {
+        let mut st = self.state.lock().expect("manager state");
+        self.drain(&mut st);
+        Self::idle(&st)
+    }
+
+    fn idle(st: &State) -> bool {
+        st.jobs.is_empty()
+            && st.promotions.is_empty()
+            && st.lookups.iter().all(|l| l.in_flight() == 0 && l.queued() == 0)
+    }
+
+    /// Sends everything queued and waits until every job and probe has completed and been
+    /// applied. For tests and shutdown.
+    pub async fn wait_idle(&self) {
+        loop {
+            {
+                let mut st = self.state.lock().expect("manager state");
+                self.flush(&mut st);
+                self.drain(&mut st);
+                if Self::idle(&st) {
+                    return;
+                }
+            }
+            self.notify.notified().await;
+        }
+    }
+
+    /// Cancels queued promotions, waits for the jobs in flight, then empties DRAM.
+    /// Secondary tiers keep their data.
+    pub async fn reset_cache(&self) {
+        self.cancel_promotions();
+        self.wait_idle().await;
+        let pinned = self.primary.reset();
+        if pinned > 0 {
+            tracing::warn!(pinned, "reset_cache left blocks that are still pinned by readers");
+        }
+    }
+
+    fn cancel_promotions(&self) {
+        let mut st = self.state.lock().expect("manager state");
+        for ((_, _), blocks) in std::mem::take(&mut st.promotions) {
+            let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
+            drop(blocks);
+            self.primary.complete_store(&keys, false);
+        }
+    }
+
+    /// Cancels queued promotions, waits for jobs in flight, and shuts every tier down.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.cancel_promotions();
+        self.wait_idle().await;
+        self.state.lock().expect("manager state").shut_down = true;
+        let mut first_err = None;
+        for t in &self.tiers {
+            if let Err(e) = t.shutdown().await {
+                tracing::warn!(tier = %t.info().name, error = %e, "tier shutdown failed");
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> ManagerStats {
+        let st = self.state.lock().expect("manager state");
+        let mut s = st.stats.clone();
+        s.primary = self.primary.stats();
+        for (t, l) in s.tiers.iter_mut().zip(&st.lookups) {
+            t.probes = l.stats();
+        }
+        s
+    }
+}
+
+fn panicked(t: &dyn SecondaryTier) -> Error {
+    Error::Backend {
+        tier: t.info().name,
+        message: "the tier panicked during a job".into(),
+        transient: true,
+    }
+}
+
+/// Builds a [`TieringManager`]; see [`TieringManager::builder`].
+pub struct TieringManagerBuilder {
+    config: KvTierConfig,
+    primary: Option<Arc<dyn PrimaryTier>>,
+    registry: TierRegistry,
+    runtime: Option<tokio::runtime::Handle>,
+    namespace: Option<Namespace>,
+    extra: Vec<Arc<dyn SecondaryTier>>,
+}
+
+impl fmt::Debug for TieringManagerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TieringManagerBuilder")
+            .field("config", &self.config)
+            .field("registry", &self.registry)
+            .finish()
+    }
+}
+
+impl TieringManagerBuilder {
+    /// The DRAM primary (required; `kv_tier_cpu::CpuTier` is the standard one).
+    pub fn primary(mut self, primary: Arc<dyn PrimaryTier>) -> Self {
+        self.primary = Some(primary);
+        self
+    }
+
+    /// The registry that builds `secondary_tiers` entries by type.
+    pub fn registry(mut self, registry: TierRegistry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Runs jobs on this runtime (default: the current one, or a small owned one with
+    /// [`TieringManagerBuilder::build_blocking`]).
+    pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(handle);
+        self
+    }
+
+    /// The namespace (overrides the config's `layout`).
+    pub fn namespace(mut self, ns: Namespace) -> Self {
+        self.namespace = Some(ns);
+        self
+    }
+
+    /// Appends an already-built tier after the configured ones.
+    pub fn tier(mut self, tier: Arc<dyn SecondaryTier>) -> Self {
+        self.extra.push(tier);
+        self
+    }
+
+    /// Builds on the given runtime or the current one.
+    pub async fn build(self) -> Result<TieringManager> {
+        let handle = match &self.runtime {
+            Some(h) => h.clone(),
+            None => tokio::runtime::Handle::try_current().map_err(|_| {
+                Error::config("runtime", "no tokio runtime: pass one with .runtime() or use build_blocking()")
+            })?,
+        };
+        self.build_on(handle, OwnedRuntime(None)).await
+    }
+
+    /// Builds from synchronous code: on the given runtime, or on a small runtime of its own
+    /// (2 worker threads) that the manager owns. Must not be called from async code.
+    pub fn build_blocking(self) -> Result<TieringManager> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(Error::config("runtime", "build_blocking() called inside a tokio runtime; use build().await"));
+        }
+        let (handle, owned) = match &self.runtime {
+            Some(h) => (h.clone(), OwnedRuntime(None)),
+            None => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("kv-tier")
+                    .enable_time()
+                    .build()
+                    .map_err(|e| Error::io("start runtime", "tokio", e))?;
+                (rt.handle().clone(), OwnedRuntime(Some(rt)))
+            }
+        };
+        handle.clone().block_on(self.build_on(handle, owned))
+    }
+
+    async fn build_on(self, handle: tokio::runtime::Handle, owned: OwnedRuntime) -> Result<TieringManager> {
+        self.config.validate()?;
+        let primary = self.primary.ok_or_else(|| {
+            Error::config("primary", "no primary tier: pass one with .primary() (kv_tier_cpu::CpuTier::from_config builds it)")
+        })?;
+        if primary.block_size() as u64 != self.config.block_size_bytes {
+            return Err(Error::config(
+                "block_size_bytes",
+                format!(
+                    "is {} but the primary tier's block size is {}",
+                    self.config.block_size_bytes,
+                    primary.block_size()
+                ),
+            ));
+        }
+        let namespace = match self.namespace {
+            Some(ns) => Some(ns),
+            None => self.config.layout.as_ref().map(|l| l.namespace()).transpose()?,
+        };
+        let mut tiers: Vec<Arc<dyn SecondaryTier>> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for (i, spec) in self.config.secondary_tiers.iter().enumerate() {
+            let ctx = BuildContext {
+                name: spec.name.clone(),
+                block_size: primary.block_size(),
+                namespace: namespace.clone(),
+                runtime: handle.clone(),
+            };
+            let tier = self.registry.build(i, spec, &ctx).await?;
+            tiers.push(tier);
+            names.push(spec.name.clone());
+        }
+        for t in self.extra {
+            let name = t.info().name;
+            tiers.push(t);
+            names.push(name);
+        }
+        for (i, n) in names.iter().enumerate() {
+            if names[..i].contains(n) {
+                return Err(Error::config("secondary_tiers", format!("two tiers are named {n:?}")));
+            }
+        }
+        let notify = Arc::new(Notify::new());
+        let lookups = tiers
+            .iter()
+            .map(|t| AsyncLookup::new(t.clone(), handle.clone(), notify.clone()))
+            .collect();
+        let stats = ManagerStats {
+            tiers: names
+                .iter()
+                .map(|n| TierStats {
+                    name: n.clone(),
+                    ..TierStats::default()
+                })
+                .collect(),
+            ..ManagerStats::default()
+        };
+        Ok(TieringManager {
+            state: Mutex::new(State {
+                in_step: false,
+                lookups,
+                promotions: BTreeMap::new(),
+                jobs: FxHashMap::default(),
+                next_job: 0,
+                pending_stores: FxHashMap::default(),
+                finishing: FxHashSet::default(),
+                stats,
+                shut_down: false,
+            }),
+            primary,
+            tiers,
+            names,
+            notify,
+            inbox: Arc::new(Mutex::new(Vec::new())),
+            runtime: handle,
+            _owned_runtime: owned,
+        })
+    }
+}

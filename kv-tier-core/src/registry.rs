@@ -1,0 +1,132 @@
+//! The tier registry: from a `type` name in the config to a builder, so tiers from other
+//! crates plug in by name through the same config JSON.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::config::TierSpec;
+use crate::error::{Error, Result};
+use crate::layout::Namespace;
+use crate::tier::SecondaryTier;
+
+/// What a tier builder gets besides its own options.
+#[derive(Debug, Clone)]
+pub struct BuildContext {
+    /// The tier's name (from `name`, defaulting to the type).
+    pub name: String,
+    /// Bytes per block.
+    pub block_size: usize,
+    /// The namespace, when one is configured.
+    pub namespace: Option<Namespace>,
+    /// The runtime the manager runs jobs on.
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl BuildContext {
+    /// The namespace, or an error naming `layout` for tiers that need one.
+    pub fn require_namespace(&self) -> Result<&Namespace> {
+        self.namespace.as_ref().ok_or_else(|| {
+            Error::config(
+                "layout",
+                format!(
+                    "tier `{}` persists blocks and needs the run fields: add a \"layout\" object to the config or pass a namespace to the builder",
+                    self.name
+                ),
+            )
+        })
+    }
+}
+
+/// Builds a tier from its spec. Implemented for plain closures
+/// `Fn(&TierSpec, &BuildContext) -> Result<Arc<dyn SecondaryTier>>`.
+#[async_trait]
+pub trait TierBuilder: Send + Sync + 'static {
+    /// Builds the tier; errors name fields relative to the tier entry (`root_dir`, ...).
+    async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>>;
+}
+
+#[async_trait]
+impl<F> TierBuilder for F
+where
+    F: Fn(&TierSpec, &BuildContext) -> Result<Arc<dyn SecondaryTier>> + Send + Sync + 'static,
+{
+    async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>> {
+        self(spec, ctx)
+    }
+}
+
+/// Maps type names to builders.
+///
+/// ```
+/// use std::sync::Arc;
+/// use kv_tier_core::{registry::TierRegistry, SecondaryTier};
+/// let mut reg = TierRegistry::new();
+/// reg.register("mine", |_spec: &kv_tier_core::config::TierSpec, _ctx: &kv_tier_core::registry::BuildContext|
+///     -> kv_tier_core::Result<Arc<dyn SecondaryTier>> {
+///     Err(kv_tier_core::Error::config("root", "example builder")) });
+/// assert!(reg.contains("mine"));
+/// ```
+#[derive(Clone, Default)]
+pub struct TierRegistry {
+    builders: BTreeMap<String, Arc<dyn TierBuilder>>,
+}
+
+impl TierRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers (or replaces) the builder of `type_name`.
+    pub fn register(&mut self, type_name: impl Into<String>, builder: impl TierBuilder) -> &mut Self {
+        self.builders.insert(type_name.into(), Arc::new(builder));
+        self
+    }
+
+    /// Whether `type_name` is registered.
+    pub fn contains(&self, type_name: &str) -> bool {
+        self.builders.contains_key(type_name)
+    }
+
+    /// The registered type names, sorted.
+    pub fn type_names(&self) -> Vec<String> {
+        self.builders.keys().cloned().collect()
+    }
+
+    /// Builds the tier of `spec` (the `index`-th entry of `secondary_tiers`); errors name the
+    /// field under `secondary_tiers[index]`.
+    pub async fn build(
+        &self,
+        index: usize,
+        spec: &TierSpec,
+        ctx: &BuildContext,
+    ) -> Result<Arc<dyn SecondaryTier>> {
+        let prefix = format!("secondary_tiers[{index}]");
+        let builder = self.builders.get(&spec.kind).ok_or_else(|| {
+            Error::config(
+                format!("{prefix}.type"),
+                format!(
+                    "unknown tier type {:?}; registered types: {}",
+                    spec.kind,
+                    if self.builders.is_empty() {
+                        "none".to_string()
+                    } else {
+                        self.type_names().join(", ")
+                    }
+                ),
+            )
+        })?;
+        builder.build(spec, ctx).await.map_err(|e| e.within(&prefix))
+    }
+}
+
+impl fmt::Debug for TierRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TierRegistry")
+            .field("types", &self.type_names())
+            .finish()
+    }
+}

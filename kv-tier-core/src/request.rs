@@ -1,0 +1,137 @@
+//! Lookup verdicts and the request context.
+
+use std::sync::Arc;
+
+/// The answer to "do we have this block?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LookupResult {
+    /// Not present in any tier the request may load from: recompute it.
+    Miss,
+    /// In DRAM and readable now.
+    Hit,
+    /// Present, but a write or a promotion into DRAM is still in flight: ask again next step.
+    HitPending,
+    /// Not known yet: an existence probe was started; ask again next step.
+    Retry,
+}
+
+impl LookupResult {
+    /// `Hit` or `HitPending`.
+    pub fn is_present(&self) -> bool {
+        matches!(self, LookupResult::Hit | LookupResult::HitPending)
+    }
+}
+
+/// An engine's request identity. Engines with string ids hash them to a `u64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl From<u64> for RequestId {
+    fn from(v: u64) -> Self {
+        RequestId(v)
+    }
+}
+
+/// Which secondary tiers a request may load from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TierFilter {
+    /// Every configured tier (the default).
+    #[default]
+    All,
+    /// Only the named tiers (by tier name).
+    Only(Arc<[String]>),
+    /// Every tier but the named ones.
+    Except(Arc<[String]>),
+}
+
+impl TierFilter {
+    /// Whether the request may load from the tier named `name`.
+    pub fn allows(&self, name: &str) -> bool {
+        match self {
+            TierFilter::All => true,
+            TierFilter::Only(names) => names.iter().any(|n| n == name),
+            TierFilter::Except(names) => !names.iter().any(|n| n == name),
+        }
+    }
+}
+
+/// What the manager needs to know about the request a call is made for.
+///
+/// ```
+/// use kv_tier_core::{RequestContext, TierFilter};
+/// let ctx = RequestContext::new(7).only_tiers(["fs"]);
+/// assert!(ctx.filter.allows("fs"));
+/// assert!(!ctx.filter.allows("obj"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestContext {
+    /// The request.
+    pub id: RequestId,
+    /// The secondary tiers it may load from.
+    pub filter: TierFilter,
+}
+
+impl RequestContext {
+    /// A context for request `id` that may load from every tier.
+    pub fn new(id: impl Into<RequestId>) -> Self {
+        Self {
+            id: id.into(),
+            filter: TierFilter::All,
+        }
+    }
+
+    /// Restricts loads to the named tiers.
+    pub fn only_tiers<I: IntoIterator<Item = S>, S: Into<String>>(mut self, names: I) -> Self {
+        self.filter = TierFilter::Only(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Excludes the named tiers from loads.
+    pub fn skip_tiers<I: IntoIterator<Item = S>, S: Into<String>>(mut self, names: I) -> Self {
+        self.filter = TierFilter::Except(names.into_iter().map(Into::into).collect());
+        self
+    }
+}
+
+/// How much of a prefix is available, as counted by [`count_prefix`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefixCount {
+    /// Leading keys that are `Hit`.
+    pub hit: usize,
+    /// Leading keys that are `Hit` or `HitPending`.
+    pub present: usize,
+    /// Whether a `Retry` ended the present run (the count may grow next step).
+    pub retry: bool,
+}
+
+/// Counts the contiguous prefix of hits in per-key verdicts given in prefix order.
+///
+/// ```
+/// use kv_tier_core::{count_prefix, LookupResult::*};
+/// let c = count_prefix([Hit, Hit, HitPending, Retry, Hit]);
+/// assert_eq!((c.hit, c.present, c.retry), (2, 3, true));
+/// ```
+pub fn count_prefix(results: impl IntoIterator<Item = LookupResult>) -> PrefixCount {
+    let mut c = PrefixCount::default();
+    let mut all_hit = true;
+    for r in results {
+        match r {
+            LookupResult::Hit => {
+                c.present += 1;
+                if all_hit {
+                    c.hit += 1;
+                }
+            }
+            LookupResult::HitPending => {
+                c.present += 1;
+                all_hit = false;
+            }
+            LookupResult::Retry => {
+                c.retry = true;
+                break;
+            }
+            LookupResult::Miss => break,
+        }
+    }
+    c
+}

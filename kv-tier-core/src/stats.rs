@@ -1,0 +1,196 @@
+//! Statistics: hits per tier, bytes moved per tier and direction, job latencies.
+
+use std::time::Duration;
+
+/// A latency histogram with about 9% resolution (16 log-linear buckets per power of two),
+/// from 1 µs to about nine years. Fixed size, no allocation per sample.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LatencyHistogram {
+    counts: Vec<u64>,
+    total: u64,
+    sum_us: u128,
+    max_us: u64,
+}
+
+const SUB: u32 = 16;
+const BUCKETS: usize = (48 * SUB) as usize;
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self {
+            counts: vec![0; BUCKETS],
+            total: 0,
+            sum_us: 0,
+            max_us: 0,
+        }
+    }
+}
+
+impl std::fmt::Debug for LatencyHistogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LatencyHistogram")
+            .field("count", &self.total)
+            .field("p50", &self.quantile(0.5))
+            .field("p99", &self.quantile(0.99))
+            .field("max", &self.max())
+            .finish()
+    }
+}
+
+fn bucket_of(us: u64) -> usize {
+    let us = us.max(1);
+    let exp = 63 - us.leading_zeros();
+    let frac = if exp >= 4 {
+        ((us >> (exp - 4)) & (SUB as u64 - 1)) as u32
+    } else {
+        ((us << (4 - exp)) & (SUB as u64 - 1)) as u32
+    };
+    ((exp * SUB + frac) as usize).min(BUCKETS - 1)
+}
+
+fn bucket_upper_us(b: usize) -> u64 {
+    let exp = b as u32 / SUB;
+    let frac = b as u64 % SUB as u64;
+    // the bucket covers [2^exp * (1 + frac/16), 2^exp * (1 + (frac+1)/16))
+    ((1u128 << exp) * (SUB as u128 + frac as u128 + 1) / SUB as u128) as u64
+}
+
+impl LatencyHistogram {
+    /// Records one sample.
+    pub fn record(&mut self, d: Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        self.counts[bucket_of(us)] += 1;
+        self.total += 1;
+        self.sum_us += us as u128;
+        self.max_us = self.max_us.max(us);
+    }
+
+    /// Number of samples.
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    /// The `q`-quantile (0..=1), as the upper bound of its bucket; zero when empty.
+    pub fn quantile(&self, q: f64) -> Duration {
+        if self.total == 0 {
+            return Duration::ZERO;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (b, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Duration::from_micros(bucket_upper_us(b).min(self.max_us));
+            }
+        }
+        Duration::from_micros(self.max_us)
+    }
+
+    /// Mean of the samples.
+    pub fn mean(&self) -> Duration {
+        if self.total == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_micros((self.sum_us / self.total as u128) as u64)
+    }
+
+    /// Largest sample.
+    pub fn max(&self) -> Duration {
+        Duration::from_micros(self.max_us)
+    }
+
+    /// Adds another histogram's samples.
+    pub fn merge(&mut self, other: &LatencyHistogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.total += other.total;
+        self.sum_us += other.sum_us;
+        self.max_us = self.max_us.max(other.max_us);
+    }
+}
+
+/// Counters of one secondary tier, as seen by the manager.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TierStats {
+    /// The tier's name.
+    pub name: String,
+    /// Lookups answered `HitPending` because this tier had the block (promotions queued).
+    pub hits: u64,
+    /// Store jobs finished.
+    pub store_jobs: u64,
+    /// Blocks stored (including already-present ones).
+    pub blocks_stored: u64,
+    /// Bytes written to the tier.
+    pub bytes_stored: u64,
+    /// Blocks whose store failed.
+    pub store_failures: u64,
+    /// Load (promotion) jobs finished.
+    pub load_jobs: u64,
+    /// Blocks loaded into DRAM.
+    pub blocks_loaded: u64,
+    /// Bytes read from the tier.
+    pub bytes_loaded: u64,
+    /// Blocks whose load failed.
+    pub load_failures: u64,
+    /// Store job latencies.
+    pub store_latency: LatencyHistogram,
+    /// Load job latencies.
+    pub load_latency: LatencyHistogram,
+    /// Probe counters of the tier's async lookup.
+    pub probes: crate::lookup::AsyncLookupStats,
+}
+
+/// Counters of a [`crate::TieringManager`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ManagerStats {
+    /// `lookup` calls.
+    pub lookups: u64,
+    /// Answered `Hit` (from DRAM).
+    pub hits: u64,
+    /// Answered `HitPending` (in DRAM being written, or a promotion queued or in flight).
+    pub hits_pending: u64,
+    /// Answered `Retry`.
+    pub retries: u64,
+    /// Answered `Miss`.
+    pub misses: u64,
+    /// Lookups that found a block in a secondary tier but no DRAM slot to promote it into.
+    pub promotions_refused: u64,
+    /// Store cascades started (one per successful `complete_store` with new blocks).
+    pub cascades: u64,
+    /// The primary tier's counters.
+    pub primary: crate::tier::PrimaryStats,
+    /// Per secondary tier, in order.
+    pub tiers: Vec<TierStats>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_within_a_bucket() {
+        let mut h = LatencyHistogram::default();
+        for us in 1..=1000u64 {
+            h.record(Duration::from_micros(us));
+        }
+        let p50 = h.quantile(0.5).as_micros() as f64;
+        let p99 = h.quantile(0.99).as_micros() as f64;
+        assert!((p50 - 500.0).abs() / 500.0 < 0.08, "p50 {p50}");
+        assert!((p99 - 990.0).abs() / 990.0 < 0.08, "p99 {p99}");
+        assert_eq!(h.max(), Duration::from_micros(1000));
+        assert_eq!(h.count(), 1000);
+        assert_eq!(LatencyHistogram::default().quantile(0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn buckets_are_monotonic() {
+        let mut last = 0;
+        for us in [1u64, 2, 3, 15, 16, 17, 100, 1_000, 65_536, 1 << 40] {
+            let b = bucket_of(us);
+            assert!(b >= last);
+            assert!(bucket_upper_us(b) >= us, "{us}");
+            last = b;
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! The contracts tiers implement: [`SecondaryTier`] (async, for storage tiers) and
+//! [`PrimaryTier`] (sync, for the DRAM pool), their jobs, results and protection guards.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rustc_hash::FxHashMap;
+
+use crate::buf::{BlockSink, BlockSource};
+use crate::error::{Error, Result};
+use crate::event::{Locality, Medium, TierEvent};
+use crate::key::BlockKey;
+use crate::request::LookupResult;
+
+/// A batch of blocks to copy from pinned DRAM slots into a tier.
+#[derive(Debug, Default)]
+pub struct StoreJob {
+    /// The keys and their bytes. Each source pins its slot until dropped.
+    pub blocks: Vec<(BlockKey, BlockSource)>,
+}
+
+impl StoreJob {
+    /// The keys, in order.
+    pub fn keys(&self) -> Vec<BlockKey> {
+        self.blocks.iter().map(|(k, _)| *k).collect()
+    }
+}
+
+/// A batch of blocks to copy from a tier into reserved DRAM slots.
+#[derive(Debug, Default)]
+pub struct LoadJob {
+    /// The keys and the buffers to fill. Each sink is exclusive and pins its slot until dropped.
+    pub blocks: Vec<(BlockKey, BlockSink)>,
+}
+
+impl LoadJob {
+    /// The keys, in order.
+    pub fn keys(&self) -> Vec<BlockKey> {
+        self.blocks.iter().map(|(k, _)| *k).collect()
+    }
+}
+
+/// The outcome of a job, per key: every key of the job is in exactly one of the two lists.
+#[derive(Debug, Default, Clone)]
+pub struct JobResult {
+    /// Keys that were stored (or already present) / loaded completely.
+    pub ok: Vec<BlockKey>,
+    /// Keys that failed, with why.
+    pub failed: Vec<(BlockKey, Error)>,
+}
+
+impl JobResult {
+    /// Every key succeeded.
+    pub fn all_ok(keys: Vec<BlockKey>) -> Self {
+        Self {
+            ok: keys,
+            failed: Vec::new(),
+        }
+    }
+
+    /// Every key failed with `err`.
+    pub fn all_failed(keys: impl IntoIterator<Item = BlockKey>, err: &Error) -> Self {
+        Self {
+            ok: Vec::new(),
+            failed: keys.into_iter().map(|k| (k, err.clone())).collect(),
+        }
+    }
+
+    /// Whether no key failed.
+    pub fn is_success(&self) -> bool {
+        self.failed.is_empty()
+    }
+
+    /// The failed keys.
+    pub fn failed_keys(&self) -> Vec<BlockKey> {
+        self.failed.iter().map(|(k, _)| *k).collect()
+    }
+}
+
+/// What a tier supports; lets callers and the conformance suite adapt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capability {
+    /// Blocks survive a restart of the process.
+    pub persistent: bool,
+    /// The tier keeps itself within a capacity (and so evicts).
+    pub bounded: bool,
+    /// Blocks are verified by checksum on load.
+    pub checksums: bool,
+    /// Other processes may write the same keys (create-only publishing matters).
+    pub shared: bool,
+}
+
+/// A tier's self-description.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierInfo {
+    /// The tier's name (unique within a manager).
+    pub name: String,
+    /// Its medium, for events.
+    pub medium: Medium,
+    /// Its locality, for events.
+    pub locality: Locality,
+    /// What it supports.
+    pub capability: Capability,
+}
+
+/// A storage tier below DRAM: files, object storage, or a user's own.
+///
+/// Implementations must be cheap to call from many tasks at once. `touch` and `protect` are
+/// synchronous and must never block on I/O; the async methods must not block tokio's workers
+/// (run blocking I/O on threads of your own or via `spawn_blocking`).
+///
+/// The `kv-tier-testkit` crate's conformance suite checks every rule below; run it against
+/// your tier with its `conformance_tests!` macro.
+#[async_trait]
+pub trait SecondaryTier: Send + Sync + fmt::Debug + 'static {
+    /// The tier's name, medium, locality and capabilities.
+    fn info(&self) -> TierInfo;
+
+    /// Batched existence probe: one answer per key, in order. Cheap; may be cached.
+    async fn lookup(&self, keys: &[BlockKey]) -> Result<Vec<bool>>;
+
+    /// Copies the job's blocks into the tier. Publish-if-absent: storing a key that is present
+    /// succeeds without replacing it, and of concurrent stores of one key exactly one copy
+    /// survives, whole. A store that reports success leaves a readable block.
+    async fn store(&self, job: StoreJob) -> JobResult;
+
+    /// Copies the job's blocks into their sinks, reporting exactly which keys were loaded
+    /// whole. A key that is missing, short or corrupt fails alone; the others are kept.
+    async fn load(&self, job: LoadJob) -> JobResult;
+
+    /// Marks keys as recently used. Never blocks; missing keys are ignored.
+    fn touch(&self, keys: &[BlockKey]);
+
+    /// Keeps `keys` from being evicted while the guard lives. Refcounted: protections nest.
+    /// Missing keys may be protected (a store in flight protects keys before they exist).
+    fn protect(&self, keys: &[BlockKey]) -> ProtectGuard;
+
+    /// Whether `key` is currently protected.
+    fn is_protected(&self, key: &BlockKey) -> bool;
+
+    /// Takes the events accumulated since the last call (stores, then removals, in order).
+    fn take_events(&self) -> Vec<TierEvent>;
+
+    /// Stops background work and releases resources. Calls after shutdown may fail.
+    async fn shutdown(&self) -> Result<()>;
+}
+
+/// Keeps keys protected from eviction until dropped. See [`SecondaryTier::protect`].
+#[must_use = "protection ends when the guard is dropped"]
+pub struct ProtectGuard {
+    _inner: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl ProtectGuard {
+    /// A guard that releases by dropping `inner`.
+    pub fn new<T: Any + Send + Sync>(inner: T) -> Self {
+        Self {
+            _inner: Some(Box::new(inner)),
+        }
+    }
+
+    /// A guard that protects nothing (for tiers that never evict).
+    pub fn noop() -> Self {
+        Self { _inner: None }
+    }
+}
+
+impl fmt::Debug for ProtectGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProtectGuard")
+    }
+}
+
+/// A refcounted set of protected keys, for tiers to embed.
+///
+/// The lock is exposed through [`ProtectionSet::with_lock`] so an evictor can decide and act
+/// (check, then unlink) atomically with respect to `protect()`.
+#[derive(Debug, Clone, Default)]
+pub struct ProtectionSet {
+    inner: Arc<Mutex<FxHashMap<BlockKey, u32>>>,
+}
+
+impl ProtectionSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Protects `keys` until the guard drops.
+    pub fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
+        {
+            let mut m = self.inner.lock().expect("protection lock");
+            for k in keys {
+                *m.entry(*k).or_insert(0) += 1;
+            }
+        }
+        ProtectGuard::new(Release {
+            set: self.inner.clone(),
+            keys: keys.to_vec(),
+        })
+    }
+
+    /// Whether `key` is protected.
+    pub fn contains(&self, key: &BlockKey) -> bool {
+        self.inner
+            .lock()
+            .expect("protection lock")
+            .contains_key(key)
+    }
+
+    /// Number of distinct protected keys.
+    pub fn len(&self) -> usize {
+        self.inner.lock().expect("protection lock").len()
+    }
+
+    /// Whether nothing is protected.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Runs `f` with the set locked: `f` gets a predicate "is this key protected"; no
+    /// `protect()` can start or end while `f` runs.
+    pub fn with_lock<R>(&self, f: impl FnOnce(&dyn Fn(&BlockKey) -> bool) -> R) -> R {
+        let m = self.inner.lock().expect("protection lock");
+        f(&|k| m.contains_key(k))
+    }
+}
+
+struct Release {
+    set: Arc<Mutex<FxHashMap<BlockKey, u32>>>,
+    keys: Vec<BlockKey>,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let mut m = match self.set.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        for k in &self.keys {
+            if let Some(c) = m.get_mut(k) {
+                *c -= 1;
+                if *c == 0 {
+                    m.remove(k);
+                }
+            }
+        }
+    }
+}
+
+/// The outcome of [`PrimaryTier::prepare_store`].
+#[derive(Debug, Default)]
+pub struct PreparedStore {
+    /// The keys that need writing, with exclusive writable slots; fill them, then call
+    /// `complete_store`.
+    pub to_store: Vec<(BlockKey, BlockSink)>,
+    /// Keys already present (or being written): nothing to do for them.
+    pub present: Vec<BlockKey>,
+    /// Keys evicted to make room.
+    pub evicted: Vec<BlockKey>,
+}
+
+/// Counters of the primary tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrimaryStats {
+    /// Total slots.
+    pub capacity_blocks: usize,
+    /// Slots holding a readable block.
+    pub ready_blocks: usize,
+    /// Slots being written.
+    pub writing_blocks: usize,
+    /// Blocks evicted since start.
+    pub evictions: u64,
+    /// `prepare_store` calls refused for lack of room.
+    pub refused_stores: u64,
+}
+
+/// The DRAM primary tier as the manager sees it. Synchronous and non-blocking: it is called
+/// from the scheduler's thread.
+pub trait PrimaryTier: Send + Sync + fmt::Debug + 'static {
+    /// Bytes per block.
+    fn block_size(&self) -> usize;
+
+    /// `Hit` when readable, `HitPending` while being written, otherwise `Miss`.
+    fn lookup(&self, key: &BlockKey) -> LookupResult;
+
+    /// Reserves writable slots for the keys not present, evicting least-recently-used
+    /// unpinned blocks (never a key of the same batch). Refuses with
+    /// [`Error::CapacityExhausted`] and changes nothing when it cannot make room.
+    fn prepare_store(&self, keys: &[BlockKey]) -> Result<PreparedStore>;
+
+    /// Ends writes started by `prepare_store`: on success the blocks become readable and
+    /// the keys that changed state are returned; on failure the slots are freed.
+    fn complete_store(&self, keys: &[BlockKey], success: bool) -> Vec<BlockKey>;
+
+    /// Read-only, pinning views of readable blocks (`None` for keys not readable).
+    fn sources(&self, keys: &[BlockKey]) -> Vec<Option<BlockSource>>;
+
+    /// Marks keys recently used; the first key ends up the most recent.
+    fn touch(&self, keys: &[BlockKey]);
+
+    /// Takes the events since the last call (removals before the stores that caused them).
+    fn take_events(&self) -> Vec<TierEvent>;
+
+    /// Drops every block not pinned by I/O; returns how many remain pinned.
+    fn reset(&self) -> usize;
+
+    /// Counters.
+    fn stats(&self) -> PrimaryStats;
+}
