@@ -1,0 +1,307 @@
+//! [`FaultyTier`]: wraps any tier and fails, delays, holds or tears operations per key or on
+//! a schedule, so failure paths are tested on purpose instead of by luck.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kv_tier_core::{
+    BlockKey, Error, JobResult, LoadJob, ProtectGuard, Result, SecondaryTier, StoreJob, TierEvent,
+    TierInfo, async_trait,
+};
+use rustc_hash::FxHashSet;
+
+use crate::util::Gate;
+
+#[derive(Debug, Default)]
+struct Plan {
+    fail_store: FxHashSet<BlockKey>,
+    fail_load: FxHashSet<BlockKey>,
+    tear_load: FxHashSet<BlockKey>,
+    short_store: FxHashSet<BlockKey>,
+    fail_every_nth_load: Option<u64>,
+    fail_every_nth_store: Option<u64>,
+    fail_lookups: bool,
+    panic_on_load: bool,
+    delay: Option<Duration>,
+    lookup_gate: Option<Gate>,
+    store_gate: Option<Gate>,
+    load_gate: Option<Gate>,
+}
+
+/// A wrapper tier that injects faults. All knobs can change while jobs run.
+///
+/// - `fail_store` / `fail_load`: those keys fail (transient I/O error); the rest of the job runs.
+/// - `fail_every_nth_load` / `fail_every_nth_store`: a schedule over blocks.
+/// - `tear_load`: the block is loaded with its second half zeroed and reported as loaded (a
+///   tier returning torn data), to test end-to-end verification.
+/// - `short_store`: the block is handed to the inner tier truncated by one byte.
+/// - `delay`: every job and probe sleeps first.
+/// - `hold_lookups`: probes run, then wait at a [`Gate`] before answering (a late probe).
+/// - `hold_stores` / `hold_loads`: jobs wait at a gate before running.
+#[derive(Debug)]
+pub struct FaultyTier {
+    inner: Arc<dyn SecondaryTier>,
+    plan: Mutex<Plan>,
+    loads_seen: AtomicU64,
+    stores_seen: AtomicU64,
+    injected: AtomicU64,
+}
+
+fn injected(key: &BlockKey, what: &str) -> Error {
+    Error::io(
+        "injected fault",
+        format!("{what} of {key}"),
+        std::io::Error::from_raw_os_error(5),
+    )
+}
+
+impl FaultyTier {
+    /// Wraps `inner` with no faults planned.
+    pub fn new(inner: Arc<dyn SecondaryTier>) -> Self {
+        Self {
+            inner,
+            plan: Mutex::new(Plan::default()),
+            loads_seen: AtomicU64::new(0),
+            stores_seen: AtomicU64::new(0),
+            injected: AtomicU64::new(0),
+        }
+    }
+
+    fn plan(&self) -> std::sync::MutexGuard<'_, Plan> {
+        self.plan.lock().expect("fault plan")
+    }
+
+    /// The wrapped tier.
+    pub fn inner(&self) -> &Arc<dyn SecondaryTier> {
+        &self.inner
+    }
+
+    /// Stores of these keys fail.
+    pub fn fail_store(&self, keys: &[BlockKey]) {
+        self.plan().fail_store.extend(keys.iter().copied());
+    }
+
+    /// Loads of these keys fail.
+    pub fn fail_load(&self, keys: &[BlockKey]) {
+        self.plan().fail_load.extend(keys.iter().copied());
+    }
+
+    /// Loads of these keys return torn data reported as loaded.
+    pub fn tear_load(&self, keys: &[BlockKey]) {
+        self.plan().tear_load.extend(keys.iter().copied());
+    }
+
+    /// Stores of these keys hand the inner tier a block one byte short.
+    pub fn short_store(&self, keys: &[BlockKey]) {
+        self.plan().short_store.extend(keys.iter().copied());
+    }
+
+    /// Every `n`-th block loaded fails (`None` stops).
+    pub fn fail_every_nth_load(&self, n: Option<u64>) {
+        self.plan().fail_every_nth_load = n.filter(|&n| n > 0);
+    }
+
+    /// Every `n`-th block stored fails (`None` stops).
+    pub fn fail_every_nth_store(&self, n: Option<u64>) {
+        self.plan().fail_every_nth_store = n.filter(|&n| n > 0);
+    }
+
+    /// Probes return an error.
+    pub fn fail_lookups(&self, on: bool) {
+        self.plan().fail_lookups = on;
+    }
+
+    /// Loads panic (the manager must survive a panicking tier).
+    pub fn panic_on_load(&self, on: bool) {
+        self.plan().panic_on_load = on;
+    }
+
+    /// Every job and probe sleeps `d` first (`None` stops).
+    pub fn delay(&self, d: Option<Duration>) {
+        self.plan().delay = d;
+    }
+
+    /// Probes answer only after the returned gate opens (they observe the inner tier first).
+    pub fn hold_lookups(&self) -> Gate {
+        let g = Gate::new();
+        self.plan().lookup_gate = Some(g.clone());
+        g
+    }
+
+    /// Store jobs start only after the returned gate opens.
+    pub fn hold_stores(&self) -> Gate {
+        let g = Gate::new();
+        self.plan().store_gate = Some(g.clone());
+        g
+    }
+
+    /// Load jobs start only after the returned gate opens.
+    pub fn hold_loads(&self) -> Gate {
+        let g = Gate::new();
+        self.plan().load_gate = Some(g.clone());
+        g
+    }
+
+    /// Removes every planned fault and opens every gate.
+    pub fn heal(&self) {
+        let mut p = self.plan();
+        for g in [&p.lookup_gate, &p.store_gate, &p.load_gate].into_iter().flatten() {
+            g.open();
+        }
+        *p = Plan::default();
+    }
+
+    /// Faults injected so far (failed or torn blocks, failed probes).
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
+
+    async fn pause(&self, gate: Option<Gate>) {
+        let delay = self.plan().delay;
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        if let Some(g) = gate {
+            g.pass().await;
+        }
+    }
+}
+
+#[async_trait]
+impl SecondaryTier for FaultyTier {
+    fn info(&self) -> TierInfo {
+        self.inner.info()
+    }
+
+    async fn lookup(&self, keys: &[BlockKey]) -> Result<Vec<bool>> {
+        let delay = self.plan().delay;
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        let answer = self.inner.lookup(keys).await;
+        let (gate, fail) = {
+            let p = self.plan();
+            (p.lookup_gate.clone(), p.fail_lookups)
+        };
+        if let Some(g) = gate {
+            g.pass().await;
+        }
+        if fail {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Backend {
+                tier: self.inner.info().name,
+                message: "injected probe failure".into(),
+                transient: true,
+            });
+        }
+        answer
+    }
+
+    async fn store(&self, job: StoreJob) -> JobResult {
+        let gate = self.plan().store_gate.clone();
+        self.pause(gate).await;
+        let mut res = JobResult::default();
+        let mut pass = StoreJob::default();
+        {
+            let p = self.plan();
+            for (key, src) in job.blocks {
+                let n = self.stores_seen.fetch_add(1, Ordering::Relaxed) + 1;
+                let nth = p.fail_every_nth_store.is_some_and(|m| n.is_multiple_of(m));
+                if p.fail_store.contains(&key) || nth {
+                    self.injected.fetch_add(1, Ordering::Relaxed);
+                    res.failed.push((key, injected(&key, "store")));
+                } else if p.short_store.contains(&key) && !src.is_empty() {
+                    let short = src.bytes().slice(..src.len() - 1);
+                    pass.blocks.push((key, kv_tier_core::BlockSource::from_bytes(short)));
+                } else {
+                    pass.blocks.push((key, src));
+                }
+            }
+        }
+        let inner = self.inner.store(pass).await;
+        res.ok.extend(inner.ok);
+        res.failed.extend(inner.failed);
+        res
+    }
+
+    async fn load(&self, job: LoadJob) -> JobResult {
+        let gate = self.plan().load_gate.clone();
+        self.pause(gate).await;
+        if self.plan().panic_on_load {
+            panic!("injected panic in FaultyTier::load");
+        }
+        let mut res = JobResult::default();
+        let mut pass = LoadJob::default();
+        let tear: FxHashSet<BlockKey>;
+        {
+            let p = self.plan();
+            tear = p.tear_load.clone();
+            for (key, sink) in job.blocks {
+                let n = self.loads_seen.fetch_add(1, Ordering::Relaxed) + 1;
+                let nth = p.fail_every_nth_load.is_some_and(|m| n.is_multiple_of(m));
+                if p.fail_load.contains(&key) || nth {
+                    self.injected.fetch_add(1, Ordering::Relaxed);
+                    res.failed.push((key, injected(&key, "load")));
+                } else {
+                    pass.blocks.push((key, sink));
+                }
+            }
+        }
+        if tear.is_empty() {
+            let inner = self.inner.load(pass).await;
+            res.ok.extend(inner.ok);
+            res.failed.extend(inner.failed);
+            return res;
+        }
+        // Torn keys: load into a private buffer, then copy half into the real sink.
+        let mut real = Vec::new();
+        let mut proxied = LoadJob::default();
+        for (key, sink) in pass.blocks {
+            if tear.contains(&key) {
+                let (s, reader) = kv_tier_core::BlockSink::pair(sink.len());
+                proxied.blocks.push((key, s));
+                real.push((key, Some(sink), Some(reader)));
+            } else {
+                proxied.blocks.push((key, sink));
+                real.push((key, None, None));
+            }
+        }
+        let inner = self.inner.load(proxied).await;
+        res.failed.extend(inner.failed);
+        for key in inner.ok {
+            let Some(pos) = real.iter().position(|(k, _, _)| *k == key) else { continue };
+            let (_, sink, reader) = &mut real[pos];
+            if let (Some(mut sink), Some(reader)) = (sink.take(), reader.take()) {
+                let bytes = reader.into_bytes().expect("proxy sink dropped by the inner load");
+                let half = bytes.len() / 2;
+                sink.as_mut_slice()[..half].copy_from_slice(&bytes[..half]);
+                sink.as_mut_slice()[half..].fill(0);
+                self.injected.fetch_add(1, Ordering::Relaxed);
+            }
+            res.ok.push(key);
+        }
+        res
+    }
+
+    fn touch(&self, keys: &[BlockKey]) {
+        self.inner.touch(keys)
+    }
+
+    fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
+        self.inner.protect(keys)
+    }
+
+    fn is_protected(&self, key: &BlockKey) -> bool {
+        self.inner.is_protected(key)
+    }
+
+    fn take_events(&self) -> Vec<TierEvent> {
+        self.inner.take_events()
+    }
+
+    async fn shutdown(&self) -> Result<()> {
+        self.heal();
+        self.inner.shutdown().await
+    }
+}

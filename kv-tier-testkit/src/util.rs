@@ -1,0 +1,210 @@
+//! Small helpers: deterministic keys and block bytes, temp roots, gates.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use kv_tier_core::{BlockKey, BlockSink, BlockSource, SinkReader};
+use tokio::sync::Notify;
+
+/// A deterministic 32-byte key for test index `i` (group 0).
+pub fn test_key(i: u64) -> BlockKey {
+    test_key_in_group(i, 0)
+}
+
+/// A deterministic 32-byte key for test index `i` in `group`.
+pub fn test_key_in_group(i: u64, group: u32) -> BlockKey {
+    let mut h = [0u8; 32];
+    let mut x = i ^ 0x9e37_79b9_7f4a_7c15;
+    for chunk in h.chunks_mut(8) {
+        x = splitmix(x);
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    BlockKey::from_hash32(h, group)
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn key_seed(key: &BlockKey, salt: u64) -> u64 {
+    let mut s = salt ^ (key.group() as u64).rotate_left(32);
+    for chunk in key.hash_bytes().chunks(8) {
+        let mut b = [0u8; 8];
+        b[..chunk.len()].copy_from_slice(chunk);
+        s = splitmix(s ^ u64::from_le_bytes(b));
+    }
+    s
+}
+
+/// Fills `buf` with bytes derived from `key` (and `salt`, to tell writers apart).
+pub fn fill_block(key: &BlockKey, salt: u64, buf: &mut [u8]) {
+    let mut x = key_seed(key, salt);
+    let mut chunks = buf.chunks_exact_mut(8);
+    for c in &mut chunks {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+    let rest = chunks.into_remainder();
+    x = splitmix(x);
+    let tail = x.to_le_bytes();
+    rest.copy_from_slice(&tail[..rest.len()]);
+}
+
+/// The bytes [`fill_block`] produces.
+pub fn block_bytes(key: &BlockKey, salt: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill_block(key, salt, &mut v);
+    v
+}
+
+/// Whether `data` is exactly what [`fill_block`] produces for `key` and `salt`.
+pub fn verify_block(key: &BlockKey, salt: u64, data: &[u8]) -> bool {
+    data == block_bytes(key, salt, data.len())
+}
+
+/// A page-aligned source holding [`block_bytes`] of `key`.
+pub fn source_for(key: &BlockKey, salt: u64, len: usize) -> BlockSource {
+    let mut buf = kv_tier_core::AlignedBuf::zeroed(len);
+    fill_block(key, salt, buf.as_mut_slice());
+    BlockSource::from_owner(buf)
+}
+
+/// A sink of `len` bytes and the reader that gets them back.
+pub fn sink(len: usize) -> (BlockSink, SinkReader) {
+    BlockSink::pair(len)
+}
+
+/// A temporary directory for a tier's root, removed on drop.
+pub fn temp_root() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("kv-tier-test-")
+        .tempdir()
+        .expect("create a temp dir")
+}
+
+/// Whether `dir` holds a file whose name ends with `suffix` (recursively).
+pub fn find_files(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.to_string_lossy().ends_with(suffix) {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A gate that holds async operations until opened, and counts those that reached it:
+/// the tool for driving interleavings deterministically, without sleeps.
+#[derive(Clone, Default)]
+pub struct Gate {
+    inner: Arc<GateInner>,
+}
+
+#[derive(Default)]
+struct GateInner {
+    open: AtomicBool,
+    arrived: AtomicUsize,
+    notify: Notify,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("open", &self.inner.open.load(Ordering::SeqCst))
+            .field("arrived", &self.inner.arrived.load(Ordering::SeqCst))
+            .finish()
+    }
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Opens the gate: every waiting and future operation passes.
+    pub fn open(&self) {
+        self.inner.open.store(true, Ordering::SeqCst);
+        self.inner.notify.notify_waiters();
+    }
+
+    /// Whether the gate is open.
+    pub fn is_open(&self) -> bool {
+        self.inner.open.load(Ordering::SeqCst)
+    }
+
+    /// How many operations have reached the gate.
+    pub fn arrived(&self) -> usize {
+        self.inner.arrived.load(Ordering::SeqCst)
+    }
+
+    /// Called by the held operation: counts itself, then waits until the gate opens.
+    pub async fn pass(&self) {
+        self.inner.arrived.fetch_add(1, Ordering::SeqCst);
+        self.inner.notify.notify_waiters();
+        loop {
+            let notified = self.inner.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_open() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Waits until at least `n` operations have reached the gate.
+    pub async fn wait_arrived(&self, n: usize) {
+        loop {
+            let notified = self.inner.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.arrived() >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_blocks_are_deterministic() {
+        assert_eq!(test_key(5), test_key(5));
+        assert_ne!(test_key(5), test_key(6));
+        let k = test_key(1);
+        let a = block_bytes(&k, 0, 1001);
+        assert!(verify_block(&k, 0, &a));
+        assert!(!verify_block(&k, 1, &a));
+        assert!(!verify_block(&test_key(2), 0, &a));
+    }
+
+    #[tokio::test]
+    async fn gate_holds_until_opened() {
+        let g = Gate::new();
+        let g2 = g.clone();
+        let t = tokio::spawn(async move {
+            g2.pass().await;
+            7
+        });
+        g.wait_arrived(1).await;
+        assert!(!t.is_finished());
+        g.open();
+        assert_eq!(t.await.unwrap(), 7);
+    }
+}
