@@ -84,7 +84,7 @@ impl BlockKey {
 
     /// Parses a lower-case or upper-case hex block hash.
     pub fn from_hex(hex: &str, group: u32) -> Result<Self> {
-        if hex.len() % 2 != 0 {
+        if !hex.len().is_multiple_of(2) {
             return Err(Error::InvalidKey {
                 reason: format!("hex hash {hex:?} has an odd number of digits"),
             });

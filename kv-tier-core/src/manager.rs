@@ -458,12 +458,22 @@ impl TieringManager {
     /// Sends everything queued and waits until every job and probe has completed and been
     /// applied. For tests and shutdown.
     pub async fn wait_idle(&self) {
+        self.wait_until(Self::idle).await
+    }
+
+    /// Sends queued promotions and waits until no store or load job is in flight (probes may
+    /// still be). For tests that hold a probe while jobs run.
+    pub async fn wait_jobs(&self) {
+        self.wait_until(|st| st.jobs.is_empty() && st.promotions.is_empty()).await
+    }
+
+    async fn wait_until(&self, done: impl Fn(&State) -> bool) {
         loop {
             {
                 let mut st = self.state.lock().expect("manager state");
                 self.flush(&mut st);
                 self.drain(&mut st);
-                if Self::idle(&st) {
+                if done(&st) {
                     return;
                 }
             }
@@ -513,6 +523,7 @@ impl TieringManager {
         s.primary = self.primary.stats();
         for (t, l) in s.tiers.iter_mut().zip(&st.lookups) {
             t.probes = l.stats();
+            t.tracked_keys = l.tracked_keys();
         }
         s
     }

@@ -139,6 +139,8 @@ pub struct TierStats {
     pub load_latency: LatencyHistogram,
     /// Probe counters of the tier's async lookup.
     pub probes: crate::lookup::AsyncLookupStats,
+    /// Keys the tier's async lookup tracks (live requests' keys and probes in flight).
+    pub tracked_keys: usize,
 }
 
 /// Counters of a [`crate::TieringManager`].
