@@ -92,7 +92,9 @@ impl Drop for AlignedBuf {
 
 impl fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .finish()
     }
 }
 
@@ -194,7 +196,11 @@ impl BlockSink {
     /// # Safety
     /// `ptr` must be valid for reads and writes of `len` bytes for as long as `owner` lives,
     /// and nothing else may access that memory until the sink (and so `owner`) is dropped.
-    pub unsafe fn from_raw_parts(ptr: NonNull<u8>, len: usize, owner: Box<dyn Send + Sync>) -> Self {
+    pub unsafe fn from_raw_parts(
+        ptr: NonNull<u8>,
+        len: usize,
+        owner: Box<dyn Send + Sync>,
+    ) -> Self {
         Self {
             ptr,
             len,

@@ -73,7 +73,10 @@ impl TierSpec {
 
     fn from_value(v: Value, field: &str) -> Result<Self> {
         let Value::Object(mut map) = v else {
-            return Err(Error::config(field, "must be an object with a \"type\" key"));
+            return Err(Error::config(
+                field,
+                "must be an object with a \"type\" key",
+            ));
         };
         let kind = match map.remove("type") {
             Some(Value::String(s)) if !s.is_empty() => s,
@@ -342,22 +345,67 @@ mod tests {
     #[test]
     fn every_invalid_value_names_its_field() {
         let cases = [
-            (r#"{"cpu_bytes_to_use": 0, "block_size_bytes": 1}"#, "cpu_bytes_to_use"),
-            (r#"{"cpu_bytes_to_use": -5, "block_size_bytes": 1}"#, "cpu_bytes_to_use"),
-            (r#"{"cpu_bytes_to_use": "1G", "block_size_bytes": 1}"#, "cpu_bytes_to_use"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 0}"#, "block_size_bytes"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 20}"#, "cpu_bytes_to_use"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "eviction_policy": "lfu"}"#, "eviction_policy"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "cpu_byte_to_use": 3}"#, "cpu_byte_to_use"),
+            (
+                r#"{"cpu_bytes_to_use": 0, "block_size_bytes": 1}"#,
+                "cpu_bytes_to_use",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": -5, "block_size_bytes": 1}"#,
+                "cpu_bytes_to_use",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": "1G", "block_size_bytes": 1}"#,
+                "cpu_bytes_to_use",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 0}"#,
+                "block_size_bytes",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 20}"#,
+                "cpu_bytes_to_use",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "eviction_policy": "lfu"}"#,
+                "eviction_policy",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "cpu_byte_to_use": 3}"#,
+                "cpu_byte_to_use",
+            ),
             (r#"{"block_size_bytes": 1}"#, "cpu_bytes_to_use"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"root_dir": "/x"}]}"#, "secondary_tiers[0].type"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"type": 3}]}"#, "secondary_tiers[0].type"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"type": "a"}, {"type": "a"}]}"#, "secondary_tiers[1].name"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": {}}"#, "secondary_tiers"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 0}}"#, "layout.tokens_per_hash"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "rank": -1}}"#, "layout.rank"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "tp": 1}}"#, "layout.tp"),
-            (r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "spec_name": "CPUOffloadingSpec"}"#, "spec_name"),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"root_dir": "/x"}]}"#,
+                "secondary_tiers[0].type",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"type": 3}]}"#,
+                "secondary_tiers[0].type",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"type": "a"}, {"type": "a"}]}"#,
+                "secondary_tiers[1].name",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": {}}"#,
+                "secondary_tiers",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 0}}"#,
+                "layout.tokens_per_hash",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "rank": -1}}"#,
+                "layout.rank",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "tp": 1}}"#,
+                "layout.tp",
+            ),
+            (
+                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "spec_name": "CPUOffloadingSpec"}"#,
+                "spec_name",
+            ),
         ];
         for (text, want) in cases {
             let (field, reason) = err_field(text);
@@ -386,9 +434,13 @@ mod tests {
         let spec = TierSpec::new("fs")
             .option("root_dir", "/x")
             .option("n_read_threads", "many");
-        let err = spec.parse_options::<Opts>().unwrap_err().within("secondary_tiers[0]");
+        let err = spec
+            .parse_options::<Opts>()
+            .unwrap_err()
+            .within("secondary_tiers[0]");
         assert!(
-            err.to_string().contains("`secondary_tiers[0].n_read_threads`"),
+            err.to_string()
+                .contains("`secondary_tiers[0].n_read_threads`"),
             "{err}"
         );
     }

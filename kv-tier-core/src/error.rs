@@ -187,7 +187,17 @@ fn io_is_transient(e: &io::Error) -> bool {
         const ETIMEDOUT: i32 = 110;
         return matches!(
             code,
-            EPERM | EINTR | EIO | EAGAIN | ENOMEM | EACCES | EBUSY | ENFILE | EMFILE | ELOOP | ETIMEDOUT
+            EPERM
+                | EINTR
+                | EIO
+                | EAGAIN
+                | ENOMEM
+                | EACCES
+                | EBUSY
+                | ENFILE
+                | EMFILE
+                | ELOOP
+                | ETIMEDOUT
         );
     }
     matches!(

@@ -26,9 +26,34 @@ pub const MAX_HASH_LEN: usize = 64;
 /// ```
 #[derive(Clone, Copy)]
 pub struct BlockKey {
-    len: u8,
+    /// A 64-bit digest of (hash bytes, group), computed once: hashing a key into a map then
+    /// costs one word, and unequal keys usually differ here first.
+    mix: u64,
     group: u32,
+    len: u8,
     hash: [u8; MAX_HASH_LEN],
+}
+
+fn mix_of(hash: &[u8], group: u32) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut h = (hash.len() as u64) ^ ((group as u64) << 32);
+    let mut chunks = hash.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        h = (h.rotate_left(5) ^ w).wrapping_mul(K);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut b = [0u8; 8];
+        b[..rest.len()].copy_from_slice(rest);
+        h = (h.rotate_left(5) ^ u64::from_le_bytes(b)).wrapping_mul(K);
+    }
+    // final avalanche (murmur3 fmix64) so every input bit reaches the low bits maps use
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 impl BlockKey {
@@ -50,6 +75,7 @@ impl BlockKey {
         let mut buf = [0u8; MAX_HASH_LEN];
         buf[..hash.len()].copy_from_slice(hash);
         Ok(Self {
+            mix: mix_of(hash, group),
             len: hash.len() as u8,
             group,
             hash: buf,
@@ -61,6 +87,7 @@ impl BlockKey {
         let mut buf = [0u8; MAX_HASH_LEN];
         buf[..32].copy_from_slice(&hash);
         Self {
+            mix: mix_of(&hash, group),
             len: 32,
             group,
             hash: buf,
@@ -133,7 +160,9 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 impl PartialEq for BlockKey {
     fn eq(&self, other: &Self) -> bool {
-        self.group == other.group && self.hash_bytes() == other.hash_bytes()
+        self.mix == other.mix
+            && self.group == other.group
+            && self.hash_bytes() == other.hash_bytes()
     }
 }
 
@@ -141,8 +170,7 @@ impl Eq for BlockKey {}
 
 impl Hash for BlockKey {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u32(self.group);
-        state.write(self.hash_bytes());
+        state.write_u64(self.mix);
     }
 }
 
@@ -189,7 +217,10 @@ mod tests {
 
     #[test]
     fn bad_input_is_an_error_not_a_panic() {
-        assert!(matches!(BlockKey::new(&[], 0), Err(Error::InvalidKey { .. })));
+        assert!(matches!(
+            BlockKey::new(&[], 0),
+            Err(Error::InvalidKey { .. })
+        ));
         assert!(BlockKey::new(&[7; 65], 0).is_err());
         assert!(BlockKey::new(&[7; 64], 0).is_ok());
         assert!(BlockKey::from_offload_bytes(&[1, 2, 3, 4]).is_err());

@@ -80,7 +80,11 @@ pub struct RunFields {
 
 impl RunFields {
     /// Minimal run fields for a model and dtype; parallelism-agnostic, one block per file.
-    pub fn new(model_name: impl Into<String>, dtype: impl Into<String>, tokens_per_hash: u64) -> Self {
+    pub fn new(
+        model_name: impl Into<String>,
+        dtype: impl Into<String>,
+        tokens_per_hash: u64,
+    ) -> Self {
         Self {
             model_name: model_name.into(),
             tokens_per_hash,
@@ -116,7 +120,10 @@ impl RunFields {
             "kv_cache_groups".into(),
             serde_json::to_value(&self.kv_cache_groups).expect("groups serialize"),
         );
-        m.insert("inference_engine".into(), self.inference_engine.clone().into());
+        m.insert(
+            "inference_engine".into(),
+            self.inference_engine.clone().into(),
+        );
         if !agnostic {
             m.insert("parallel_agnostic".into(), false.into());
         }
@@ -381,7 +388,10 @@ mod tests {
         let v = serde_json::json!({"b": [], "a": [1, 2], "c": {}});
         let mut out = String::new();
         write_json(&mut out, &v, Some(0));
-        assert_eq!(out, "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": [],\n  \"c\": {}\n}");
+        assert_eq!(
+            out,
+            "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": [],\n  \"c\": {}\n}"
+        );
     }
 
     #[test]

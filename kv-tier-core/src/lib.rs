@@ -25,8 +25,8 @@ pub use registry::{BuildContext, TierBuilder, TierRegistry};
 pub use request::{LookupResult, PrefixCount, RequestContext, RequestId, TierFilter, count_prefix};
 pub use stats::{LatencyHistogram, ManagerStats, TierStats};
 pub use tier::{
-    Capability, JobResult, LoadJob, PreparedStore, PrimaryStats, PrimaryTier, ProtectGuard, ProtectionSet,
-    SecondaryTier, StoreJob, TierInfo,
+    Capability, JobResult, LoadJob, PreparedStore, PrimaryStats, PrimaryTier, ProtectGuard,
+    ProtectionSet, SecondaryTier, StoreJob, TierInfo,
 };
 
 /// Re-exported so tier crates and the conformance macro use the same version.

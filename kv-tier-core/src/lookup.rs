@@ -201,7 +201,10 @@ impl AsyncLookup {
         self.runtime.spawn(async move {
             let keys: Vec<BlockKey> = batch.iter().map(|(k, _)| *k).collect();
             let result = tier.lookup(&keys).await;
-            inbox.lock().expect("probe inbox").push(ProbeBatch { keys: batch, result });
+            inbox.lock().expect("probe inbox").push(ProbeBatch {
+                keys: batch,
+                result,
+            });
             notify.notify_one();
         });
         n

@@ -21,7 +21,9 @@ use crate::lookup::{AsyncLookup, Presence};
 use crate::registry::{BuildContext, TierRegistry};
 use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count_prefix};
 use crate::stats::{ManagerStats, TierStats};
-use crate::tier::{JobResult, LoadJob, PreparedStore, PrimaryTier, ProtectGuard, SecondaryTier, StoreJob};
+use crate::tier::{
+    JobResult, LoadJob, PreparedStore, PrimaryTier, ProtectGuard, SecondaryTier, StoreJob,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum JobKind {
@@ -265,27 +267,51 @@ impl TieringManager {
         *st.pending_stores.entry(req).or_default() += 1;
         let t = self.tiers[tier].clone();
         let fail_keys = keys.clone();
-        self.spawn_job(st, JobKind::Store, tier, req, keys, bytes, protect, async move {
-            match AssertUnwindSafe(t.store(job)).catch_unwind().await {
-                Ok(r) => r,
-                Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
-            }
-        });
+        self.spawn_job(
+            st,
+            JobKind::Store,
+            tier,
+            req,
+            keys,
+            bytes,
+            protect,
+            async move {
+                match AssertUnwindSafe(t.store(job)).catch_unwind().await {
+                    Ok(r) => r,
+                    Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
+                }
+            },
+        );
     }
 
-    fn submit_load(&self, st: &mut State, tier: usize, req: RequestId, blocks: Vec<(BlockKey, BlockSink)>) {
+    fn submit_load(
+        &self,
+        st: &mut State,
+        tier: usize,
+        req: RequestId,
+        blocks: Vec<(BlockKey, BlockSink)>,
+    ) {
         let job = LoadJob { blocks };
         let keys = job.keys();
         let bytes = job.blocks.iter().map(|(_, s)| s.len() as u64).sum();
         let protect = self.tiers[tier].protect(&keys);
         let t = self.tiers[tier].clone();
         let fail_keys = keys.clone();
-        self.spawn_job(st, JobKind::Load, tier, req, keys, bytes, protect, async move {
-            match AssertUnwindSafe(t.load(job)).catch_unwind().await {
-                Ok(r) => r,
-                Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
-            }
-        });
+        self.spawn_job(
+            st,
+            JobKind::Load,
+            tier,
+            req,
+            keys,
+            bytes,
+            protect,
+            async move {
+                match AssertUnwindSafe(t.load(job)).catch_unwind().await {
+                    Ok(r) => r,
+                    Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
+                }
+            },
+        );
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -338,9 +364,23 @@ impl TieringManager {
             let elapsed = info.started.elapsed();
             let ok: FxHashSet<BlockKey> = result.ok.iter().copied().collect();
             // Keys a tier forgot to report count as failed.
-            let failed: Vec<BlockKey> = info.keys.iter().filter(|k| !ok.contains(k)).copied().collect();
-            let ok_keys: Vec<BlockKey> = info.keys.iter().filter(|k| ok.contains(k)).copied().collect();
-            let per_block = if info.keys.is_empty() { 0 } else { info.bytes / info.keys.len() as u64 };
+            let failed: Vec<BlockKey> = info
+                .keys
+                .iter()
+                .filter(|k| !ok.contains(k))
+                .copied()
+                .collect();
+            let ok_keys: Vec<BlockKey> = info
+                .keys
+                .iter()
+                .filter(|k| ok.contains(k))
+                .copied()
+                .collect();
+            let per_block = if info.keys.is_empty() {
+                0
+            } else {
+                info.bytes / info.keys.len() as u64
+            };
             for (k, e) in result.failed.iter().take(3) {
                 tracing::warn!(tier = %self.names[info.tier], key = %k, error = %e, kind = ?info.kind, "block transfer failed");
             }
@@ -452,7 +492,10 @@ impl TieringManager {
     fn idle(st: &State) -> bool {
         st.jobs.is_empty()
             && st.promotions.is_empty()
-            && st.lookups.iter().all(|l| l.in_flight() == 0 && l.queued() == 0)
+            && st
+                .lookups
+                .iter()
+                .all(|l| l.in_flight() == 0 && l.queued() == 0)
     }
 
     /// Sends everything queued and waits until every job and probe has completed and been
@@ -464,7 +507,8 @@ impl TieringManager {
     /// Sends queued promotions and waits until no store or load job is in flight (probes may
     /// still be). For tests that hold a probe while jobs run.
     pub async fn wait_jobs(&self) {
-        self.wait_until(|st| st.jobs.is_empty() && st.promotions.is_empty()).await
+        self.wait_until(|st| st.jobs.is_empty() && st.promotions.is_empty())
+            .await
     }
 
     async fn wait_until(&self, done: impl Fn(&State) -> bool) {
@@ -488,7 +532,10 @@ impl TieringManager {
         self.wait_idle().await;
         let pinned = self.primary.reset();
         if pinned > 0 {
-            tracing::warn!(pinned, "reset_cache left blocks that are still pinned by readers");
+            tracing::warn!(
+                pinned,
+                "reset_cache left blocks that are still pinned by readers"
+            );
         }
     }
 
@@ -593,7 +640,10 @@ impl TieringManagerBuilder {
         let handle = match &self.runtime {
             Some(h) => h.clone(),
             None => tokio::runtime::Handle::try_current().map_err(|_| {
-                Error::config("runtime", "no tokio runtime: pass one with .runtime() or use build_blocking()")
+                Error::config(
+                    "runtime",
+                    "no tokio runtime: pass one with .runtime() or use build_blocking()",
+                )
             })?,
         };
         self.build_on(handle, OwnedRuntime(None)).await
@@ -603,7 +653,10 @@ impl TieringManagerBuilder {
     /// (2 worker threads) that the manager owns. Must not be called from async code.
     pub fn build_blocking(self) -> Result<TieringManager> {
         if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(Error::config("runtime", "build_blocking() called inside a tokio runtime; use build().await"));
+            return Err(Error::config(
+                "runtime",
+                "build_blocking() called inside a tokio runtime; use build().await",
+            ));
         }
         let (handle, owned) = match &self.runtime {
             Some(h) => (h.clone(), OwnedRuntime(None)),
@@ -620,7 +673,11 @@ impl TieringManagerBuilder {
         handle.clone().block_on(self.build_on(handle, owned))
     }
 
-    async fn build_on(self, handle: tokio::runtime::Handle, owned: OwnedRuntime) -> Result<TieringManager> {
+    async fn build_on(
+        self,
+        handle: tokio::runtime::Handle,
+        owned: OwnedRuntime,
+    ) -> Result<TieringManager> {
         self.config.validate()?;
         let primary = self.primary.ok_or_else(|| {
             Error::config("primary", "no primary tier: pass one with .primary() (kv_tier_cpu::CpuTier::from_config builds it)")
@@ -637,7 +694,12 @@ impl TieringManagerBuilder {
         }
         let namespace = match self.namespace {
             Some(ns) => Some(ns),
-            None => self.config.layout.as_ref().map(|l| l.namespace()).transpose()?,
+            None => self
+                .config
+                .layout
+                .as_ref()
+                .map(|l| l.namespace())
+                .transpose()?,
         };
         let mut tiers: Vec<Arc<dyn SecondaryTier>> = Vec::new();
         let mut names: Vec<String> = Vec::new();
@@ -659,7 +721,10 @@ impl TieringManagerBuilder {
         }
         for (i, n) in names.iter().enumerate() {
             if names[..i].contains(n) {
-                return Err(Error::config("secondary_tiers", format!("two tiers are named {n:?}")));
+                return Err(Error::config(
+                    "secondary_tiers",
+                    format!("two tiers are named {n:?}"),
+                ));
             }
         }
         let notify = Arc::new(Notify::new());

@@ -81,7 +81,11 @@ impl TierRegistry {
     }
 
     /// Registers (or replaces) the builder of `type_name`.
-    pub fn register(&mut self, type_name: impl Into<String>, builder: impl TierBuilder) -> &mut Self {
+    pub fn register(
+        &mut self,
+        type_name: impl Into<String>,
+        builder: impl TierBuilder,
+    ) -> &mut Self {
         self.builders.insert(type_name.into(), Arc::new(builder));
         self
     }
@@ -119,7 +123,10 @@ impl TierRegistry {
                 ),
             )
         })?;
-        builder.build(spec, ctx).await.map_err(|e| e.within(&prefix))
+        builder
+            .build(spec, ctx)
+            .await
+            .map_err(|e| e.within(&prefix))
     }
 }
 

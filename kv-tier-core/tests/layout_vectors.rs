@@ -50,7 +50,10 @@ fn layout_vectors_reproduce_byte_for_byte() {
             );
             // config.json holds exactly the run fields given (as JSON values) ...
             let written: Value = serde_json::from_str(&ns.config_json()).unwrap();
-            assert_eq!(written, v["config_json_fields"], "{name}: config.json content");
+            assert_eq!(
+                written, v["config_json_fields"],
+                "{name}: config.json content"
+            );
             // ... and reading it back gives the same namespace.
             ns.check_config_json(&ns.config_path(root), &ns.config_json())
                 .unwrap();
@@ -62,10 +65,8 @@ fn layout_vectors_reproduce_byte_for_byte() {
 
 #[test]
 fn config_json_is_python_pretty_printed() {
-    let v: serde_json::Map<String, Value> = serde_json::from_str(
-        &std::fs::read_to_string(&vector_files()[0]).unwrap(),
-    )
-    .unwrap();
+    let v: serde_json::Map<String, Value> =
+        serde_json::from_str(&std::fs::read_to_string(&vector_files()[0]).unwrap()).unwrap();
     let ns = Namespace::from_json(&v["test-model-r3-g2"]["config_json_fields"], 3).unwrap();
     // json.dumps(fields, indent=2, sort_keys=True)
     let expected = r#"{

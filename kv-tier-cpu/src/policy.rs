@@ -224,7 +224,11 @@ impl Policy {
 
     /// Picks `n` victims in eviction order among slots where `evictable` holds, or `None`
     /// when fewer than `n` qualify. Changes nothing.
-    pub(crate) fn victims(&self, n: usize, evictable: impl Fn(usize) -> bool) -> Option<Vec<usize>> {
+    pub(crate) fn victims(
+        &self,
+        n: usize,
+        evictable: impl Fn(usize) -> bool,
+    ) -> Option<Vec<usize>> {
         let mut out = Vec::with_capacity(n);
         if n == 0 {
             return Some(out);

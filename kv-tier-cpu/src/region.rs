@@ -53,7 +53,9 @@ impl Region {
         if prefault {
             // First-touch page faults run at a fraction of memcpy speed: take them now.
             // SAFETY: as above; MADV_POPULATE_WRITE (Linux 5.14+) faults the range in.
-            let rc = unsafe { libc::madvise(ptr, len, 23 /* MADV_POPULATE_WRITE */) };
+            let rc = unsafe {
+                libc::madvise(ptr, len, 23 /* MADV_POPULATE_WRITE */)
+            };
             if rc != 0 {
                 let base = ptr as *mut u8;
                 for off in (0..len).step_by(PAGE_SIZE) {

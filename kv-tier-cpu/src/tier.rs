@@ -121,7 +121,10 @@ impl CpuTier {
             ));
         }
         if n_slots >= u32::MAX as usize {
-            return Err(Error::config("cpu_bytes_to_use", "too many slots (more than 2^32)"));
+            return Err(Error::config(
+                "cpu_bytes_to_use",
+                "too many slots (more than 2^32)",
+            ));
         }
         let region = Arc::new(Region::new(n_slots, cfg.block_size, cfg.prefault)?);
         debug_assert_eq!(region.slot_size(), slot_size);
@@ -224,7 +227,11 @@ impl PrimaryTier for CpuTier {
             }
         }
         // Free slots still pinned by a stale handle are not usable yet.
-        let usable_free = st.free.iter().filter(|&&s| self.region.pins(s) == 0).count();
+        let usable_free = st
+            .free
+            .iter()
+            .filter(|&&s| self.region.pins(s) == 0)
+            .count();
         let need = new.len().saturating_sub(usable_free);
         let region = &self.region;
         let status = &st.status;
@@ -287,13 +294,14 @@ impl PrimaryTier for CpuTier {
                 continue;
             }
             st.writing -= 1;
-            let ok = success && {
-                let alive = self.region.writer_alive(s);
-                if alive {
-                    tracing::error!(key = %k, "complete_store while the block's sink is still alive; dropping the block");
-                }
-                !alive
-            };
+            let ok = success
+                && {
+                    let alive = self.region.writer_alive(s);
+                    if alive {
+                        tracing::error!(key = %k, "complete_store while the block's sink is still alive; dropping the block");
+                    }
+                    !alive
+                };
             if ok {
                 st.status[s] = Status::Ready(*k);
                 st.policy.insert(s, k);

@@ -33,7 +33,9 @@ fn store(t: &CpuTier, keys: &[BlockKey]) -> Vec<BlockKey> {
 }
 
 fn resident(t: &CpuTier, n: u32) -> Vec<u32> {
-    (0..n).filter(|&i| t.lookup(&key(i)) == LookupResult::Hit).collect()
+    (0..n)
+        .filter(|&i| t.lookup(&key(i)) == LookupResult::Hit)
+        .collect()
 }
 
 #[test]
@@ -92,7 +94,11 @@ fn lru_evicts_least_recent_and_touch_keeps_first_key_most_recent() {
     drop(p);
     t.complete_store(&[key(10), key(11)], true);
     let p = t.prepare_store(&[key(12)]).unwrap();
-    assert_eq!(p.evicted, vec![key(0)], "key 0 was touched before key 3 became most recent");
+    assert_eq!(
+        p.evicted,
+        vec![key(0)],
+        "key 0 was touched before key 3 became most recent"
+    );
 }
 
 #[test]
@@ -218,7 +224,10 @@ fn pinned_blocks_are_never_overwritten_under_concurrency() {
             if held.len() > 6 {
                 let (i, src) = held.pop_front().unwrap();
                 let want = (i as u8).wrapping_mul(31);
-                assert!(src.as_slice().iter().all(|&b| b == want), "block {i} changed while pinned");
+                assert!(
+                    src.as_slice().iter().all(|&b| b == want),
+                    "block {i} changed while pinned"
+                );
                 checked += 1;
             }
         }

@@ -7,7 +7,9 @@ use kv_tier_core::{
     RequestContext, RequestId, SecondaryTier, StoreJob, TieringManager,
 };
 use kv_tier_cpu::{CpuTier, CpuTierConfig};
-use kv_tier_testkit::{FaultyTier, MemoryTier, Workload, WorkloadConfig, source_for, test_key, verify_block};
+use kv_tier_testkit::{
+    FaultyTier, MemoryTier, Workload, WorkloadConfig, source_for, test_key, verify_block,
+};
 use tokio::sync::Notify;
 
 const BS: usize = 4096;
@@ -27,7 +29,8 @@ async fn manager(slots: usize, tiers: Vec<Arc<dyn SecondaryTier>>) -> Fx {
         })
         .unwrap(),
     );
-    let mut b = TieringManager::builder(KvTierConfig::new((slots * BS) as u64, BS as u64)).primary(cpu.clone());
+    let mut b = TieringManager::builder(KvTierConfig::new((slots * BS) as u64, BS as u64))
+        .primary(cpu.clone());
     for t in tiers {
         b = b.tier(t);
     }
@@ -67,7 +70,10 @@ async fn seed(t: &dyn SecondaryTier, keys: &[BlockKey]) {
 fn assert_dram_bytes(cpu: &CpuTier, keys: &[BlockKey]) {
     let views = cpu.prepare_load(keys).unwrap();
     for (k, v) in keys.iter().zip(views) {
-        assert!(verify_block(k, 0, v.as_slice()), "DRAM bytes of {k} are wrong");
+        assert!(
+            verify_block(k, 0, v.as_slice()),
+            "DRAM bytes of {k} are wrong"
+        );
     }
 }
 
@@ -84,16 +90,25 @@ async fn cascade_to_two_tiers() {
     let fx = manager(8, vec![a.clone(), b.clone()]).await;
     let keys: Vec<_> = (0..3).map(test_key).collect();
     store(&fx.m, RequestId(1), &keys);
-    assert_eq!(fx.m.lookup(&keys[0], &RequestContext::new(1)), LookupResult::Hit);
+    assert_eq!(
+        fx.m.lookup(&keys[0], &RequestContext::new(1)),
+        LookupResult::Hit
+    );
     fx.m.wait_idle().await;
     for t in [&a, &b] {
         for k in &keys {
-            assert!(verify_block(k, 0, &t.get(k).expect("cascaded")), "bytes in tier");
+            assert!(
+                verify_block(k, 0, &t.get(k).expect("cascaded")),
+                "bytes in tier"
+            );
         }
     }
     let s = fx.m.stats();
     for t in &s.tiers {
-        assert_eq!((t.store_jobs, t.blocks_stored, t.bytes_stored), (1, 3, 3 * BS as u64));
+        assert_eq!(
+            (t.store_jobs, t.blocks_stored, t.bytes_stored),
+            (1, 3, 3 * BS as u64)
+        );
         assert_eq!(t.store_latency.count(), 1);
     }
     assert_eq!(s.cascades, 1);
@@ -122,7 +137,14 @@ async fn promotion_goes_retry_then_pending_then_hit() {
     assert_eq!(step(&fx.m, &keys, &req), vec![LookupResult::Hit; 4]);
     assert_dram_bytes(&fx.cpu, &keys);
     let s = fx.m.stats();
-    assert_eq!((s.tiers[0].hits, s.tiers[0].load_jobs, s.tiers[0].blocks_loaded), (4, 1, 4));
+    assert_eq!(
+        (
+            s.tiers[0].hits,
+            s.tiers[0].load_jobs,
+            s.tiers[0].blocks_loaded
+        ),
+        (4, 1, 4)
+    );
     assert_eq!(s.tiers[0].bytes_loaded, 4 * BS as u64);
     assert_eq!(s.lookups, 12);
     assert_eq!((s.retries, s.hits_pending, s.hits, s.misses), (4, 4, 4, 0));
@@ -249,7 +271,11 @@ async fn late_probe_after_completed_store_is_ignored() {
     gate.open();
     fx.m.wait_idle().await; // the stale "absent" arrives
     assert_eq!(fx.m.stats().tiers[0].probes.stale_answers, 1);
-    assert_eq!(fx.m.lookup(&k, &req), LookupResult::HitPending, "the stale probe won");
+    assert_eq!(
+        fx.m.lookup(&k, &req),
+        LookupResult::HitPending,
+        "the stale probe won"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -272,7 +298,11 @@ async fn mark_miss_on_a_pending_probe_is_not_overwritten() {
     }
     al.apply_results();
     assert_eq!(al.stats().stale_answers, 1);
-    assert_eq!(al.lookup(&k, r1), Presence::Absent, "the stale probe overwrote mark_miss");
+    assert_eq!(
+        al.lookup(&k, r1),
+        Presence::Absent,
+        "the stale probe overwrote mark_miss"
+    );
     // another request probes afresh and sees the block
     assert_eq!(al.lookup(&k, r2), Presence::Retry);
     al.flush();
@@ -375,7 +405,11 @@ async fn a_tier_filter_skips_a_tier() {
     let only_b = RequestContext::new(2).only_tiers(["b"]);
     assert_eq!(step(&fx.m, &[k], &only_b), vec![LookupResult::Retry]);
     fx.m.wait_idle().await;
-    assert_eq!(a.lookup_counts(), (1, 1), "tier a was probed for the filtered request");
+    assert_eq!(
+        a.lookup_counts(),
+        (1, 1),
+        "tier a was probed for the filtered request"
+    );
     assert_eq!(step(&fx.m, &[k], &only_b), vec![LookupResult::HitPending]);
     fx.m.wait_idle().await;
     assert_eq!(fx.m.lookup(&k, &only_b), LookupResult::Hit);
@@ -412,7 +446,11 @@ async fn request_state_is_dropped_only_after_its_stores_finish() {
     let gate = t.hold_stores();
     store(&fx.m, req.id, &[test_key(6)]);
     fx.m.on_request_finished(req.id);
-    assert_eq!(fx.m.stats().tiers[0].tracked_keys, 1, "forgotten before its store finished");
+    assert_eq!(
+        fx.m.stats().tiers[0].tracked_keys,
+        1,
+        "forgotten before its store finished"
+    );
     gate.open();
     fx.m.wait_idle().await;
     assert_eq!(fx.m.stats().tiers[0].tracked_keys, 0);
@@ -439,7 +477,11 @@ async fn a_panicking_tier_fails_its_job_and_the_manager_goes_on() {
     assert_eq!(step(&fx.m, &[k], &req), vec![LookupResult::HitPending]);
     fx.m.wait_idle().await;
     assert_eq!(fx.m.lookup(&k, &req), LookupResult::Miss);
-    assert_eq!(fx.cpu.stats().writing_blocks, 0, "the reserved slot was freed");
+    assert_eq!(
+        fx.cpu.stats().writing_blocks,
+        0,
+        "the reserved slot was freed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -467,16 +509,27 @@ fn build_blocking_owns_a_runtime_and_unknown_types_are_refused() {
         .build_blocking()
         .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("secondary_tiers[1].type") && msg.contains("\"nvme\""), "{msg}");
+    assert!(
+        msg.contains("secondary_tiers[1].type") && msg.contains("\"nvme\""),
+        "{msg}"
+    );
     let bad = KvTierConfig::from_json_str(
         r#"{"cpu_bytes_to_use": 16384, "block_size_bytes": 4096, "secondary_tiers": [{"type": "memory", "size": 3}]}"#,
     )
     .unwrap();
-    let err = kv_tier_cpu::manager_builder(bad).unwrap().registry(reg.clone()).build_blocking().unwrap_err();
+    let err = kv_tier_cpu::manager_builder(bad)
+        .unwrap()
+        .registry(reg.clone())
+        .build_blocking()
+        .unwrap_err();
     assert!(err.to_string().contains("secondary_tiers[0].size"), "{err}");
     let mut ok = cfg;
     ok.secondary_tiers.pop();
-    let m = kv_tier_cpu::manager_builder(ok).unwrap().registry(reg).build_blocking().unwrap();
+    let m = kv_tier_cpu::manager_builder(ok)
+        .unwrap()
+        .registry(reg)
+        .build_blocking()
+        .unwrap();
     assert_eq!(m.tier_names(), ["memory"]);
     let k = test_key(1);
     store(&m, RequestId(1), &[k]);

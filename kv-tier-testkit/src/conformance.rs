@@ -69,7 +69,10 @@ async fn store(fx: &TierFixture, keys: &[BlockKey], salt: u64) -> kv_tier_core::
 }
 
 /// Loads `keys` and returns the result plus the bytes of each key that loaded.
-async fn load(fx: &TierFixture, keys: &[BlockKey]) -> (kv_tier_core::JobResult, Vec<(BlockKey, bytes::Bytes)>) {
+async fn load(
+    fx: &TierFixture,
+    keys: &[BlockKey],
+) -> (kv_tier_core::JobResult, Vec<(BlockKey, bytes::Bytes)>) {
     let mut readers = Vec::new();
     let mut job = LoadJob::default();
     for k in keys {
@@ -81,7 +84,9 @@ async fn load(fx: &TierFixture, keys: &[BlockKey]) -> (kv_tier_core::JobResult, 
     let ok: BTreeSet<BlockKey> = res.ok.iter().copied().collect();
     let mut out = Vec::new();
     for (k, r) in readers {
-        let bytes = r.into_bytes().expect("the tier kept a sink after its load returned");
+        let bytes = r
+            .into_bytes()
+            .expect("the tier kept a sink after its load returned");
         if ok.contains(&k) {
             out.push((k, bytes));
         }
@@ -133,7 +138,10 @@ pub async fn round_trip_preserves_bytes(fx: &TierFixture) {
         assert_partition(&res, &ks);
         assert_eq!(data.len(), n);
         for (k, bytes) in data {
-            assert!(verify_block(&k, 7, &bytes), "bytes of {k} changed in a round trip of {n}");
+            assert!(
+                verify_block(&k, 7, &bytes),
+                "bytes of {k} changed in a round trip of {n}"
+            );
         }
     }
 }
@@ -156,10 +164,17 @@ pub async fn storing_existing_key_is_noop_success(fx: &TierFixture) {
     let ks = keys(5, 1);
     assert!(store(fx, &ks, 1).await.is_success());
     let again = store(fx, &ks, 2).await;
-    assert!(again.is_success(), "second store failed: {:?}", again.failed);
+    assert!(
+        again.is_success(),
+        "second store failed: {:?}",
+        again.failed
+    );
     assert_eq!(again.ok, ks);
     let (_, data) = load(fx, &ks).await;
-    assert!(verify_block(&ks[0], 1, &data[0].1), "the first copy was replaced");
+    assert!(
+        verify_block(&ks[0], 1, &data[0].1),
+        "the first copy was replaced"
+    );
 }
 
 /// 16 concurrent stores of one key (different bytes each) all succeed and leave exactly one
@@ -179,11 +194,17 @@ pub async fn concurrent_stores_of_one_key_leave_one_copy(fx: &TierFixture) {
     }
     for t in tasks {
         let res = t.await.expect("store task panicked");
-        assert!(res.is_success(), "a concurrent store failed: {:?}", res.failed);
+        assert!(
+            res.is_success(),
+            "a concurrent store failed: {:?}",
+            res.failed
+        );
     }
     let (res, data) = load(fx, &[k]).await;
     assert!(res.is_success());
-    let winners = (0..16u64).filter(|w| verify_block(&k, 100 + w, &data[0].1)).count();
+    let winners = (0..16u64)
+        .filter(|w| verify_block(&k, 100 + w, &data[0].1))
+        .count();
     assert_eq!(winners, 1, "the block is not exactly one writer's bytes");
 }
 
@@ -209,7 +230,10 @@ pub async fn protect_refcounts_nest(fx: &TierFixture) {
     let g2 = fx.tier.protect(&ks);
     assert!(fx.tier.is_protected(&ks[0]) && fx.tier.is_protected(&ks[1]));
     drop(g2);
-    assert!(fx.tier.is_protected(&ks[0]), "released while a guard still lives");
+    assert!(
+        fx.tier.is_protected(&ks[0]),
+        "released while a guard still lives"
+    );
     assert!(!fx.tier.is_protected(&ks[1]));
     drop(g1);
     assert!(!fx.tier.is_protected(&ks[0]));
@@ -221,9 +245,12 @@ pub async fn events_for_successful_stores_only(fx: &TierFixture) {
     fx.tier.take_events();
     // ks[2] is one byte short: refused.
     let mut job = StoreJob::default();
-    job.blocks.push((ks[0], source_for(&ks[0], 0, fx.block_size)));
-    job.blocks.push((ks[1], source_for(&ks[1], 0, fx.block_size)));
-    job.blocks.push((ks[2], source_for(&ks[2], 0, fx.block_size - 1)));
+    job.blocks
+        .push((ks[0], source_for(&ks[0], 0, fx.block_size)));
+    job.blocks
+        .push((ks[1], source_for(&ks[1], 0, fx.block_size)));
+    job.blocks
+        .push((ks[2], source_for(&ks[2], 0, fx.block_size - 1)));
     let res = fx.tier.store(job).await;
     assert_partition(&res, &ks);
     assert_eq!(res.failed_keys(), vec![ks[2]]);
@@ -235,8 +262,15 @@ pub async fn events_for_successful_stores_only(fx: &TierFixture) {
         .flat_map(|e| e.keys.iter().copied())
         .collect();
     assert_eq!(stored, set(&ks[..2]));
-    assert!(events.iter().all(|e| !e.removed), "unexpected removal events: {events:?}");
-    assert!(events.iter().all(|e| e.tier == fx.tier.info().name && e.medium == fx.tier.info().medium));
+    assert!(
+        events.iter().all(|e| !e.removed),
+        "unexpected removal events: {events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| e.tier == fx.tier.info().name && e.medium == fx.tier.info().medium)
+    );
     assert!(fx.tier.take_events().is_empty(), "events are taken once");
 }
 
@@ -245,16 +279,21 @@ pub async fn events_for_successful_stores_only(fx: &TierFixture) {
 pub async fn wrong_sizes_are_refused_per_key(fx: &TierFixture) {
     let ks = keys(10, 2);
     let mut job = StoreJob::default();
-    job.blocks.push((ks[0], source_for(&ks[0], 0, fx.block_size + 1)));
-    job.blocks.push((ks[1], source_for(&ks[1], 0, fx.block_size)));
+    job.blocks
+        .push((ks[0], source_for(&ks[0], 0, fx.block_size + 1)));
+    job.blocks
+        .push((ks[1], source_for(&ks[1], 0, fx.block_size)));
     let res = fx.tier.store(job).await;
     assert_eq!(res.failed_keys(), vec![ks[0]]);
     assert_eq!(fx.tier.lookup(&ks).await.unwrap(), vec![false, true]);
     let (s, _r) = sink(fx.block_size / 2);
     let (s2, r2) = sink(fx.block_size);
-    let res = fx.tier.load(LoadJob {
-        blocks: vec![(ks[1], s), (ks[1], s2)],
-    }).await;
+    let res = fx
+        .tier
+        .load(LoadJob {
+            blocks: vec![(ks[1], s), (ks[1], s2)],
+        })
+        .await;
     assert_eq!(res.failed.len(), 1, "{res:?}");
     assert_eq!(res.ok, vec![ks[1]]);
     assert!(verify_block(&ks[1], 0, &r2.into_bytes().unwrap()));

@@ -146,7 +146,10 @@ impl FaultyTier {
     /// Removes every planned fault and opens every gate.
     pub fn heal(&self) {
         let mut p = self.plan();
-        for g in [&p.lookup_gate, &p.store_gate, &p.load_gate].into_iter().flatten() {
+        for g in [&p.lookup_gate, &p.store_gate, &p.load_gate]
+            .into_iter()
+            .flatten()
+        {
             g.open();
         }
         *p = Plan::default();
@@ -213,7 +216,8 @@ impl SecondaryTier for FaultyTier {
                     res.failed.push((key, injected(&key, "store")));
                 } else if p.short_store.contains(&key) && !src.is_empty() {
                     let short = src.bytes().slice(..src.len() - 1);
-                    pass.blocks.push((key, kv_tier_core::BlockSource::from_bytes(short)));
+                    pass.blocks
+                        .push((key, kv_tier_core::BlockSource::from_bytes(short)));
                 } else {
                     pass.blocks.push((key, src));
                 }
@@ -270,10 +274,14 @@ impl SecondaryTier for FaultyTier {
         let inner = self.inner.load(proxied).await;
         res.failed.extend(inner.failed);
         for key in inner.ok {
-            let Some(pos) = real.iter().position(|(k, _, _)| *k == key) else { continue };
+            let Some(pos) = real.iter().position(|(k, _, _)| *k == key) else {
+                continue;
+            };
             let (_, sink, reader) = &mut real[pos];
             if let (Some(mut sink), Some(reader)) = (sink.take(), reader.take()) {
-                let bytes = reader.into_bytes().expect("proxy sink dropped by the inner load");
+                let bytes = reader
+                    .into_bytes()
+                    .expect("proxy sink dropped by the inner load");
                 let half = bytes.len() / 2;
                 sink.as_mut_slice()[..half].copy_from_slice(&bytes[..half]);
                 sink.as_mut_slice()[half..].fill(0);

@@ -4,9 +4,11 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use kv_tier_core::{
-    BlockKey, BuildContext, Capability, Error, JobResult, Locality, LoadJob, Medium, ProtectGuard,
+    BlockKey, BuildContext, Capability, Error, JobResult, LoadJob, Locality, Medium, ProtectGuard,
     ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent, TierInfo, TierRegistry, TierSpec,
     async_trait,
 };
@@ -20,7 +22,9 @@ use rustc_hash::FxHashMap;
 pub struct MemoryTier {
     name: String,
     block_size: usize,
-    blocks: Mutex<FxHashMap<BlockKey, Bytes>>,
+    blocks: Mutex<FxHashMap<BlockKey, Arc<Vec<u8>>>>,
+    /// Buffers of removed blocks, reused by later stores (pre-faulted memory, like a device).
+    pool: Mutex<Vec<Vec<u8>>>,
     protection: ProtectionSet,
     events: Mutex<Vec<TierEvent>>,
     lookups: AtomicU64,
@@ -34,6 +38,7 @@ impl MemoryTier {
             name: name.into(),
             block_size,
             blocks: Mutex::new(FxHashMap::default()),
+            pool: Mutex::new(Vec::new()),
             protection: ProtectionSet::new(),
             events: Mutex::new(Vec::new()),
             lookups: AtomicU64::new(0),
@@ -58,12 +63,55 @@ impl MemoryTier {
 
     /// The bytes held for `key`.
     pub fn get(&self, key: &BlockKey) -> Option<Bytes> {
-        self.blocks.lock().expect("memory tier").get(key).cloned()
+        let data = self.blocks.lock().expect("memory tier").get(key).cloned()?;
+        Some(Bytes::copy_from_slice(&data))
     }
 
     /// Removes `key` behind the tier's back (simulates an external delete).
     pub fn remove(&self, key: &BlockKey) -> bool {
-        self.blocks.lock().expect("memory tier").remove(key).is_some()
+        let removed = self.blocks.lock().expect("memory tier").remove(key);
+        removed.map(|b| self.recycle(b)).is_some()
+    }
+
+    /// Removes every block, keeping their buffers for reuse.
+    pub fn clear(&self) {
+        let all: Vec<_> = self
+            .blocks
+            .lock()
+            .expect("memory tier")
+            .drain()
+            .map(|(_, b)| b)
+            .collect();
+        for b in all {
+            self.recycle(b);
+        }
+    }
+
+    /// Pre-allocates (and faults in) buffers for `n` more blocks, as a device has its
+    /// capacity up front; stores then copy at memory speed.
+    pub fn reserve(&self, n: usize) {
+        let mut pool = self.pool.lock().expect("memory tier pool");
+        for _ in 0..n {
+            pool.push(vec![0xa5u8; self.block_size]);
+        }
+    }
+
+    fn recycle(&self, b: Arc<Vec<u8>>) {
+        // A buffer still being read by a load is simply dropped when that load ends.
+        if let Ok(v) = Arc::try_unwrap(b) {
+            self.pool.lock().expect("memory tier pool").push(v);
+        }
+    }
+
+    fn buffer(&self, data: &[u8]) -> Arc<Vec<u8>> {
+        let recycled = self.pool.lock().expect("memory tier pool").pop();
+        match recycled {
+            Some(mut b) if b.len() == data.len() => {
+                b.copy_from_slice(data);
+                Arc::new(b)
+            }
+            _ => Arc::new(data.to_vec()),
+        }
     }
 
     /// (keys looked up, lookup batches) since creation.
@@ -80,7 +128,10 @@ impl MemoryTier {
             "memory",
             |spec: &TierSpec, ctx: &BuildContext| -> Result<std::sync::Arc<dyn SecondaryTier>> {
                 let NoOptions {} = spec.parse_options()?;
-                Ok(std::sync::Arc::new(MemoryTier::new(ctx.name.clone(), ctx.block_size)))
+                Ok(std::sync::Arc::new(MemoryTier::new(
+                    ctx.name.clone(),
+                    ctx.block_size,
+                )))
             },
         );
     }
@@ -128,7 +179,7 @@ impl SecondaryTier for MemoryTier {
                 res.ok.push(key);
                 continue;
             }
-            let copy = Bytes::copy_from_slice(src.as_slice());
+            let copy = self.buffer(src.as_slice());
             let mut m = self.blocks.lock().expect("memory tier");
             if let std::collections::hash_map::Entry::Vacant(e) = m.entry(key) {
                 e.insert(copy);
@@ -137,12 +188,15 @@ impl SecondaryTier for MemoryTier {
             res.ok.push(key);
         }
         if !published.is_empty() {
-            self.events.lock().expect("memory tier events").push(TierEvent::stored(
-                &self.name,
-                published,
-                Medium::Storage,
-                Locality::Local,
-            ));
+            self.events
+                .lock()
+                .expect("memory tier events")
+                .push(TierEvent::stored(
+                    &self.name,
+                    published,
+                    Medium::Storage,
+                    Locality::Local,
+                ));
         }
         res
     }
@@ -150,7 +204,8 @@ impl SecondaryTier for MemoryTier {
     async fn load(&self, job: LoadJob) -> JobResult {
         let mut res = JobResult::default();
         for (key, mut sink) in job.blocks {
-            let Some(data) = self.get(&key) else {
+            let data = self.blocks.lock().expect("memory tier").get(&key).cloned();
+            let Some(data) = data else {
                 res.failed.push((
                     key,
                     Error::NotFound {

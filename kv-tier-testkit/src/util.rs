@@ -45,7 +45,9 @@ pub fn fill_block(key: &BlockKey, salt: u64, buf: &mut [u8]) {
     let mut x = key_seed(key, salt);
     let mut chunks = buf.chunks_exact_mut(8);
     for c in &mut chunks {
-        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         c.copy_from_slice(&x.to_le_bytes());
     }
     let rest = chunks.into_remainder();
@@ -91,7 +93,9 @@ pub fn find_files(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             let p = e.path();
             if p.is_dir() {

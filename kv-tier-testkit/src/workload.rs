@@ -167,9 +167,15 @@ mod tests {
         assert!(firsts.len() <= 2);
         // a later turn extends the earlier turn's prompt and output
         let t0 = &a[0];
-        let t1 = a.iter().find(|t| t.stream == t0.stream && t.turn == 1).unwrap();
+        let t1 = a
+            .iter()
+            .find(|t| t.stream == t0.stream && t.turn == 1)
+            .unwrap();
         assert_eq!(&t1.keys[..t0.keys.len()], &t0.keys[..]);
-        assert_eq!(&t1.keys[t0.keys.len()..t0.keys.len() + t0.output.len()], &t0.output[..]);
+        assert_eq!(
+            &t1.keys[t0.keys.len()..t0.keys.len() + t0.output.len()],
+            &t0.output[..]
+        );
         assert_eq!(t1.keys.len(), 8 + 4 + 2 + 4);
     }
 }

@@ -1,0 +1,19 @@
+# The same commands CI runs (.ci/run). Plain cargo forms are in the README.
+
+export CARGO_BUILD_JOBS := "2"
+
+check:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets -- -D warnings
+
+test:
+    cargo test --workspace
+
+bench:
+    cargo bench -p kv-tier-examples
+
+demo:
+    cargo run --release -p kv-tier-examples --bin demo
+
+doc:
+    cargo doc --workspace --no-deps
