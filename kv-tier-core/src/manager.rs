@@ -11,7 +11,7 @@ use futures::FutureExt;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::Notify;
 
-use crate::buf::BlockSink;
+use crate::buf::{BlockSink, BlockSource};
 use crate::config::KvTierConfig;
 use crate::error::{Error, Result};
 use crate::event::TierEvent;
@@ -166,16 +166,23 @@ impl TieringManager {
     /// (one load job per tier and request, sent at [`TieringManager::on_schedule_end`]).
     pub fn lookup(&self, key: &BlockKey, req: &RequestContext) -> LookupResult {
         let mut st = self.begin();
-        self.lookup_locked(&mut st, key, req)
+        self.lookup_inner(&mut st, key, req, || {})
     }
 
     /// Looks up `keys` in prefix order and counts the contiguous run of hits. Stops at the
     /// first `Miss`; keys after a `Retry` are still looked up so their probes share a batch.
+    ///
+    /// A promotion's DRAM reservation never evicts a block this call has already answered
+    /// `Hit` for: those are made most recent first.
     pub fn lookup_prefix(&self, keys: &[BlockKey], req: &RequestContext) -> PrefixCount {
         let mut st = self.begin();
         let mut results = Vec::with_capacity(keys.len());
-        for key in keys {
-            let r = self.lookup_locked(&mut st, key, req);
+        let mut untouched = 0;
+        for (i, key) in keys.iter().enumerate() {
+            let (r, touched) = self.lookup_locked(&mut st, key, req, &keys[untouched..i]);
+            if touched {
+                untouched = i;
+            }
             results.push(r);
             if r == LookupResult::Miss {
                 break;
@@ -184,7 +191,32 @@ impl TieringManager {
         count_prefix(results)
     }
 
-    fn lookup_locked(&self, st: &mut State, key: &BlockKey, req: &RequestContext) -> LookupResult {
+    /// `recent`: keys answered earlier in the same call; they are made most recent before a
+    /// promotion reserves a slot, so the reservation cannot evict them (returns whether it did).
+    fn lookup_locked(
+        &self,
+        st: &mut State,
+        key: &BlockKey,
+        req: &RequestContext,
+        recent: &[BlockKey],
+    ) -> (LookupResult, bool) {
+        let mut touched = false;
+        let r = self.lookup_inner(st, key, req, || {
+            if !recent.is_empty() {
+                self.primary.touch(recent);
+                touched = true;
+            }
+        });
+        (r, touched)
+    }
+
+    fn lookup_inner(
+        &self,
+        st: &mut State,
+        key: &BlockKey,
+        req: &RequestContext,
+        before_reserve: impl FnOnce(),
+    ) -> LookupResult {
         st.stats.lookups += 1;
         match self.primary.lookup(key) {
             LookupResult::Hit => {
@@ -207,7 +239,10 @@ impl TieringManager {
                     st.stats.retries += 1;
                     return LookupResult::Retry;
                 }
-                Presence::Present => match self.primary.prepare_store(std::slice::from_ref(key)) {
+                Presence::Present => match {
+                    before_reserve();
+                    self.primary.prepare_store(std::slice::from_ref(key))
+                } {
                     Ok(PreparedStore { mut to_store, .. }) => {
                         if let Some(block) = to_store.pop() {
                             st.promotions.entry((i, req.id)).or_default().push(block);
@@ -227,6 +262,21 @@ impl TieringManager {
         }
         st.stats.misses += 1;
         LookupResult::Miss
+    }
+
+    /// Pins readable DRAM blocks for the engine's DRAM -> GPU copy; each view pins its slot
+    /// until dropped. Fails, pinning nothing, if a key is not readable (`Hit`).
+    pub fn prepare_load(&self, keys: &[BlockKey]) -> Result<Vec<BlockSource>> {
+        let _st = self.begin();
+        keys.iter()
+            .zip(self.primary.sources(keys))
+            .map(|(k, s)| {
+                s.ok_or_else(|| Error::NotFound {
+                    key: *k,
+                    tier: "cpu".into(),
+                })
+            })
+            .collect()
     }
 
     /// Reserves DRAM slots for `keys` (evicting least-recently-used unpinned blocks). Fill the

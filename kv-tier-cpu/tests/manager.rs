@@ -594,3 +594,30 @@ async fn workload_round_trips_verify_under_faults() {
     assert!(s.primary.evictions > 0);
     assert_eq!(s.tiers[0].tracked_keys, 0, "request state leaked");
 }
+
+/// A promotion's reservation never evicts a block the same prefix lookup answered Hit for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_does_not_evict_hits_of_the_same_prefix_lookup() {
+    let t = mem("fs");
+    let (k0, k1, k2, other) = (test_key(0), test_key(1), test_key(2), test_key(9));
+    seed(&*t, &[k2]).await;
+    let fx = manager(3, vec![t.clone()]).await;
+    store(&fx.m, RequestId(1), &[k0]);
+    store(&fx.m, RequestId(1), &[k1]);
+    store(&fx.m, RequestId(1), &[other]); // most recent: k0 is the LRU block
+    fx.m.wait_idle().await;
+    let req = RequestContext::new(2).only_tiers(["fs"]);
+    let prefix = [k0, k1, k2];
+    let c = fx.m.lookup_prefix(&prefix, &req);
+    assert_eq!((c.hit, c.retry), (2, true));
+    fx.m.on_schedule_end();
+    fx.m.wait_idle().await;
+    let c = fx.m.lookup_prefix(&prefix, &req);
+    assert_eq!((c.hit, c.present), (2, 3));
+    // the answered hits are still readable; the unrelated block made room
+    assert!(
+        fx.m.prepare_load(&[k0, k1]).is_ok(),
+        "a block answered Hit was evicted"
+    );
+    assert_eq!(fx.cpu.lookup(&other), LookupResult::Miss);
+}

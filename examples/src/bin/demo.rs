@@ -7,7 +7,7 @@
 use std::io::Write as _;
 use std::time::Instant;
 
-use kv_tier_core::{BlockKey, KvTierConfig, LookupResult, RequestContext, TierRegistry};
+use kv_tier_core::{BlockKey, KvTierConfig, RequestContext, TierRegistry};
 use kv_tier_testkit::{MemoryTier, Workload, WorkloadConfig, fill_block, verify_block};
 
 const CONFIG: &str = r#"{
@@ -64,7 +64,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             rt.block_on(manager.wait_idle());
         };
         // Read the hit prefix from DRAM and check every byte.
-        let views = primary_views(&manager, &turn.keys[..hit])?;
+        let views = manager.prepare_load(&turn.keys[..hit])?;
         for (k, v) in turn.keys[..hit].iter().zip(&views) {
             if !verify_block(k, 0, v.as_slice()) {
                 return Err(format!("block {k} came back with wrong bytes").into());
@@ -138,22 +138,4 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     rt.block_on(manager.shutdown())?;
     Ok(())
-}
-
-/// Pinned views of DRAM blocks, as the engine's DRAM -> GPU copy reads them.
-fn primary_views(
-    manager: &kv_tier_core::TieringManager,
-    keys: &[BlockKey],
-) -> Result<Vec<kv_tier_core::BlockSource>, Box<dyn std::error::Error>> {
-    let mut out = Vec::with_capacity(keys.len());
-    for (k, s) in keys.iter().zip(manager.primary().sources(keys)) {
-        match s {
-            Some(s) => out.push(s),
-            None => {
-                debug_assert_ne!(manager.primary().lookup(k), LookupResult::Hit);
-                return Err(format!("block {k} was a hit but is not readable").into());
-            }
-        }
-    }
-    Ok(out)
 }
