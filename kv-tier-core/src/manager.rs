@@ -239,29 +239,41 @@ impl TieringManager {
                     st.stats.retries += 1;
                     return LookupResult::Retry;
                 }
-                Presence::Present => match {
+                Presence::Present => {
                     before_reserve();
-                    self.primary.prepare_store(std::slice::from_ref(key))
-                } {
-                    Ok(PreparedStore { mut to_store, .. }) => {
-                        if let Some(block) = to_store.pop() {
-                            st.promotions.entry((i, req.id)).or_default().push(block);
-                            st.stats.tiers[i].hits += 1;
-                        }
-                        st.stats.hits_pending += 1;
-                        return LookupResult::HitPending;
-                    }
-                    Err(err) => {
-                        tracing::debug!(%key, error = %err, "no DRAM slot to promote into; answering Miss");
-                        st.stats.promotions_refused += 1;
-                        st.stats.misses += 1;
-                        return LookupResult::Miss;
-                    }
-                },
+                    return self.reserve_promotion(st, i, key, req.id);
+                }
             }
         }
         st.stats.misses += 1;
         LookupResult::Miss
+    }
+
+    /// A secondary tier has `key`: reserve a DRAM slot and queue the promotion, or answer
+    /// `Miss` when DRAM has no room.
+    fn reserve_promotion(
+        &self,
+        st: &mut State,
+        i: usize,
+        key: &BlockKey,
+        req: RequestId,
+    ) -> LookupResult {
+        match self.primary.prepare_store(std::slice::from_ref(key)) {
+            Ok(PreparedStore { mut to_store, .. }) => {
+                if let Some(block) = to_store.pop() {
+                    st.promotions.entry((i, req)).or_default().push(block);
+                    st.stats.tiers[i].hits += 1;
+                }
+                st.stats.hits_pending += 1;
+                LookupResult::HitPending
+            }
+            Err(err) => {
+                tracing::debug!(%key, error = %err, "no DRAM slot to promote into; answering Miss");
+                st.stats.promotions_refused += 1;
+                st.stats.misses += 1;
+                LookupResult::Miss
+            }
+        }
     }
 
     /// Pins readable DRAM blocks for the engine's DRAM -> GPU copy; each view pins its slot
