@@ -1,0 +1,256 @@
+//! The I/O engine: dedicated read and write threads over three queues. Read threads take
+//! probes, then loads, then stores; write threads take probes, then stores, then loads. No lock
+//! is held across I/O: a thread pops one task under the queue lock and runs it outside.
+//! Jobs are split into one task per block, so a large job spreads over every idle thread and
+//! a one-block job is one task.
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
+
+/// A unit of work run on an I/O thread.
+pub(crate) type Task = Box<dyn FnOnce() + Send + 'static>;
+
+/// Which queue a task goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    Probe,
+    Load,
+    Store,
+}
+
+#[derive(Default)]
+struct Queues {
+    probe: VecDeque<Task>,
+    load: VecDeque<Task>,
+    store: VecDeque<Task>,
+    stop: bool,
+}
+
+impl Queues {
+    fn pop(&mut self, reader: bool) -> Option<Task> {
+        if let Some(t) = self.probe.pop_front() {
+            return Some(t);
+        }
+        if reader {
+            self.load.pop_front().or_else(|| self.store.pop_front())
+        } else {
+            self.store.pop_front().or_else(|| self.load.pop_front())
+        }
+    }
+}
+
+struct Shared {
+    q: Mutex<Queues>,
+    cv: Condvar,
+}
+
+/// The thread pools.
+pub(crate) struct Engine {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Engine {
+    pub(crate) fn start(n_read: usize, n_write: usize) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            q: Mutex::new(Queues::default()),
+            cv: Condvar::new(),
+        });
+        let mut threads = Vec::with_capacity(n_read + n_write);
+        for i in 0..n_read + n_write {
+            let reader = i < n_read;
+            let s = shared.clone();
+            let name = if reader {
+                format!("kv-fs-r{i}")
+            } else {
+                format!("kv-fs-w{}", i - n_read)
+            };
+            threads.push(
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || worker(s, reader))?,
+            );
+        }
+        Ok(Self {
+            shared,
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Queues tasks; returns false (dropping them) after shutdown.
+    pub(crate) fn submit(&self, class: Class, tasks: Vec<Task>) -> bool {
+        let n = tasks.len();
+        {
+            let mut q = self.shared.q.lock().expect("io queues");
+            if q.stop {
+                return false;
+            }
+            let dst = match class {
+                Class::Probe => &mut q.probe,
+                Class::Load => &mut q.load,
+                Class::Store => &mut q.store,
+            };
+            dst.extend(tasks);
+        }
+        if n == 1 {
+            self.shared.cv.notify_one();
+        } else if n > 1 {
+            self.shared.cv.notify_all();
+        }
+        true
+    }
+
+    /// Stops the threads after their current task; queued tasks are dropped (their jobs report
+    /// the shutdown). Idempotent.
+    pub(crate) fn shutdown(&self) {
+        let dropped = {
+            let mut q = self.shared.q.lock().expect("io queues");
+            q.stop = true;
+            (
+                std::mem::take(&mut q.probe),
+                std::mem::take(&mut q.load),
+                std::mem::take(&mut q.store),
+            )
+        };
+        drop(dropped);
+        self.shared.cv.notify_all();
+        let threads = std::mem::take(&mut *self.threads.lock().expect("io threads"));
+        let me = std::thread::current().id();
+        for t in threads {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// Whether the engine's threads are running.
+    #[cfg(test)]
+    pub(crate) fn is_running(&self) -> bool {
+        !self.shared.q.lock().expect("io queues").stop
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn worker(s: Arc<Shared>, reader: bool) {
+    loop {
+        let task = {
+            let mut q = s.q.lock().expect("io queues");
+            loop {
+                if q.stop {
+                    return;
+                }
+                if let Some(t) = q.pop(reader) {
+                    break t;
+                }
+                q = s.cv.wait(q).expect("io queues");
+            }
+        };
+        if std::panic::catch_unwind(AssertUnwindSafe(task)).is_err() {
+            tracing::error!("an fs I/O task panicked; the thread goes on");
+        }
+    }
+}
+
+/// Collects the per-task results of one job and hands them over when the last one arrives.
+/// If tasks are dropped unrun (shutdown), the receiver sees the channel closed.
+pub(crate) struct Collector<T> {
+    inner: Mutex<(Vec<T>, Option<oneshot::Sender<Vec<T>>>)>,
+    total: usize,
+}
+
+impl<T: Send + 'static> Collector<T> {
+    pub(crate) fn new(total: usize) -> (Arc<Self>, oneshot::Receiver<Vec<T>>) {
+        let (tx, rx) = oneshot::channel();
+        (
+            Arc::new(Self {
+                inner: Mutex::new((Vec::with_capacity(total), Some(tx))),
+                total,
+            }),
+            rx,
+        )
+    }
+
+    pub(crate) fn push(&self, item: T) {
+        let mut g = self.inner.lock().expect("collector");
+        g.0.push(item);
+        if g.0.len() == self.total
+            && let Some(tx) = g.1.take()
+        {
+            let all = std::mem::take(&mut g.0);
+            drop(g);
+            let _ = tx.send(all);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn runs_every_task_and_collects_results() {
+        let e = Engine::start(2, 2).unwrap();
+        let (col, rx) = Collector::new(100);
+        let tasks: Vec<Task> = (0..100)
+            .map(|i| {
+                let col = col.clone();
+                Box::new(move || col.push(i)) as Task
+            })
+            .collect();
+        drop(col);
+        assert!(e.submit(Class::Load, tasks));
+        let mut got = rx.await.unwrap();
+        got.sort();
+        assert_eq!(got, (0..100).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn shutdown_drops_queued_tasks_and_reports_closed() {
+        let e = Engine::start(1, 0).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        // Block the only thread until shutdown has been requested.
+        let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let r = ran.clone();
+        e.submit(
+            Class::Probe,
+            vec![Box::new(move || {
+                let _ = hold_rx.recv();
+                r.fetch_add(1, Ordering::SeqCst);
+            })],
+        );
+        let (col, rx) = Collector::<u32>::new(1);
+        let c = col.clone();
+        e.submit(Class::Store, vec![Box::new(move || c.push(1))]);
+        drop(col);
+        std::thread::scope(|s| {
+            s.spawn(|| e.shutdown());
+            while e.is_running() {
+                std::thread::yield_now();
+            }
+            hold_tx.send(()).unwrap();
+        });
+        assert!(rx.await.is_err(), "a dropped task must close its job");
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert!(!e.submit(Class::Load, vec![Box::new(|| {})]));
+        assert!(!e.is_running());
+    }
+
+    #[tokio::test]
+    async fn a_panicking_task_does_not_kill_its_thread() {
+        let e = Engine::start(1, 0).unwrap();
+        e.submit(Class::Load, vec![Box::new(|| panic!("boom"))]);
+        let (col, rx) = Collector::new(1);
+        e.submit(Class::Load, vec![Box::new(move || col.push(5))]);
+        assert_eq!(rx.await.unwrap(), vec![5]);
+    }
+}

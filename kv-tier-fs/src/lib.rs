@@ -1,0 +1,10 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod file;
+mod io;
+mod tier;
+
+pub use config::{Checksum, FsTierConfig};
+pub use file::{CRC_SIDECAR_SUFFIX, CRC_XATTR};
+pub use tier::{FaultInjector, FsOp, FsStats, FsTier};

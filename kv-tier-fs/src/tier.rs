@@ -1,0 +1,875 @@
+//! [`FsTier`]: blocks as files in vLLM's layout, read and written on dedicated I/O threads.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use kv_tier_core::{
+    AlignedBuf, BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error, JobResult,
+    LoadJob, Locality, Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier,
+    StoreJob, TierEvent, TierInfo, TierRegistry, TierSpec, async_trait,
+};
+
+use crate::config::{Checksum, FsTierConfig};
+use crate::file;
+use crate::io::{Class, Collector, Engine, Task};
+
+/// The operations a fault injector can fail (for tests of error paths).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FsOp {
+    /// Opening a block file for a load.
+    OpenRead,
+    /// Reading a block file.
+    Read,
+    /// Creating a temp file for a store.
+    CreateTmp,
+    /// Writing a temp file.
+    Write,
+    /// Publishing a temp file as the block file.
+    Publish,
+    /// An existence probe of a batch of keys (the path is the rank directory); runs on an
+    /// I/O thread.
+    Probe,
+}
+
+/// Decides, per operation and path, whether to fail it with an error.
+pub type FaultInjector = Arc<dyn Fn(FsOp, &Path) -> Option<io::Error> + Send + Sync>;
+
+/// Counters of an [`FsTier`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FsStats {
+    /// Block files published by this tier.
+    pub blocks_written: u64,
+    /// Stores skipped because the file existed (or another writer published first).
+    pub stores_skipped: u64,
+    /// Blocks whose store failed.
+    pub store_failures: u64,
+    /// Store failures for lack of space.
+    pub no_space: u64,
+    /// Blocks loaded whole.
+    pub blocks_read: u64,
+    /// Loads of missing files.
+    pub load_misses: u64,
+    /// Other load failures (corrupt or I/O errors).
+    pub load_failures: u64,
+    /// Files deleted because they were short, long or failed their checksum.
+    pub corrupt_deleted: u64,
+    /// Loads whose checksum did not match.
+    pub checksum_mismatches: u64,
+    /// Loads in checksum mode of files that carry no checksum (written by another tool).
+    pub unverified_loads: u64,
+    /// Bytes written to block files.
+    pub bytes_written: u64,
+    /// Bytes read from block files.
+    pub bytes_read: u64,
+    /// Stray temp files deleted at open.
+    pub tmp_reaped: u64,
+    /// Keys probed for existence.
+    pub keys_probed: u64,
+    /// Whether I/O uses `O_DIRECT`.
+    pub direct_io: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    blocks_written: AtomicU64,
+    stores_skipped: AtomicU64,
+    store_failures: AtomicU64,
+    no_space: AtomicU64,
+    blocks_read: AtomicU64,
+    load_misses: AtomicU64,
+    load_failures: AtomicU64,
+    corrupt_deleted: AtomicU64,
+    checksum_mismatches: AtomicU64,
+    unverified_loads: AtomicU64,
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
+    tmp_reaped: AtomicU64,
+    keys_probed: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Everything the I/O threads need, shared by reference count.
+struct Files {
+    name: String,
+    root: PathBuf,
+    ns: Namespace,
+    block_size: usize,
+    direct: bool,
+    align: usize,
+    checksum: Checksum,
+    xattrs: bool,
+    fsync: bool,
+    faults: RwLock<Option<FaultInjector>>,
+    counters: Counters,
+    tmp_seq: AtomicU64,
+    tmp_salt: u64,
+}
+
+/// What a load did besides failing: whether it deleted the file.
+struct LoadFailure {
+    error: Error,
+    deleted: bool,
+}
+
+fn random_salt() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
+/// Removes a temp file on drop unless disarmed.
+struct TmpGuard<'a> {
+    path: &'a Path,
+    armed: bool,
+}
+
+impl Drop for TmpGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = std::fs::remove_file(self.path);
+        }
+    }
+}
+
+impl Files {
+    fn fault(&self, op: FsOp, path: &Path) -> io::Result<()> {
+        match &*self.faults.read().expect("fault injector") {
+            Some(f) => f(op, path).map_or(Ok(()), Err),
+            None => Ok(()),
+        }
+    }
+
+    fn io_err(&self, op: &'static str, path: &Path, e: io::Error) -> Error {
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::NoSpace {
+                tier: self.name.clone(),
+                detail: format!("{op} {}: {e}", path.display()),
+            },
+            _ => Error::io(op, path, e),
+        }
+    }
+
+    fn tmp_path(&self, dest: &Path) -> PathBuf {
+        let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        let r =
+            (self.tmp_salt ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).rotate_left((n % 63) as u32);
+        let mut s = dest.as_os_str().to_os_string();
+        s.push(format!("_{r:016x}.tmp"));
+        s.into()
+    }
+
+    /// Writes one block: skip if present, temp file with O_EXCL, publish without replacing.
+    /// `Ok(true)` when this call published the file.
+    fn store_block(&self, key: &BlockKey, src: &BlockSource) -> Result<bool> {
+        if src.len() != self.block_size {
+            return Err(Error::WrongSize {
+                key: *key,
+                got: src.len(),
+                expected: self.block_size,
+            });
+        }
+        let dest = self.ns.block_path(&self.root, key);
+        if std::fs::symlink_metadata(&dest).is_ok() {
+            bump(&self.counters.stores_skipped, 1);
+            return Ok(false);
+        }
+        let tmp = self.tmp_path(&dest);
+        self.fault(FsOp::CreateTmp, &tmp)
+            .map_err(|e| self.io_err("create", &tmp, e))?;
+        let f = match file::create_excl(&tmp, self.direct) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let parent = dest.parent().expect("block paths have a parent");
+                std::fs::create_dir_all(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
+                file::create_excl(&tmp, self.direct).map_err(|e| self.io_err("create", &tmp, e))?
+            }
+            Err(e) => return Err(self.io_err("create", &tmp, e)),
+        };
+        let mut guard = TmpGuard {
+            path: &tmp,
+            armed: true,
+        };
+        let bounce;
+        let data: &[u8] = if self.direct && !src.is_aligned(self.align) {
+            bounce = AlignedBuf::copy_from(src.as_slice());
+            bounce.as_slice()
+        } else {
+            src.as_slice()
+        };
+        self.fault(FsOp::Write, &tmp)
+            .and_then(|()| file::write_full(&f, data))
+            .map_err(|e| self.io_err("write", &tmp, e))?;
+        let crc = (self.checksum == Checksum::Crc32c).then(|| crc32c::crc32c(data));
+        if let (Some(crc), true) = (crc, self.xattrs) {
+            file::set_crc_xattr(&f, crc).map_err(|e| self.io_err("fsetxattr", &tmp, e))?;
+        }
+        if self.fsync {
+            f.sync_all().map_err(|e| self.io_err("fsync", &tmp, e))?;
+        }
+        drop(f);
+        self.fault(FsOp::Publish, &dest)
+            .map_err(|e| self.io_err("publish", &dest, e))?;
+        let published =
+            file::publish_noreplace(&tmp, &dest).map_err(|e| self.io_err("publish", &dest, e))?;
+        if !published {
+            // Another writer was first: its file stands, ours goes (the guard removes it).
+            bump(&self.counters.stores_skipped, 1);
+            return Ok(false);
+        }
+        guard.armed = false;
+        drop(guard);
+        if let (Some(crc), false) = (crc, self.xattrs) {
+            self.write_sidecar(&dest, crc);
+        }
+        if self.fsync
+            && let Some(parent) = dest.parent()
+        {
+            file::fsync_dir(parent).map_err(|e| self.io_err("fsync", parent, e))?;
+        }
+        bump(&self.counters.blocks_written, 1);
+        bump(&self.counters.bytes_written, self.block_size as u64);
+        Ok(true)
+    }
+
+    /// Only the publisher writes the sidecar, after publishing: a `.bin` without one loads
+    /// unverified, never with a wrong checksum.
+    fn write_sidecar(&self, dest: &Path, crc: u32) {
+        let side = file::sidecar_path(dest);
+        let tmp = self.tmp_path(&side);
+        let res =
+            std::fs::write(&tmp, crc.to_le_bytes()).and_then(|()| std::fs::rename(&tmp, &side));
+        if let Err(e) = res {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!(path = %side.display(), error = %e, "could not write the checksum sidecar; the block will load unverified");
+        }
+    }
+
+    fn delete_corrupt(&self, f: &File, path: &Path) -> bool {
+        // Publishing never replaces, so the file at `path` is still ours unless someone
+        // deleted it meanwhile; checking the inode keeps us from deleting a newer file.
+        if !file::same_file(f, path) {
+            return false;
+        }
+        let ok = std::fs::remove_file(path).is_ok();
+        let _ = std::fs::remove_file(file::sidecar_path(path));
+        if ok {
+            bump(&self.counters.corrupt_deleted, 1);
+        }
+        ok
+    }
+
+    fn corrupt(&self, key: &BlockKey, f: &File, path: &Path, reason: String) -> LoadFailure {
+        let deleted = self.delete_corrupt(f, path);
+        tracing::warn!(tier = %self.name, %key, path = %path.display(), %reason, deleted, "corrupt block file");
+        LoadFailure {
+            error: Error::Corrupt {
+                key: *key,
+                tier: self.name.clone(),
+                reason: format!("{reason} ({})", path.display()),
+            },
+            deleted,
+        }
+    }
+
+    /// Reads one block straight into its sink.
+    fn load_block(
+        &self,
+        key: &BlockKey,
+        sink: &mut BlockSink,
+    ) -> std::result::Result<(), LoadFailure> {
+        let plain = |error| LoadFailure {
+            error,
+            deleted: false,
+        };
+        if sink.len() != self.block_size {
+            return Err(plain(Error::WrongSize {
+                key: *key,
+                got: sink.len(),
+                expected: self.block_size,
+            }));
+        }
+        let path = self.ns.block_path(&self.root, key);
+        let f = self
+            .fault(FsOp::OpenRead, &path)
+            .and_then(|()| file::open_read(&path, self.direct))
+            .map_err(|e| {
+                if e.kind() == io::ErrorKind::NotFound {
+                    plain(Error::NotFound {
+                        key: *key,
+                        tier: self.name.clone(),
+                    })
+                } else {
+                    plain(self.io_err("open", &path, e))
+                }
+            })?;
+        let size = f
+            .metadata()
+            .map_err(|e| plain(self.io_err("fstat", &path, e)))?
+            .len();
+        if size != self.block_size as u64 {
+            return Err(self.corrupt(
+                key,
+                &f,
+                &path,
+                format!(
+                    "file is {size} bytes, the block size is {}",
+                    self.block_size
+                ),
+            ));
+        }
+        let n = if self.direct && !sink.is_aligned(self.align) {
+            let mut bounce = AlignedBuf::zeroed(self.block_size);
+            let n = self
+                .fault(FsOp::Read, &path)
+                .and_then(|()| file::read_full(&f, bounce.as_mut_slice()))
+                .map_err(|e| plain(self.io_err("read", &path, e)))?;
+            sink.as_mut_slice()[..n].copy_from_slice(&bounce.as_slice()[..n]);
+            n
+        } else {
+            self.fault(FsOp::Read, &path)
+                .and_then(|()| file::read_full(&f, sink.as_mut_slice()))
+                .map_err(|e| plain(self.io_err("read", &path, e)))?
+        };
+        if n < self.block_size {
+            return Err(self.corrupt(
+                key,
+                &f,
+                &path,
+                format!("read {n} of {} bytes", self.block_size),
+            ));
+        }
+        if self.checksum == Checksum::Crc32c {
+            let stored = if self.xattrs {
+                file::get_crc_xattr(&f)
+            } else {
+                file::read_sidecar(&path)
+            }
+            .map_err(|e| plain(self.io_err("read checksum", &path, e)))?;
+            match stored {
+                Some(want) => {
+                    let got = crc32c::crc32c(sink.as_slice());
+                    if got != want {
+                        bump(&self.counters.checksum_mismatches, 1);
+                        return Err(self.corrupt(
+                            key,
+                            &f,
+                            &path,
+                            format!("crc32c is {got:08x}, stored {want:08x}"),
+                        ));
+                    }
+                }
+                None => bump(&self.counters.unverified_loads, 1),
+            }
+        }
+        bump(&self.counters.blocks_read, 1);
+        bump(&self.counters.bytes_read, self.block_size as u64);
+        Ok(())
+    }
+
+    fn exists(&self, key: &BlockKey) -> bool {
+        std::fs::symlink_metadata(self.ns.block_path(&self.root, key)).is_ok()
+    }
+}
+
+/// The filesystem tier.
+///
+/// Blocks are files in vLLM's layout under `root_dir` (see `spec/vllm-layout.md`): a cache
+/// directory written by vLLM's fs tier is readable here and the other way round. All I/O runs
+/// on the tier's own read and write threads; the async methods only queue work and await it.
+pub struct FsTier {
+    files: Arc<Files>,
+    engine: Engine,
+    protection: ProtectionSet,
+    events: Mutex<Vec<TierEvent>>,
+    shut_down: AtomicBool,
+    cfg: FsTierConfig,
+}
+
+impl std::fmt::Debug for FsTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FsTier")
+            .field("name", &self.files.name)
+            .field("root", &self.files.root)
+            .field("direct_io", &self.files.direct)
+            .finish()
+    }
+}
+
+impl FsTier {
+    /// Opens (creating what is missing) the tier at `cfg.root_dir` for namespace `ns` and
+    /// blocks of `block_size` bytes. Blocking: call it off async workers (the registry's
+    /// builder does).
+    pub fn open(
+        name: impl Into<String>,
+        cfg: FsTierConfig,
+        ns: Namespace,
+        block_size: usize,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        if block_size == 0 {
+            return Err(Error::config("block_size_bytes", "must be positive"));
+        }
+        let name = name.into();
+        let root = cfg.root_dir.clone();
+        prepare_root(&root)?;
+        let ns_dir = ns.namespace_dir(&root);
+        std::fs::create_dir_all(&ns_dir).map_err(|e| Error::io("mkdir", &ns_dir, e))?;
+        write_or_check_config(&ns, &root)?;
+        let rank_dir = root.join(ns.rank_dir_name());
+        std::fs::create_dir_all(&rank_dir).map_err(|e| Error::io("mkdir", &rank_dir, e))?;
+        let probe = probe_dir(&rank_dir, cfg.direct_io, cfg.checksum == Checksum::Crc32c)?;
+        let direct = match probe.direct_align {
+            Some(a) if block_size.is_multiple_of(a) => true,
+            Some(a) => {
+                tracing::warn!(
+                    block_size,
+                    align = a,
+                    "block size is not a multiple of the O_DIRECT alignment; using buffered I/O"
+                );
+                false
+            }
+            None => false,
+        };
+        let files = Arc::new(Files {
+            name,
+            root: root.clone(),
+            ns,
+            block_size,
+            direct,
+            align: probe.direct_align.unwrap_or(kv_tier_core::PAGE_SIZE),
+            checksum: cfg.checksum,
+            xattrs: probe.xattrs,
+            fsync: cfg.fsync,
+            faults: RwLock::new(None),
+            counters: Counters::default(),
+            tmp_seq: AtomicU64::new(0),
+            tmp_salt: random_salt(),
+        });
+        let reaped = reap_tmp(&[ns_dir, rank_dir], Duration::from_secs(cfg.tmp_reap_age_s));
+        bump(&files.counters.tmp_reaped, reaped);
+        if reaped > 0 {
+            tracing::info!(reaped, root = %root.display(), "deleted stray temp files of killed writers");
+        }
+        let engine = Engine::start(cfg.n_read_threads, cfg.n_write_threads)
+            .map_err(|e| Error::io("spawn I/O threads", &root, e))?;
+        tracing::debug!(root = %root.display(), direct, xattrs = probe.xattrs, "fs tier open");
+        Ok(Self {
+            files,
+            engine,
+            protection: ProtectionSet::new(),
+            events: Mutex::new(Vec::new()),
+            shut_down: AtomicBool::new(false),
+            cfg,
+        })
+    }
+
+    /// Registers the type `"fs"` in `registry`.
+    pub fn register(registry: &mut TierRegistry) {
+        registry.register("fs", FsBuilder);
+    }
+
+    /// The options the tier was opened with.
+    pub fn config(&self) -> &FsTierConfig {
+        &self.cfg
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &Namespace {
+        &self.files.ns
+    }
+
+    /// The path of `key`'s block file.
+    pub fn block_path(&self, key: &BlockKey) -> PathBuf {
+        self.files.ns.block_path(&self.files.root, key)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> FsStats {
+        let c = &self.files.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FsStats {
+            blocks_written: g(&c.blocks_written),
+            stores_skipped: g(&c.stores_skipped),
+            store_failures: g(&c.store_failures),
+            no_space: g(&c.no_space),
+            blocks_read: g(&c.blocks_read),
+            load_misses: g(&c.load_misses),
+            load_failures: g(&c.load_failures),
+            corrupt_deleted: g(&c.corrupt_deleted),
+            checksum_mismatches: g(&c.checksum_mismatches),
+            unverified_loads: g(&c.unverified_loads),
+            bytes_written: g(&c.bytes_written),
+            bytes_read: g(&c.bytes_read),
+            tmp_reaped: g(&c.tmp_reaped),
+            keys_probed: g(&c.keys_probed),
+            direct_io: self.files.direct,
+        }
+    }
+
+    /// Installs (or with `None` removes) a fault injector: every file operation asks it first
+    /// and fails with the error it returns. For tests of error paths.
+    pub fn set_fault_injector(&self, f: Option<FaultInjector>) {
+        *self.files.faults.write().expect("fault injector") = f;
+    }
+
+    fn event(&self, keys: Vec<BlockKey>, removed: bool) {
+        if keys.is_empty() {
+            return;
+        }
+        let ev = TierEvent {
+            tier: self.files.name.clone(),
+            keys,
+            medium: Medium::Storage,
+            locality: Locality::Local,
+            removed,
+        };
+        self.events.lock().expect("fs events").push(ev);
+    }
+
+    fn closed(&self) -> Error {
+        Error::Shutdown {
+            what: format!("fs tier `{}`", self.files.name),
+        }
+    }
+}
+
+impl Drop for FsTier {
+    fn drop(&mut self) {
+        self.engine.shutdown();
+    }
+}
+
+struct FsBuilder;
+
+#[async_trait]
+impl kv_tier_core::TierBuilder for FsBuilder {
+    async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>> {
+        let cfg = FsTierConfig::from_spec(spec)?;
+        let ns = ctx.require_namespace()?.clone();
+        let (name, bs) = (ctx.name.clone(), ctx.block_size);
+        let tier = tokio::task::spawn_blocking(move || FsTier::open(name, cfg, ns, bs))
+            .await
+            .map_err(|e| Error::Backend {
+                tier: ctx.name.clone(),
+                message: format!("opening the tier panicked: {e}"),
+                transient: false,
+            })??;
+        Ok(Arc::new(tier))
+    }
+}
+
+fn prepare_root(root: &Path) -> Result<()> {
+    match std::fs::metadata(root) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::config(
+            "root_dir",
+            format!("{} exists and is not a directory", root.display()),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(root).map_err(|e| {
+                Error::config("root_dir", format!("cannot create {}: {e}", root.display()))
+            })
+        }
+        Err(e) => Err(Error::config(
+            "root_dir",
+            format!("cannot use {}: {e}", root.display()),
+        )),
+    }
+}
+
+/// Writes `config.json` once, atomically and only if absent; otherwise checks that the one
+/// present describes this namespace (layouts are never mixed).
+fn write_or_check_config(ns: &Namespace, root: &Path) -> Result<()> {
+    let path = ns.config_path(root);
+    for _ in 0..3 {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => return ns.check_config_json(&path, &text),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("read", &path, e)),
+        }
+        let mut tmp = path.as_os_str().to_os_string();
+        tmp.push(format!("_{:016x}.tmp", random_salt()));
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, ns.config_json()).map_err(|e| Error::io("write", &tmp, e))?;
+        let published = file::publish_noreplace(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        if published.map_err(|e| Error::io("publish", &path, e))? {
+            return Ok(());
+        }
+        // Another process wrote it first: check theirs.
+    }
+    Err(Error::io(
+        "write",
+        &path,
+        io::Error::other("config.json kept appearing and disappearing"),
+    ))
+}
+
+struct Probe {
+    direct_align: Option<usize>,
+    xattrs: bool,
+}
+
+/// One probe file per open: writability, O_DIRECT (and its alignment), user xattrs.
+fn probe_dir(dir: &Path, want_direct: bool, want_xattrs: bool) -> Result<Probe> {
+    let path = dir.join(format!(".kv-tier-probe-{:016x}.tmp", random_salt()));
+    let unwritable = |e: io::Error| {
+        Error::config(
+            "root_dir",
+            format!("{} is not writable: {e}", dir.display()),
+        )
+    };
+    let mut direct_align = None;
+    if want_direct {
+        match file::create_excl(&path, true) {
+            Ok(f) => {
+                for align in [512usize, 4096] {
+                    let buf = AlignedBuf::zeroed(align);
+                    use std::os::unix::fs::FileExt;
+                    if f.write_at(buf.as_slice(), 0).is_ok() {
+                        direct_align = Some(align);
+                        break;
+                    }
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(unwritable(e)),
+        }
+        // O_CREAT may have created the file before O_DIRECT was refused.
+        let _ = std::fs::remove_file(&path);
+        if direct_align.is_none() {
+            tracing::warn!(dir = %dir.display(), "the filesystem refuses O_DIRECT; falling back to buffered I/O");
+        }
+    }
+    let f = file::create_excl(&path, false).map_err(unwritable)?;
+    let xattrs = want_xattrs
+        && {
+            let ok = file::set_crc_xattr(&f, 0).is_ok();
+            if !ok {
+                tracing::warn!(dir = %dir.display(), "no user xattrs here; checksums go to .crc32c sidecar files");
+            }
+            ok
+        };
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    Ok(Probe {
+        direct_align,
+        xattrs,
+    })
+}
+
+/// Deletes `*.tmp` files older than `age` below `dirs`. Returns how many.
+fn reap_tmp(dirs: &[PathBuf], age: Duration) -> u64 {
+    let now = SystemTime::now();
+    let mut n = 0;
+    let mut stack: Vec<PathBuf> = dirs.to_vec();
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            let p = e.path();
+            if ft.is_dir() {
+                if !dirs.contains(&p) {
+                    stack.push(p);
+                }
+            } else if p.extension().is_some_and(|x| x == "tmp") {
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .map(|m| now.duration_since(m).unwrap_or_default() >= age)
+                    .unwrap_or(false);
+                if old && std::fs::remove_file(&p).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+    }
+    n
+}
+
+#[async_trait]
+impl SecondaryTier for FsTier {
+    fn info(&self) -> TierInfo {
+        TierInfo {
+            name: self.files.name.clone(),
+            medium: Medium::Storage,
+            locality: Locality::Local,
+            capability: Capability {
+                persistent: true,
+                bounded: false,
+                checksums: self.files.checksum == Checksum::Crc32c,
+                shared: true,
+            },
+        }
+    }
+
+    async fn lookup(&self, keys: &[BlockKey]) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        bump(&self.files.counters.keys_probed, keys.len() as u64);
+        const CHUNK: usize = 64;
+        let chunks: Vec<Vec<BlockKey>> = keys.chunks(CHUNK).map(<[BlockKey]>::to_vec).collect();
+        let (col, rx) = Collector::new(chunks.len());
+        let tasks: Vec<Task> = chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, chunk)| {
+                let (files, col) = (self.files.clone(), col.clone());
+                Box::new(move || {
+                    let rank_dir = files.root.join(files.ns.rank_dir_name());
+                    let found: Vec<bool> = match files.fault(FsOp::Probe, &rank_dir) {
+                        Ok(()) => chunk.iter().map(|k| files.exists(k)).collect(),
+                        Err(_) => vec![false; chunk.len()],
+                    };
+                    col.push((i, found));
+                }) as Task
+            })
+            .collect();
+        drop(col);
+        if !self.engine.submit(Class::Probe, tasks) {
+            return Err(self.closed());
+        }
+        let mut parts = rx.await.map_err(|_| self.closed())?;
+        parts.sort_by_key(|(i, _)| *i);
+        Ok(parts.into_iter().flat_map(|(_, v)| v).collect())
+    }
+
+    async fn store(&self, job: StoreJob) -> JobResult {
+        let keys = job.keys();
+        if keys.is_empty() {
+            return JobResult::default();
+        }
+        let _protect = self.protection.protect(&keys);
+        let (col, rx) = Collector::new(keys.len());
+        let tasks: Vec<Task> = job
+            .blocks
+            .into_iter()
+            .map(|(key, src)| {
+                let (files, col) = (self.files.clone(), col.clone());
+                Box::new(move || {
+                    let r = files.store_block(&key, &src);
+                    drop(src); // unpin the DRAM slot as soon as the bytes are written
+                    col.push((key, r));
+                }) as Task
+            })
+            .collect();
+        drop(col);
+        if !self.engine.submit(Class::Store, tasks) {
+            return JobResult::all_failed(keys, &self.closed());
+        }
+        let Ok(results) = rx.await else {
+            return JobResult::all_failed(keys, &self.closed());
+        };
+        let mut res = JobResult::default();
+        let mut published = Vec::new();
+        for (key, r) in results {
+            match r {
+                Ok(p) => {
+                    if p {
+                        published.push(key);
+                    }
+                    res.ok.push(key);
+                }
+                Err(e) => {
+                    bump(&self.files.counters.store_failures, 1);
+                    if matches!(e, Error::NoSpace { .. }) {
+                        bump(&self.files.counters.no_space, 1);
+                    }
+                    res.failed.push((key, e));
+                }
+            }
+        }
+        self.event(published, false);
+        res
+    }
+
+    async fn load(&self, job: LoadJob) -> JobResult {
+        let keys = job.keys();
+        if keys.is_empty() {
+            return JobResult::default();
+        }
+        let _protect = self.protection.protect(&keys);
+        let (col, rx) = Collector::new(keys.len());
+        let tasks: Vec<Task> = job
+            .blocks
+            .into_iter()
+            .map(|(key, mut sink)| {
+                let (files, col) = (self.files.clone(), col.clone());
+                Box::new(move || {
+                    let r = files.load_block(&key, &mut sink);
+                    drop(sink);
+                    col.push((key, r));
+                }) as Task
+            })
+            .collect();
+        drop(col);
+        if !self.engine.submit(Class::Load, tasks) {
+            return JobResult::all_failed(keys, &self.closed());
+        }
+        let Ok(results) = rx.await else {
+            return JobResult::all_failed(keys, &self.closed());
+        };
+        let mut res = JobResult::default();
+        let mut deleted = Vec::new();
+        for (key, r) in results {
+            match r {
+                Ok(()) => res.ok.push(key),
+                Err(LoadFailure { error, deleted: d }) => {
+                    if matches!(error, Error::NotFound { .. }) {
+                        bump(&self.files.counters.load_misses, 1);
+                    } else {
+                        bump(&self.files.counters.load_failures, 1);
+                    }
+                    if d {
+                        deleted.push(key);
+                    }
+                    res.failed.push((key, error));
+                }
+            }
+        }
+        self.event(deleted, true);
+        res
+    }
+
+    fn touch(&self, _keys: &[BlockKey]) {
+        // Recency (mtime stamps) belongs to the bounded-capacity mode.
+    }
+
+    fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
+        self.protection.protect(keys)
+    }
+
+    fn is_protected(&self, key: &BlockKey) -> bool {
+        self.protection.contains(key)
+    }
+
+    fn take_events(&self) -> Vec<TierEvent> {
+        std::mem::take(&mut *self.events.lock().expect("fs events"))
+    }
+
+    async fn shutdown(&self) -> Result<()> {
+        if self.shut_down.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.engine.shutdown();
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! Shared helpers of the fs tier's tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kv_tier_core::{BlockKey, LoadJob, Namespace, RunFields, SecondaryTier, StoreJob};
+use kv_tier_fs::{Checksum, FsTier, FsTierConfig};
+use kv_tier_testkit::{sink, source_for};
+
+pub const BS: usize = 4096;
+
+pub fn ns() -> Namespace {
+    Namespace::new(
+        RunFields::new("test-org/test-model", "torch.float16", 16),
+        0,
+    )
+    .unwrap()
+}
+
+pub fn cfg(root: &Path) -> FsTierConfig {
+    let mut c = FsTierConfig::new(root);
+    c.n_read_threads = 4;
+    c.n_write_threads = 4;
+    c
+}
+
+pub fn open(root: &Path) -> FsTier {
+    FsTier::open("fs", cfg(root), ns(), BS).unwrap()
+}
+
+pub fn open_checksummed(root: &Path) -> FsTier {
+    let mut c = cfg(root);
+    c.checksum = Checksum::Crc32c;
+    FsTier::open("fs", c, ns(), BS).unwrap()
+}
+
+pub async fn store(t: &dyn SecondaryTier, keys: &[BlockKey], salt: u64) -> kv_tier_core::JobResult {
+    t.store(StoreJob {
+        blocks: keys.iter().map(|k| (*k, source_for(k, salt, BS))).collect(),
+    })
+    .await
+}
+
+pub async fn load(
+    t: &dyn SecondaryTier,
+    keys: &[BlockKey],
+) -> (kv_tier_core::JobResult, Vec<(BlockKey, bytes::Bytes)>) {
+    let mut job = LoadJob::default();
+    let mut readers = Vec::new();
+    for k in keys {
+        let (s, r) = sink(BS);
+        job.blocks.push((*k, s));
+        readers.push((*k, r));
+    }
+    let res = t.load(job).await;
+    let data = readers
+        .into_iter()
+        .filter(|(k, _)| res.ok.contains(k))
+        .map(|(k, r)| (k, r.into_bytes().unwrap()))
+        .collect();
+    (res, data)
+}
+
+/// A filesystem mounted for one test (the tests run as root); unmounted on drop.
+pub struct Mount {
+    pub dir: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Mount {
+    pub fn new(fstype: &str, options: &str) -> Mount {
+        let tmp = kv_tier_testkit::temp_root();
+        let dir = tmp.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        let mut cmd = Command::new("mount");
+        cmd.args(["-t", fstype]);
+        if !options.is_empty() {
+            cmd.args(["-o", options]);
+        }
+        let out = cmd.arg(fstype).arg(&dir).output().expect("run mount");
+        assert!(
+            out.status.success(),
+            "mount -t {fstype} -o {options} failed (these tests need root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Mount { dir, _tmp: tmp }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// Key of a block file, from its path (`.../<hex[0..3]>/<hex[3..5]>_g<group>/<hex>.bin`).
+pub fn key_of(path: &Path) -> BlockKey {
+    let hex = path.file_stem().unwrap().to_str().unwrap();
+    let dir = path
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let group: u32 = dir.rsplit("_g").next().unwrap().parse().unwrap();
+    BlockKey::from_hex(hex, group).unwrap()
+}
