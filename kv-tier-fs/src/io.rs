@@ -163,9 +163,12 @@ fn worker(s: Arc<Shared>, reader: bool) {
 /// Collects the per-task results of one job and hands them over when the last one arrives.
 /// If tasks are dropped unrun (shutdown), the receiver sees the channel closed.
 pub(crate) struct Collector<T> {
-    inner: Mutex<(Vec<T>, Option<oneshot::Sender<Vec<T>>>)>,
+    inner: Mutex<Pending<T>>,
     total: usize,
 }
+
+/// Results so far, and where to send them all.
+type Pending<T> = (Vec<T>, Option<oneshot::Sender<Vec<T>>>);
 
 impl<T: Send + 'static> Collector<T> {
     pub(crate) fn new(total: usize) -> (Arc<Self>, oneshot::Receiver<Vec<T>>) {
