@@ -88,7 +88,7 @@ pub fn temp_root() -> tempfile::TempDir {
         .expect("create a temp dir")
 }
 
-/// Whether `dir` holds a file whose name ends with `suffix` (recursively).
+/// The files below `dir` whose names end with `suffix` (recursively), sorted.
 pub fn find_files(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
