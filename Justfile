@@ -11,6 +11,7 @@ test:
 
 bench:
     cargo bench -p kv-tier-examples
+    cargo bench -p kv-tier-fs
 
 demo:
     cargo run --release -p kv-tier-examples --bin demo

@@ -97,6 +97,16 @@ async fn o_direct_falls_back_to_buffered_io_where_refused() {
     assert!(res.is_success());
     assert!(data.iter().all(|(k, d)| verify_block(k, 0, d)));
     assert!(find_files(&m.dir, ".tmp").is_empty());
+    // ramfs has no user xattrs either: checksums live in sidecar files, and still catch damage
+    assert_eq!(find_files(&m.dir, kv_tier_fs::CRC_SIDECAR_SUFFIX).len(), 8);
+    let path = tier.block_path(&keys[0]);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[7] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let (res, _) = load(&tier, &keys[..1]).await;
+    assert!(matches!(&res.failed[0].1, Error::Corrupt { reason, .. } if reason.contains("crc32c")));
+    assert!(!path.exists());
+    assert_eq!(tier.stats().unverified_loads, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,4 +472,77 @@ fn primary(block: usize, slots: usize) -> Arc<dyn kv_tier_core::PrimaryTier> {
         })
         .unwrap(),
     )
+}
+
+/// Through the manager: a failed load is a Miss for the request with no livelock, and a later
+/// successful store makes the block a hit again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_manager_a_failed_load_misses_and_a_new_store_heals() {
+    use kv_tier_core::{LookupResult, RequestContext, RequestId, TieringManager};
+    let root = temp_root();
+    let fs = Arc::new(open_checksummed(root.path()));
+    let m = TieringManager::builder(kv_tier_core::KvTierConfig::new(16 * BS as u64, BS as u64))
+        .primary(primary(BS, 16))
+        .tier(fs.clone())
+        .build()
+        .await
+        .unwrap();
+    let k = test_key(42);
+    let put = |m: &TieringManager| {
+        let mut p = m.prepare_store(&[k]).unwrap();
+        for (key, sink) in &mut p.to_store {
+            kv_tier_testkit::fill_block(key, 0, sink.as_mut_slice());
+        }
+        drop(p);
+        m.complete_store(RequestId(1), &[k], true);
+    };
+    put(&m);
+    m.wait_idle().await;
+    assert!(fs.block_path(&k).exists());
+    m.reset_cache().await;
+    // damage the file behind the tier's back
+    let path = fs.block_path(&k);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    let req = RequestContext::new(2);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(m.lookup(&k, &req));
+        m.on_schedule_end();
+        m.wait_idle().await;
+    }
+    assert_eq!(
+        seen,
+        vec![
+            LookupResult::Retry,
+            LookupResult::HitPending,
+            LookupResult::Miss
+        ]
+    );
+    let probed = fs.stats().keys_probed;
+    for _ in 0..3 {
+        assert_eq!(m.lookup(&k, &req), LookupResult::Miss);
+        m.on_schedule_end();
+        m.wait_idle().await;
+    }
+    assert_eq!(
+        fs.stats().keys_probed,
+        probed,
+        "the failed key was probed again"
+    );
+    assert_eq!(fs.stats().checksum_mismatches, 1);
+    // a new store (cascaded to fs) heals it, for the same request too
+    put(&m);
+    m.wait_idle().await;
+    m.reset_cache().await;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(m.lookup(&k, &req));
+        m.on_schedule_end();
+        m.wait_idle().await;
+    }
+    assert_eq!(seen.last(), Some(&LookupResult::Hit), "{seen:?}");
+    let views = m.prepare_load(&[k]).unwrap();
+    assert!(verify_block(&k, 0, views[0].as_slice()));
 }
