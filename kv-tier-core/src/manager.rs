@@ -25,6 +25,11 @@ use crate::tier::{
     JobResult, LoadJob, PreparedStore, PrimaryTier, ProtectGuard, SecondaryTier, StoreJob,
 };
 
+enum Job {
+    Store(StoreJob),
+    Load(LoadJob),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum JobKind {
     Store,
@@ -318,96 +323,56 @@ impl TieringManager {
             if blocks.is_empty() {
                 continue;
             }
-            self.submit_store(&mut st, i, req, StoreJob { blocks });
+            self.submit(&mut st, i, req, Job::Store(StoreJob { blocks }));
         }
     }
 
-    fn submit_store(&self, st: &mut State, tier: usize, req: RequestId, job: StoreJob) {
-        let keys = job.keys();
-        let bytes = job.blocks.iter().map(|(_, s)| s.len() as u64).sum();
-        let protect = self.tiers[tier].protect(&keys);
-        *st.pending_stores.entry(req).or_default() += 1;
-        let t = self.tiers[tier].clone();
-        let fail_keys = keys.clone();
-        self.spawn_job(
-            st,
-            JobKind::Store,
-            tier,
-            req,
-            keys,
-            bytes,
-            protect,
-            async move {
-                match AssertUnwindSafe(t.store(job)).catch_unwind().await {
-                    Ok(r) => r,
-                    Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
-                }
-            },
-        );
-    }
-
-    fn submit_load(
-        &self,
-        st: &mut State,
-        tier: usize,
-        req: RequestId,
-        blocks: Vec<(BlockKey, BlockSink)>,
-    ) {
-        let job = LoadJob { blocks };
-        let keys = job.keys();
-        let bytes = job.blocks.iter().map(|(_, s)| s.len() as u64).sum();
-        let protect = self.tiers[tier].protect(&keys);
-        let t = self.tiers[tier].clone();
-        let fail_keys = keys.clone();
-        self.spawn_job(
-            st,
-            JobKind::Load,
-            tier,
-            req,
-            keys,
-            bytes,
-            protect,
-            async move {
-                match AssertUnwindSafe(t.load(job)).catch_unwind().await {
-                    Ok(r) => r,
-                    Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
-                }
-            },
-        );
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn spawn_job<F>(
-        &self,
-        st: &mut State,
-        kind: JobKind,
-        tier: usize,
-        req: RequestId,
-        keys: Vec<BlockKey>,
-        bytes: u64,
-        protect: ProtectGuard,
-        fut: F,
-    ) where
-        F: Future<Output = JobResult> + Send + 'static,
-    {
+    /// Queues one job on the runtime: the tier protects its keys until the job is applied.
+    fn submit(&self, st: &mut State, tier: usize, req: RequestId, job: Job) {
+        let (kind, keys, bytes) = match &job {
+            Job::Store(j) => (
+                JobKind::Store,
+                j.keys(),
+                j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
+            ),
+            Job::Load(j) => (
+                JobKind::Load,
+                j.keys(),
+                j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
+            ),
+        };
+        if kind == JobKind::Store {
+            *st.pending_stores.entry(req).or_default() += 1;
+        }
         let id = st.next_job;
         st.next_job += 1;
+        let t = self.tiers[tier].clone();
+        let fail_keys = keys.clone();
         st.jobs.insert(
             id,
             JobInfo {
                 kind,
                 tier,
                 req,
+                _protect: t.protect(&keys),
                 keys,
                 bytes,
                 started: Instant::now(),
-                _protect: protect,
             },
         );
         let inbox = self.inbox.clone();
         let notify = self.notify.clone();
         self.runtime.spawn(async move {
-            let result = fut.await;
+            let run = async {
+                match job {
+                    Job::Store(j) => t.store(j).await,
+                    Job::Load(j) => t.load(j).await,
+                }
+            };
+            let result = match AssertUnwindSafe(run).catch_unwind().await {
+                Ok(r) => r,
+                Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
+            };
             inbox
                 .lock()
                 .expect("completion inbox")
@@ -498,7 +463,7 @@ impl TieringManager {
 
     fn flush(&self, st: &mut State) {
         for ((tier, req), blocks) in std::mem::take(&mut st.promotions) {
-            self.submit_load(st, tier, req, blocks);
+            self.submit(st, tier, req, Job::Load(LoadJob { blocks }));
         }
         for l in &mut st.lookups {
             l.flush();

@@ -548,6 +548,41 @@ impl FsTier {
         self.events.lock().expect("fs events").push(ev);
     }
 
+    /// Runs `op` once per block on the I/O threads (one task per block, so a job spreads over
+    /// every idle thread), with the keys protected meanwhile. `None` after shutdown.
+    async fn run_blocks<B, R>(
+        &self,
+        class: Class,
+        blocks: Vec<(BlockKey, B)>,
+        op: fn(&Files, &BlockKey, B) -> R,
+    ) -> Option<Vec<(BlockKey, R)>>
+    where
+        B: Send + 'static,
+        R: Send + 'static,
+    {
+        if blocks.is_empty() {
+            return Some(Vec::new());
+        }
+        let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
+        let _protect = self.protection.protect(&keys);
+        let (col, rx) = Collector::new(blocks.len());
+        let tasks: Vec<Task> = blocks
+            .into_iter()
+            .map(|(key, buf)| {
+                let (files, col) = (self.files.clone(), col.clone());
+                Box::new(move || {
+                    let r = op(&files, &key, buf);
+                    col.push((key, r));
+                }) as Task
+            })
+            .collect();
+        drop(col);
+        if !self.engine.submit(class, tasks) {
+            return None;
+        }
+        rx.await.ok()
+    }
+
     fn closed(&self) -> Error {
         Error::Shutdown {
             what: format!("fs tier `{}`", self.files.name),
@@ -789,28 +824,14 @@ impl SecondaryTier for FsTier {
 
     async fn store(&self, job: StoreJob) -> JobResult {
         let keys = job.keys();
-        if keys.is_empty() {
-            return JobResult::default();
-        }
-        let _protect = self.protection.protect(&keys);
-        let (col, rx) = Collector::new(keys.len());
-        let tasks: Vec<Task> = job
-            .blocks
-            .into_iter()
-            .map(|(key, src)| {
-                let (files, col) = (self.files.clone(), col.clone());
-                Box::new(move || {
-                    let r = files.store_block(&key, &src);
-                    drop(src); // unpin the DRAM slot as soon as the bytes are written
-                    col.push((key, r));
-                }) as Task
+        let Some(results) = self
+            .run_blocks(Class::Store, job.blocks, |files, key, src| {
+                let r = files.store_block(key, &src);
+                drop(src); // unpin the DRAM slot as soon as the bytes are written
+                r
             })
-            .collect();
-        drop(col);
-        if !self.engine.submit(Class::Store, tasks) {
-            return JobResult::all_failed(keys, &self.closed());
-        }
-        let Ok(results) = rx.await else {
+            .await
+        else {
             return JobResult::all_failed(keys, &self.closed());
         };
         let mut res = JobResult::default();
@@ -838,28 +859,12 @@ impl SecondaryTier for FsTier {
 
     async fn load(&self, job: LoadJob) -> JobResult {
         let keys = job.keys();
-        if keys.is_empty() {
-            return JobResult::default();
-        }
-        let _protect = self.protection.protect(&keys);
-        let (col, rx) = Collector::new(keys.len());
-        let tasks: Vec<Task> = job
-            .blocks
-            .into_iter()
-            .map(|(key, mut sink)| {
-                let (files, col) = (self.files.clone(), col.clone());
-                Box::new(move || {
-                    let r = files.load_block(&key, &mut sink);
-                    drop(sink);
-                    col.push((key, r));
-                }) as Task
+        let Some(results) = self
+            .run_blocks(Class::Load, job.blocks, |files, key, mut sink| {
+                files.load_block(key, &mut sink)
             })
-            .collect();
-        drop(col);
-        if !self.engine.submit(Class::Load, tasks) {
-            return JobResult::all_failed(keys, &self.closed());
-        }
-        let Ok(results) = rx.await else {
+            .await
+        else {
             return JobResult::all_failed(keys, &self.closed());
         };
         let mut res = JobResult::default();
