@@ -34,7 +34,7 @@ fn reap_age() -> u64 {
 /// {"type": "fs", "root_dir": "/mnt/nvme/kv", "n_read_threads": 16, "n_write_threads": 16,
 ///  "checksum": "crc32c", "fsync": false, "direct_io": true, "tmp_reap_age_s": 600}
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FsTierConfig {
     /// The cache directory (shared with vLLM's fs tier if pointed at the same place).
@@ -62,6 +62,37 @@ pub struct FsTierConfig {
     /// Default 600. A live writer's temp file exists for milliseconds.
     #[serde(default = "reap_age")]
     pub tmp_reap_age_s: u64,
+    /// Capacity bound in GiB (2^30 bytes) of block-file bytes (logical sizes, which equal the
+    /// allocated sizes for block sizes that are multiples of the filesystem block; checksum
+    /// sidecars and directories are not counted). Absent: unbounded, no GC.
+    #[serde(default)]
+    pub gc_max_size_gb: Option<f64>,
+    /// A sweep deletes down to `gc_max_size_gb * gc_low_watermark`. In (0, 1]; default 0.9.
+    #[serde(default)]
+    pub gc_low_watermark: Option<f64>,
+    /// Seconds between capacity checks (a sweep runs only when over the cap; a store that
+    /// crosses the cap also wakes the GC). Default 60.
+    #[serde(default)]
+    pub gc_interval_s: Option<f64>,
+    /// A key's mtime is stamped at most once per this many seconds. Default 60.
+    #[serde(default)]
+    pub gc_stamp_interval_s: Option<f64>,
+    /// Files used (mtime) within this many seconds are never swept, even over the cap. Must
+    /// exceed `gc_stamp_interval_s`. Default 300.
+    #[serde(default)]
+    pub gc_grace_s: Option<f64>,
+    /// At most this many stamps wait to be applied; touches beyond are dropped (counted).
+    /// Default 200000.
+    #[serde(default)]
+    pub gc_max_tracked: Option<usize>,
+    /// Seconds between full rescans of the tree, which repair drift from external deletes
+    /// and adopt files other processes wrote. Default 3600; 0 disables.
+    #[serde(default)]
+    pub gc_rescan_interval_s: Option<f64>,
+    /// Run sweeps, stamps and rescans on a background thread (default). Tests and benchmarks
+    /// turn it off and drive them with `FsTier::gc_*_now`. Not a config-file option.
+    #[serde(skip, default = "yes")]
+    pub gc_background: bool,
 }
 
 impl FsTierConfig {
@@ -75,7 +106,35 @@ impl FsTierConfig {
             fsync: false,
             direct_io: true,
             tmp_reap_age_s: reap_age(),
+            gc_max_size_gb: None,
+            gc_low_watermark: None,
+            gc_interval_s: None,
+            gc_stamp_interval_s: None,
+            gc_grace_s: None,
+            gc_max_tracked: None,
+            gc_rescan_interval_s: None,
+            gc_background: true,
         }
+    }
+
+    /// The GC settings with defaults applied, or `None` when unbounded. Call after `validate`.
+    pub(crate) fn gc(&self) -> Option<crate::gc::GcConfig> {
+        let gb = self.gc_max_size_gb?;
+        let cap = (gb * (1u64 << 30) as f64) as u64;
+        let low = self.gc_low_watermark.unwrap_or(0.9);
+        let secs = |v: Option<f64>, d: f64| std::time::Duration::from_secs_f64(v.unwrap_or(d));
+        let ns = |v: Option<f64>, d: f64| (v.unwrap_or(d) * 1e9) as i64;
+        let rescan = self.gc_rescan_interval_s.unwrap_or(3600.0);
+        Some(crate::gc::GcConfig {
+            cap_bytes: cap,
+            low_bytes: (cap as f64 * low) as u64,
+            interval: secs(self.gc_interval_s, 60.0),
+            stamp_interval_ns: ns(self.gc_stamp_interval_s, 60.0),
+            grace_ns: ns(self.gc_grace_s, 300.0),
+            max_tracked: self.gc_max_tracked.unwrap_or(200_000),
+            rescan_interval: (rescan > 0.0).then(|| std::time::Duration::from_secs_f64(rescan)),
+            background: self.gc_background,
+        })
     }
 
     /// Parses and validates a tier spec's options.
@@ -100,6 +159,67 @@ impl FsTierConfig {
                     format!("must be between 1 and 1024, got {v}"),
                 ));
             }
+        }
+        self.validate_gc()
+    }
+
+    fn validate_gc(&self) -> Result<()> {
+        let positive = |name: &str, v: Option<f64>| match v {
+            Some(x) if !(x.is_finite() && x > 0.0) => Err(Error::config(
+                name,
+                format!("must be a positive number, got {x}"),
+            )),
+            _ => Ok(()),
+        };
+        if self.gc_max_size_gb.is_none() {
+            let set = [
+                ("gc_low_watermark", self.gc_low_watermark.is_some()),
+                ("gc_interval_s", self.gc_interval_s.is_some()),
+                ("gc_stamp_interval_s", self.gc_stamp_interval_s.is_some()),
+                ("gc_grace_s", self.gc_grace_s.is_some()),
+                ("gc_max_tracked", self.gc_max_tracked.is_some()),
+                ("gc_rescan_interval_s", self.gc_rescan_interval_s.is_some()),
+            ];
+            if let Some((name, _)) = set.iter().find(|(_, s)| *s) {
+                return Err(Error::config(
+                    *name,
+                    "is set but gc_max_size_gb is not: the tier is unbounded and has no GC",
+                ));
+            }
+            return Ok(());
+        }
+        positive("gc_max_size_gb", self.gc_max_size_gb)?;
+        if let Some(w) = self.gc_low_watermark
+            && !(w > 0.0 && w <= 1.0)
+        {
+            return Err(Error::config(
+                "gc_low_watermark",
+                format!("must be in (0, 1], got {w}"),
+            ));
+        }
+        positive("gc_interval_s", self.gc_interval_s)?;
+        positive("gc_stamp_interval_s", self.gc_stamp_interval_s)?;
+        positive("gc_grace_s", self.gc_grace_s)?;
+        if let Some(r) = self.gc_rescan_interval_s
+            && !(r.is_finite() && r >= 0.0)
+        {
+            return Err(Error::config(
+                "gc_rescan_interval_s",
+                format!("must be 0 (never) or a positive number, got {r}"),
+            ));
+        }
+        if self.gc_max_tracked == Some(0) {
+            return Err(Error::config("gc_max_tracked", "must be positive"));
+        }
+        let stamp = self.gc_stamp_interval_s.unwrap_or(60.0);
+        let grace = self.gc_grace_s.unwrap_or(300.0);
+        if grace <= stamp {
+            return Err(Error::config(
+                "gc_grace_s",
+                format!(
+                    "must exceed gc_stamp_interval_s ({stamp}), got {grace}: a key in use could otherwise look idle between two stamps"
+                ),
+            ));
         }
         Ok(())
     }
@@ -147,5 +267,65 @@ mod tests {
         );
         assert_eq!(field(r#"{"root_dir": "/x", "fsync": "yes"}"#), "fsync");
         assert_eq!(field(r#"{"root_dir": "/x", "root": "/y"}"#), "root");
+    }
+
+    #[test]
+    fn gc_options_are_validated_by_name() {
+        let c = parse(r#"{"root_dir": "/x", "gc_max_size_gb": 2}"#).unwrap();
+        let g = c.gc().unwrap();
+        assert_eq!(g.cap_bytes, 2 << 30);
+        assert_eq!(g.low_bytes, ((2u64 << 30) as f64 * 0.9) as u64);
+        assert!(parse(r#"{"root_dir": "/x"}"#).unwrap().gc().is_none());
+        let cases = [
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 0}"#,
+                "gc_max_size_gb",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": -1}"#,
+                "gc_max_size_gb",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": "1G"}"#,
+                "gc_max_size_gb",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "gc_low_watermark": 0}"#,
+                "gc_low_watermark",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "gc_low_watermark": 1.5}"#,
+                "gc_low_watermark",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "gc_interval_s": 0}"#,
+                "gc_interval_s",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "gc_stamp_interval_s": -3}"#,
+                "gc_stamp_interval_s",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "gc_grace_s": 30}"#,
+                "gc_grace_s",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "gc_stamp_interval_s": 400}"#,
+                "gc_grace_s",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "gc_max_tracked": 0}"#,
+                "gc_max_tracked",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "gc_rescan_interval_s": -1}"#,
+                "gc_rescan_interval_s",
+            ),
+            (r#"{"root_dir": "/x", "gc_grace_s": 500}"#, "gc_grace_s"),
+        ];
+        for (json, want) in cases {
+            assert_eq!(field(json), want, "{json}");
+        }
+        assert!(parse(r#"{"root_dir": "/x", "gc_max_size_gb": 1, "gc_low_watermark": 1, "gc_rescan_interval_s": 0}"#).is_ok());
     }
 }

@@ -223,14 +223,17 @@ mod tests {
         let ran = Arc::new(AtomicUsize::new(0));
         // Block the only thread until shutdown has been requested.
         let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+        let (running_tx, running_rx) = std::sync::mpsc::channel::<()>();
         let r = ran.clone();
         e.submit(
             Class::Probe,
             vec![Box::new(move || {
+                running_tx.send(()).unwrap();
                 let _ = hold_rx.recv();
                 r.fetch_add(1, Ordering::SeqCst);
             })],
         );
+        running_rx.recv().unwrap(); // the only thread is now busy with the held task
         let (col, rx) = Collector::<u32>::new(1);
         let c = col.clone();
         e.submit(Class::Store, vec![Box::new(move || c.push(1))]);

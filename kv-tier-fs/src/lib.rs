@@ -2,9 +2,11 @@
 
 mod config;
 mod file;
+mod gc;
 mod io;
 mod tier;
 
 pub use config::{Checksum, FsTierConfig};
 pub use file::{CRC_SIDECAR_SUFFIX, CRC_XATTR};
-pub use tier::{FaultInjector, FsOp, FsStats, FsTier};
+pub use gc::{SweepHook, SweepPoint};
+pub use tier::{FaultInjector, FsOp, FsStats, FsTier, GcStats};

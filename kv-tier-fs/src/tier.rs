@@ -15,6 +15,7 @@ use kv_tier_core::{
 
 use crate::config::{Checksum, FsTierConfig};
 use crate::file;
+use crate::gc::{Gc, SweepHook};
 use crate::io::{Class, Collector, Engine, Task};
 
 /// The operations a fault injector can fail (for tests of error paths).
@@ -75,6 +76,53 @@ pub struct FsStats {
     /// Whether the 4,096 first-level directories of the layout exist (created in the
     /// background after open).
     pub top_dirs_ready: bool,
+    /// Garbage collection (bounded mode only; `None` when unbounded).
+    pub gc: Option<GcStats>,
+}
+
+/// Counters of the bounded mode's garbage collection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcStats {
+    /// The cap, in bytes.
+    pub cap_bytes: u64,
+    /// Bytes of block files in the index (logical sizes).
+    pub bytes: u64,
+    /// Block files in the index.
+    pub files: u64,
+    /// Sweeps run.
+    pub sweeps: u64,
+    /// Files deleted by sweeps.
+    pub swept_files: u64,
+    /// Bytes deleted by sweeps.
+    pub swept_bytes: u64,
+    /// Sweep candidates kept because a job had them protected.
+    pub skipped_in_flight: u64,
+    /// Sweep candidates kept because they were used within the grace window.
+    pub skipped_in_grace: u64,
+    /// Sweep candidates kept because they were touched after the sweep chose them.
+    pub skipped_recent: u64,
+    /// mtime stamps applied.
+    pub stamps: u64,
+    /// Stamps that failed (other than for a vanished file).
+    pub stamp_errors: u64,
+    /// Touches dropped because `gc_max_tracked` stamps were already pending.
+    pub stamps_dropped: u64,
+    /// Stamps waiting to be applied.
+    pub pending_stamps: u64,
+    /// Files found deleted behind the tier's back (by rescans, stamps or sweeps).
+    pub external_removals: u64,
+    /// Full rescans run.
+    pub rescans: u64,
+    /// Errors and panics in the GC loop (it goes on after each).
+    pub errors: u64,
+    /// Whether the GC thread is running (false after it died or with background GC off).
+    pub thread_alive: bool,
+    /// How long the last sweep took to choose its victims, in microseconds.
+    pub last_decision_us: u64,
+    /// How long the last sweep took in all, in microseconds.
+    pub last_sweep_us: u64,
+    /// How long the startup adopt walk took, in milliseconds.
+    pub adopt_ms: u64,
 }
 
 #[derive(Default)]
@@ -115,9 +163,19 @@ struct Files {
     tmp_seq: AtomicU64,
     tmp_salt: u64,
     top_dirs_ready: AtomicBool,
+    protection: ProtectionSet,
+    events: Mutex<Vec<TierEvent>>,
+    gc: Option<Gc>,
 }
 
 /// What a load did besides failing: whether it deleted the file.
+fn key_from_path(ns: &Namespace, root: &Path, path: &Path) -> Option<BlockKey> {
+    let rel = path.strip_prefix(root.join(ns.rank_dir_name())).ok()?;
+    let mut parts = rel.iter().map(|p| p.to_str().unwrap_or(""));
+    let (top, leaf, file) = (parts.next()?, parts.next()?, parts.next()?);
+    crate::gc::parse_block(ns, top, leaf, file)
+}
+
 struct LoadFailure {
     error: Error,
     deleted: bool,
@@ -188,8 +246,17 @@ impl Files {
             });
         }
         let dest = self.ns.block_path(&self.root, key);
-        if std::fs::symlink_metadata(&dest).is_ok() {
+        if let Ok(m) = std::fs::symlink_metadata(&dest) {
             bump(&self.counters.stores_skipped, 1);
+            if let Some(gc) = &self.gc {
+                // stored again: the block is in use (and maybe written by another process)
+                gc.on_seen(
+                    *key,
+                    m.len(),
+                    crate::gc::to_ns(m.modified().unwrap_or(SystemTime::now())),
+                );
+                gc.touch(std::slice::from_ref(key));
+            }
             return Ok(false);
         }
         let tmp = self.tmp_path(&dest);
@@ -247,6 +314,9 @@ impl Files {
         }
         bump(&self.counters.blocks_written, 1);
         bump(&self.counters.bytes_written, self.block_size as u64);
+        if let Some(gc) = &self.gc {
+            gc.on_published(*key, self.block_size as u64);
+        }
         Ok(true)
     }
 
@@ -273,6 +343,9 @@ impl Files {
         let _ = std::fs::remove_file(file::sidecar_path(path));
         if ok {
             bump(&self.counters.corrupt_deleted, 1);
+            if let (Some(gc), Some(key)) = (&self.gc, key_from_path(&self.ns, &self.root, path)) {
+                gc.on_removed(&key);
+            }
         }
         ok
     }
@@ -313,6 +386,9 @@ impl Files {
             .and_then(|()| file::open_read(&path, self.direct))
             .map_err(|e| {
                 if e.kind() == io::ErrorKind::NotFound {
+                    if let Some(gc) = &self.gc {
+                        gc.on_removed(key);
+                    }
                     plain(Error::NotFound {
                         key: *key,
                         tier: self.name.clone(),
@@ -382,7 +458,50 @@ impl Files {
         }
         bump(&self.counters.blocks_read, 1);
         bump(&self.counters.bytes_read, self.block_size as u64);
+        if let Some(gc) = &self.gc {
+            gc.touch(std::slice::from_ref(key));
+        }
         Ok(())
+    }
+
+    fn event(&self, keys: Vec<BlockKey>, removed: bool) {
+        if keys.is_empty() {
+            return;
+        }
+        let ev = TierEvent {
+            tier: self.name.clone(),
+            keys,
+            medium: Medium::Storage,
+            locality: Locality::Local,
+            removed,
+        };
+        self.events.lock().expect("fs events").push(ev);
+    }
+
+    fn rank_dir(&self) -> PathBuf {
+        self.root.join(self.ns.rank_dir_name())
+    }
+
+    /// One sweep (when over the cap); emits `BlockRemoved` for what it deleted.
+    fn sweep(&self) -> usize {
+        let Some(gc) = &self.gc else { return 0 };
+        let protection = &self.protection;
+        let report = gc.sweep(&self.ns, &self.root, &|f| protection.with_lock(|p| f(p)));
+        let n = report.deleted.len();
+        self.event(report.deleted, true);
+        n
+    }
+
+    /// A full walk of the tree: adopts new files, forgets (and reports) vanished ones.
+    fn rescan(&self, tmp_age: Option<Duration>) {
+        let Some(gc) = &self.gc else { return };
+        let w = crate::gc::walk(&self.ns, &self.rank_dir(), 4, tmp_age, SystemTime::now());
+        let gone = gc.adopt(w.blocks);
+        gc.counters.rescans.fetch_add(1, Ordering::Relaxed);
+        gc.counters
+            .external_removals
+            .fetch_add(gone.len() as u64, Ordering::Relaxed);
+        self.event(gone, true);
     }
 
     fn exists(&self, key: &BlockKey) -> bool {
@@ -398,8 +517,7 @@ impl Files {
 pub struct FsTier {
     files: Arc<Files>,
     engine: Engine,
-    protection: ProtectionSet,
-    events: Mutex<Vec<TierEvent>>,
+    gc_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     shut_down: AtomicBool,
     cfg: FsTierConfig,
 }
@@ -464,9 +582,41 @@ impl FsTier {
             tmp_seq: AtomicU64::new(0),
             tmp_salt: random_salt(),
             top_dirs_ready: AtomicBool::new(false),
+            protection: ProtectionSet::new(),
+            events: Mutex::new(Vec::new()),
+            gc: cfg.gc().map(Gc::new),
         });
+        let tmp_age = Duration::from_secs(cfg.tmp_reap_age_s);
+        let mut reaped = reap_tmp(std::slice::from_ref(&ns_dir), tmp_age);
+        match &files.gc {
+            None => reaped += reap_tmp(std::slice::from_ref(&rank_dir), tmp_age),
+            Some(gc) => {
+                // One walk adopts what is on disk (with its mtimes) and reaps temp files.
+                let t = std::time::Instant::now();
+                let threads = cfg.n_read_threads.clamp(1, 8);
+                let w = crate::gc::walk(
+                    &files.ns,
+                    &rank_dir,
+                    threads,
+                    Some(tmp_age),
+                    SystemTime::now(),
+                );
+                reaped += w.tmp_reaped;
+                let n = w.blocks.len();
+                gc.adopt(w.blocks);
+                gc.counters
+                    .adopt_ms
+                    .store(t.elapsed().as_millis() as u64, Ordering::Relaxed);
+                tracing::info!(
+                    files = n,
+                    bytes = gc.total_bytes(),
+                    ms = t.elapsed().as_millis() as u64,
+                    foreign = w.foreign,
+                    "fs tier adopted its directory"
+                );
+            }
+        }
         spawn_top_dirs(files.clone());
-        let reaped = reap_tmp(&[ns_dir, rank_dir], Duration::from_secs(cfg.tmp_reap_age_s));
         bump(&files.counters.tmp_reaped, reaped);
         if reaped > 0 {
             tracing::info!(reaped, root = %root.display(), "deleted stray temp files of killed writers");
@@ -474,11 +624,22 @@ impl FsTier {
         let engine = Engine::start(cfg.n_read_threads, cfg.n_write_threads)
             .map_err(|e| Error::io("spawn I/O threads", &root, e))?;
         tracing::debug!(root = %root.display(), direct, xattrs = probe.xattrs, "fs tier open");
+        let gc_thread = match &files.gc {
+            Some(gc) if gc.cfg.background => {
+                let f = files.clone();
+                gc.alive.store(true, Ordering::SeqCst);
+                let h = std::thread::Builder::new()
+                    .name("kv-fs-gc".into())
+                    .spawn(move || gc_loop(f))
+                    .map_err(|e| Error::io("spawn GC thread", &root, e))?;
+                Some(h)
+            }
+            _ => None,
+        };
         Ok(Self {
             files,
             engine,
-            protection: ProtectionSet::new(),
-            events: Mutex::new(Vec::new()),
+            gc_thread: Mutex::new(gc_thread),
             shut_down: AtomicBool::new(false),
             cfg,
         })
@@ -525,6 +686,31 @@ impl FsTier {
             keys_probed: g(&c.keys_probed),
             direct_io: self.files.direct,
             top_dirs_ready: self.files.top_dirs_ready.load(Ordering::Acquire),
+            gc: self.files.gc.as_ref().map(|gc| {
+                let c = &gc.counters;
+                GcStats {
+                    cap_bytes: gc.cfg.cap_bytes,
+                    bytes: gc.total_bytes(),
+                    files: gc.files() as u64,
+                    sweeps: g(&c.sweeps),
+                    swept_files: g(&c.swept_files),
+                    swept_bytes: g(&c.swept_bytes),
+                    skipped_in_flight: g(&c.skipped_in_flight),
+                    skipped_in_grace: g(&c.skipped_in_grace),
+                    skipped_recent: g(&c.skipped_recent),
+                    stamps: g(&c.stamps),
+                    stamp_errors: g(&c.stamp_errors),
+                    stamps_dropped: g(&c.stamps_dropped),
+                    pending_stamps: gc.pending_stamps() as u64,
+                    external_removals: g(&c.external_removals),
+                    rescans: g(&c.rescans),
+                    errors: g(&c.errors),
+                    thread_alive: gc.alive.load(Ordering::SeqCst),
+                    last_decision_us: g(&c.last_decision_us),
+                    last_sweep_us: g(&c.last_sweep_us),
+                    adopt_ms: g(&c.adopt_ms),
+                }
+            }),
         }
     }
 
@@ -532,20 +718,6 @@ impl FsTier {
     /// and fails with the error it returns. For tests of error paths.
     pub fn set_fault_injector(&self, f: Option<FaultInjector>) {
         *self.files.faults.write().expect("fault injector") = f;
-    }
-
-    fn event(&self, keys: Vec<BlockKey>, removed: bool) {
-        if keys.is_empty() {
-            return;
-        }
-        let ev = TierEvent {
-            tier: self.files.name.clone(),
-            keys,
-            medium: Medium::Storage,
-            locality: Locality::Local,
-            removed,
-        };
-        self.events.lock().expect("fs events").push(ev);
     }
 
     /// Runs `op` once per block on the I/O threads (one task per block, so a job spreads over
@@ -564,7 +736,7 @@ impl FsTier {
             return Some(Vec::new());
         }
         let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
-        let _protect = self.protection.protect(&keys);
+        let _protect = self.files.protection.protect(&keys);
         let (col, rx) = Collector::new(blocks.len());
         let tasks: Vec<Task> = blocks
             .into_iter()
@@ -583,6 +755,59 @@ impl FsTier {
         rx.await.ok()
     }
 
+    fn stop_threads(&self) {
+        self.engine.shutdown();
+        if let Some(gc) = &self.files.gc {
+            gc.stop();
+        }
+        let h = self.gc_thread.lock().expect("gc thread").take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
+
+    fn gc(&self) -> Result<&Gc> {
+        self.files.gc.as_ref().ok_or_else(|| {
+            Error::config(
+                "gc_max_size_gb",
+                "the tier is unbounded: set gc_max_size_gb to use GC",
+            )
+        })
+    }
+
+    /// Runs one sweep now on the caller's thread (if over the cap); returns the files deleted.
+    /// For tests, benchmarks and tools; the GC thread does this on its own.
+    pub fn gc_sweep_now(&self) -> Result<usize> {
+        self.gc()?;
+        Ok(self.files.sweep())
+    }
+
+    /// Applies the queued mtime stamps now, on the caller's thread.
+    pub fn gc_apply_stamps_now(&self) -> Result<()> {
+        self.gc()?.apply_stamps(&self.files.ns, &self.files.root);
+        Ok(())
+    }
+
+    /// Walks the tree now and repairs the index (external deletes, files of other processes).
+    pub fn gc_rescan_now(&self) -> Result<()> {
+        self.gc()?;
+        self.files.rescan(None);
+        Ok(())
+    }
+
+    /// Installs (or removes) a hook the sweep calls at each [`crate::SweepPoint`]; it may block to
+    /// hold the sweep there. For deterministic interleaving tests.
+    pub fn set_sweep_hook(&self, hook: Option<SweepHook>) -> Result<()> {
+        self.gc()?.set_hook(hook);
+        Ok(())
+    }
+
+    /// Moves the GC clock (grace windows, stamp rate limits, stamp times) forward. For tests.
+    pub fn advance_gc_clock(&self, d: Duration) -> Result<()> {
+        self.gc()?.advance_clock(d);
+        Ok(())
+    }
+
     fn closed(&self) -> Error {
         Error::Shutdown {
             what: format!("fs tier `{}`", self.files.name),
@@ -592,7 +817,53 @@ impl FsTier {
 
 impl Drop for FsTier {
     fn drop(&mut self) {
-        self.engine.shutdown();
+        self.stop_threads();
+    }
+}
+
+/// The GC thread: applies stamps every tick, sweeps when over the cap (each interval, or at
+/// once when a store crossed the cap), rescans now and then. An error or panic is logged and
+/// counted and the loop goes on; if the thread ends anyway, the stats say so.
+fn gc_loop(files: Arc<Files>) {
+    struct Alive<'a>(&'a Gc);
+    impl Drop for Alive<'_> {
+        fn drop(&mut self) {
+            self.0.alive.store(false, Ordering::SeqCst);
+        }
+    }
+    let gc = files.gc.as_ref().expect("gc thread without gc");
+    let _alive = Alive(gc);
+    let tick = gc.cfg.interval.min(Duration::from_secs(1));
+    let now = std::time::Instant::now();
+    let mut next_sweep = now + gc.cfg.interval;
+    let mut next_rescan = gc.cfg.rescan_interval.map(|d| now + d);
+    let tmp_age = Some(Duration::from_secs(600));
+    loop {
+        let (stop, kicked) = gc.wait(tick);
+        if stop {
+            return;
+        }
+        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            gc.apply_stamps(&files.ns, &files.root);
+            let now = std::time::Instant::now();
+            let due = now >= next_sweep;
+            if due {
+                next_sweep = now + gc.cfg.interval;
+            }
+            if (due || kicked) && gc.over_cap() {
+                files.sweep();
+            }
+            if let Some(at) = next_rescan
+                && now >= at
+            {
+                next_rescan = gc.cfg.rescan_interval.map(|d| now + d);
+                files.rescan(tmp_age);
+            }
+        }));
+        if step.is_err() {
+            gc.counters.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(tier = %files.name, "the fs tier's GC step panicked; the GC goes on");
+        }
     }
 }
 
@@ -853,7 +1124,7 @@ impl SecondaryTier for FsTier {
                 }
             }
         }
-        self.event(published, false);
+        self.files.event(published, false);
         res
     }
 
@@ -885,31 +1156,34 @@ impl SecondaryTier for FsTier {
                 }
             }
         }
-        self.event(deleted, true);
+        self.files.event(deleted, true);
         res
     }
 
-    fn touch(&self, _keys: &[BlockKey]) {
-        // Recency (mtime stamps) belongs to the bounded-capacity mode.
+    fn touch(&self, keys: &[BlockKey]) {
+        // Unbounded tiers keep no recency (as before); bounded ones queue mtime stamps.
+        if let Some(gc) = &self.files.gc {
+            gc.touch(keys);
+        }
     }
 
     fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
-        self.protection.protect(keys)
+        self.files.protection.protect(keys)
     }
 
     fn is_protected(&self, key: &BlockKey) -> bool {
-        self.protection.contains(key)
+        self.files.protection.contains(key)
     }
 
     fn take_events(&self) -> Vec<TierEvent> {
-        std::mem::take(&mut *self.events.lock().expect("fs events"))
+        std::mem::take(&mut *self.files.events.lock().expect("fs events"))
     }
 
     async fn shutdown(&self) -> Result<()> {
         if self.shut_down.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.engine.shutdown();
+        self.stop_threads();
         Ok(())
     }
 }
