@@ -455,13 +455,13 @@ impl Gc {
         self.lock().total > self.cfg.cap_bytes
     }
 
-    /// Deletes least-recently-used files down to the low watermark. `is_protected` is called
-    /// under the protection lock that `with_protection` holds around each deletion.
+    /// Deletes least-recently-used files down to the low watermark. Each deletion runs under
+    /// the protection lock and the index lock.
     pub(crate) fn sweep(
         &self,
         ns: &Namespace,
         root: &Path,
-        with_protection: &dyn Fn(&mut dyn FnMut(&dyn Fn(&BlockKey) -> bool)),
+        protection: &kv_tier_core::ProtectionSet,
     ) -> SweepReport {
         let started = Instant::now();
         let now = self.now_ns();
@@ -492,7 +492,7 @@ impl Gc {
             self.hook(SweepPoint::BeforeDelete(*key));
             let path = ns.block_path(root, key);
             let mut outcome = None;
-            with_protection(&mut |is_protected| {
+            protection.with_lock(|is_protected| {
                 let mut idx = self.lock();
                 let Some(e) = idx.map.get(key).copied() else {
                     return;

@@ -485,8 +485,7 @@ impl Files {
     /// One sweep (when over the cap); emits `BlockRemoved` for what it deleted.
     fn sweep(&self) -> usize {
         let Some(gc) = &self.gc else { return 0 };
-        let protection = &self.protection;
-        let report = gc.sweep(&self.ns, &self.root, &|f| protection.with_lock(|p| f(p)));
+        let report = gc.sweep(&self.ns, &self.root, &self.protection);
         let n = report.deleted.len();
         self.event(report.deleted, true);
         n
