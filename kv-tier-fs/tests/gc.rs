@@ -1,0 +1,492 @@
+//! Bounded capacity: mtime-LRU sweeps, stamps, grace, protection, restarts, rescans, and the
+//! races of the reference design, driven deterministically through the sweep hook.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime};
+
+use common::{BS, cfg, load, ns, store};
+use kv_tier_core::{BlockKey, SecondaryTier};
+use kv_tier_fs::{FsTier, FsTierConfig, SweepPoint};
+use kv_tier_testkit::{find_files, temp_root, test_key};
+
+fn bounded_cfg(root: &Path, cap_blocks: u64, watermark: f64) -> FsTierConfig {
+    let mut c = cfg(root);
+    c.gc_max_size_gb = Some((cap_blocks * BS as u64) as f64 / (1u64 << 30) as f64);
+    c.gc_low_watermark = Some(watermark);
+    c.gc_grace_s = Some(300.0);
+    c.gc_stamp_interval_s = Some(60.0);
+    c.gc_interval_s = Some(3600.0);
+    c.gc_background = false;
+    c
+}
+
+fn bounded(root: &Path, cap_blocks: u64, watermark: f64) -> FsTier {
+    FsTier::open("fs", bounded_cfg(root, cap_blocks, watermark), ns(), BS).unwrap()
+}
+
+fn keys(range: std::ops::Range<u64>) -> Vec<BlockKey> {
+    range.map(test_key).collect()
+}
+
+/// Sets each key's file mtime to `secs_ago[i]` seconds in the past, then rescans.
+fn age(tier: &FsTier, keys: &[BlockKey], secs_ago: impl Fn(usize) -> u64) {
+    for (i, k) in keys.iter().enumerate() {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(tier.block_path(k))
+            .unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(secs_ago(i)))
+            .unwrap();
+    }
+    tier.gc_rescan_now().unwrap();
+}
+
+fn present(tier: &FsTier, keys: &[BlockKey]) -> Vec<bool> {
+    keys.iter().map(|k| tier.block_path(k).exists()).collect()
+}
+
+fn gc(tier: &FsTier) -> kv_tier_fs::GcStats {
+    tier.stats().gc.unwrap()
+}
+
+/// 15 blocks of ascending age: key 0 is the oldest.
+async fn fifteen_aged(tier: &FsTier) -> Vec<BlockKey> {
+    let ks = keys(0..15);
+    assert!(store(tier, &ks, 0).await.is_success());
+    age(tier, &ks, |i| (15 - i as u64) * 1000);
+    ks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_cap_nothing_is_deleted() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = keys(0..10);
+    assert!(store(&tier, &ks, 0).await.is_success());
+    age(&tier, &ks, |i| 10_000 - i as u64);
+    assert_eq!(tier.gc_sweep_now().unwrap(), 0);
+    assert!(present(&tier, &ks).iter().all(|&p| p));
+    assert_eq!(gc(&tier).bytes, 10 * BS as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_cap_exactly_the_seven_oldest_go() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = fifteen_aged(&tier).await;
+    tier.take_events();
+    assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+    let p = present(&tier, &ks);
+    assert_eq!(p, (0..15).map(|i| i >= 7).collect::<Vec<_>>());
+    let s = gc(&tier);
+    assert_eq!(
+        (s.files, s.bytes, s.swept_files, s.swept_bytes),
+        (8, 8 * BS as u64, 7, 7 * BS as u64)
+    );
+    let ev = tier.take_events();
+    let removed: Vec<BlockKey> = ev
+        .iter()
+        .filter(|e| e.removed)
+        .flat_map(|e| e.keys.clone())
+        .collect();
+    let mut want = ks[..7].to_vec();
+    let mut got = removed.clone();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "BlockRemoved names exactly the swept blocks");
+    assert!(ev.iter().all(|e| e.medium == kv_tier_core::Medium::Storage));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_within_the_grace_window_stays() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = keys(0..15);
+    assert!(store(&tier, &ks, 0).await.is_success()); // fresh mtimes
+    assert_eq!(tier.gc_sweep_now().unwrap(), 0);
+    assert!(present(&tier, &ks).iter().all(|&p| p));
+    let s = gc(&tier);
+    assert_eq!(s.skipped_in_grace, 15);
+    assert!(s.bytes > s.cap_bytes, "knowingly left over the cap");
+    // once the grace window has passed they are fair game
+    tier.advance_gc_clock(Duration::from_secs(301)).unwrap();
+    assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protected_blocks_stay_and_go_first_once_released() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = fifteen_aged(&tier).await;
+    let guard = tier.protect(&ks[..3]);
+    assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+    assert_eq!(
+        present(&tier, &ks),
+        (0..15).map(|i| i < 3 || i >= 10).collect::<Vec<_>>()
+    );
+    assert_eq!(gc(&tier).skipped_in_flight, 3);
+    drop(guard);
+    let fresh = keys(100..105);
+    assert!(store(&tier, &fresh, 0).await.is_success());
+    assert_eq!(gc(&tier).files, 13);
+    assert_eq!(tier.gc_sweep_now().unwrap(), 5);
+    // the three old ones went first, then the two oldest of the rest
+    assert_eq!(present(&tier, &ks[..3]), vec![false; 3]);
+    assert_eq!(
+        present(&tier, &ks[10..15]),
+        vec![false, false, true, true, true]
+    );
+    assert!(present(&tier, &fresh).iter().all(|&p| p));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protect_twice_release_once_still_protects() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = fifteen_aged(&tier).await;
+    let g1 = tier.protect(&ks[..1]);
+    let g2 = tier.protect(&ks[..1]);
+    drop(g1);
+    tier.gc_sweep_now().unwrap();
+    assert!(tier.block_path(&ks[0]).exists());
+    drop(g2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn touch_stamps_the_mtime_off_thread_and_is_rate_limited() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let k = test_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    age(&tier, &[k], |_| 5000);
+    let mtime = |t: &FsTier| {
+        std::fs::metadata(t.block_path(&k))
+            .unwrap()
+            .modified()
+            .unwrap()
+    };
+    let old = mtime(&tier);
+    tier.touch(&[k]);
+    assert_eq!(mtime(&tier), old, "touch did I/O on the caller's thread");
+    assert_eq!(gc(&tier).pending_stamps, 1);
+    tier.gc_apply_stamps_now().unwrap();
+    let stamped = mtime(&tier);
+    assert!(
+        SystemTime::now()
+            .duration_since(stamped)
+            .unwrap_or_default()
+            < Duration::from_secs(60)
+    );
+    assert_eq!(gc(&tier).stamps, 1);
+    // within the stamp interval: no second stamp
+    tier.touch(&[k]);
+    tier.touch(&[k]);
+    tier.gc_apply_stamps_now().unwrap();
+    assert_eq!(gc(&tier).stamps, 1);
+    // after it: stamped again
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    tier.touch(&[k]);
+    tier.gc_apply_stamps_now().unwrap();
+    assert_eq!(gc(&tier).stamps, 2);
+    assert!(mtime(&tier) > stamped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn touching_missing_keys_is_harmless_and_tracking_is_bounded() {
+    let root = temp_root();
+    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    c.gc_max_tracked = Some(2);
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    tier.touch(&keys(500..600));
+    tier.gc_apply_stamps_now().unwrap();
+    let s = gc(&tier);
+    assert_eq!((s.stamps, s.stamp_errors, s.pending_stamps), (0, 0, 0));
+    let ks = keys(0..5);
+    assert!(store(&tier, &ks, 0).await.is_success());
+    age(&tier, &ks, |_| 5000);
+    tier.touch(&ks);
+    let s = gc(&tier);
+    assert_eq!((s.pending_stamps, s.stamps_dropped), (2, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_bin_files_are_swept() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = fifteen_aged(&tier).await;
+    let leaf = tier.block_path(&ks[0]).parent().unwrap().to_path_buf();
+    let tmp = leaf.join("zzz.bin_0011223344556677.tmp");
+    let other = leaf.join("notes.txt");
+    std::fs::write(&tmp, b"partial").unwrap();
+    std::fs::write(&other, b"x").unwrap();
+    let config = ns().config_path(root.path());
+    for p in [&tmp, &other, &config] {
+        let f = std::fs::File::options().write(true).open(p).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(99_999))
+            .unwrap();
+    }
+    tier.gc_rescan_now().unwrap();
+    assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+    assert!(tmp.exists() && other.exists() && config.exists());
+}
+
+/// The reference's race: a key protected by a store in flight is decided under the same lock
+/// as its unlink. Held at `Selected`, the sweep then meets the protection and keeps the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_in_flight_during_a_sweep_keeps_its_file() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 10, 0.8));
+    let ks = fifteen_aged(&tier).await;
+    let (at_tx, at_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    tier.set_sweep_hook(Some(Arc::new(move |p| {
+        if p == SweepPoint::Selected {
+            at_tx.send(()).unwrap();
+            go_rx.lock().unwrap().recv().unwrap();
+        }
+    })))
+    .unwrap();
+    let t = tier.clone();
+    let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
+    at_rx.recv().unwrap(); // the sweep chose its victims: keys 0..7
+    // A store job for key 0 starts: it protects the key, finds the file and keeps it.
+    let guard = tier.protect(&ks[..1]);
+    go_tx.send(()).unwrap();
+    let deleted = sweep.join().unwrap();
+    assert!(
+        tier.block_path(&ks[0]).exists(),
+        "the sweep deleted a key a store had protected"
+    );
+    assert_eq!(deleted, 7, "it went on to the next oldest instead");
+    assert!(!tier.block_path(&ks[7]).exists());
+    drop(guard);
+}
+
+/// A key touched after the sweep chose its victims is not deleted on its stale mtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_touch_after_the_sweep_began_keeps_the_key() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 10, 0.8));
+    let ks = fifteen_aged(&tier).await;
+    let (at_tx, at_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let victim = ks[2];
+    tier.set_sweep_hook(Some(Arc::new(move |p| {
+        if p == SweepPoint::BeforeDelete(victim) {
+            at_tx.send(()).unwrap();
+            go_rx.lock().unwrap().recv().unwrap();
+        }
+    })))
+    .unwrap();
+    let t = tier.clone();
+    let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
+    at_rx.recv().unwrap(); // keys 0 and 1 are gone; key 2 is next
+    tier.touch(&[victim]);
+    go_tx.send(()).unwrap();
+    assert_eq!(sweep.join().unwrap(), 7);
+    assert!(
+        tier.block_path(&victim).exists(),
+        "deleted on a stale mtime"
+    );
+    assert_eq!(gc(&tier).skipped_recent, 1);
+    assert_eq!(present(&tier, &ks[..2]), vec![false, false]);
+}
+
+/// The other order: the sweep deletes first, then a store finds no file and writes it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_after_the_delete_rewrites_the_file() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = fifteen_aged(&tier).await;
+    tier.gc_sweep_now().unwrap();
+    assert!(!tier.block_path(&ks[0]).exists());
+    assert!(store(&tier, &ks[..1], 0).await.is_success());
+    assert!(load(&tier, &ks[..1]).await.0.is_success());
+    assert_eq!(gc(&tier).files, 9);
+}
+
+/// Real concurrency: writers store and re-store keys while sweeps run; every key whose store
+/// returned success keeps its file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_stores_and_sweeps_never_lose_a_stored_block() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 40, 0.5));
+    let old = keys(0..60);
+    assert!(store(&*tier, &old, 0).await.is_success());
+    age(&tier, &old, |i| 10_000 + i as u64);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let t = tier.clone();
+    let s2 = stop.clone();
+    let sweeper = std::thread::spawn(move || {
+        let mut n = 0;
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            n += t.gc_sweep_now().unwrap();
+            t.gc_apply_stamps_now().unwrap();
+        }
+        n
+    });
+    let mut stored = Vec::new();
+    for round in 0..20u64 {
+        // re-store a few old keys (they may be mid-sweep) and add new ones
+        let mut batch: Vec<BlockKey> = old
+            .iter()
+            .skip((round * 3) as usize % 60)
+            .take(3)
+            .copied()
+            .collect();
+        batch.extend(keys(1000 + round * 4..1000 + round * 4 + 4));
+        let res = store(&*tier, &batch, 0).await;
+        assert!(res.is_success());
+        stored.extend(res.ok);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let swept = sweeper.join().unwrap();
+    assert!(swept > 0, "no sweep deleted anything");
+    let lost: Vec<_> = stored
+        .iter()
+        .filter(|k| !tier.block_path(k).exists())
+        .collect();
+    assert!(lost.is_empty(), "stored blocks lost to a sweep: {lost:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_recovers_size_and_recency_from_disk() {
+    let root = temp_root();
+    let ks = {
+        let tier = bounded(root.path(), 10, 0.8);
+        fifteen_aged(&tier).await
+    };
+    // a file written by another process (vLLM) is adopted too, with its mtime
+    let foreign = test_key(77);
+    let p = ns().block_path(root.path(), &foreign);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, vec![0u8; BS]).unwrap();
+    let f = std::fs::File::options().write(true).open(&p).unwrap();
+    f.set_modified(SystemTime::now() - Duration::from_secs(99_999))
+        .unwrap();
+    drop(f);
+    let tier = bounded(root.path(), 10, 0.8);
+    let s = gc(&tier);
+    assert_eq!((s.files, s.bytes), (16, 16 * BS as u64));
+    assert_eq!(tier.gc_sweep_now().unwrap(), 8);
+    assert!(!p.exists(), "the oldest (foreign) file goes first");
+    assert_eq!(
+        present(&tier, &ks),
+        (0..15).map(|i| i >= 7).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_rm_is_absorbed_by_the_rescan() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = keys(0..5);
+    assert!(store(&tier, &ks, 0).await.is_success());
+    tier.take_events();
+    std::fs::remove_file(tier.block_path(&ks[1])).unwrap();
+    std::fs::remove_file(tier.block_path(&ks[3])).unwrap();
+    assert_eq!(
+        gc(&tier).files,
+        5,
+        "the index does not walk the tree by itself"
+    );
+    tier.gc_rescan_now().unwrap();
+    let s = gc(&tier);
+    assert_eq!((s.files, s.bytes, s.rescans), (3, 3 * BS as u64, 1));
+    let removed: Vec<BlockKey> = tier
+        .take_events()
+        .into_iter()
+        .filter(|e| e.removed)
+        .flat_map(|e| e.keys)
+        .collect();
+    assert_eq!(removed.len(), 2);
+    assert!(removed.contains(&ks[1]) && removed.contains(&ks[3]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_load_emits_block_removed_and_leaves_the_index() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let k = test_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    tier.take_events();
+    std::fs::File::options()
+        .write(true)
+        .open(tier.block_path(&k))
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    let (res, _) = load(&tier, &[k]).await;
+    assert_eq!(res.failed.len(), 1);
+    let ev = tier.take_events();
+    assert!(ev.iter().any(|e| e.removed && e.keys == vec![k]));
+    assert_eq!(gc(&tier).files, 0);
+}
+
+fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    // A condition wait, not a timing assertion: generous bound, polled.
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gc_thread_survives_a_panic_and_stops_promptly() {
+    let root = temp_root();
+    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    c.gc_background = true;
+    c.gc_interval_s = Some(0.02);
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    tier.set_sweep_hook(Some(Arc::new(|p| {
+        if p == SweepPoint::Selected {
+            panic!("injected GC panic");
+        }
+    })))
+    .unwrap();
+    let ks = fifteen_aged(&tier).await;
+    wait_for("a GC panic", || gc(&tier).errors >= 1);
+    assert!(gc(&tier).thread_alive, "the GC thread died quietly");
+    tier.set_sweep_hook(None).unwrap();
+    wait_for("the sweep", || gc(&tier).files == 8);
+    assert_eq!(present(&tier, &ks[..7]), vec![false; 7]);
+    tier.shutdown().await.unwrap();
+    assert!(!gc(&tier).thread_alive);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_crosses_the_cap_wakes_the_gc() {
+    let root = temp_root();
+    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    c.gc_background = true; // interval stays at an hour
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let ks = keys(0..10);
+    assert!(store(&tier, &ks, 0).await.is_success());
+    age(&tier, &ks, |i| 5000 - i as u64);
+    assert!(store(&tier, &keys(50..55), 0).await.is_success());
+    // 15 blocks were stored against a cap of 10: sweeps woken by the stores keep it within
+    wait_for("the woken sweep", || {
+        let s = gc(&tier);
+        s.sweeps >= 1 && s.bytes <= s.cap_bytes
+    });
+    assert!(gc(&tier).swept_files >= 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbounded_tier_has_no_gc() {
+    let root = temp_root();
+    let tier = common::open(root.path());
+    assert!(tier.stats().gc.is_none());
+    tier.touch(&keys(0..3));
+    assert!(tier.gc_sweep_now().is_err());
+    assert!(find_files(root.path(), ".bin").is_empty());
+}
