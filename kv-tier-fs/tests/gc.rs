@@ -126,7 +126,7 @@ async fn protected_blocks_stay_and_go_first_once_released() {
     assert_eq!(tier.gc_sweep_now().unwrap(), 7);
     assert_eq!(
         present(&tier, &ks),
-        (0..15).map(|i| i < 3 || i >= 10).collect::<Vec<_>>()
+        (0..15).map(|i| !(3..10).contains(&i)).collect::<Vec<_>>()
     );
     assert_eq!(gc(&tier).skipped_in_flight, 3);
     drop(guard);
