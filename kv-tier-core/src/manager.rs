@@ -56,6 +56,10 @@ struct State {
     lookups: Vec<AsyncLookup>,
     /// Promotions queued this step: one load job per (tier, request) at schedule end.
     promotions: BTreeMap<(usize, RequestId), Vec<(BlockKey, BlockSink)>>,
+    /// Keys whose DRAM slot is reserved by a promotion (queued or in flight). Only the
+    /// promotion completes them: an engine's `complete_store` of the same key must not mark a
+    /// slot readable before (or although) its load ended.
+    promoting: FxHashSet<BlockKey>,
     jobs: FxHashMap<u64, JobInfo>,
     next_job: u64,
     pending_stores: FxHashMap<RequestId, usize>,
@@ -266,6 +270,7 @@ impl TieringManager {
         match self.primary.prepare_store(std::slice::from_ref(key)) {
             Ok(PreparedStore { mut to_store, .. }) => {
                 if let Some(block) = to_store.pop() {
+                    st.promoting.insert(block.0);
                     st.promotions.entry((i, req)).or_default().push(block);
                     st.stats.tiers[i].hits += 1;
                 }
@@ -308,6 +313,17 @@ impl TieringManager {
     /// job ends; a failed store frees the slots and cascades nothing.
     pub fn complete_store(&self, req: RequestId, keys: &[BlockKey], success: bool) {
         let mut st = self.begin();
+        let own: Vec<BlockKey>;
+        let keys = if keys.iter().any(|k| st.promoting.contains(k)) {
+            own = keys
+                .iter()
+                .filter(|k| !st.promoting.contains(k))
+                .copied()
+                .collect();
+            &own[..]
+        } else {
+            keys
+        };
         let stored = self.primary.complete_store(keys, success);
         if !success || stored.is_empty() || self.tiers.is_empty() {
             return;
@@ -411,9 +427,9 @@ impl TieringManager {
             for (k, e) in result.failed.iter().take(3) {
                 tracing::warn!(tier = %self.names[info.tier], key = %k, error = %e, kind = ?info.kind, "block transfer failed");
             }
-            let ts = &mut st.stats.tiers[info.tier];
             match info.kind {
                 JobKind::Store => {
+                    let ts = &mut st.stats.tiers[info.tier];
                     ts.store_jobs += 1;
                     ts.blocks_stored += ok_keys.len() as u64;
                     ts.bytes_stored += per_block * ok_keys.len() as u64;
@@ -434,6 +450,10 @@ impl TieringManager {
                     }
                 }
                 JobKind::Load => {
+                    for k in &info.keys {
+                        st.promoting.remove(k);
+                    }
+                    let ts = &mut st.stats.tiers[info.tier];
                     ts.load_jobs += 1;
                     ts.blocks_loaded += ok_keys.len() as u64;
                     ts.bytes_loaded += per_block * ok_keys.len() as u64;
@@ -571,6 +591,9 @@ impl TieringManager {
         for ((_, _), blocks) in std::mem::take(&mut st.promotions) {
             let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
             drop(blocks);
+            for k in &keys {
+                st.promoting.remove(k);
+            }
             self.primary.complete_store(&keys, false);
         }
     }
@@ -774,6 +797,7 @@ impl TieringManagerBuilder {
                 in_step: false,
                 lookups,
                 promotions: BTreeMap::new(),
+                promoting: FxHashSet::default(),
                 jobs: FxHashMap::default(),
                 next_job: 0,
                 pending_stores: FxHashMap::default(),

@@ -621,3 +621,42 @@ async fn a_promotion_does_not_evict_hits_of_the_same_prefix_lookup() {
     );
     assert_eq!(fx.cpu.lookup(&other), LookupResult::Miss);
 }
+
+/// A promotion whose load failed, with its result not applied yet, while the engine completes
+/// a store of the same key: the slot must not become a readable block of garbage. (Found by
+/// serve_sim's byte-for-byte oracle.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_store_never_completes_a_slot_reserved_by_a_promotion() {
+    let inner = mem("fs");
+    let k = test_key(1);
+    seed(&*inner, &[k]).await;
+    let t = faulty(&inner);
+    t.fail_load(&[k]);
+    let fx = manager(4, vec![t.clone()]).await;
+    let req = RequestContext::new(1);
+    step(&fx.m, &[k], &req);
+    fx.m.wait_idle().await;
+    let held = t.hold_load_results();
+    assert_eq!(step(&fx.m, &[k], &req), vec![LookupResult::HitPending]);
+    held.wait_arrived(1).await; // the load failed and released its slot; no result yet
+    // same step, the engine recomputed the block and stores it
+    let other = RequestContext::new(2);
+    let p = fx.m.prepare_store(&[k]).unwrap();
+    assert!(
+        p.to_store.is_empty(),
+        "the slot is reserved by the promotion"
+    );
+    drop(p);
+    fx.m.complete_store(other.id, &[k], true);
+    assert_ne!(
+        fx.cpu.lookup(&k),
+        LookupResult::Hit,
+        "a slot nobody wrote became readable"
+    );
+    held.open();
+    fx.m.wait_idle().await;
+    assert_eq!(fx.cpu.lookup(&k), LookupResult::Miss);
+    // and the engine can store it for real now
+    store(&fx.m, other.id, &[k]);
+    assert_dram_bytes(&fx.cpu, &[k]);
+}

@@ -107,6 +107,7 @@ pub(crate) struct GcCounters {
     pub(crate) last_decision_us: AtomicU64,
     pub(crate) last_sweep_us: AtomicU64,
     pub(crate) adopt_ms: AtomicU64,
+    pub(crate) sweeps_over_cap: AtomicU64,
 }
 
 #[derive(Default)]
@@ -565,6 +566,7 @@ impl Gc {
             .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         let total = self.total_bytes();
         if total > self.cfg.cap_bytes {
+            c.sweeps_over_cap.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
                 total,
                 cap = self.cfg.cap_bytes,

@@ -123,6 +123,9 @@ pub struct GcStats {
     pub last_sweep_us: u64,
     /// How long the startup adopt walk took, in milliseconds.
     pub adopt_ms: u64,
+    /// Sweeps that ended still over the cap (everything left was protected or within the
+    /// grace window; each is logged).
+    pub sweeps_over_cap: u64,
 }
 
 #[derive(Default)]
@@ -708,6 +711,7 @@ impl FsTier {
                     last_decision_us: g(&c.last_decision_us),
                     last_sweep_us: g(&c.last_sweep_us),
                     adopt_ms: g(&c.adopt_ms),
+                    sweeps_over_cap: g(&c.sweeps_over_cap),
                 }
             }),
         }

@@ -27,6 +27,7 @@ struct Plan {
     lookup_gate: Option<Gate>,
     store_gate: Option<Gate>,
     load_gate: Option<Gate>,
+    load_result_gate: Option<Gate>,
 }
 
 /// A wrapper tier that injects faults. All knobs can change while jobs run.
@@ -143,6 +144,14 @@ impl FaultyTier {
         g
     }
 
+    /// Load jobs run (and release their buffers), then wait at the returned gate before
+    /// reporting: a finished transfer whose result has not arrived yet.
+    pub fn hold_load_results(&self) -> Gate {
+        let g = Gate::new();
+        self.plan().load_result_gate = Some(g.clone());
+        g
+    }
+
     /// Removes every planned fault and opens every gate.
     pub fn heal(&self) {
         let mut p = self.plan();
@@ -230,6 +239,38 @@ impl SecondaryTier for FaultyTier {
     }
 
     async fn load(&self, job: LoadJob) -> JobResult {
+        let res = self.load_inner(job).await;
+        let gate = self.plan().load_result_gate.clone();
+        if let Some(g) = gate {
+            g.pass().await;
+        }
+        res
+    }
+
+    fn touch(&self, keys: &[BlockKey]) {
+        self.inner.touch(keys)
+    }
+
+    fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
+        self.inner.protect(keys)
+    }
+
+    fn is_protected(&self, key: &BlockKey) -> bool {
+        self.inner.is_protected(key)
+    }
+
+    fn take_events(&self) -> Vec<TierEvent> {
+        self.inner.take_events()
+    }
+
+    async fn shutdown(&self) -> Result<()> {
+        self.heal();
+        self.inner.shutdown().await
+    }
+}
+
+impl FaultyTier {
+    async fn load_inner(&self, job: LoadJob) -> JobResult {
         let gate = self.plan().load_gate.clone();
         self.pause(gate).await;
         if self.plan().panic_on_load {
@@ -290,26 +331,5 @@ impl SecondaryTier for FaultyTier {
             res.ok.push(key);
         }
         res
-    }
-
-    fn touch(&self, keys: &[BlockKey]) {
-        self.inner.touch(keys)
-    }
-
-    fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
-        self.inner.protect(keys)
-    }
-
-    fn is_protected(&self, key: &BlockKey) -> bool {
-        self.inner.is_protected(key)
-    }
-
-    fn take_events(&self) -> Vec<TierEvent> {
-        self.inner.take_events()
-    }
-
-    async fn shutdown(&self) -> Result<()> {
-        self.heal();
-        self.inner.shutdown().await
     }
 }

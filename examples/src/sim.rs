@@ -1,0 +1,695 @@
+//! The serving-workload simulator: plays an inference engine's scheduler driving
+//! `TieringManager` over real tiers, with every loaded block verified byte for byte.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kv_tier_core::{
+    BlockKey, BuildContext, KvTierConfig, Namespace, RequestContext, RunFields, SecondaryTier,
+    TierRegistry, TierSpec, TieringManager,
+};
+use kv_tier_fs::{FsTier, FsTierConfig};
+use kv_tier_testkit::{Turn, Workload, WorkloadConfig, fill_block, verify_block};
+use serde::Serialize;
+
+/// Everything the simulator can be told.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Concurrent conversations.
+    pub streams: usize,
+    /// Turns per conversation.
+    pub turns: usize,
+    /// Shared prefixes in the pool (default 4 x streams).
+    pub prefixes: usize,
+    /// Tokens of a shared prefix.
+    pub prefix_tokens: usize,
+    /// New prompt tokens per turn.
+    pub prompt_tokens: usize,
+    /// Output tokens per turn.
+    pub output_tokens: usize,
+    /// Tokens per block (and per prefix hash).
+    pub tokens_per_block: usize,
+    /// Model shape: layers.
+    pub layers: usize,
+    /// Model shape: KV heads.
+    pub kv_heads: usize,
+    /// Model shape: head dimension.
+    pub head_dim: usize,
+    /// Model shape: bytes per element.
+    pub dtype_bytes: usize,
+    /// Simulated GPU prefix cache, in blocks.
+    pub gpu_cache_blocks: usize,
+    /// Requests the scheduler runs at once.
+    pub max_batch: usize,
+    /// Simulated prefill speed of missed tokens.
+    pub prefill_tokens_per_s: f64,
+    /// Stop admitting new turns after this long.
+    pub duration: Duration,
+    /// Workload seed.
+    pub seed: u64,
+    /// DRAM for the primary tier, in bytes.
+    pub dram_bytes: u64,
+    /// The fs tier's root (default: a fresh temp dir, removed at the end).
+    pub root_dir: Option<PathBuf>,
+    /// The fs tier's cap in GiB (`None`: unbounded).
+    pub fs_cap_gb: Option<f64>,
+    /// A tier config JSON (vLLM-shaped) replacing the built-in one.
+    pub config_json: Option<String>,
+    /// Wait for every job at the end of each step: same seed, same hit counts.
+    pub sync_steps: bool,
+    /// Print a live progress line.
+    pub progress: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            streams: 64,
+            turns: 5,
+            prefixes: 256,
+            prefix_tokens: 10_000,
+            prompt_tokens: 4096,
+            output_tokens: 512,
+            tokens_per_block: 16,
+            layers: 2,
+            kv_heads: 2,
+            head_dim: 64,
+            dtype_bytes: 2,
+            gpu_cache_blocks: 4096,
+            max_batch: 8,
+            prefill_tokens_per_s: 200_000.0,
+            duration: Duration::from_secs(70),
+            seed: 1,
+            dram_bytes: 512 << 20,
+            root_dir: None,
+            fs_cap_gb: Some(1.5),
+            config_json: None,
+            sync_steps: false,
+            progress: true,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Bytes of one block: layers x KV heads x head dim x dtype x 2 (K and V) x tokens.
+    pub fn block_bytes(&self) -> usize {
+        self.layers * self.kv_heads * self.head_dim * self.dtype_bytes * 2 * self.tokens_per_block
+    }
+
+    fn tier_config(&self, root: &std::path::Path) -> Result<KvTierConfig, kv_tier_core::Error> {
+        if let Some(text) = &self.config_json {
+            return KvTierConfig::from_json_str(text);
+        }
+        let mut fs = serde_json::json!({
+            "type": "fs",
+            "root_dir": root,
+            "n_read_threads": 8,
+            "n_write_threads": 8,
+            "checksum": "crc32c",
+        });
+        if let Some(cap) = self.fs_cap_gb {
+            // Seconds-scale GC for a run that lasts a minute.
+            let o = fs.as_object_mut().expect("object");
+            o.insert("gc_max_size_gb".into(), cap.into());
+            o.insert("gc_interval_s".into(), 1.0.into());
+            o.insert("gc_stamp_interval_s".into(), 1.0.into());
+            o.insert("gc_grace_s".into(), 2.0.into());
+        }
+        let v = serde_json::json!({
+            "cpu_bytes_to_use": self.dram_bytes,
+            "block_size_bytes": self.block_bytes(),
+            "eviction_policy": "lru",
+            "secondary_tiers": [fs],
+        });
+        KvTierConfig::from_value(v)
+    }
+}
+
+/// Per-tier figures of the report.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TierReport {
+    /// Tier name.
+    pub name: String,
+    /// Lookups that found the block in this tier (promotions queued).
+    pub hits: u64,
+    /// Blocks loaded (promoted into DRAM).
+    pub blocks_loaded: u64,
+    /// Bytes read from the tier.
+    pub bytes_read: u64,
+    /// Bytes written to the tier.
+    pub bytes_written: u64,
+    /// Blocks written.
+    pub blocks_stored: u64,
+    /// Read throughput over the run, GB/s.
+    pub read_gb_per_s: f64,
+    /// Write throughput over the run, GB/s.
+    pub write_gb_per_s: f64,
+    /// Load job latency p50, ms.
+    pub load_p50_ms: f64,
+    /// Load job latency p99, ms.
+    pub load_p99_ms: f64,
+    /// Failed block loads (misses for their request).
+    pub load_failures: u64,
+    /// Failed block stores.
+    pub store_failures: u64,
+}
+
+/// GC figures of the fs tier.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct GcReport {
+    /// The cap, bytes.
+    pub cap_bytes: u64,
+    /// Bytes at the end.
+    pub bytes: u64,
+    /// Sweeps that ended over the cap (the rest was in flight or within the grace window).
+    pub sweeps_over_cap: u64,
+    /// Sweeps run.
+    pub sweeps: u64,
+    /// Files swept.
+    pub swept_files: u64,
+    /// Files kept because jobs had them protected.
+    pub skipped_in_flight: u64,
+    /// Files kept because they were used within the grace window.
+    pub skipped_in_grace: u64,
+    /// Stamps applied.
+    pub stamps: u64,
+}
+
+/// The report: printed at the end and written by `--json`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    /// Seconds of wall time.
+    pub seconds: f64,
+    /// Requests (turns) completed.
+    pub requests: u64,
+    /// Requests in the workload.
+    pub requests_planned: u64,
+    /// Scheduler steps.
+    pub steps: u64,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// Prompt tokens in all (in whole blocks).
+    pub prompt_tokens: u64,
+    /// Tokens found in the simulated GPU prefix cache.
+    pub tokens_from_gpu_cache: u64,
+    /// Tokens served from DRAM (readable there when the request arrived).
+    pub tokens_from_dram: u64,
+    /// Tokens promoted from a secondary tier for the request that used them.
+    pub tokens_from_secondary: u64,
+    /// Tokens recomputed.
+    pub tokens_recomputed: u64,
+    /// `lookup` calls.
+    pub lookups: u64,
+    /// Lookups answered Hit.
+    pub lookup_hits: u64,
+    /// Lookups answered HitPending.
+    pub lookup_hits_pending: u64,
+    /// Lookups answered Retry.
+    pub lookup_retries: u64,
+    /// Lookups answered Miss.
+    pub lookup_misses: u64,
+    /// Blocks read from kv-tier and verified byte for byte.
+    pub blocks_verified: u64,
+    /// Blocks whose bytes were wrong (must be 0).
+    pub blocks_corrupt: u64,
+    /// Fraction of prompt tokens not recomputed.
+    pub hit_rate: f64,
+    /// DRAM evictions.
+    pub dram_evictions: u64,
+    /// `prepare_store` calls refused (DRAM full of pinned blocks).
+    pub stores_refused: u64,
+    /// Per secondary tier.
+    pub tiers: Vec<TierReport>,
+    /// The fs tier's GC, when bounded.
+    pub gc: Option<GcReport>,
+    /// Events emitted (stored + removed).
+    pub events: u64,
+    /// Removal events.
+    pub removal_events: u64,
+    /// Prefill time the tiers saved at the configured rate, seconds.
+    pub prefill_seconds_saved: f64,
+}
+
+/// A simulated GPU prefix cache: LRU over block keys.
+struct GpuCache {
+    cap: usize,
+    order: VecDeque<(BlockKey, u64)>,
+    seq: HashMap<BlockKey, u64>,
+    next: u64,
+}
+
+impl GpuCache {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            order: VecDeque::new(),
+            seq: HashMap::new(),
+            next: 0,
+        }
+    }
+    fn contains(&self, k: &BlockKey) -> bool {
+        self.seq.contains_key(k)
+    }
+    fn insert(&mut self, k: BlockKey) {
+        self.next += 1;
+        self.seq.insert(k, self.next);
+        self.order.push_back((k, self.next));
+        while self.seq.len() > self.cap {
+            let Some((old, s)) = self.order.pop_front() else {
+                break;
+            };
+            if self.seq.get(&old) == Some(&s) {
+                self.seq.remove(&old);
+            }
+        }
+        if self.order.len() > 4 * self.cap + 64 {
+            let seq = &self.seq;
+            self.order.retain(|(k, s)| seq.get(k) == Some(s));
+        }
+    }
+}
+
+enum Phase {
+    Lookup { waited: u32 },
+    Finish,
+}
+
+struct Active {
+    turn: Turn,
+    ctx: RequestContext,
+    phase: Phase,
+    /// Keys that were readable in DRAM when the request was first looked at: hits on them
+    /// count as DRAM hits, the other hits came up from a secondary tier.
+    in_dram: Option<std::collections::HashSet<BlockKey>>,
+}
+
+/// Runs the simulation and returns its report. Fails on a bad config, an I/O error, or a
+/// block that came back with wrong bytes.
+pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
+    if cfg.streams == 0 || cfg.turns == 0 || cfg.tokens_per_block == 0 {
+        return Err("--streams, --turns and --tokens-per-block must be positive".into());
+    }
+    let tmp;
+    let root = match &cfg.root_dir {
+        Some(r) => r.clone(),
+        None => {
+            tmp = tempfile::Builder::new().prefix("kv-tier-sim-").tempdir()?;
+            tmp.path().to_path_buf()
+        }
+    };
+    let tier_cfg = cfg.tier_config(&root)?;
+    let block = tier_cfg.block_size_bytes as usize;
+    if block != cfg.block_bytes() {
+        return Err(format!(
+            "the config's block_size_bytes ({block}) differs from the model shape's block size ({})",
+            cfg.block_bytes()
+        )
+        .into());
+    }
+    let ns = Namespace::new(
+        RunFields::new(
+            "kv-tier/serve-sim",
+            "torch.bfloat16",
+            cfg.tokens_per_block as u64,
+        ),
+        0,
+    )?;
+    // The fs builder keeps a handle on the tiers it builds, for the GC figures.
+    let fs_tiers: Arc<Mutex<Vec<Arc<FsTier>>>> = Arc::default();
+    let mut registry = TierRegistry::new();
+    let slot = fs_tiers.clone();
+    registry.register(
+        "fs",
+        move |spec: &TierSpec,
+              ctx: &BuildContext|
+              -> kv_tier_core::Result<Arc<dyn SecondaryTier>> {
+            let cfg = FsTierConfig::from_spec(spec)?;
+            let tier = Arc::new(FsTier::open(
+                ctx.name.clone(),
+                cfg,
+                ctx.require_namespace()?.clone(),
+                ctx.block_size,
+            )?);
+            slot.lock().expect("fs tiers").push(tier.clone());
+            Ok(tier)
+        },
+    );
+    kv_tier_testkit::MemoryTier::register(&mut registry);
+    let manager = kv_tier_cpu::manager_builder(tier_cfg)?
+        .registry(registry)
+        .namespace(ns)
+        .build_blocking()?;
+    let rt = manager.runtime().clone();
+    let fs = fs_tiers.lock().expect("fs tiers").first().cloned();
+    let fs_gc = || fs.as_ref().and_then(|t| t.stats().gc);
+
+    let bpb = cfg.tokens_per_block;
+    let mut workload = Workload::new(WorkloadConfig {
+        seed: cfg.seed,
+        streams: cfg.streams,
+        turns: cfg.turns,
+        prefix_pool: cfg.prefixes.max(1),
+        prefix_blocks: cfg.prefix_tokens / bpb,
+        prompt_blocks: cfg.prompt_tokens / bpb,
+        output_blocks: cfg.output_tokens / bpb,
+        group: 0,
+    });
+    let planned = workload.total_turns() as u64;
+    let mut gpu = GpuCache::new(cfg.gpu_cache_blocks);
+    let mut active: Vec<Active> = Vec::new();
+    let mut r = Report {
+        seconds: 0.0,
+        requests: 0,
+        requests_planned: planned,
+        steps: 0,
+        block_bytes: block as u64,
+        prompt_tokens: 0,
+        tokens_from_gpu_cache: 0,
+        tokens_from_dram: 0,
+        tokens_from_secondary: 0,
+        tokens_recomputed: 0,
+        lookups: 0,
+        lookup_hits: 0,
+        lookup_hits_pending: 0,
+        lookup_retries: 0,
+        lookup_misses: 0,
+        blocks_verified: 0,
+        blocks_corrupt: 0,
+        hit_rate: 0.0,
+        dram_evictions: 0,
+        stores_refused: 0,
+        tiers: Vec::new(),
+        gc: None,
+        events: 0,
+        removal_events: 0,
+        prefill_seconds_saved: 0.0,
+    };
+    let started = Instant::now();
+    let mut last_progress = Instant::now() - Duration::from_secs(1);
+    let mut exhausted = false;
+    let mut events = (0u64, 0u64);
+    let mut corrupt_keys: Vec<BlockKey> = Vec::new();
+    while !(active.is_empty() && exhausted) {
+        r.steps += 1;
+        // admit new turns
+        while active.len() < cfg.max_batch && !exhausted {
+            if started.elapsed() >= cfg.duration {
+                exhausted = true;
+                break;
+            }
+            match workload.next() {
+                Some(turn) => active.push(Active {
+                    ctx: RequestContext::new(turn.request),
+                    turn,
+                    phase: Phase::Lookup { waited: 0 },
+                    in_dram: None,
+                }),
+                None => exhausted = true,
+            }
+        }
+        let mut computed_this_step = 0u64;
+        let mut i = 0;
+        while i < active.len() {
+            let a = &mut active[i];
+            match a.phase {
+                Phase::Lookup { waited } => {
+                    let keys = &a.turn.keys;
+                    let g = keys.iter().take_while(|k| gpu.contains(k)).count();
+                    if a.in_dram.is_none() {
+                        let p = manager.primary();
+                        a.in_dram = Some(
+                            keys[g..]
+                                .iter()
+                                .filter(|k| p.lookup(k) == kv_tier_core::LookupResult::Hit)
+                                .copied()
+                                .collect(),
+                        );
+                    }
+                    let c = manager.lookup_prefix(&keys[g..], &a.ctx);
+                    let settled = !c.retry && c.present == c.hit;
+                    if !settled && waited < 200 {
+                        a.phase = Phase::Lookup { waited: waited + 1 };
+                        i += 1;
+                        continue;
+                    }
+                    let h = c.hit;
+                    // the engine copies the hit blocks DRAM -> GPU: verify every byte
+                    let views = manager.prepare_load(&keys[g..g + h])?;
+                    for (k, v) in keys[g..g + h].iter().zip(&views) {
+                        if verify_block(k, 0, v.as_slice()) {
+                            r.blocks_verified += 1;
+                        } else {
+                            r.blocks_corrupt += 1;
+                            corrupt_keys.push(*k);
+                        }
+                    }
+                    drop(views);
+                    manager.touch(&keys[..g + h]);
+                    for k in &keys[..g + h] {
+                        gpu.insert(*k);
+                    }
+                    let total = keys.len() as u64 * bpb as u64;
+                    r.prompt_tokens += total;
+                    r.tokens_from_gpu_cache += (g * bpb) as u64;
+                    let served = (h * bpb) as u64;
+                    let dram = a.in_dram.as_ref().expect("set above");
+                    let from_dram = keys[g..g + h].iter().filter(|k| dram.contains(k)).count();
+                    r.tokens_from_dram += (from_dram * bpb) as u64;
+                    r.tokens_from_secondary += ((h - from_dram) * bpb) as u64;
+                    let recomputed = total - (g * bpb) as u64 - served;
+                    r.tokens_recomputed += recomputed;
+                    computed_this_step += recomputed + (a.turn.output.len() * bpb) as u64;
+                    // prefill computes the rest; offload it with the output
+                    let mut new: Vec<BlockKey> = keys[g + h..].to_vec();
+                    new.extend(&a.turn.output);
+                    for chunk in new.chunks(64) {
+                        match manager.prepare_store(chunk) {
+                            Ok(mut p) => {
+                                for (k, sink) in &mut p.to_store {
+                                    fill_block(k, 0, sink.as_mut_slice());
+                                }
+                                drop(p);
+                                manager.complete_store(a.ctx.id, chunk, true);
+                            }
+                            // DRAM full of pinned blocks: these are not offloaded (recomputed
+                            // next time), as an engine would do.
+                            Err(_) => r.stores_refused += 1,
+                        }
+                        for k in chunk {
+                            gpu.insert(*k);
+                        }
+                    }
+                    a.phase = Phase::Finish;
+                    i += 1;
+                }
+                Phase::Finish => {
+                    manager.on_request_finished(a.ctx.id);
+                    r.requests += 1;
+                    active.swap_remove(i);
+                }
+            }
+        }
+        manager.on_schedule_end();
+        // the GPU is busy prefilling (and decoding) while the tiers move data
+        if computed_this_step > 0 && cfg.prefill_tokens_per_s > 0.0 {
+            let secs = computed_this_step as f64 / cfg.prefill_tokens_per_s;
+            std::thread::sleep(Duration::from_secs_f64(secs.min(1.0)));
+        }
+        if cfg.sync_steps {
+            rt.block_on(manager.wait_idle());
+        }
+        for e in manager.take_events() {
+            events.0 += 1;
+            if e.removed {
+                events.1 += 1;
+            }
+        }
+        if cfg.progress && last_progress.elapsed() >= Duration::from_millis(250) {
+            last_progress = Instant::now();
+            progress_line(&manager, &r, started.elapsed());
+        }
+        if r.blocks_corrupt > 0 {
+            break;
+        }
+    }
+    rt.block_on(manager.wait_idle());
+    for e in manager.take_events() {
+        events.0 += 1;
+        if e.removed {
+            events.1 += 1;
+        }
+    }
+    if cfg.progress {
+        progress_line(&manager, &r, started.elapsed());
+        eprintln!();
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let s = manager.stats();
+    r.seconds = secs;
+    r.lookups = s.lookups;
+    r.lookup_hits = s.hits;
+    r.lookup_hits_pending = s.hits_pending;
+    r.lookup_retries = s.retries;
+    r.lookup_misses = s.misses;
+    r.dram_evictions = s.primary.evictions;
+    for t in &s.tiers {
+        r.tiers.push(TierReport {
+            name: t.name.clone(),
+            hits: t.hits,
+            blocks_loaded: t.blocks_loaded,
+            bytes_read: t.bytes_loaded,
+            bytes_written: t.bytes_stored,
+            blocks_stored: t.blocks_stored,
+            read_gb_per_s: t.bytes_loaded as f64 / secs / 1e9,
+            write_gb_per_s: t.bytes_stored as f64 / secs / 1e9,
+            load_p50_ms: t.load_latency.quantile(0.5).as_secs_f64() * 1e3,
+            load_p99_ms: t.load_latency.quantile(0.99).as_secs_f64() * 1e3,
+            load_failures: t.load_failures,
+            store_failures: t.store_failures,
+        });
+    }
+    if let Some(g) = fs_gc() {
+        r.gc = Some(GcReport {
+            cap_bytes: g.cap_bytes,
+            bytes: g.bytes,
+            sweeps_over_cap: g.sweeps_over_cap,
+            sweeps: g.sweeps,
+            swept_files: g.swept_files,
+            skipped_in_flight: g.skipped_in_flight,
+            skipped_in_grace: g.skipped_in_grace,
+            stamps: g.stamps,
+        });
+    }
+    r.events = events.0;
+    r.removal_events = events.1;
+    r.hit_rate = if r.prompt_tokens == 0 {
+        0.0
+    } else {
+        1.0 - r.tokens_recomputed as f64 / r.prompt_tokens as f64
+    };
+    let from_tiers = r.prompt_tokens - r.tokens_recomputed - r.tokens_from_gpu_cache;
+    r.prefill_seconds_saved = if cfg.prefill_tokens_per_s > 0.0 {
+        from_tiers as f64 / cfg.prefill_tokens_per_s
+    } else {
+        0.0
+    };
+    rt.block_on(manager.shutdown())?;
+    if let Some(k) = corrupt_keys.first() {
+        return Err(format!(
+            "correctness oracle: {} block(s) came back with wrong bytes (first: {k})",
+            corrupt_keys.len()
+        )
+        .into());
+    }
+    Ok(r)
+}
+
+fn progress_line(m: &TieringManager, r: &Report, elapsed: Duration) {
+    let s = m.stats();
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let read: u64 = s.tiers.iter().map(|t| t.bytes_loaded).sum();
+    let wrote: u64 = s.tiers.iter().map(|t| t.bytes_stored).sum();
+    let hit = if r.prompt_tokens == 0 {
+        0.0
+    } else {
+        100.0 * (1.0 - r.tokens_recomputed as f64 / r.prompt_tokens as f64)
+    };
+    let done = r.requests as f64 / r.requests_planned.max(1) as f64;
+    let width = 24;
+    let filled = (done * width as f64) as usize;
+    eprint!(
+        "\r[{}{}] {:>4}/{} req {:>5.1}s  hit {:>5.1}%  read {:>5.2} GB/s  write {:>5.2} GB/s  ",
+        "#".repeat(filled),
+        "-".repeat(width - filled.min(width)),
+        r.requests,
+        r.requests_planned,
+        secs,
+        hit,
+        read as f64 / secs / 1e9,
+        wrote as f64 / secs / 1e9
+    );
+    let _ = std::io::stderr().flush();
+}
+
+/// The report as text.
+pub fn render(r: &Report) -> String {
+    let mut o = String::new();
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    o += &format!(
+        "kv-tier serve_sim report ({:.1} s, {} steps)\n",
+        r.seconds, r.steps
+    );
+    o += &format!(
+        "  requests              {} of {} planned\n",
+        r.requests, r.requests_planned
+    );
+    o += &format!(
+        "  prompt tokens         {} (block {} KiB)\n",
+        r.prompt_tokens,
+        r.block_bytes >> 10
+    );
+    o += &format!("    from GPU cache      {}\n", r.tokens_from_gpu_cache);
+    o += &format!("    from DRAM           {}\n", r.tokens_from_dram);
+    o += &format!(
+        "    from {:<15}{} (promoted for the request that used them)\n",
+        r.tiers
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join("+"),
+        r.tokens_from_secondary
+    );
+    o += &format!("    recomputed          {}\n", r.tokens_recomputed);
+    o += &format!(
+        "  hit rate              {:.1}% of prompt tokens not recomputed\n",
+        100.0 * r.hit_rate
+    );
+    o += &format!(
+        "  lookups               {} (hit {}, pending {}, retry {}, miss {})\n",
+        r.lookups, r.lookup_hits, r.lookup_hits_pending, r.lookup_retries, r.lookup_misses
+    );
+    o += &format!(
+        "  verified blocks       {} byte for byte, {} corrupt\n",
+        r.blocks_verified, r.blocks_corrupt
+    );
+    o += &format!("  DRAM evictions        {}\n", r.dram_evictions);
+    for t in &r.tiers {
+        o += &format!(
+            "  tier {:<16} {} blocks promoted, read {:.2} GiB ({:.2} GB/s), wrote {:.2} GiB ({:.2} GB/s), load job p50 {:.1} ms p99 {:.1} ms, failed loads {} stores {}\n",
+            t.name,
+            t.blocks_loaded,
+            gib(t.bytes_read),
+            t.read_gb_per_s,
+            gib(t.bytes_written),
+            t.write_gb_per_s,
+            t.load_p50_ms,
+            t.load_p99_ms,
+            t.load_failures,
+            t.store_failures
+        );
+    }
+    if let Some(g) = &r.gc {
+        o += &format!(
+            "  fs GC                 {} sweeps ({} ended over the cap), {} files swept, {:.2} of {:.2} GiB used, skipped {} in flight / {} in grace\n",
+            g.sweeps,
+            g.sweeps_over_cap,
+            g.swept_files,
+            gib(g.bytes),
+            gib(g.cap_bytes),
+            g.skipped_in_flight,
+            g.skipped_in_grace
+        );
+    }
+    o += &format!(
+        "  events                {} ({} removals)\n",
+        r.events, r.removal_events
+    );
+    o += &format!(
+        "  prefill time saved    {:.1} s at the configured rate\n",
+        r.prefill_seconds_saved
+    );
+    o
+}
