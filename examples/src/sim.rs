@@ -58,7 +58,16 @@ pub struct SimConfig {
     pub fs_cap_gb: Option<f64>,
     /// A tier config JSON (vLLM-shaped) replacing the built-in one.
     pub config_json: Option<String>,
-    /// Wait for every job at the end of each step: same seed, same hit counts.
+    /// The fs tier's GC timing (seconds): capacity-check interval, stamp interval, grace.
+    /// Seconds-scale by default, for a run that lasts a minute.
+    pub fs_gc_interval_s: f64,
+    /// See `fs_gc_interval_s`.
+    pub fs_gc_stamp_s: f64,
+    /// See `fs_gc_interval_s`.
+    pub fs_gc_grace_s: f64,
+    /// Wait for every job at the end of each step, and run the fs GC there (stamps, then a
+    /// sweep) instead of on its thread: same seed, same hit counts while the fs tier is under
+    /// its cap, and the cap is checked after every sweep.
     pub sync_steps: bool,
     /// Print a live progress line.
     pub progress: bool,
@@ -87,6 +96,9 @@ impl Default for SimConfig {
             root_dir: None,
             fs_cap_gb: Some(1.5),
             config_json: None,
+            fs_gc_interval_s: 1.0,
+            fs_gc_stamp_s: 1.0,
+            fs_gc_grace_s: 2.0,
             sync_steps: false,
             progress: true,
         }
@@ -114,9 +126,9 @@ impl SimConfig {
             // Seconds-scale GC for a run that lasts a minute.
             let o = fs.as_object_mut().expect("object");
             o.insert("gc_max_size_gb".into(), cap.into());
-            o.insert("gc_interval_s".into(), 1.0.into());
-            o.insert("gc_stamp_interval_s".into(), 1.0.into());
-            o.insert("gc_grace_s".into(), 2.0.into());
+            o.insert("gc_interval_s".into(), self.fs_gc_interval_s.into());
+            o.insert("gc_stamp_interval_s".into(), self.fs_gc_stamp_s.into());
+            o.insert("gc_grace_s".into(), self.fs_gc_grace_s.into());
         }
         let v = serde_json::json!({
             "cpu_bytes_to_use": self.dram_bytes,
@@ -166,6 +178,8 @@ pub struct GcReport {
     pub bytes: u64,
     /// Sweeps that ended over the cap (the rest was in flight or within the grace window).
     pub sweeps_over_cap: u64,
+    /// With `sync_steps`: the largest size right after a step's sweep (nothing in flight).
+    pub max_bytes_after_step_sweep: Option<u64>,
     /// Sweeps run.
     pub sweeps: u64,
     /// Files swept.
@@ -195,9 +209,9 @@ pub struct Report {
     pub prompt_tokens: u64,
     /// Tokens found in the simulated GPU prefix cache.
     pub tokens_from_gpu_cache: u64,
-    /// Tokens served from DRAM (readable there when the request arrived).
+    /// Tokens served from DRAM without waiting for a promotion.
     pub tokens_from_dram: u64,
-    /// Tokens promoted from a secondary tier for the request that used them.
+    /// Tokens that waited for a promotion from a secondary tier.
     pub tokens_from_secondary: u64,
     /// Tokens recomputed.
     pub tokens_recomputed: u64,
@@ -281,9 +295,9 @@ struct Active {
     turn: Turn,
     ctx: RequestContext,
     phase: Phase,
-    /// Keys that were readable in DRAM when the request was first looked at: hits on them
-    /// count as DRAM hits, the other hits came up from a secondary tier.
-    in_dram: Option<std::collections::HashSet<BlockKey>>,
+    /// Keys answered `HitPending` for this request: a promotion brought them up from a
+    /// secondary tier. The other hits were already in DRAM.
+    promoted: std::collections::HashSet<BlockKey>,
 }
 
 /// Runs the simulation and returns its report. Fails on a bad config, an I/O error, or a
@@ -292,12 +306,14 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
     if cfg.streams == 0 || cfg.turns == 0 || cfg.tokens_per_block == 0 {
         return Err("--streams, --turns and --tokens-per-block must be positive".into());
     }
-    let tmp;
+    let mut tmp = None;
     let root = match &cfg.root_dir {
         Some(r) => r.clone(),
         None => {
-            tmp = tempfile::Builder::new().prefix("kv-tier-sim-").tempdir()?;
-            tmp.path().to_path_buf()
+            let t = tempfile::Builder::new().prefix("kv-tier-sim-").tempdir()?;
+            let p = t.path().to_path_buf();
+            tmp = Some(t);
+            p
         }
     };
     let tier_cfg = cfg.tier_config(&root)?;
@@ -321,12 +337,14 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
     let fs_tiers: Arc<Mutex<Vec<Arc<FsTier>>>> = Arc::default();
     let mut registry = TierRegistry::new();
     let slot = fs_tiers.clone();
+    let sync = cfg.sync_steps;
     registry.register(
         "fs",
         move |spec: &TierSpec,
               ctx: &BuildContext|
               -> kv_tier_core::Result<Arc<dyn SecondaryTier>> {
-            let cfg = FsTierConfig::from_spec(spec)?;
+            let mut cfg = FsTierConfig::from_spec(spec)?;
+            cfg.gc_background = !sync;
             let tier = Arc::new(FsTier::open(
                 ctx.name.clone(),
                 cfg,
@@ -392,6 +410,7 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
     let mut exhausted = false;
     let mut events = (0u64, 0u64);
     let mut corrupt_keys: Vec<BlockKey> = Vec::new();
+    let mut max_after_sweep: Option<u64> = None;
     while !(active.is_empty() && exhausted) {
         r.steps += 1;
         // admit new turns
@@ -405,7 +424,7 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
                     ctx: RequestContext::new(turn.request),
                     turn,
                     phase: Phase::Lookup { waited: 0 },
-                    in_dram: None,
+                    promoted: Default::default(),
                 }),
                 None => exhausted = true,
             }
@@ -418,17 +437,13 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
                 Phase::Lookup { waited } => {
                     let keys = &a.turn.keys;
                     let g = keys.iter().take_while(|k| gpu.contains(k)).count();
-                    if a.in_dram.is_none() {
-                        let p = manager.primary();
-                        a.in_dram = Some(
-                            keys[g..]
-                                .iter()
-                                .filter(|k| p.lookup(k) == kv_tier_core::LookupResult::Hit)
-                                .copied()
-                                .collect(),
-                        );
+                    let verdicts = manager.lookup_many(&keys[g..], &a.ctx);
+                    for (k, v) in keys[g..].iter().zip(&verdicts) {
+                        if *v == kv_tier_core::LookupResult::HitPending {
+                            a.promoted.insert(*k);
+                        }
                     }
-                    let c = manager.lookup_prefix(&keys[g..], &a.ctx);
+                    let c = kv_tier_core::count_prefix(verdicts);
                     let settled = !c.retry && c.present == c.hit;
                     if !settled && waited < 200 {
                         a.phase = Phase::Lookup { waited: waited + 1 };
@@ -455,10 +470,12 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
                     r.prompt_tokens += total;
                     r.tokens_from_gpu_cache += (g * bpb) as u64;
                     let served = (h * bpb) as u64;
-                    let dram = a.in_dram.as_ref().expect("set above");
-                    let from_dram = keys[g..g + h].iter().filter(|k| dram.contains(k)).count();
-                    r.tokens_from_dram += (from_dram * bpb) as u64;
-                    r.tokens_from_secondary += ((h - from_dram) * bpb) as u64;
+                    let promoted = keys[g..g + h]
+                        .iter()
+                        .filter(|k| a.promoted.contains(k))
+                        .count();
+                    r.tokens_from_secondary += (promoted * bpb) as u64;
+                    r.tokens_from_dram += ((h - promoted) * bpb) as u64;
                     let recomputed = total - (g * bpb) as u64 - served;
                     r.tokens_recomputed += recomputed;
                     computed_this_step += recomputed + (a.turn.output.len() * bpb) as u64;
@@ -473,6 +490,10 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
                                 }
                                 drop(p);
                                 manager.complete_store(a.ctx.id, chunk, true);
+                                if cfg.sync_steps {
+                                    // the cascade lands before any probe of this step is sent
+                                    rt.block_on(manager.wait_jobs());
+                                }
                             }
                             // DRAM full of pinned blocks: these are not offloaded (recomputed
                             // next time), as an engine would do.
@@ -500,6 +521,16 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
         }
         if cfg.sync_steps {
             rt.block_on(manager.wait_idle());
+            if let Some(fs) = &fs
+                && let Some(before) = fs.stats().gc
+            {
+                fs.gc_apply_stamps_now()?;
+                fs.gc_sweep_now()?;
+                let after = fs.stats().gc.expect("bounded");
+                if after.sweeps > before.sweeps {
+                    max_after_sweep = Some(max_after_sweep.unwrap_or(0).max(after.bytes));
+                }
+            }
         }
         for e in manager.take_events() {
             events.0 += 1;
@@ -556,6 +587,7 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
             cap_bytes: g.cap_bytes,
             bytes: g.bytes,
             sweeps_over_cap: g.sweeps_over_cap,
+            max_bytes_after_step_sweep: max_after_sweep,
             sweeps: g.sweeps,
             swept_files: g.swept_files,
             skipped_in_flight: g.skipped_in_flight,
@@ -577,6 +609,17 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
         0.0
     };
     rt.block_on(manager.shutdown())?;
+    drop(manager);
+    if let Some(t) = tmp {
+        // The layout makes a directory per block or two: delete in parallel, it is quicker.
+        if cfg.progress {
+            eprintln!(
+                "removing the temporary cache directory {}",
+                t.path().display()
+            );
+        }
+        remove_tree(t.path(), 4);
+    }
     if let Some(k) = corrupt_keys.first() {
         return Err(format!(
             "correctness oracle: {} block(s) came back with wrong bytes (first: {k})",
@@ -585,6 +628,37 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
         .into());
     }
     Ok(r)
+}
+
+/// Removes a directory tree with `threads` threads (one subtree of the second level each).
+fn remove_tree(root: &std::path::Path, threads: usize) {
+    let mut subtrees = Vec::new();
+    for top in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for sub in std::fs::read_dir(top.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            subtrees.push(sub.path());
+        }
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(p) = subtrees.get(i) else { break };
+                    if p.is_dir() {
+                        let _ = std::fs::remove_dir_all(p);
+                    } else {
+                        let _ = std::fs::remove_file(p);
+                    }
+                }
+            });
+        }
+    });
+    let _ = std::fs::remove_dir_all(root);
 }
 
 fn progress_line(m: &TieringManager, r: &Report, elapsed: Duration) {
@@ -634,7 +708,7 @@ pub fn render(r: &Report) -> String {
     o += &format!("    from GPU cache      {}\n", r.tokens_from_gpu_cache);
     o += &format!("    from DRAM           {}\n", r.tokens_from_dram);
     o += &format!(
-        "    from {:<15}{} (promoted for the request that used them)\n",
+        "    from {:<15}{} (promoted into DRAM while the request waited)\n",
         r.tiers
             .iter()
             .map(|t| t.name.as_str())

@@ -184,6 +184,12 @@ impl TieringManager {
     /// A promotion's DRAM reservation never evicts a block this call has already answered
     /// `Hit` for: those are made most recent first.
     pub fn lookup_prefix(&self, keys: &[BlockKey], req: &RequestContext) -> PrefixCount {
+        count_prefix(self.lookup_many(keys, req))
+    }
+
+    /// [`TieringManager::lookup_prefix`] with the verdict of every key looked up (it stops
+    /// after the first `Miss`, so the result may be shorter than `keys`).
+    pub fn lookup_many(&self, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
         let mut st = self.begin();
         let mut results = Vec::with_capacity(keys.len());
         let mut untouched = 0;
@@ -197,7 +203,7 @@ impl TieringManager {
                 break;
             }
         }
-        count_prefix(results)
+        results
     }
 
     /// `recent`: keys answered earlier in the same call; they are made most recent before a
@@ -399,7 +405,10 @@ impl TieringManager {
 
     /// Applies finished jobs and probe answers.
     fn drain(&self, st: &mut State) {
-        let done = std::mem::take(&mut *self.inbox.lock().expect("completion inbox"));
+        let mut done = std::mem::take(&mut *self.inbox.lock().expect("completion inbox"));
+        // In submission order, whatever order they finished in: what a step applies does not
+        // depend on thread timing.
+        done.sort_by_key(|c| c.job);
         for Completion { job, result } in done {
             let Some(info) = st.jobs.remove(&job) else {
                 continue;
@@ -548,21 +557,23 @@ impl TieringManager {
     /// Sends everything queued and waits until every job and probe has completed and been
     /// applied. For tests and shutdown.
     pub async fn wait_idle(&self) {
-        self.wait_until(Self::idle).await
+        self.wait_until(true, Self::idle).await
     }
 
-    /// Sends queued promotions and waits until no store or load job is in flight (probes may
-    /// still be). For tests that hold a probe while jobs run.
+    /// Waits until no store or load job is in flight, sending nothing new (queued promotions
+    /// and probes stay queued) and applying what completes. For tests, and for callers that
+    /// need a store's cascade to have landed before anything else is asked of the tiers.
     pub async fn wait_jobs(&self) {
-        self.wait_until(|st| st.jobs.is_empty() && st.promotions.is_empty())
-            .await
+        self.wait_until(false, |st| st.jobs.is_empty()).await
     }
 
-    async fn wait_until(&self, done: impl Fn(&State) -> bool) {
+    async fn wait_until(&self, flush: bool, done: impl Fn(&State) -> bool) {
         loop {
             {
                 let mut st = self.state.lock().expect("manager state");
-                self.flush(&mut st);
+                if flush {
+                    self.flush(&mut st);
+                }
                 self.drain(&mut st);
                 if done(&st) {
                     return;

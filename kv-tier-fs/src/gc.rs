@@ -473,7 +473,7 @@ impl Gc {
             }
             idx.map.iter().map(|(k, e)| (e.mtime, *k)).collect()
         };
-        cands.sort_unstable_by_key(|(m, _)| *m);
+        cands.sort_unstable(); // oldest first; ties by key, so the order is deterministic
         let decided = started.elapsed();
         self.counters
             .last_decision_us

@@ -1,0 +1,206 @@
+//! A short serve_sim scenario, its report checked for consistency; the binary's flags,
+//! `--json` and error handling.
+
+use std::process::Command;
+
+use kv_tier_examples::sim::{Report, SimConfig, run};
+
+fn small(seed: u64) -> SimConfig {
+    SimConfig {
+        streams: 4,
+        turns: 3,
+        prefixes: 4,
+        prefix_tokens: 512,
+        prompt_tokens: 256,
+        output_tokens: 64,
+        tokens_per_block: 16,
+        layers: 1,
+        kv_heads: 2,
+        head_dim: 64,
+        dtype_bytes: 2,
+        gpu_cache_blocks: 16,
+        max_batch: 4,
+        prefill_tokens_per_s: 0.0,
+        duration: std::time::Duration::from_secs(60),
+        seed,
+        dram_bytes: 1 << 20, // 128 blocks of 8 KiB: the fs tier gets the rest
+        root_dir: None,
+        fs_cap_gb: None,
+        config_json: None,
+        fs_gc_interval_s: 0.01,
+        fs_gc_stamp_s: 0.000_001,
+        fs_gc_grace_s: 0.000_002,
+        sync_steps: true,
+        progress: false,
+    }
+}
+
+fn check_consistent(r: &Report) {
+    assert_eq!(r.requests, r.requests_planned);
+    assert_eq!(r.blocks_corrupt, 0);
+    assert!(r.blocks_verified > 0, "nothing was read back: {r:?}");
+    assert_eq!(
+        r.lookups,
+        r.lookup_hits + r.lookup_hits_pending + r.lookup_retries + r.lookup_misses,
+        "hits + misses = lookups"
+    );
+    assert_eq!(
+        r.prompt_tokens,
+        r.tokens_from_gpu_cache
+            + r.tokens_from_dram
+            + r.tokens_from_secondary
+            + r.tokens_recomputed
+    );
+    for t in &r.tiers {
+        assert_eq!(
+            t.bytes_read,
+            t.blocks_loaded * r.block_bytes,
+            "bytes loaded = blocks loaded x block size"
+        );
+        assert_eq!(t.bytes_written, t.blocks_stored * r.block_bytes);
+        assert_eq!(t.store_failures, 0);
+    }
+    let promoted: u64 = r.tiers.iter().map(|t| t.blocks_loaded).sum();
+    assert_eq!(
+        r.tokens_from_secondary > 0,
+        promoted > 0,
+        "promotions and tokens served from them disagree"
+    );
+    let hit_tokens = r.tokens_from_gpu_cache + r.tokens_from_dram + r.tokens_from_secondary;
+    assert!((r.hit_rate - hit_tokens as f64 / r.prompt_tokens as f64).abs() < 1e-9);
+}
+
+#[test]
+fn a_short_scenario_reports_consistent_figures_and_is_deterministic() {
+    let a = run(&small(7)).unwrap();
+    check_consistent(&a);
+    assert!(
+        a.tokens_from_secondary > 0,
+        "the fs tier served nothing: {a:?}"
+    );
+    assert!(a.tiers[0].blocks_stored > 0);
+    let b = run(&small(7)).unwrap();
+    let counts = |r: &Report| {
+        (
+            r.tokens_from_gpu_cache,
+            r.tokens_from_dram,
+            r.tokens_from_secondary,
+            r.tokens_recomputed,
+            r.lookups,
+            r.lookup_hits,
+            r.lookup_misses,
+            r.tiers[0].blocks_loaded,
+        )
+    };
+    assert_eq!(
+        counts(&a),
+        counts(&b),
+        "the same seed gave different hit counts"
+    );
+    let c = run(&small(8)).unwrap();
+    check_consistent(&c);
+}
+
+#[test]
+fn the_fs_tier_stays_within_its_cap_after_each_sweep() {
+    let mut cfg = small(3);
+    cfg.turns = 4;
+    let block = cfg.block_bytes() as f64;
+    cfg.fs_cap_gb = Some(160.0 * block / (1u64 << 30) as f64); // 160 blocks
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    let g = r.gc.expect("bounded fs tier");
+    assert!(
+        g.sweeps > 0 && g.swept_files > 0,
+        "no sweep happened: {g:?}"
+    );
+    let max = g.max_bytes_after_step_sweep.expect("measured in sync mode");
+    assert!(
+        max <= g.cap_bytes,
+        "{max} bytes after a sweep, cap {}",
+        g.cap_bytes
+    );
+    assert!(r.removal_events > 0);
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_serve_sim"))
+}
+
+#[test]
+fn the_binary_writes_its_report_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let out = bin()
+        .args([
+            "--streams",
+            "2",
+            "--turns",
+            "2",
+            "--prefix-tokens",
+            "256",
+            "--prompt-tokens",
+            "128",
+            "--output-tokens",
+            "32",
+            "--layers",
+            "1",
+            "--dram-mb",
+            "1",
+            "--fs-cap-gb",
+            "0",
+            "--prefill-tokens-per-s",
+            "0",
+            "--no-progress",
+            "--sync-steps",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("verified blocks") && text.contains("hit rate"),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["requests"], 4);
+    assert_eq!(v["blocks_corrupt"], 0);
+    assert!(v["tiers"][0]["name"] == "fs");
+}
+
+#[test]
+fn bad_flags_and_configs_fail_with_a_message_not_a_panic() {
+    for (args, want) in [
+        (vec!["--streams"], "needs a value"),
+        (vec!["--streams", "many"], "not a valid number"),
+        (vec!["--frobnicate"], "unknown option"),
+        (vec!["--streams", "0"], "must be positive"),
+        (vec!["--config", "/nonexistent/kv.json"], "--config"),
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.json");
+    std::fs::write(&cfg, r#"{"cpu_bytes_to_use": 1048576, "block_size_bytes": 8192, "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/x", "n_read_threads": 0}]}"#).unwrap();
+    let out = bin()
+        .args(["--layers", "1", "--no-progress", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("secondary_tiers[0].n_read_threads"), "{err}");
+    let out = bin().arg("--help").output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--streams"));
+}
