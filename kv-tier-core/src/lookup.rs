@@ -271,6 +271,11 @@ impl AsyncLookup {
         self.in_flight
     }
 
+    /// Whether every probe batch sent has answered (answers may await `apply_results`).
+    pub fn all_arrived(&self) -> bool {
+        self.inbox.lock().expect("probe inbox").len() == self.in_flight
+    }
+
     /// Whether probe answers are waiting to be applied.
     pub fn has_results(&self) -> bool {
         !self.inbox.lock().expect("probe inbox").is_empty()

@@ -481,12 +481,14 @@ impl TieringManager {
         }
     }
 
-    /// Ends the scheduling step: sends the queued promotions (one load job per tier and
-    /// request) and the queued existence probes, and applies what has completed.
+    /// Ends the scheduling step: applies what has completed, then sends the queued promotions
+    /// (one load job per tier and request) and the queued existence probes.
     pub fn on_schedule_end(&self) {
         let mut st = self.state.lock().expect("manager state");
-        self.flush(&mut st);
+        // Apply what completed during the step, then send the new work (whose results the
+        // next step applies, all together).
         self.drain(&mut st);
+        self.flush(&mut st);
         st.in_step = false;
     }
 
@@ -557,25 +559,31 @@ impl TieringManager {
     /// Sends everything queued and waits until every job and probe has completed and been
     /// applied. For tests and shutdown.
     pub async fn wait_idle(&self) {
-        self.wait_until(true, Self::idle).await
+        self.wait_until(true, true).await;
+        debug_assert!(Self::idle(&self.state.lock().expect("manager state")));
     }
 
     /// Waits until no store or load job is in flight, sending nothing new (queued promotions
     /// and probes stay queued) and applying what completes. For tests, and for callers that
     /// need a store's cascade to have landed before anything else is asked of the tiers.
     pub async fn wait_jobs(&self) {
-        self.wait_until(false, |st| st.jobs.is_empty()).await
+        self.wait_until(false, false).await
     }
 
-    async fn wait_until(&self, flush: bool, done: impl Fn(&State) -> bool) {
+    /// Waits until every job in flight (and, with `probes`, every probe) has reported, then
+    /// applies them all in one drain, in submission order: the result does not depend on
+    /// which finished first.
+    async fn wait_until(&self, flush: bool, probes: bool) {
         loop {
             {
                 let mut st = self.state.lock().expect("manager state");
                 if flush {
                     self.flush(&mut st);
                 }
-                self.drain(&mut st);
-                if done(&st) {
+                let jobs_done = self.inbox.lock().expect("completion inbox").len() == st.jobs.len();
+                let probes_done = !probes || st.lookups.iter().all(|l| l.all_arrived());
+                if jobs_done && probes_done {
+                    self.drain(&mut st);
                     return;
                 }
             }
