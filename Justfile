@@ -14,7 +14,7 @@ bench:
     cargo bench -p kv-tier-fs
 
 demo:
-    cargo run --release -p kv-tier-examples --bin demo
+    cargo run --release -p kv-tier-examples --bin serve_sim
 
 doc:
     cargo doc --workspace --no-deps
