@@ -747,10 +747,11 @@ pub fn render(r: &Report) -> String {
     }
     if let Some(g) = &r.gc {
         o += &format!(
-            "  fs GC                 {} sweeps ({} ended over the cap), {} files swept, {:.2} of {:.2} GiB used, skipped {} in flight / {} in grace\n",
+            "  fs GC                 {} sweeps ({} ended over the cap), {} files swept, {} mtime stamps, {:.2} of {:.2} GiB used, skipped {} in flight / {} in grace\n",
             g.sweeps,
             g.sweeps_over_cap,
             g.swept_files,
+            g.stamps,
             gib(g.bytes),
             gib(g.cap_bytes),
             g.skipped_in_flight,

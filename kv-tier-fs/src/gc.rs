@@ -7,10 +7,13 @@
 //! is what `du`, `find` and external reapers see.
 //!
 //! The sweep decides from the index (no directory walk) and deletes oldest first. Whether a key
-//! is protected or has a pending stamp is decided under the protection lock and the index lock,
-//! held across the `unlink`: a store that protects a key before checking for its file either
-//! sees the file gone (and writes it again) or keeps it from being deleted; a touch that lands
-//! after the sweep chose its victims keeps that key.
+//! is protected or has a pending stamp is decided under the protection lock and the index lock;
+//! a key decided for deletion leaves the index and is marked "being deleted" before those
+//! locks drop, and a store (which protects its keys first) waits for such a key's unlink
+//! before it checks for the file. So a store that protects a key during a sweep either keeps
+//! it from being deleted or finds it gone and writes it again; a touch that lands after the
+//! sweep chose its victims but before the decision on that key keeps it. Unlinks run in
+//! batches on a few threads, holding no lock.
 
 use std::ffi::CString;
 use std::io;
@@ -30,8 +33,10 @@ use rustc_hash::FxHashMap;
 pub enum SweepPoint {
     /// Victims are chosen; nothing is deleted yet.
     Selected,
-    /// About to take the locks and delete this key's file.
+    /// About to take the locks and decide on this key.
     BeforeDelete(BlockKey),
+    /// A batch is decided (out of the index, marked as being deleted) and about to be unlinked.
+    Unlinking,
 }
 
 /// A hook called by the sweep at each [`SweepPoint`] (it may block to hold the sweep there).
@@ -126,6 +131,11 @@ pub(crate) struct Gc {
     pub(crate) alive: AtomicBool,
     skew_ns: AtomicI64,
     hook: RwLock<Option<SweepHook>>,
+    /// Whether checksums live in sidecar files, which go with their block.
+    pub(crate) sidecars: AtomicBool,
+    /// Keys a sweep decided to delete and is unlinking.
+    deleting: Mutex<rustc_hash::FxHashSet<BlockKey>>,
+    deleting_cv: Condvar,
 }
 
 pub(crate) fn to_ns(t: SystemTime) -> i64 {
@@ -291,6 +301,9 @@ impl Gc {
             alive: AtomicBool::new(false),
             skew_ns: AtomicI64::new(0),
             hook: RwLock::new(None),
+            sidecars: AtomicBool::new(false),
+            deleting: Mutex::new(Default::default()),
+            deleting_cv: Condvar::new(),
         }
     }
 
@@ -341,6 +354,14 @@ impl Gc {
             .collect();
         *idx = fresh;
         gone
+    }
+
+    /// Waits while a sweep is unlinking `key` (a store checks for the file only after it).
+    pub(crate) fn wait_not_deleting(&self, key: &BlockKey) {
+        let mut del = self.deleting.lock().expect("gc deleting");
+        while del.contains(key) {
+            del = self.deleting_cv.wait(del).expect("gc deleting");
+        }
     }
 
     /// A file this tier published (mtime: now).
@@ -413,43 +434,62 @@ impl Gc {
         self.lock().pending.len()
     }
 
-    /// Applies the queued stamps (off the caller's thread: the GC thread runs this).
+    /// Applies the queued stamps (off the caller's thread: the GC thread runs this), on a few
+    /// threads when there are many: each is a metadata update the kernel does at its pace.
     pub(crate) fn apply_stamps(&self, ns: &Namespace, root: &Path) {
         let pending = std::mem::take(&mut self.lock().pending);
         if pending.is_empty() {
             return;
         }
         let now = self.now_ns();
-        let mut done = Vec::with_capacity(pending.len());
-        let mut gone = Vec::new();
-        for k in pending {
-            match stamp(&ns.block_path(root, &k), now) {
-                Ok(()) => done.push(k),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => gone.push(k),
-                Err(e) => {
-                    self.counters.stamp_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(key = %k, error = %e, "mtime stamp failed");
-                    done.push(k);
+        let threads = if pending.len() >= 512 { 4 } else { 1 };
+        let per = pending.len().div_ceil(threads);
+        let results: Vec<(Vec<BlockKey>, Vec<BlockKey>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = pending
+                .chunks(per)
+                .map(|chunk| {
+                    s.spawn(move || {
+                        let (mut done, mut gone) = (Vec::with_capacity(chunk.len()), Vec::new());
+                        for k in chunk {
+                            match stamp(&ns.block_path(root, k), now) {
+                                Ok(()) => done.push(*k),
+                                Err(e) if e.kind() == io::ErrorKind::NotFound => gone.push(*k),
+                                Err(e) => {
+                                    self.counters.stamp_errors.fetch_add(1, Ordering::Relaxed);
+                                    tracing::debug!(key = %k, error = %e, "mtime stamp failed");
+                                    done.push(*k);
+                                }
+                            }
+                        }
+                        (done, gone)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("stamp thread"))
+                .collect()
+        });
+        let mut idx = self.lock();
+        let (mut n_done, mut n_gone) = (0u64, 0u64);
+        for (done, gone) in &results {
+            for k in done {
+                if let Some(e) = idx.map.get_mut(k) {
+                    e.mtime = e.mtime.max(now);
+                    e.pending = false;
                 }
             }
-        }
-        let mut idx = self.lock();
-        for k in &done {
-            if let Some(e) = idx.map.get_mut(k) {
-                e.mtime = e.mtime.max(now);
-                e.pending = false;
+            for k in gone {
+                idx.remove(k);
             }
-        }
-        for k in &gone {
-            idx.remove(k);
+            n_done += done.len() as u64;
+            n_gone += gone.len() as u64;
         }
         drop(idx);
-        self.counters
-            .stamps
-            .fetch_add(done.len() as u64, Ordering::Relaxed);
+        self.counters.stamps.fetch_add(n_done, Ordering::Relaxed);
         self.counters
             .external_removals
-            .fetch_add(gone.len() as u64, Ordering::Relaxed);
+            .fetch_add(n_gone, Ordering::Relaxed);
     }
 
     pub(crate) fn over_cap(&self) -> bool {
@@ -481,77 +521,134 @@ impl Gc {
         self.hook(SweepPoint::Selected);
         let mut report = SweepReport::default();
         let (mut in_flight, mut recent, mut in_grace, mut bytes) = (0u64, 0u64, 0u64, 0u64);
-        for (i, (mtime, key)) in cands.iter().enumerate() {
-            if self.lock().total <= self.cfg.low_bytes {
-                break;
-            }
-            if now - mtime < self.cfg.grace_ns {
-                // sorted oldest first: everything from here on is within the grace window
-                in_grace = (cands.len() - i) as u64;
-                break;
-            }
-            self.hook(SweepPoint::BeforeDelete(*key));
-            let path = ns.block_path(root, key);
-            let mut outcome = None;
-            protection.with_lock(|is_protected| {
-                let mut idx = self.lock();
-                let Some(e) = idx.map.get(key).copied() else {
-                    return;
-                };
-                if e.pending || e.mtime != *mtime {
-                    outcome = Some(Skip::Recent);
-                    return;
+        let mut i = 0;
+        let mut stop = false;
+        while !stop && i < cands.len() {
+            // Decide a batch, each key under the protection and index locks. A decided key
+            // leaves the index and is marked "being deleted" before the locks drop: a store
+            // that protects it afterwards waits for the unlink, then writes the file again.
+            let mut batch: Vec<(BlockKey, PathBuf, Entry)> = Vec::new();
+            while batch.len() < 256 && i < cands.len() {
+                let (mtime, key) = cands[i];
+                if self.lock().total <= self.cfg.low_bytes {
+                    stop = true;
+                    break;
                 }
-                if is_protected(key) {
-                    outcome = Some(Skip::InFlight);
-                    return;
+                if now - mtime < self.cfg.grace_ns {
+                    // sorted oldest first: everything from here on is within the grace window
+                    in_grace = (cands.len() - i) as u64;
+                    stop = true;
+                    break;
                 }
-                // Another process may have used the file since it was indexed.
-                match std::fs::symlink_metadata(&path) {
-                    Ok(m) if mtime_ns(&m) > e.mtime => {
-                        let fresh = mtime_ns(&m);
-                        if let Some(e) = idx.map.get_mut(key) {
-                            e.mtime = fresh;
-                        }
+                i += 1;
+                self.hook(SweepPoint::BeforeDelete(key));
+                let path = ns.block_path(root, &key);
+                let mut outcome = None;
+                protection.with_lock(|is_protected| {
+                    let mut idx = self.lock();
+                    let Some(e) = idx.map.get(&key).copied() else {
+                        return;
+                    };
+                    if e.pending || e.mtime != mtime {
                         outcome = Some(Skip::Recent);
                         return;
                     }
-                    Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                        idx.remove(key);
-                        outcome = Some(Skip::Gone);
+                    if is_protected(&key) {
+                        outcome = Some(Skip::InFlight);
                         return;
                     }
-                    _ => {}
+                    // Another process may have used the file since it was indexed.
+                    match std::fs::symlink_metadata(&path) {
+                        Ok(m) if mtime_ns(&m) > e.mtime => {
+                            let fresh = mtime_ns(&m);
+                            if let Some(e) = idx.map.get_mut(&key) {
+                                e.mtime = fresh;
+                            }
+                            outcome = Some(Skip::Recent);
+                            return;
+                        }
+                        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                            idx.remove(&key);
+                            outcome = Some(Skip::Gone);
+                            return;
+                        }
+                        _ => {}
+                    }
+                    idx.remove(&key);
+                    self.deleting.lock().expect("gc deleting").insert(key);
+                    outcome = Some(Skip::Deleted(e));
+                });
+                match outcome {
+                    Some(Skip::Deleted(e)) => batch.push((key, path, e)),
+                    Some(Skip::InFlight) => in_flight += 1,
+                    Some(Skip::Recent) => recent += 1,
+                    Some(Skip::Gone) => {
+                        self.counters
+                            .external_removals
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => {}
                 }
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {
-                        idx.remove(key);
-                        let _ = std::fs::remove_file(crate::file::sidecar_path(&path));
-                        outcome = Some(Skip::Deleted(e.size));
-                    }
-                    Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                        idx.remove(key);
-                        outcome = Some(Skip::Gone);
-                    }
-                    Err(err) => {
-                        self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(path = %path.display(), error = %err, "sweep could not delete a block file");
-                    }
-                }
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            self.hook(SweepPoint::Unlinking);
+            // Unlink the batch on a few threads: no lock is held, each unlink waits on the
+            // filesystem's journal at its own pace.
+            let sidecars = self.sidecars.load(Ordering::Relaxed);
+            let threads = if batch.len() >= 32 { 4 } else { 1 };
+            let per = batch.len().div_ceil(threads);
+            let failed: Vec<usize> = std::thread::scope(|s| {
+                let handles: Vec<_> = batch
+                    .chunks(per)
+                    .enumerate()
+                    .map(|(c, chunk)| {
+                        s.spawn(move || {
+                            let mut failed = Vec::new();
+                            for (j, (_, path, _)) in chunk.iter().enumerate() {
+                                match std::fs::remove_file(path) {
+                                    Ok(()) => {
+                                        if sidecars {
+                                            let _ = std::fs::remove_file(crate::file::sidecar_path(path));
+                                        }
+                                    }
+                                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                                    Err(e) => {
+                                        tracing::warn!(path = %path.display(), error = %e, "sweep could not delete a block file");
+                                        failed.push(c * per + j);
+                                    }
+                                }
+                            }
+                            failed
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().expect("unlink thread"))
+                    .collect()
             });
-            match outcome {
-                Some(Skip::Deleted(size)) => {
+            {
+                let mut idx = self.lock();
+                for &f in &failed {
+                    let (key, _, e) = batch[f];
+                    self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    idx.insert(key, e.size, e.mtime); // still on disk: keep accounting for it
+                }
+            }
+            {
+                let mut del = self.deleting.lock().expect("gc deleting");
+                for (key, _, _) in &batch {
+                    del.remove(key);
+                }
+            }
+            self.deleting_cv.notify_all();
+            for (j, (key, _, e)) in batch.iter().enumerate() {
+                if !failed.contains(&j) {
                     report.deleted.push(*key);
-                    bytes += size;
+                    bytes += e.size;
                 }
-                Some(Skip::InFlight) => in_flight += 1,
-                Some(Skip::Recent) => recent += 1,
-                Some(Skip::Gone) => {
-                    self.counters
-                        .external_removals
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                None => {}
             }
         }
         let c = &self.counters;
@@ -614,7 +711,7 @@ impl Gc {
 }
 
 enum Skip {
-    Deleted(u64),
+    Deleted(Entry),
     InFlight,
     Recent,
     Gone,

@@ -249,6 +249,11 @@ impl Files {
             });
         }
         let dest = self.ns.block_path(&self.root, key);
+        if let Some(gc) = &self.gc {
+            // the key is protected by this job: a sweep that decided on it before may still
+            // be unlinking it; look for the file only after that
+            gc.wait_not_deleting(key);
+        }
         if let Ok(m) = std::fs::symlink_metadata(&dest) {
             bump(&self.counters.stores_skipped, 1);
             if let Some(gc) = &self.gc {
@@ -588,6 +593,12 @@ impl FsTier {
             events: Mutex::new(Vec::new()),
             gc: cfg.gc().map(Gc::new),
         });
+        if let Some(gc) = &files.gc {
+            gc.sidecars.store(
+                cfg.checksum == Checksum::Crc32c && !probe.xattrs,
+                Ordering::Relaxed,
+            );
+        }
         let tmp_age = Duration::from_secs(cfg.tmp_reap_age_s);
         let mut reaped = reap_tmp(std::slice::from_ref(&ns_dir), tmp_age);
         match &files.gc {
@@ -847,7 +858,7 @@ fn gc_loop(files: Arc<Files>) {
             return;
         }
         let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            gc.apply_stamps(&files.ns, &files.root);
+            // Capacity first: keys with a stamp still pending are skipped by the sweep anyway.
             let now = std::time::Instant::now();
             let due = now >= next_sweep;
             if due {
@@ -856,6 +867,7 @@ fn gc_loop(files: Arc<Files>) {
             if (due || kicked) && gc.over_cap() {
                 files.sweep();
             }
+            gc.apply_stamps(&files.ns, &files.root);
             if let Some(at) = next_rescan
                 && now >= at
             {
