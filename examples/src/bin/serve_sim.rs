@@ -26,7 +26,7 @@ Workload:
   --seed N                 workload seed [1]
   --duration SECONDS       stop admitting turns after this long [70]
 Model shape (block bytes = layers x kv-heads x head-dim x dtype-bytes x 2 x tokens-per-block):
-  --layers N [4]  --kv-heads N [2]  --head-dim N [64]  --dtype-bytes N [2]
+  --layers N [1]  --kv-heads N [2]  --head-dim N [64]  --dtype-bytes N [2]
 Engine:
   --gpu-cache-blocks N     simulated GPU prefix cache [4096]
   --max-batch N            requests scheduled at once [16]
@@ -34,7 +34,7 @@ Engine:
 Tiers:
   --dram-mb N              DRAM for the primary tier [512]
   --root-dir DIR           the fs tier's directory [a fresh temp dir]
-  --fs-cap-gb X            the fs tier's GC cap in GiB, 0 for none [1.5]
+  --fs-cap-gb X            the fs tier's GC cap in GiB, 0 for none [0.75]
   --config FILE            a vLLM-shaped tier config JSON instead of the flags above
 Output:
   --json FILE              also write the report as JSON
