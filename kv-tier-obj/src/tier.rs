@@ -120,7 +120,8 @@ struct Cap {
     low: u64,
     index: Mutex<CapIndex>,
     deleted: Notify,
-    sweeping: AtomicBool,
+    /// One sweep at a time: background sweeps skip when one runs, `sweep_now` waits.
+    sweeping: tokio::sync::Mutex<()>,
 }
 
 struct Inner {
@@ -467,11 +468,16 @@ impl Inner {
 
     /// Deletes least-recently-used objects down to the low watermark, skipping protected
     /// keys. Deciding is atomic with `protect()`; a store of a key being deleted waits.
-    async fn sweep(self: Arc<Self>) -> usize {
+    async fn sweep(self: Arc<Self>, wait: bool) -> usize {
         let Some(cap) = &self.cap else { return 0 };
-        if cap.sweeping.swap(true, Ordering::SeqCst) {
-            return 0;
-        }
+        let _one = if wait {
+            cap.sweeping.lock().await
+        } else {
+            match cap.sweeping.try_lock() {
+                Ok(g) => g,
+                Err(_) => return 0,
+            }
+        };
         let mut victims = Vec::new();
         let mut skipped = 0u64;
         self.protection.with_lock(|is_protected| {
@@ -529,7 +535,6 @@ impl Inner {
         bump(&self.counters.sweeps, 1);
         let n = deleted.len();
         self.event(deleted, true);
-        cap.sweeping.store(false, Ordering::SeqCst);
         n
     }
 }
@@ -565,7 +570,7 @@ impl ObjTier {
                 low: (cap as f64 * cfg.low_watermark) as u64,
                 index: Mutex::new(CapIndex::default()),
                 deleted: Notify::new(),
-                sweeping: AtomicBool::new(false),
+                sweeping: tokio::sync::Mutex::new(()),
             }
         });
         let attempt = Duration::from_secs_f64(cfg.request_timeout_s);
@@ -648,9 +653,10 @@ impl ObjTier {
         }
     }
 
-    /// Runs a capacity sweep now (bounded mode); returns the objects deleted.
+    /// Runs a capacity sweep now (bounded mode), after any sweep in progress; returns the
+    /// objects it deleted.
     pub async fn sweep_now(&self) -> usize {
-        self.inner.clone().sweep().await
+        self.inner.clone().sweep(true).await
     }
 
     /// Forgets cached existence answers (for tests of the cache).
@@ -907,7 +913,7 @@ impl SecondaryTier for ObjTier {
         if let Some(cap) = &self.inner.cap
             && cap.index.lock().expect("cap index").total > cap.cap
         {
-            tokio::spawn(self.inner.clone().sweep());
+            tokio::spawn(self.inner.clone().sweep(false));
         }
         res
     }
