@@ -12,6 +12,7 @@ test:
 bench:
     cargo bench -p kv-tier-examples
     cargo bench -p kv-tier-fs
+    cargo bench -p kv-tier-obj
 
 demo:
     cargo run --release -p kv-tier-examples --bin serve_sim

@@ -619,7 +619,7 @@ impl ObjTier {
     }
 
     /// The underlying store.
-    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.inner.store
     }
 
