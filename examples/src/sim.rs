@@ -58,6 +58,16 @@ pub struct SimConfig {
     pub fs_cap_gb: Option<f64>,
     /// A tier config JSON (vLLM-shaped) replacing the built-in one.
     pub config_json: Option<String>,
+    /// An S3 endpoint: adds an `obj` tier below the fs tier.
+    pub s3_endpoint: Option<String>,
+    /// The bucket of the `obj` tier.
+    pub s3_bucket: String,
+    /// Access key of the `obj` tier (empty: the AWS credential chain).
+    pub s3_access_key: String,
+    /// Secret key of the `obj` tier.
+    pub s3_secret_key: String,
+    /// Region of the `obj` tier.
+    pub s3_region: String,
     /// The fs tier's GC timing (seconds): capacity-check interval, stamp interval, grace.
     /// Seconds-scale by default, for a run that lasts a minute.
     pub fs_gc_interval_s: f64,
@@ -96,6 +106,11 @@ impl Default for SimConfig {
             root_dir: None,
             fs_cap_gb: Some(0.75),
             config_json: None,
+            s3_endpoint: None,
+            s3_bucket: "kv-tier".into(),
+            s3_access_key: String::new(),
+            s3_secret_key: String::new(),
+            s3_region: "us-east-1".into(),
             fs_gc_interval_s: 1.0,
             fs_gc_stamp_s: 1.0,
             fs_gc_grace_s: 2.0,
@@ -130,11 +145,26 @@ impl SimConfig {
             o.insert("gc_stamp_interval_s".into(), self.fs_gc_stamp_s.into());
             o.insert("gc_grace_s".into(), self.fs_gc_grace_s.into());
         }
+        let mut tiers = vec![fs];
+        if let Some(endpoint) = &self.s3_endpoint {
+            tiers.push(serde_json::json!({
+                "type": "obj",
+                "bucket": self.s3_bucket,
+                "endpoint_override": endpoint,
+                "access_key": self.s3_access_key,
+                "secret_key": self.s3_secret_key,
+                "region": self.s3_region,
+                "scheme": if endpoint.starts_with("http://") { "http" } else { "https" },
+                "prefix": "serve-sim",
+                "io_threads": 16,
+                "checksum": "crc32c",
+            }));
+        }
         let v = serde_json::json!({
             "cpu_bytes_to_use": self.dram_bytes,
             "block_size_bytes": self.block_bytes(),
             "eviction_policy": "lru",
-            "secondary_tiers": [fs],
+            "secondary_tiers": tiers,
         });
         KvTierConfig::from_value(v)
     }
@@ -356,6 +386,7 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
         },
     );
     kv_tier_testkit::MemoryTier::register(&mut registry);
+    kv_tier_obj::ObjTier::register(&mut registry);
     let manager = kv_tier_cpu::manager_builder(tier_cfg)?
         .registry(registry)
         .namespace(ns)

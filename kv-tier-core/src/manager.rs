@@ -733,7 +733,7 @@ impl TieringManagerBuilder {
                 let rt = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)
                     .thread_name("kv-tier")
-                    .enable_time()
+                    .enable_all() // timers, and sockets for network tiers
                     .build()
                     .map_err(|e| Error::io("start runtime", "tokio", e))?;
                 (rt.handle().clone(), OwnedRuntime(Some(rt)))

@@ -35,6 +35,11 @@ Tiers:
   --dram-mb N              DRAM for the primary tier [512]
   --root-dir DIR           the fs tier's directory [a fresh temp dir]
   --fs-cap-gb X            the fs tier's GC cap in GiB, 0 for none [0.75]
+  --s3-endpoint URL        also an obj tier below fs, on this S3 endpoint [none]
+  --s3-bucket NAME         its bucket [kv-tier]
+  --s3-access-key KEY      its access key [the AWS credential chain]
+  --s3-secret-key KEY      its secret key
+  --s3-region REGION       its region [us-east-1]
   --config FILE            a vLLM-shaped tier config JSON instead of the flags above
 Output:
   --json FILE              also write the report as JSON
@@ -104,6 +109,11 @@ fn parse(args: &[String]) -> Result<(SimConfig, Option<PathBuf>), String> {
                 );
             }
             "--json" => json = Some(PathBuf::from(value(flag)?)),
+            "--s3-endpoint" => c.s3_endpoint = Some(value(flag)?),
+            "--s3-bucket" => c.s3_bucket = value(flag)?,
+            "--s3-access-key" => c.s3_access_key = value(flag)?,
+            "--s3-secret-key" => c.s3_secret_key = value(flag)?,
+            "--s3-region" => c.s3_region = value(flag)?,
             "--sync-steps" => c.sync_steps = true,
             "--no-progress" => c.progress = false,
             other => return Err(format!("unknown option {other:?} (see --help)")),
