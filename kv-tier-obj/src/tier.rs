@@ -141,6 +141,10 @@ struct Inner {
     counters: Counters,
     cap: Option<Cap>,
     job_deadline: Duration,
+    /// Keys with a PUT in flight from this tier: a second store of the same key waits for it
+    /// instead of uploading the same bytes again (and racing it on stores whose writes are
+    /// not atomic).
+    puts: Mutex<FxHashMap<BlockKey, Arc<Notify>>>,
 }
 
 /// The object-store tier: one object per block under `prefix/`, keyed by the fs layout's
@@ -281,7 +285,9 @@ impl Inner {
         }
     }
 
-    /// Stores one block: `Ok(true)` when this call created the object.
+    /// Stores one block: `Ok(true)` when this call created the object. Concurrent stores of
+    /// one key in this tier upload once: the others wait for that upload and then find the
+    /// block present (or upload themselves if it failed).
     async fn store_block(&self, key: BlockKey, src: BlockSource) -> Result<bool> {
         if src.len() != self.block_size {
             return Err(Error::WrongSize {
@@ -290,6 +296,37 @@ impl Inner {
                 expected: self.block_size,
             });
         }
+        let done = loop {
+            let waiting = {
+                let mut puts = self.puts.lock().expect("obj puts");
+                match puts.get(&key) {
+                    Some(n) => {
+                        let n = n.clone();
+                        // register before the lock drops: the uploader notifies under it
+                        let fut = n.notified_owned();
+                        Some(fut)
+                    }
+                    None => {
+                        let n = Arc::new(Notify::new());
+                        puts.insert(key, n.clone());
+                        break n;
+                    }
+                }
+            };
+            if let Some(fut) = waiting {
+                fut.await;
+            }
+        };
+        let res = self.upload(key, src).await;
+        {
+            let mut puts = self.puts.lock().expect("obj puts");
+            puts.remove(&key);
+            done.notify_waiters();
+        }
+        res
+    }
+
+    async fn upload(&self, key: BlockKey, src: BlockSource) -> Result<bool> {
         self.wait_not_deleting(&key).await;
         if self.exists.contains_key(&key) {
             bump(&self.counters.exists_cache_hits, 1);
@@ -594,6 +631,7 @@ impl ObjTier {
             counters: Counters::default(),
             cap,
             job_deadline: attempt * (cfg.max_retries as u32 + 1) + Duration::from_secs(1),
+            puts: Mutex::new(FxHashMap::default()),
         });
         let tier = Self { inner, cfg };
         tier.probe().await?;
