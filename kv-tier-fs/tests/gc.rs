@@ -234,18 +234,17 @@ async fn only_bin_files_are_swept() {
     assert!(tmp.exists() && other.exists() && config.exists());
 }
 
-/// The reference's race: a key protected by a store in flight is decided under the same lock
-/// as its unlink. Held at `Selected`, the sweep then meets the protection and keeps the file.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_in_flight_during_a_sweep_keeps_its_file() {
-    let root = temp_root();
-    let tier = Arc::new(bounded(root.path(), 10, 0.8));
-    let ks = fifteen_aged(&tier).await;
+/// Holds the sweep at `point`: returns the sweep's thread once it has reached it, and the
+/// sender that lets it go on.
+fn sweep_held_at(
+    tier: &Arc<FsTier>,
+    point: SweepPoint,
+) -> (std::thread::JoinHandle<usize>, mpsc::Sender<()>) {
     let (at_tx, at_rx) = mpsc::channel();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let go_rx = std::sync::Mutex::new(go_rx);
     tier.set_sweep_hook(Some(Arc::new(move |p| {
-        if p == SweepPoint::Selected {
+        if p == point {
             at_tx.send(()).unwrap();
             go_rx.lock().unwrap().recv().unwrap();
         }
@@ -253,7 +252,18 @@ async fn a_store_in_flight_during_a_sweep_keeps_its_file() {
     .unwrap();
     let t = tier.clone();
     let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
-    at_rx.recv().unwrap(); // the sweep chose its victims: keys 0..7
+    at_rx.recv().unwrap();
+    (sweep, go_tx)
+}
+
+/// The reference's race: a key protected by a store in flight is decided under the same lock
+/// as its unlink. Held at `Selected`, the sweep then meets the protection and keeps the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_in_flight_during_a_sweep_keeps_its_file() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 10, 0.8));
+    let ks = fifteen_aged(&tier).await;
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::Selected); // the sweep chose its victims: keys 0..7
     // A store job for key 0 starts: it protects the key, finds the file and keeps it.
     let guard = tier.protect(&ks[..1]);
     go_tx.send(()).unwrap();
@@ -273,20 +283,8 @@ async fn a_touch_after_the_sweep_began_keeps_the_key() {
     let root = temp_root();
     let tier = Arc::new(bounded(root.path(), 10, 0.8));
     let ks = fifteen_aged(&tier).await;
-    let (at_tx, at_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
     let victim = ks[2];
-    tier.set_sweep_hook(Some(Arc::new(move |p| {
-        if p == SweepPoint::BeforeDelete(victim) {
-            at_tx.send(()).unwrap();
-            go_rx.lock().unwrap().recv().unwrap();
-        }
-    })))
-    .unwrap();
-    let t = tier.clone();
-    let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
-    at_rx.recv().unwrap(); // keys 0 and 1 are gone; key 2 is next
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::BeforeDelete(victim)); // keys 0 and 1 are gone; key 2 is next
     tier.touch(&[victim]);
     go_tx.send(()).unwrap();
     assert_eq!(sweep.join().unwrap(), 7);
@@ -505,19 +503,7 @@ async fn a_store_during_the_unlink_waits_and_rewrites() {
     let root = temp_root();
     let tier = Arc::new(bounded(root.path(), 10, 0.8));
     let ks = fifteen_aged(&tier).await;
-    let (at_tx, at_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    tier.set_sweep_hook(Some(Arc::new(move |p| {
-        if p == SweepPoint::Unlinking {
-            at_tx.send(()).unwrap();
-            go_rx.lock().unwrap().recv().unwrap();
-        }
-    })))
-    .unwrap();
-    let t = tier.clone();
-    let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
-    at_rx.recv().unwrap(); // keys 0..7 are decided, their files still on disk
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::Unlinking); // keys 0..7 are decided, their files still on disk
     assert!(tier.block_path(&ks[0]).exists());
     let t = tier.clone();
     let k0 = ks[0];

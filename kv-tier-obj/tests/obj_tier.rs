@@ -7,35 +7,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{BS, BUCKET, S3Server, ns};
-use kv_tier_core::{BlockKey, Error, LoadJob, SecondaryTier, StoreJob};
+use kv_tier_core::{BlockKey, Error, SecondaryTier};
 use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig};
-use kv_tier_testkit::{block_bytes, sink, source_for, test_key, verify_block};
+use kv_tier_testkit::{block_bytes, test_key, verify_block};
 
 async fn store(t: &dyn SecondaryTier, keys: &[BlockKey], salt: u64) -> kv_tier_core::JobResult {
-    t.store(StoreJob {
-        blocks: keys.iter().map(|k| (*k, source_for(k, salt, BS))).collect(),
-    })
-    .await
+    kv_tier_testkit::store_keys(t, keys, salt, BS).await
 }
 
 async fn load(
     t: &dyn SecondaryTier,
     keys: &[BlockKey],
 ) -> (kv_tier_core::JobResult, Vec<(BlockKey, bytes::Bytes)>) {
-    let mut job = LoadJob::default();
-    let mut readers = Vec::new();
-    for k in keys {
-        let (s, r) = sink(BS);
-        job.blocks.push((*k, s));
-        readers.push((*k, r));
-    }
-    let res = t.load(job).await;
-    let data = readers
-        .into_iter()
-        .filter(|(k, _)| res.ok.contains(k))
-        .map(|(k, r)| (k, r.into_bytes().unwrap()))
-        .collect();
-    (res, data)
+    kv_tier_testkit::load_keys(t, keys, BS).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

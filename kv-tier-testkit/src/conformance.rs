@@ -59,39 +59,14 @@ fn keys(case: u64, n: usize) -> Vec<BlockKey> {
 }
 
 async fn store(fx: &TierFixture, keys: &[BlockKey], salt: u64) -> kv_tier_core::JobResult {
-    let job = StoreJob {
-        blocks: keys
-            .iter()
-            .map(|k| (*k, source_for(k, salt, fx.block_size)))
-            .collect(),
-    };
-    fx.tier.store(job).await
+    crate::util::store_keys(&*fx.tier, keys, salt, fx.block_size).await
 }
 
-/// Loads `keys` and returns the result plus the bytes of each key that loaded.
 async fn load(
     fx: &TierFixture,
     keys: &[BlockKey],
 ) -> (kv_tier_core::JobResult, Vec<(BlockKey, bytes::Bytes)>) {
-    let mut readers = Vec::new();
-    let mut job = LoadJob::default();
-    for k in keys {
-        let (s, r) = sink(fx.block_size);
-        job.blocks.push((*k, s));
-        readers.push((*k, r));
-    }
-    let res = fx.tier.load(job).await;
-    let ok: BTreeSet<BlockKey> = res.ok.iter().copied().collect();
-    let mut out = Vec::new();
-    for (k, r) in readers {
-        let bytes = r
-            .into_bytes()
-            .expect("the tier kept a sink after its load returned");
-        if ok.contains(&k) {
-            out.push((k, bytes));
-        }
-    }
-    (res, out)
+    crate::util::load_keys(&*fx.tier, keys, fx.block_size).await
 }
 
 fn set(keys: &[BlockKey]) -> BTreeSet<BlockKey> {

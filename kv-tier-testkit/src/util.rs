@@ -183,6 +183,48 @@ impl Gate {
     }
 }
 
+/// Stores `keys` in `tier` as one job, each block [`block_bytes`] of its key and `salt`.
+pub async fn store_keys(
+    tier: &dyn kv_tier_core::SecondaryTier,
+    keys: &[BlockKey],
+    salt: u64,
+    block_size: usize,
+) -> kv_tier_core::JobResult {
+    let blocks = keys
+        .iter()
+        .map(|k| (*k, source_for(k, salt, block_size)))
+        .collect();
+    tier.store(kv_tier_core::StoreJob { blocks }).await
+}
+
+/// Loads `keys` from `tier` as one job; returns the result and the bytes of each key that
+/// loaded.
+pub async fn load_keys(
+    tier: &dyn kv_tier_core::SecondaryTier,
+    keys: &[BlockKey],
+    block_size: usize,
+) -> (kv_tier_core::JobResult, Vec<(BlockKey, bytes::Bytes)>) {
+    let mut job = kv_tier_core::LoadJob::default();
+    let mut readers = Vec::new();
+    for k in keys {
+        let (s, r) = sink(block_size);
+        job.blocks.push((*k, s));
+        readers.push((*k, r));
+    }
+    let res = tier.load(job).await;
+    let ok: std::collections::HashSet<BlockKey> = res.ok.iter().copied().collect();
+    let mut out = Vec::new();
+    for (k, r) in readers {
+        let bytes = r
+            .into_bytes()
+            .expect("the tier kept a sink after its load returned");
+        if ok.contains(&k) {
+            out.push((k, bytes));
+        }
+    }
+    (res, out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

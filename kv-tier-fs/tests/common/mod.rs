@@ -4,9 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kv_tier_core::{BlockKey, LoadJob, Namespace, RunFields, SecondaryTier, StoreJob};
+use kv_tier_core::{BlockKey, Namespace, RunFields, SecondaryTier};
 use kv_tier_fs::{Checksum, FsTier, FsTierConfig};
-use kv_tier_testkit::{sink, source_for};
 
 pub const BS: usize = 4096;
 
@@ -36,30 +35,14 @@ pub fn open_checksummed(root: &Path) -> FsTier {
 }
 
 pub async fn store(t: &dyn SecondaryTier, keys: &[BlockKey], salt: u64) -> kv_tier_core::JobResult {
-    t.store(StoreJob {
-        blocks: keys.iter().map(|k| (*k, source_for(k, salt, BS))).collect(),
-    })
-    .await
+    kv_tier_testkit::store_keys(t, keys, salt, BS).await
 }
 
 pub async fn load(
     t: &dyn SecondaryTier,
     keys: &[BlockKey],
 ) -> (kv_tier_core::JobResult, Vec<(BlockKey, bytes::Bytes)>) {
-    let mut job = LoadJob::default();
-    let mut readers = Vec::new();
-    for k in keys {
-        let (s, r) = sink(BS);
-        job.blocks.push((*k, s));
-        readers.push((*k, r));
-    }
-    let res = t.load(job).await;
-    let data = readers
-        .into_iter()
-        .filter(|(k, _)| res.ok.contains(k))
-        .map(|(k, r)| (k, r.into_bytes().unwrap()))
-        .collect();
-    (res, data)
+    kv_tier_testkit::load_keys(t, keys, BS).await
 }
 
 /// A filesystem mounted for one test (the tests run as root); unmounted on drop.
