@@ -94,9 +94,17 @@ impl S3Server {
         self.fail_next.store(n, Ordering::SeqCst);
     }
 
-    /// Stops accepting and drops every connection.
-    pub fn stop(&self) {
+    /// Stops accepting and drops every connection; returns once the port refuses connections.
+    pub async fn stop(&self) {
         self.task.abort();
+        let addr = self.endpoint.trim_start_matches("http://").to_string();
+        for _ in 0..1000 {
+            if tokio::net::TcpStream::connect(&addr).await.is_err() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the S3 server at {addr} still accepts connections");
     }
 
     pub fn config(&self) -> ObjTierConfig {
