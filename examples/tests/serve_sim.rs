@@ -3,8 +3,7 @@
 
 use std::process::Command;
 
-#[path = "../../kv-tier-obj/tests/common/mod.rs"]
-mod s3;
+use kv_tier_testkit::s3;
 
 use kv_tier_examples::sim::{Report, SimConfig, run};
 

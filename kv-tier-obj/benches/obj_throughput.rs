@@ -7,6 +7,8 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use common::S3ServerExt as _;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -2,6 +2,8 @@
 
 mod common;
 
+use common::S3ServerExt as _;
+
 use std::sync::Arc;
 
 use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig};

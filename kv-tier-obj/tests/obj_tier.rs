@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::S3ServerExt as _;
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -3,6 +3,8 @@
 pub mod conformance;
 pub mod faulty;
 pub mod memory;
+#[cfg(feature = "s3-server")]
+pub mod s3;
 pub mod util;
 pub mod workload;
 

@@ -1,16 +1,10 @@
-//! A real S3-protocol server on 127.0.0.1 (s3s + s3s-fs, in process), with fault injection.
+//! Helpers of the obj tier's tests: the testkit's S3 server, configured for `ObjTier`.
 #![allow(dead_code, unreachable_pub)]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use kv_tier_core::{Namespace, RunFields};
 use kv_tier_obj::{ObjTier, ObjTierConfig, Scheme};
+pub use kv_tier_testkit::s3::{AK, BUCKET, S3Server, SK};
 
-pub const AK: &str = "kv-tier-test-access";
-pub const SK: &str = "kv-tier-test-secret-0123456789";
-pub const BUCKET: &str = "kv-cache";
 pub const BS: usize = 4096;
 
 pub fn ns() -> Namespace {
@@ -21,93 +15,15 @@ pub fn ns() -> Namespace {
     .unwrap()
 }
 
-/// An S3 server on an ephemeral loopback port; stopped when dropped.
-pub struct S3Server {
-    pub endpoint: String,
-    fail_next: Arc<AtomicUsize>,
-    pub requests: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
+/// `ObjTier` and aws-sdk-s3 clients of a test server.
+pub trait S3ServerExt {
+    fn config(&self) -> ObjTierConfig;
+    async fn tier(&self, cfg: ObjTierConfig) -> ObjTier;
+    fn sdk(&self) -> aws_sdk_s3::Client;
 }
 
-impl S3Server {
-    pub async fn start() -> S3Server {
-        let dir = kv_tier_testkit::temp_root();
-        std::fs::create_dir(dir.path().join(BUCKET)).unwrap();
-        let fs = s3s_fs::FileSystem::new(dir.path()).unwrap();
-        let mut b = s3s::service::S3ServiceBuilder::new(fs);
-        b.set_auth(s3s::auth::SimpleAuth::from_single(AK, SK));
-        let service = b.build();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
-        let fail_next = Arc::new(AtomicUsize::new(0));
-        let requests = Arc::new(AtomicUsize::new(0));
-        let (f, r) = (fail_next.clone(), requests.clone());
-        let task = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            loop {
-                let Ok((socket, _)) = listener.accept().await else {
-                    continue;
-                };
-                // Without TCP_NODELAY every small request waits ~40 ms for a delayed ACK.
-                socket.set_nodelay(true).unwrap();
-                let (svc, f, r) = (service.clone(), f.clone(), r.clone());
-                let handler = hyper::service::service_fn(
-                    move |req: http::Request<hyper::body::Incoming>| {
-                        let (svc, f, r) = (svc.clone(), f.clone(), r.clone());
-                        async move {
-                            r.fetch_add(1, Ordering::SeqCst);
-                            let fail = f
-                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                                    n.checked_sub(1)
-                                })
-                                .is_ok();
-                            if fail {
-                                let body = "<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>";
-                                return Ok(http::Response::builder()
-                                    .status(503)
-                                    .body(s3s::Body::from(body.to_string()))
-                                    .unwrap());
-                            }
-                            hyper::service::Service::call(&svc, req).await
-                        }
-                    },
-                );
-                conns.spawn(async move {
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(socket), handler)
-                        .await;
-                });
-            }
-        });
-        S3Server {
-            endpoint,
-            fail_next,
-            requests,
-            task,
-            _dir: dir,
-        }
-    }
-
-    /// The next `n` requests are answered 503 Service Unavailable.
-    pub fn fail_next(&self, n: usize) {
-        self.fail_next.store(n, Ordering::SeqCst);
-    }
-
-    /// Stops accepting and drops every connection; returns once the port refuses connections.
-    pub async fn stop(&self) {
-        self.task.abort();
-        let addr = self.endpoint.trim_start_matches("http://").to_string();
-        for _ in 0..1000 {
-            if tokio::net::TcpStream::connect(&addr).await.is_err() {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-        panic!("the S3 server at {addr} still accepts connections");
-    }
-
-    pub fn config(&self) -> ObjTierConfig {
+impl S3ServerExt for S3Server {
+    fn config(&self) -> ObjTierConfig {
         let mut c = ObjTierConfig::new(BUCKET);
         c.endpoint_override = Some(self.endpoint.clone());
         c.access_key = Some(AK.into());
@@ -118,12 +34,12 @@ impl S3Server {
         c
     }
 
-    pub async fn tier(&self, cfg: ObjTierConfig) -> ObjTier {
+    async fn tier(&self, cfg: ObjTierConfig) -> ObjTier {
         ObjTier::connect("obj", cfg, ns(), BS).await.unwrap()
     }
 
     /// An aws-sdk-s3 client for the server.
-    pub fn sdk(&self) -> aws_sdk_s3::Client {
+    fn sdk(&self) -> aws_sdk_s3::Client {
         let creds = aws_sdk_s3::config::Credentials::new(AK, SK, None, None, "test");
         let conf = aws_sdk_s3::config::Builder::new()
             .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
@@ -133,11 +49,5 @@ impl S3Server {
             .force_path_style(true)
             .build();
         aws_sdk_s3::Client::from_conf(conf)
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }

@@ -1,0 +1,120 @@
+//! A real S3-protocol server for tests (feature `s3-server`): s3s + s3s-fs in process, on an
+//! ephemeral 127.0.0.1 port, with SigV4 authentication, TCP_NODELAY and fault injection
+//! (answer the next requests 503, or stop the server).
+//!
+//! ```no_run
+//! # async fn demo() {
+//! let server = kv_tier_testkit::s3::S3Server::start().await;
+//! println!("S3 at {} bucket {}", server.endpoint, kv_tier_testkit::s3::BUCKET);
+//! server.fail_next(2); // the next two requests get 503 Service Unavailable
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
+/// The access key the server accepts.
+pub const AK: &str = "kv-tier-test-access";
+/// The secret key the server accepts.
+pub const SK: &str = "kv-tier-test-secret-0123456789";
+/// The bucket the server starts with.
+pub const BUCKET: &str = "kv-cache";
+
+/// An S3 server on an ephemeral loopback port; stopped when dropped.
+#[derive(Debug)]
+pub struct S3Server {
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    fail_next: Arc<AtomicUsize>,
+    /// Requests received so far.
+    pub requests: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+impl S3Server {
+    /// Starts a server with the bucket [`BUCKET`] and the credentials [`AK`] / [`SK`].
+    pub async fn start() -> S3Server {
+        let dir = crate::util::temp_root();
+        std::fs::create_dir(dir.path().join(BUCKET)).unwrap();
+        let fs = s3s_fs::FileSystem::new(dir.path()).unwrap();
+        let mut b = s3s::service::S3ServiceBuilder::new(fs);
+        b.set_auth(s3s::auth::SimpleAuth::from_single(AK, SK));
+        let service = b.build();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let fail_next = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let (f, r) = (fail_next.clone(), requests.clone());
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((socket, _)) = listener.accept().await else {
+                    continue;
+                };
+                // Without TCP_NODELAY every small request waits ~40 ms for a delayed ACK.
+                socket.set_nodelay(true).unwrap();
+                let (svc, f, r) = (service.clone(), f.clone(), r.clone());
+                let handler = hyper::service::service_fn(
+                    move |req: http::Request<hyper::body::Incoming>| {
+                        let (svc, f, r) = (svc.clone(), f.clone(), r.clone());
+                        async move {
+                            r.fetch_add(1, Ordering::SeqCst);
+                            let fail = f
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok();
+                            if fail {
+                                let body = "<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>";
+                                return Ok(http::Response::builder()
+                                    .status(503)
+                                    .body(s3s::Body::from(body.to_string()))
+                                    .unwrap());
+                            }
+                            hyper::service::Service::call(&svc, req).await
+                        }
+                    },
+                );
+                conns.spawn(async move {
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(socket), handler)
+                        .await;
+                });
+            }
+        });
+        S3Server {
+            endpoint,
+            fail_next,
+            requests,
+            task,
+            _dir: dir,
+        }
+    }
+
+    /// The next `n` requests are answered 503 Service Unavailable.
+    pub fn fail_next(&self, n: usize) {
+        self.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    /// Stops accepting and drops every connection; returns once the port refuses connections.
+    pub async fn stop(&self) {
+        self.task.abort();
+        let addr = self.endpoint.trim_start_matches("http://").to_string();
+        for _ in 0..1000 {
+            if tokio::net::TcpStream::connect(&addr).await.is_err() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the S3 server at {addr} still accepts connections");
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
