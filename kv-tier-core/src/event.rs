@@ -76,3 +76,60 @@ impl TierEvent {
         }
     }
 }
+
+/// The event queue a tier keeps for [`crate::SecondaryTier::take_events`]: one tier name,
+/// medium and locality, events appended in order, taken all at once.
+///
+/// ```
+/// use kv_tier_core::{BlockKey, EventLog, Locality, Medium};
+/// let log = EventLog::new("fs", Medium::Storage, Locality::Local);
+/// log.push(vec![BlockKey::from_hash32([1; 32], 0)], false);
+/// log.push(vec![], true); // nothing to say: no event
+/// let ev = log.take();
+/// assert_eq!(ev.len(), 1);
+/// assert!(!ev[0].removed && ev[0].tier == "fs");
+/// assert!(log.take().is_empty());
+/// ```
+#[derive(Debug)]
+pub struct EventLog {
+    tier: String,
+    medium: Medium,
+    locality: Locality,
+    events: std::sync::Mutex<Vec<TierEvent>>,
+}
+
+impl EventLog {
+    /// An empty log for the tier `tier`.
+    pub fn new(tier: impl Into<String>, medium: Medium, locality: Locality) -> Self {
+        Self {
+            tier: tier.into(),
+            medium,
+            locality,
+            events: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Appends a stored (`removed == false`) or removed event; empty key lists are skipped.
+    pub fn push(&self, keys: Vec<BlockKey>, removed: bool) {
+        if keys.is_empty() {
+            return;
+        }
+        let ev = TierEvent {
+            tier: self.tier.clone(),
+            keys,
+            medium: self.medium,
+            locality: self.locality,
+            removed,
+        };
+        self.lock().push(ev);
+    }
+
+    /// Takes every event so far, oldest first.
+    pub fn take(&self) -> Vec<TierEvent> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<TierEvent>> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

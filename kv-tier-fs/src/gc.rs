@@ -543,6 +543,10 @@ impl Gc {
                 i += 1;
                 self.hook(SweepPoint::BeforeDelete(key));
                 let path = ns.block_path(root, &key);
+                // Another process may have used (or deleted) the file since it was indexed.
+                // Looked at before the locks: no lock is held across I/O, and anything this
+                // process did to the key meanwhile shows in the index checks below.
+                let on_disk = std::fs::symlink_metadata(&path).map(|m| mtime_ns(&m));
                 let mut outcome = None;
                 protection.with_lock(|is_protected| {
                     let mut idx = self.lock();
@@ -557,17 +561,15 @@ impl Gc {
                         outcome = Some(Skip::InFlight);
                         return;
                     }
-                    // Another process may have used the file since it was indexed.
-                    match std::fs::symlink_metadata(&path) {
-                        Ok(m) if mtime_ns(&m) > e.mtime => {
-                            let fresh = mtime_ns(&m);
+                    match on_disk {
+                        Ok(fresh) if fresh > e.mtime => {
                             if let Some(e) = idx.map.get_mut(&key) {
                                 e.mtime = fresh;
                             }
                             outcome = Some(Skip::Recent);
                             return;
                         }
-                        Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                        Err(ref err) if err.kind() == io::ErrorKind::NotFound => {
                             idx.remove(&key);
                             outcome = Some(Skip::Gone);
                             return;

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use kv_tier_core::{
-    AlignedBuf, BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error, JobResult,
-    LoadJob, Locality, Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier,
-    StoreJob, TierEvent, TierInfo, TierRegistry, TierSpec, async_trait,
+    AlignedBuf, BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error, EventLog,
+    JobResult, LoadJob, Locality, Medium, Namespace, ProtectGuard, ProtectionSet, Result,
+    SecondaryTier, StoreJob, TierEvent, TierInfo, TierRegistry, TierSpec, async_trait,
 };
 
 use crate::config::{Checksum, FsTierConfig};
@@ -167,7 +167,7 @@ struct Files {
     tmp_salt: u64,
     top_dirs_ready: AtomicBool,
     protection: ProtectionSet,
-    events: Mutex<Vec<TierEvent>>,
+    events: EventLog,
     gc: Option<Gc>,
 }
 
@@ -472,20 +472,6 @@ impl Files {
         Ok(())
     }
 
-    fn event(&self, keys: Vec<BlockKey>, removed: bool) {
-        if keys.is_empty() {
-            return;
-        }
-        let ev = TierEvent {
-            tier: self.name.clone(),
-            keys,
-            medium: Medium::Storage,
-            locality: Locality::Local,
-            removed,
-        };
-        self.events.lock().expect("fs events").push(ev);
-    }
-
     fn rank_dir(&self) -> PathBuf {
         self.root.join(self.ns.rank_dir_name())
     }
@@ -495,7 +481,7 @@ impl Files {
         let Some(gc) = &self.gc else { return 0 };
         let report = gc.sweep(&self.ns, &self.root, &self.protection);
         let n = report.deleted.len();
-        self.event(report.deleted, true);
+        self.events.push(report.deleted, true);
         n
     }
 
@@ -508,7 +494,7 @@ impl Files {
         gc.counters
             .external_removals
             .fetch_add(gone.len() as u64, Ordering::Relaxed);
-        self.event(gone, true);
+        self.events.push(gone, true);
     }
 
     fn exists(&self, key: &BlockKey) -> bool {
@@ -575,7 +561,7 @@ impl FsTier {
             None => false,
         };
         let files = Arc::new(Files {
-            name,
+            name: name.clone(),
             root: root.clone(),
             ns,
             block_size,
@@ -590,7 +576,7 @@ impl FsTier {
             tmp_salt: random_salt(),
             top_dirs_ready: AtomicBool::new(false),
             protection: ProtectionSet::new(),
-            events: Mutex::new(Vec::new()),
+            events: EventLog::new(name.clone(), Medium::Storage, Locality::Local),
             gc: cfg.gc().map(Gc::new),
         });
         if let Some(gc) = &files.gc {
@@ -1139,7 +1125,7 @@ impl SecondaryTier for FsTier {
                 }
             }
         }
-        self.files.event(published, false);
+        self.files.events.push(published, false);
         res
     }
 
@@ -1171,7 +1157,7 @@ impl SecondaryTier for FsTier {
                 }
             }
         }
-        self.files.event(deleted, true);
+        self.files.events.push(deleted, true);
         res
     }
 
@@ -1191,7 +1177,7 @@ impl SecondaryTier for FsTier {
     }
 
     fn take_events(&self) -> Vec<TierEvent> {
-        std::mem::take(&mut *self.files.events.lock().expect("fs events"))
+        self.files.events.take()
     }
 
     async fn shutdown(&self) -> Result<()> {

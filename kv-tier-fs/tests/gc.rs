@@ -397,12 +397,7 @@ async fn an_external_rm_is_absorbed_by_the_rescan() {
     tier.gc_rescan_now().unwrap();
     let s = gc(&tier);
     assert_eq!((s.files, s.bytes, s.rescans), (3, 3 * BS as u64, 1));
-    let removed: Vec<BlockKey> = tier
-        .take_events()
-        .into_iter()
-        .filter(|e| e.removed)
-        .flat_map(|e| e.keys)
-        .collect();
+    let removed: Vec<BlockKey> = kv_tier_testkit::removed_keys(tier.take_events());
     assert_eq!(removed.len(), 2);
     assert!(removed.contains(&ks[1]) && removed.contains(&ks[3]));
 }

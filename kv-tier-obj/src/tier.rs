@@ -7,9 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use kv_tier_core::{
-    BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error, JobResult, LoadJob,
-    Locality, Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob,
-    TierEvent, TierInfo, TierRegistry, TierSpec, async_trait,
+    BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error, EventLog, JobResult,
+    LoadJob, Locality, Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier,
+    StoreJob, TierEvent, TierInfo, TierRegistry, TierSpec, async_trait,
 };
 use object_store::path::Path as ObjPath;
 use object_store::{
@@ -137,7 +137,7 @@ struct Inner {
     exists: moka::sync::Cache<BlockKey, ()>,
     create_only: AtomicBool,
     protection: ProtectionSet,
-    events: Mutex<Vec<TierEvent>>,
+    events: EventLog,
     counters: Counters,
     cap: Option<Cap>,
     job_deadline: Duration,
@@ -240,20 +240,6 @@ impl Inner {
         let group: u32 = leaf.rsplit_once("_g")?.1.parse().ok()?;
         let key = BlockKey::from_hex(hex, group).ok()?;
         (self.ns.block_rel_path(&key) == rel).then_some(key)
-    }
-
-    fn event(&self, keys: Vec<BlockKey>, removed: bool) {
-        if keys.is_empty() {
-            return;
-        }
-        let ev = TierEvent {
-            tier: self.name.clone(),
-            keys,
-            medium: Medium::Storage,
-            locality: Locality::Remote,
-            removed,
-        };
-        self.events.lock().expect("obj events").push(ev);
     }
 
     async fn head(&self, key: &BlockKey) -> std::result::Result<bool, object_store::Error> {
@@ -409,7 +395,7 @@ impl Inner {
         let _s = self.slot().await;
         if self.store.delete(path).await.is_ok() {
             bump(&self.counters.corrupt_deleted, 1);
-            self.event(vec![*key], true);
+            self.events.push(vec![*key], true);
         }
     }
 
@@ -571,7 +557,7 @@ impl Inner {
         bump(&self.counters.evicted, deleted.len() as u64);
         bump(&self.counters.sweeps, 1);
         let n = deleted.len();
-        self.event(deleted, true);
+        self.events.push(deleted, true);
         n
     }
 }
@@ -627,7 +613,7 @@ impl ObjTier {
                 .build(),
             create_only: AtomicBool::new(true),
             protection: ProtectionSet::new(),
-            events: Mutex::new(Vec::new()),
+            events: EventLog::new(name, Medium::Storage, Locality::Remote),
             counters: Counters::default(),
             cap,
             job_deadline: attempt * (cfg.max_retries as u32 + 1) + Duration::from_secs(1),
@@ -790,7 +776,7 @@ impl ObjTier {
                 }
             }
         }
-        inner.event(published, false);
+        inner.events.push(published, false);
         res
     }
 
@@ -978,7 +964,7 @@ impl SecondaryTier for ObjTier {
     }
 
     fn take_events(&self) -> Vec<TierEvent> {
-        std::mem::take(&mut *self.inner.events.lock().expect("obj events"))
+        self.inner.events.take()
     }
 
     async fn shutdown(&self) -> Result<()> {

@@ -271,12 +271,7 @@ async fn over_the_bound_the_oldest_go_first_and_protected_keys_stay() {
     );
     assert!(exists[7..].iter().all(|&b| b));
     assert!(s.skipped_in_flight >= 1);
-    let removed: Vec<BlockKey> = tier
-        .take_events()
-        .into_iter()
-        .filter(|e| e.removed)
-        .flat_map(|e| e.keys)
-        .collect();
+    let removed: Vec<BlockKey> = kv_tier_testkit::removed_keys(tier.take_events());
     assert_eq!(removed.len(), 5);
     assert_eq!(s.evicted, 5);
     drop(guard);

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kv_tier_core::{
-    BlockKey, BuildContext, Capability, Error, JobResult, LoadJob, Locality, Medium, ProtectGuard,
-    ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent, TierInfo, TierRegistry, TierSpec,
-    async_trait,
+    BlockKey, BuildContext, Capability, Error, EventLog, JobResult, LoadJob, Locality, Medium,
+    ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent, TierInfo,
+    TierRegistry, TierSpec, async_trait,
 };
 use rustc_hash::FxHashMap;
 
@@ -26,7 +26,7 @@ pub struct MemoryTier {
     /// Buffers of removed blocks, reused by later stores (pre-faulted memory, like a device).
     pool: Mutex<Vec<Vec<u8>>>,
     protection: ProtectionSet,
-    events: Mutex<Vec<TierEvent>>,
+    events: EventLog,
     lookups: AtomicU64,
     lookup_batches: AtomicU64,
 }
@@ -34,13 +34,14 @@ pub struct MemoryTier {
 impl MemoryTier {
     /// An empty tier for blocks of `block_size` bytes.
     pub fn new(name: impl Into<String>, block_size: usize) -> Self {
+        let name = name.into();
         Self {
-            name: name.into(),
+            events: EventLog::new(name.clone(), Medium::Storage, Locality::Local),
+            name,
             block_size,
             blocks: Mutex::new(FxHashMap::default()),
             pool: Mutex::new(Vec::new()),
             protection: ProtectionSet::new(),
-            events: Mutex::new(Vec::new()),
             lookups: AtomicU64::new(0),
             lookup_batches: AtomicU64::new(0),
         }
@@ -187,17 +188,7 @@ impl SecondaryTier for MemoryTier {
             }
             res.ok.push(key);
         }
-        if !published.is_empty() {
-            self.events
-                .lock()
-                .expect("memory tier events")
-                .push(TierEvent::stored(
-                    &self.name,
-                    published,
-                    Medium::Storage,
-                    Locality::Local,
-                ));
-        }
+        self.events.push(published, false);
         res
     }
 
@@ -245,7 +236,7 @@ impl SecondaryTier for MemoryTier {
     }
 
     fn take_events(&self) -> Vec<TierEvent> {
-        std::mem::take(&mut *self.events.lock().expect("memory tier events"))
+        self.events.take()
     }
 
     async fn shutdown(&self) -> Result<()> {

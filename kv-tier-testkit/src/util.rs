@@ -225,6 +225,15 @@ pub async fn load_keys(
     (res, out)
 }
 
+/// The keys of the removal events among `events`, in order.
+pub fn removed_keys(events: Vec<kv_tier_core::TierEvent>) -> Vec<BlockKey> {
+    events
+        .into_iter()
+        .filter(|e| e.removed)
+        .flat_map(|e| e.keys)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
