@@ -189,40 +189,35 @@ impl TieringManager {
 
     /// [`TieringManager::lookup_prefix`] with the verdict of every key looked up (it stops
     /// after the first `Miss`, so the result may be shorter than `keys`).
+    ///
+    /// A promotion's DRAM reservation never evicts a block this call answered `Hit` for: before
+    /// reserving, those blocks are pinned (until the call returns) and made most recent. When
+    /// nothing else can make room, the promotion is refused and that key is a `Miss`.
     pub fn lookup_many(&self, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
         let mut st = self.begin();
         let mut results = Vec::with_capacity(keys.len());
-        let mut untouched = 0;
+        let mut pins: Vec<BlockSource> = Vec::new();
+        let mut unpinned = 0;
         for (i, key) in keys.iter().enumerate() {
-            let (r, touched) = self.lookup_locked(&mut st, key, req, &keys[untouched..i]);
-            if touched {
-                untouched = i;
+            let recent = &keys[unpinned..i];
+            let mut pinned = false;
+            let r = self.lookup_inner(&mut st, key, req, || {
+                if !recent.is_empty() {
+                    pins.extend(self.primary.sources(recent).into_iter().flatten());
+                    self.primary.touch(recent);
+                    pinned = true;
+                }
+            });
+            if pinned {
+                unpinned = i;
             }
             results.push(r);
             if r == LookupResult::Miss {
                 break;
             }
         }
+        drop(pins);
         results
-    }
-
-    /// `recent`: keys answered earlier in the same call; they are made most recent before a
-    /// promotion reserves a slot, so the reservation cannot evict them (returns whether it did).
-    fn lookup_locked(
-        &self,
-        st: &mut State,
-        key: &BlockKey,
-        req: &RequestContext,
-        recent: &[BlockKey],
-    ) -> (LookupResult, bool) {
-        let mut touched = false;
-        let r = self.lookup_inner(st, key, req, || {
-            if !recent.is_empty() {
-                self.primary.touch(recent);
-                touched = true;
-            }
-        });
-        (r, touched)
     }
 
     fn lookup_inner(

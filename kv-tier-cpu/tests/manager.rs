@@ -660,3 +660,45 @@ async fn an_engine_store_never_completes_a_slot_reserved_by_a_promotion() {
     store(&fx.m, other.id, &[k]);
     assert_dram_bytes(&fx.cpu, &[k]);
 }
+
+/// When DRAM has no other room, a promotion is refused (Miss) rather than evicting a block the
+/// same lookup already answered Hit for. (Found by serve_sim's test under CI load.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_dram_refuses_a_promotion_rather_than_evict_a_hit_of_the_same_lookup() {
+    let t = mem("fs");
+    let (k0, k1, k2, k3) = (test_key(0), test_key(1), test_key(2), test_key(3));
+    seed(&*t, &[k2, k3]).await;
+    let fx = manager(3, vec![t.clone()]).await;
+    store(&fx.m, RequestId(1), &[k0]);
+    store(&fx.m, RequestId(1), &[k1]);
+    fx.m.wait_idle().await;
+    let req = RequestContext::new(2);
+    let prefix = [k0, k1, k2, k3];
+    assert_eq!(
+        fx.m.lookup_many(&prefix, &req),
+        vec![
+            LookupResult::Hit,
+            LookupResult::Hit,
+            LookupResult::Retry,
+            LookupResult::Retry
+        ]
+    );
+    fx.m.on_schedule_end();
+    fx.m.wait_idle().await;
+    // one free slot: k2 gets it; k3 would have to evict k0 or k1
+    let r = fx.m.lookup_many(&prefix, &req);
+    assert_eq!(
+        r,
+        vec![
+            LookupResult::Hit,
+            LookupResult::Hit,
+            LookupResult::HitPending,
+            LookupResult::Miss
+        ]
+    );
+    assert!(
+        fx.m.prepare_load(&[k0, k1]).is_ok(),
+        "a block answered Hit was evicted"
+    );
+    assert_eq!(fx.m.stats().promotions_refused, 1);
+}
