@@ -18,6 +18,8 @@
 //! # Ok::<(), kv_tier_core::Error>(())
 //! ```
 
+use std::time::Duration;
+
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -137,6 +139,27 @@ struct RawConfig {
     spec_name: Option<String>,
     #[serde(default)]
     spec_module_path: Option<String>,
+    #[serde(default = "default_probe_timeout")]
+    probe_timeout_s: f64,
+    #[serde(default = "default_job_timeout")]
+    job_timeout_s: f64,
+    #[serde(default = "default_job_timeout_per_block")]
+    job_timeout_per_block_s: f64,
+    #[serde(default = "default_lease")]
+    lease_s: f64,
+}
+
+fn default_probe_timeout() -> f64 {
+    1.0
+}
+fn default_job_timeout() -> f64 {
+    30.0
+}
+fn default_job_timeout_per_block() -> f64 {
+    0.25
+}
+fn default_lease() -> f64 {
+    30.0
 }
 
 /// The whole configuration.
@@ -154,6 +177,63 @@ pub struct KvTierConfig {
     /// The namespace (`layout`: the run fields of `config.json` plus `"rank"`); tiers that
     /// persist blocks need it, unless the engine passes one to the manager builder.
     pub layout: Option<LayoutConfig>,
+    /// Deadline of one existence probe batch, in seconds (`probe_timeout_s`, default 1, range
+    /// 0.001 to 600). A probe that has not answered by then (or that errs or panics) answers
+    /// "absent in this tier" for its keys, so no key waits in `Retry` longer than this.
+    pub probe_timeout_s: f64,
+    /// Base deadline of one store or load job, in seconds (`job_timeout_s`, default 30, range
+    /// 0.01 to 86,400). A job gets `job_timeout_s + job_timeout_per_block_s x blocks`; one that
+    /// has not ended by then is abandoned (its future dropped) and every key of it fails.
+    pub job_timeout_s: f64,
+    /// Added to a job's deadline per block, in seconds (`job_timeout_per_block_s`, default
+    /// 0.25, range 0 to 3,600).
+    pub job_timeout_per_block_s: f64,
+    /// How long a key a probe found stays leased (protected from eviction) in that tier while
+    /// its promotion is pending, in seconds (`lease_s`, default 30, range 0.001 to 86,400).
+    /// The lease ends when the promotion ends or every request that asked for the key has
+    /// finished; the expiry only bounds a lease nothing ends. An expired "present" answer
+    /// is probed again.
+    pub lease_s: f64,
+}
+
+/// The documented range of every numeric field of [`KvTierConfig`], checked by
+/// [`KvTierConfig::validate`]: `(field, min, max)`, both ends included.
+pub const RANGES: &[(&str, f64, f64)] = &[
+    ("probe_timeout_s", PROBE_TIMEOUT.0, PROBE_TIMEOUT.1),
+    ("job_timeout_s", JOB_TIMEOUT.0, JOB_TIMEOUT.1),
+    (
+        "job_timeout_per_block_s",
+        JOB_TIMEOUT_PER_BLOCK.0,
+        JOB_TIMEOUT_PER_BLOCK.1,
+    ),
+    ("lease_s", LEASE.0, LEASE.1),
+];
+const PROBE_TIMEOUT: (f64, f64) = (0.001, 600.0);
+const JOB_TIMEOUT: (f64, f64) = (0.01, 86_400.0);
+const JOB_TIMEOUT_PER_BLOCK: (f64, f64) = (0.0, 3_600.0);
+const LEASE: (f64, f64) = (0.001, 86_400.0);
+
+/// Checks that `value` of `field` lies in `min..=max` (and is a number), with an error that
+/// names the field and the range. For tier configs too.
+pub fn check_range(field: &str, value: f64, min: f64, max: f64) -> Result<()> {
+    if value.is_nan() || value < min || value > max {
+        return Err(Error::config(
+            field,
+            format!("must be between {min} and {max}, got {value}"),
+        ));
+    }
+    Ok(())
+}
+
+/// [`check_range`] for integers.
+pub fn check_range_u64(field: &str, value: u64, min: u64, max: u64) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::config(
+            field,
+            format!("must be between {min} and {max}, got {value}"),
+        ));
+    }
+    Ok(())
 }
 
 /// The largest block size accepted (1 GiB): larger is a units mistake.
@@ -168,7 +248,28 @@ impl KvTierConfig {
             eviction_policy: EvictionPolicy::Lru,
             secondary_tiers: Vec::new(),
             layout: None,
+            probe_timeout_s: default_probe_timeout(),
+            job_timeout_s: default_job_timeout(),
+            job_timeout_per_block_s: default_job_timeout_per_block(),
+            lease_s: default_lease(),
         }
+    }
+
+    /// The probe deadline.
+    pub fn probe_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.probe_timeout_s)
+    }
+
+    /// The deadline of a job of `blocks` blocks.
+    pub fn job_timeout(&self, blocks: usize) -> Duration {
+        let secs = self.job_timeout_s + self.job_timeout_per_block_s * blocks as f64;
+        // Both terms are range-checked; capped (at ~31 years) so any block count converts.
+        Duration::try_from_secs_f64(secs.min(1e9)).unwrap_or(Duration::MAX)
+    }
+
+    /// The lease of a key a probe found.
+    pub fn lease(&self) -> Duration {
+        Duration::from_secs_f64(self.lease_s)
     }
 
     /// Parses and validates the JSON text.
@@ -225,6 +326,10 @@ impl KvTierConfig {
             eviction_policy: raw.eviction_policy,
             secondary_tiers: tiers,
             layout,
+            probe_timeout_s: raw.probe_timeout_s,
+            job_timeout_s: raw.job_timeout_s,
+            job_timeout_per_block_s: raw.job_timeout_per_block_s,
+            lease_s: raw.lease_s,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -269,6 +374,18 @@ impl KvTierConfig {
                     ),
                 ));
             }
+        }
+        for (field, v, (min, max)) in [
+            ("probe_timeout_s", self.probe_timeout_s, PROBE_TIMEOUT),
+            ("job_timeout_s", self.job_timeout_s, JOB_TIMEOUT),
+            (
+                "job_timeout_per_block_s",
+                self.job_timeout_per_block_s,
+                JOB_TIMEOUT_PER_BLOCK,
+            ),
+            ("lease_s", self.lease_s, LEASE),
+        ] {
+            check_range(field, v, min, max)?;
         }
         if let Some(l) = &self.layout {
             l.namespace()?;

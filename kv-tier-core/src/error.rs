@@ -111,6 +111,14 @@ pub enum Error {
         /// The deadline that passed.
         after: Duration,
     },
+    /// A tier panicked while running a job or probe; the manager caught it.
+    #[error("tier `{tier}` panicked during {op}")]
+    Panicked {
+        /// The tier.
+        tier: String,
+        /// What it was doing (`store job`, `load job`, `probe`).
+        op: String,
+    },
     /// The tier or manager has been shut down.
     #[error("`{what}` has been shut down")]
     Shutdown {
@@ -139,13 +147,16 @@ impl Error {
 
     /// Whether retrying the same operation later may succeed (the data is not known to be gone).
     ///
-    /// Transient: timeouts, a full DRAM pool, backend errors flagged transient, and I/O errors
+    /// Transient: timeouts, panics of a tier, a full DRAM pool, backend errors flagged transient, and I/O errors
     /// such as `EIO`, `EINTR`, `EAGAIN`, `EMFILE`, `ENFILE`, `EACCES`, `EPERM`, `ELOOP`,
     /// `ENOMEM`, `EBUSY` and `ETIMEDOUT`. Not transient: not-found, corrupt, wrong size, bad
     /// config, layout mismatch, shutdown.
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Timeout { .. } | Error::CapacityExhausted { .. } | Error::NoSpace { .. } => true,
+            Error::Timeout { .. }
+            | Error::Panicked { .. }
+            | Error::CapacityExhausted { .. }
+            | Error::NoSpace { .. } => true,
             Error::Backend { transient, .. } => *transient,
             Error::Io { source, .. } => io_is_transient(source),
             _ => false,

@@ -1,20 +1,25 @@
 //! [`AsyncLookup`]: non-blocking existence answers for one secondary tier, with batched probes
-//! and a generation per key so that a completed store is authoritative over a late probe.
+//! that have a deadline, a generation per probe so that a completed store is authoritative
+//! over a late probe, and leases that keep a found key in its tier until it is promoted.
 
+use std::collections::VecDeque;
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::Notify;
 
 use crate::key::BlockKey;
 use crate::request::RequestId;
-use crate::tier::SecondaryTier;
+use crate::tier::{ProtectGuard, SecondaryTier};
 
 /// The async lookup's answer for one key and request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Presence {
-    /// The tier has the block.
+    /// The tier has the block (and it is leased there until its promotion ends).
     Present,
     /// The tier does not have it (for this request).
     Absent,
@@ -22,12 +27,17 @@ pub enum Presence {
     Retry,
 }
 
-#[derive(Debug, Default)]
+/// A key known present, protected in the tier until the lease drops or expires.
+struct Lease {
+    id: u64,
+    expires: Instant,
+    _guard: ProtectGuard,
+}
+
+#[derive(Default)]
 struct KeyState {
-    /// Bumped by `mark_present` / `mark_miss`: probes started under an older generation are stale.
-    generation: u64,
-    /// Known present (from a completed store or a probe).
-    present: bool,
+    /// Known present (from a completed store or a probe), with its lease.
+    present: Option<Lease>,
     /// Generation of the probe in flight for this key, if any.
     pending: Option<u64>,
     /// Requests waiting for the pending probe.
@@ -38,9 +48,54 @@ struct KeyState {
     refs: u32,
 }
 
+/// How a probe batch ended.
+enum Outcome {
+    Answered(Vec<bool>),
+    Failed(crate::Error),
+    Panicked,
+    TimedOut,
+    /// The probe's task was dropped unrun or mid-way (its runtime shut down).
+    Dropped,
+}
+
 struct ProbeBatch {
     keys: Vec<(BlockKey, u64)>,
-    result: crate::Result<Vec<bool>>,
+    outcome: Outcome,
+    /// Protects every key of the batch from the moment it was sent until its answer is
+    /// applied (present keys then take leases of their own).
+    _guard: ProtectGuard,
+}
+
+/// Hands a probe's outcome to the lookup exactly once, even if the probe's task is dropped.
+struct Report {
+    batch: Option<(Vec<(BlockKey, u64)>, ProtectGuard)>,
+    inbox: Arc<Mutex<Vec<ProbeBatch>>>,
+    notify: Arc<Notify>,
+}
+
+impl Report {
+    fn send(&mut self, outcome: Outcome) {
+        if let Some((keys, guard)) = self.batch.take() {
+            lock(&self.inbox).push(ProbeBatch {
+                keys,
+                outcome,
+                _guard: guard,
+            });
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Report {
+    fn drop(&mut self) {
+        self.send(Outcome::Dropped);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding this lock cannot leave the inbox half-updated (push is atomic
+    // with respect to the Vec's invariants), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Counters of an [`AsyncLookup`].
@@ -52,21 +107,36 @@ pub struct AsyncLookupStats {
     pub probed_keys: u64,
     /// Probe answers discarded because a store or failed load superseded them.
     pub stale_answers: u64,
-    /// Probe batches that failed (counted as misses).
+    /// Probe batches that failed, answered the wrong number of keys, or were dropped (their
+    /// keys count as absent).
     pub probe_errors: u64,
+    /// Probe batches that passed their deadline (their keys count as absent).
+    pub probe_timeouts: u64,
+    /// Probe batches whose tier panicked (their keys count as absent).
+    pub probe_panics: u64,
+    /// Leases that expired before anything ended them (the key is probed again if asked).
+    pub leases_expired: u64,
+    /// Failed-load answers for requests this lookup does not know (finished): ignored.
+    pub ignored_answers: u64,
 }
 
 /// Non-blocking existence answers for one secondary tier.
 ///
 /// The first [`AsyncLookup::lookup`] of a key returns [`Presence::Retry`] and queues one probe;
 /// queued probes are sent as one batch by [`AsyncLookup::flush`] (at schedule end) and run on
-/// the runtime, off the caller's thread; their answers apply at [`AsyncLookup::apply_results`]
-/// (the start of the next step). Positive answers are shared by all requests; negative answers
-/// are kept per request and dropped when it finishes.
+/// the runtime, off the caller's thread, within a deadline; their answers apply at
+/// [`AsyncLookup::apply_results`] (the start of the next step). A probe that errs, panics or
+/// passes its deadline answers "absent" for its keys. Positive answers are shared by all
+/// requests; negative answers are kept per request and dropped when it finishes.
 ///
-/// A completed store ([`AsyncLookup::mark_present`]) or failed load
-/// ([`AsyncLookup::mark_miss`]) bumps the key's generation, so a probe that was in flight
-/// when it happened can never overwrite it.
+/// Every probe carries a generation from one counter per lookup: a completed store
+/// ([`AsyncLookup::mark_stored`]) or failed load ([`AsyncLookup::mark_miss`]) makes every
+/// probe in flight for its keys stale, so a late probe never overwrites it, even after the
+/// key's state was dropped and re-created.
+///
+/// A key found present is leased: protected from eviction in the tier from the moment its
+/// probe is sent until [`AsyncLookup::release`] (the promotion ended), every request that
+/// asked for it finished, or the lease expires (then the key is probed again if asked).
 pub struct AsyncLookup {
     tier: Arc<dyn SecondaryTier>,
     runtime: tokio::runtime::Handle,
@@ -76,6 +146,12 @@ pub struct AsyncLookup {
     inbox: Arc<Mutex<Vec<ProbeBatch>>>,
     notify: Arc<Notify>,
     in_flight: usize,
+    /// The one generation counter: probes and leases take numbers from it.
+    next_gen: u64,
+    probe_timeout: Duration,
+    lease_for: Duration,
+    /// Leases in order of expiry (one lease duration for all, so insertion order).
+    expiries: VecDeque<(Instant, BlockKey, u64)>,
     stats: AsyncLookupStats,
 }
 
@@ -90,9 +166,14 @@ impl fmt::Debug for AsyncLookup {
     }
 }
 
+/// The default probe deadline (see [`crate::KvTierConfig::probe_timeout_s`]).
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default lease (see [`crate::KvTierConfig::lease_s`]).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
 impl AsyncLookup {
-    /// An async lookup over `tier`, running probes on `runtime` and waking `notify` when a
-    /// probe's answer arrives.
+    /// An async lookup over `tier`, running probes on `runtime` (which must have timers
+    /// enabled) and waking `notify` when a probe's answer arrives; default deadline and lease.
     pub fn new(
         tier: Arc<dyn SecondaryTier>,
         runtime: tokio::runtime::Handle,
@@ -107,25 +188,70 @@ impl AsyncLookup {
             inbox: Arc::new(Mutex::new(Vec::new())),
             notify,
             in_flight: 0,
+            next_gen: 0,
+            probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            lease_for: DEFAULT_LEASE,
+            expiries: VecDeque::new(),
             stats: AsyncLookupStats::default(),
+        }
+    }
+
+    /// Sets the probe deadline and the lease of found keys.
+    pub fn with_timeouts(mut self, probe_timeout: Duration, lease: Duration) -> Self {
+        self.probe_timeout = probe_timeout;
+        self.lease_for = lease;
+        self
+    }
+
+    fn generation(&mut self) -> u64 {
+        self.next_gen += 1;
+        self.next_gen
+    }
+
+    fn lease(&mut self, key: &BlockKey) -> Lease {
+        let id = self.generation();
+        let expires = Instant::now() + self.lease_for;
+        self.expiries.push_back((expires, *key, id));
+        Lease {
+            id,
+            expires,
+            _guard: self.tier.protect(std::slice::from_ref(key)),
         }
     }
 
     /// The answer for `key` in request `req`, queueing a probe when unknown.
     pub fn lookup(&mut self, key: &BlockKey, req: RequestId) -> Presence {
-        let e = self.keys.entry(*key).or_default();
-        if self.requests.entry(req).or_default().insert(*key) {
-            e.refs += 1;
+        let new_ref = self.requests.entry(req).or_default().insert(*key);
+        let expired = {
+            let e = self.keys.entry(*key).or_default();
+            if new_ref {
+                e.refs += 1;
+            }
+            if e.missed_by.contains(&req) {
+                return Presence::Absent;
+            }
+            match &e.present {
+                Some(l) if l.expires > Instant::now() => return Presence::Present,
+                Some(_) => {
+                    e.present = None;
+                    true
+                }
+                None => false,
+            }
+        };
+        if expired {
+            self.stats.leases_expired += 1;
         }
-        if e.missed_by.contains(&req) {
-            return Presence::Absent;
-        }
-        if e.present {
-            return Presence::Present;
-        }
-        if e.pending.is_none() {
-            e.pending = Some(e.generation);
-            self.queue.push((*key, e.generation));
+        let need_probe = self.keys.get(key).is_some_and(|e| e.pending.is_none());
+        let generation = if need_probe {
+            Some(self.generation())
+        } else {
+            None
+        };
+        let e = self.keys.get_mut(key).expect("entry made above");
+        if let Some(g) = generation {
+            e.pending = Some(g);
+            self.queue.push((*key, g));
         }
         if !e.waiters.contains(&req) {
             e.waiters.push(req);
@@ -133,42 +259,78 @@ impl AsyncLookup {
         Presence::Retry
     }
 
-    /// A completed store: the keys are present, whatever a probe in flight says, and no
-    /// longer a miss for any request.
-    pub fn mark_present(&mut self, keys: &[BlockKey]) {
+    /// A completed store: every probe in flight for the keys is stale (it may have looked
+    /// before the store), and the keys are no longer a miss for any request. Keys no request
+    /// tracks are not kept.
+    ///
+    /// The store does not make a key "present" here: between the store and a promotion that
+    /// may come much later, the tier may evict it. The next ask probes (and leases) it, so a
+    /// promotion only ever reads a key that is protected in its tier.
+    pub fn mark_stored(&mut self, keys: &[BlockKey]) {
         for k in keys {
-            if let Some(e) = self.keys.get_mut(k) {
-                e.generation += 1;
-                e.present = true;
-                e.pending = None;
-                e.waiters.clear();
-                e.missed_by.clear();
-                if e.refs == 0 {
-                    self.keys.remove(k);
-                }
+            let Some(e) = self.keys.get_mut(k) else {
+                continue;
+            };
+            if e.refs == 0 {
+                // only a stale probe kept it: that probe is superseded, nobody asks
+                self.keys.remove(k);
+                continue;
             }
+            e.pending = None;
+            e.waiters.clear();
+            e.missed_by.clear();
         }
     }
 
     /// A failed load for request `req`: the keys are a miss for it, no longer known present
     /// for anyone, and a probe in flight for them is stale (other waiters probe again).
+    ///
+    /// For a request this lookup does not know (it finished), nothing is created: the keys'
+    /// shared state is updated and the answer is otherwise ignored.
     pub fn mark_miss(&mut self, keys: &[BlockKey], req: RequestId) {
+        let known = self.requests.contains_key(&req);
+        if !known {
+            self.stats.ignored_answers += 1;
+        }
         for k in keys {
-            let e = self.keys.entry(*k).or_default();
-            if self.requests.entry(req).or_default().insert(*k) {
-                e.refs += 1;
+            if known {
+                let fresh = self
+                    .requests
+                    .get_mut(&req)
+                    .is_some_and(|set| set.insert(*k));
+                let e = self.keys.entry(*k).or_default();
+                if fresh {
+                    e.refs += 1;
+                }
+                if !e.missed_by.contains(&req) {
+                    e.missed_by.push(req);
+                }
             }
-            e.generation += 1;
-            e.present = false;
+            let Some(e) = self.keys.get_mut(k) else {
+                continue;
+            };
+            e.present = None;
             e.pending = None;
             e.waiters.clear();
-            if !e.missed_by.contains(&req) {
-                e.missed_by.push(req);
+            if e.refs == 0 {
+                self.keys.remove(k);
             }
         }
     }
 
-    /// Forgets a finished request's negative answers and references.
+    /// The promotion of `keys` ended (the manager's load job protected them meanwhile), or
+    /// will not happen (no DRAM room, request finished): their leases end, and their
+    /// "present" answers with them (a later ask probes again).
+    pub fn release(&mut self, keys: &[BlockKey]) {
+        for k in keys {
+            if let Some(e) = self.keys.get_mut(k) {
+                e.present = None;
+            }
+        }
+    }
+
+    /// Forgets a finished request's negative answers and references; keys no live request
+    /// asks for are dropped with their leases.
     pub fn finish_request(&mut self, req: RequestId) {
         let Some(keys) = self.requests.remove(&req) else {
             return;
@@ -186,6 +348,10 @@ impl AsyncLookup {
     }
 
     /// Sends the queued probes as one batch on the runtime. Returns how many keys were sent.
+    ///
+    /// The batch's keys are protected in the tier from now until the answer is applied; the
+    /// probe runs within the probe deadline, and an error, panic, timeout or dropped task is
+    /// reported as such (never lost).
     pub fn flush(&mut self) -> usize {
         if self.queue.is_empty() {
             return 0;
@@ -195,50 +361,36 @@ impl AsyncLookup {
         self.in_flight += 1;
         self.stats.probes += 1;
         self.stats.probed_keys += n as u64;
+        let keys: Vec<BlockKey> = batch.iter().map(|(k, _)| *k).collect();
+        let guard = self.tier.protect(&keys);
+        let mut report = Report {
+            batch: Some((batch, guard)),
+            inbox: self.inbox.clone(),
+            notify: self.notify.clone(),
+        };
         let tier = self.tier.clone();
-        let inbox = self.inbox.clone();
-        let notify = self.notify.clone();
+        let deadline = self.probe_timeout;
         self.runtime.spawn(async move {
-            let keys: Vec<BlockKey> = batch.iter().map(|(k, _)| *k).collect();
-            let result = tier.lookup(&keys).await;
-            inbox.lock().expect("probe inbox").push(ProbeBatch {
-                keys: batch,
-                result,
-            });
-            notify.notify_one();
+            let probe = AssertUnwindSafe(tier.lookup(&keys)).catch_unwind();
+            let outcome = match tokio::time::timeout(deadline, probe).await {
+                Ok(Ok(Ok(answers))) => Outcome::Answered(answers),
+                Ok(Ok(Err(e))) => Outcome::Failed(e),
+                Ok(Err(_)) => Outcome::Panicked,
+                Err(_) => Outcome::TimedOut,
+            };
+            report.send(outcome);
         });
         n
     }
 
-    /// Applies the probe answers that have arrived. Returns how many batches were applied.
+    /// Applies the probe answers that have arrived, and ends expired leases. Returns how many
+    /// batches were applied.
     pub fn apply_results(&mut self) -> usize {
-        let batches = std::mem::take(&mut *self.inbox.lock().expect("probe inbox"));
+        let batches = std::mem::take(&mut *lock(&self.inbox));
         let n = batches.len();
         for batch in batches {
             self.in_flight -= 1;
-            let answers = match batch.result {
-                Ok(a) if a.len() == batch.keys.len() => a,
-                Ok(a) => {
-                    self.stats.probe_errors += 1;
-                    tracing::warn!(
-                        tier = %self.tier.info().name,
-                        expected = batch.keys.len(),
-                        got = a.len(),
-                        "existence probe returned the wrong number of answers; counting all as misses"
-                    );
-                    vec![false; batch.keys.len()]
-                }
-                Err(err) => {
-                    self.stats.probe_errors += 1;
-                    tracing::warn!(
-                        tier = %self.tier.info().name,
-                        keys = batch.keys.len(),
-                        error = %err,
-                        "existence probe failed; counting its keys as misses"
-                    );
-                    vec![false; batch.keys.len()]
-                }
-            };
+            let answers = self.answers(batch.keys.len(), batch.outcome);
             for ((key, generation), present) in batch.keys.into_iter().zip(answers) {
                 let Some(e) = self.keys.get_mut(&key) else {
                     continue;
@@ -249,8 +401,14 @@ impl AsyncLookup {
                 }
                 e.pending = None;
                 let waiters = std::mem::take(&mut e.waiters);
+                if e.refs == 0 {
+                    self.keys.remove(&key);
+                    continue;
+                }
                 if present {
-                    e.present = true;
+                    // taken before the batch's guard drops: the key stays protected
+                    let lease = self.lease(&key);
+                    self.keys.get_mut(&key).expect("present above").present = Some(lease);
                 } else {
                     for w in waiters {
                         if !e.missed_by.contains(&w) {
@@ -258,12 +416,64 @@ impl AsyncLookup {
                         }
                     }
                 }
-                if e.refs == 0 {
-                    self.keys.remove(&key);
-                }
+            }
+            // the batch's guard drops here
+        }
+        self.expire_leases(Instant::now());
+        n
+    }
+
+    fn answers(&mut self, n: usize, outcome: Outcome) -> Vec<bool> {
+        let name = || self.tier.info().name;
+        match outcome {
+            Outcome::Answered(a) if a.len() == n => return a,
+            Outcome::Answered(a) => {
+                self.stats.probe_errors += 1;
+                tracing::warn!(tier = %name(), expected = n, got = a.len(), "existence probe returned the wrong number of answers; counting all as absent");
+            }
+            Outcome::Failed(err) => {
+                self.stats.probe_errors += 1;
+                tracing::warn!(tier = %name(), keys = n, error = %err, "existence probe failed; counting its keys as absent");
+            }
+            Outcome::Panicked => {
+                self.stats.probe_panics += 1;
+                tracing::error!(tier = %name(), keys = n, "existence probe panicked; counting its keys as absent");
+            }
+            Outcome::TimedOut => {
+                self.stats.probe_timeouts += 1;
+                tracing::warn!(tier = %name(), keys = n, deadline = ?self.probe_timeout, "existence probe passed its deadline; counting its keys as absent");
+            }
+            Outcome::Dropped => {
+                self.stats.probe_errors += 1;
+                tracing::warn!(tier = %name(), keys = n, "existence probe was dropped (runtime shut down); counting its keys as absent");
             }
         }
-        n
+        vec![false; n]
+    }
+
+    fn expire_leases(&mut self, now: Instant) {
+        while let Some(&(at, key, id)) = self.expiries.front() {
+            if at > now {
+                break;
+            }
+            self.expiries.pop_front();
+            if let Some(e) = self.keys.get_mut(&key)
+                && e.present.as_ref().is_some_and(|l| l.id == id)
+            {
+                e.present = None;
+                self.stats.leases_expired += 1;
+            }
+        }
+        // Entries of leases that ended early stay queued until their time; keep the queue
+        // from growing past the live leases by more than a constant factor.
+        if self.expiries.len() > 64 && self.expiries.len() > 4 * self.keys.len() {
+            let keys = &self.keys;
+            self.expiries.retain(|(_, k, id)| {
+                keys.get(k)
+                    .and_then(|e| e.present.as_ref())
+                    .is_some_and(|l| l.id == *id)
+            });
+        }
     }
 
     /// Probe batches sent and not yet applied.
@@ -273,12 +483,12 @@ impl AsyncLookup {
 
     /// Whether every probe batch sent has answered (answers may await `apply_results`).
     pub fn all_arrived(&self) -> bool {
-        self.inbox.lock().expect("probe inbox").len() == self.in_flight
+        lock(&self.inbox).len() == self.in_flight
     }
 
     /// Whether probe answers are waiting to be applied.
     pub fn has_results(&self) -> bool {
-        !self.inbox.lock().expect("probe inbox").is_empty()
+        !lock(&self.inbox).is_empty()
     }
 
     /// Keys queued for the next flush.
@@ -289,6 +499,16 @@ impl AsyncLookup {
     /// Keys currently tracked (bounded by the keys of live requests plus probes in flight).
     pub fn tracked_keys(&self) -> usize {
         self.keys.len()
+    }
+
+    /// Requests currently tracked (those that asked and have not finished).
+    pub fn tracked_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Keys currently leased (known present and protected in the tier).
+    pub fn leased_keys(&self) -> usize {
+        self.keys.values().filter(|e| e.present.is_some()).count()
     }
 
     /// Counters.

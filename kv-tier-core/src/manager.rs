@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -49,6 +49,48 @@ struct JobInfo {
 struct Completion {
     job: u64,
     result: JobResult,
+    /// The job passed its deadline (`Timeout`) or panicked (`Panicked`): every key failed.
+    abandoned: Option<Error>,
+}
+
+/// Hands a job's result to the manager exactly once, even if the job's task is dropped (its
+/// runtime shut down): then every key fails with [`Error::Shutdown`].
+struct JobReport {
+    job: u64,
+    keys: Option<Vec<BlockKey>>,
+    tier: String,
+    inbox: Arc<Mutex<Vec<Completion>>>,
+    notify: Arc<Notify>,
+}
+
+impl JobReport {
+    fn send(&mut self, result: JobResult, abandoned: Option<Error>) {
+        if self.keys.take().is_some() {
+            lock(&self.inbox).push(Completion {
+                job: self.job,
+                result,
+                abandoned,
+            });
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+impl Drop for JobReport {
+    fn drop(&mut self) {
+        if let Some(keys) = self.keys.clone() {
+            let err = Error::Shutdown {
+                what: format!("the runtime of tier `{}`'s job", self.tier),
+            };
+            self.send(JobResult::all_failed(keys, &err), Some(err));
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section of these locks leaves its data consistent before anything can
+    // panic, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 struct State {
@@ -105,6 +147,7 @@ pub struct TieringManager {
     primary: Arc<dyn PrimaryTier>,
     tiers: Vec<Arc<dyn SecondaryTier>>,
     names: Vec<String>,
+    config: KvTierConfig,
     notify: Arc<Notify>,
     inbox: Arc<Mutex<Vec<Completion>>>,
     runtime: tokio::runtime::Handle,
@@ -158,9 +201,14 @@ impl TieringManager {
         self.primary.block_size()
     }
 
+    /// The validated config the manager was built from.
+    pub fn config(&self) -> &KvTierConfig {
+        &self.config
+    }
+
     /// Locks the state; the first call of a step applies what completed since the last step.
     fn begin(&self) -> MutexGuard<'_, State> {
-        let mut st = self.state.lock().expect("manager state");
+        let mut st = lock(&self.state);
         if !st.in_step {
             self.drain(&mut st);
             st.in_step = true;
@@ -280,6 +328,7 @@ impl TieringManager {
             }
             Err(err) => {
                 tracing::debug!(%key, error = %err, "no DRAM slot to promote into; answering Miss");
+                st.lookups[i].release(std::slice::from_ref(key));
                 st.stats.promotions_refused += 1;
                 st.stats.misses += 1;
                 LookupResult::Miss
@@ -364,7 +413,14 @@ impl TieringManager {
         let id = st.next_job;
         st.next_job += 1;
         let t = self.tiers[tier].clone();
-        let fail_keys = keys.clone();
+        let deadline = self.config.job_timeout(keys.len());
+        let mut report = JobReport {
+            job: id,
+            keys: Some(keys.clone()),
+            tier: self.names[tier].clone(),
+            inbox: self.inbox.clone(),
+            notify: self.notify.clone(),
+        };
         st.jobs.insert(
             id,
             JobInfo {
@@ -377,37 +433,61 @@ impl TieringManager {
                 started: Instant::now(),
             },
         );
-        let inbox = self.inbox.clone();
-        let notify = self.notify.clone();
+        let op = match kind {
+            JobKind::Store => "store job",
+            JobKind::Load => "load job",
+        };
         self.runtime.spawn(async move {
-            let run = async {
+            let run = AssertUnwindSafe(async {
                 match job {
                     Job::Store(j) => t.store(j).await,
                     Job::Load(j) => t.load(j).await,
                 }
+            })
+            .catch_unwind();
+            // At the deadline the job's future is dropped (tiers are cancellation-safe) and
+            // its buffers with it: the DRAM slots are released, whatever the tier was doing.
+            let abandoned = match tokio::time::timeout(deadline, run).await {
+                Ok(Ok(result)) => return report.send(result, None),
+                Ok(Err(_)) => Error::Panicked {
+                    tier: report.tier.clone(),
+                    op: op.into(),
+                },
+                Err(_) => Error::Timeout {
+                    op: format!("{op} on tier `{}`", report.tier),
+                    after: deadline,
+                },
             };
-            let result = match AssertUnwindSafe(run).catch_unwind().await {
-                Ok(r) => r,
-                Err(_) => JobResult::all_failed(fail_keys, &panicked(&*t)),
-            };
-            inbox
-                .lock()
-                .expect("completion inbox")
-                .push(Completion { job: id, result });
-            notify.notify_one();
+            let keys = report.keys.clone().unwrap_or_default();
+            report.send(JobResult::all_failed(keys, &abandoned), Some(abandoned));
         });
     }
 
     /// Applies finished jobs and probe answers.
     fn drain(&self, st: &mut State) {
-        let mut done = std::mem::take(&mut *self.inbox.lock().expect("completion inbox"));
+        let mut done = std::mem::take(&mut *lock(&self.inbox));
         // In submission order, whatever order they finished in: what a step applies does not
         // depend on thread timing.
         done.sort_by_key(|c| c.job);
-        for Completion { job, result } in done {
+        for Completion {
+            job,
+            result,
+            abandoned,
+        } in done
+        {
             let Some(info) = st.jobs.remove(&job) else {
                 continue;
             };
+            match &abandoned {
+                Some(Error::Timeout { .. }) => st.stats.tiers[info.tier].jobs_timed_out += 1,
+                Some(Error::Panicked { .. }) => st.stats.tiers[info.tier].jobs_panicked += 1,
+                _ => {}
+            }
+            if let Some(e) = &abandoned {
+                tracing::warn!(tier = %self.names[info.tier], kind = ?info.kind, blocks = info.keys.len(), error = %e, "job abandoned");
+            }
+            let errors: FxHashMap<BlockKey, &Error> =
+                result.failed.iter().map(|(k, e)| (*k, e)).collect();
             let elapsed = info.started.elapsed();
             let ok: FxHashSet<BlockKey> = result.ok.iter().copied().collect();
             // Keys a tier forgot to report count as failed.
@@ -438,8 +518,11 @@ impl TieringManager {
                     ts.blocks_stored += ok_keys.len() as u64;
                     ts.bytes_stored += per_block * ok_keys.len() as u64;
                     ts.store_failures += failed.len() as u64;
+                    for k in &failed {
+                        ts.store_failure_causes.record(errors.get(k).copied());
+                    }
                     ts.store_latency.record(elapsed);
-                    st.lookups[info.tier].mark_present(&ok_keys);
+                    st.lookups[info.tier].mark_stored(&ok_keys);
                     let left = st.pending_stores.get_mut(&info.req).map(|n| {
                         *n -= 1;
                         *n
@@ -462,8 +545,13 @@ impl TieringManager {
                     ts.blocks_loaded += ok_keys.len() as u64;
                     ts.bytes_loaded += per_block * ok_keys.len() as u64;
                     ts.load_failures += failed.len() as u64;
+                    for k in &failed {
+                        ts.load_failure_causes.record(errors.get(k).copied());
+                    }
                     ts.load_latency.record(elapsed);
                     self.primary.complete_store(&ok_keys, true);
+                    // the promotion ended: its keys' leases in the tier end with it
+                    st.lookups[info.tier].release(&info.keys);
                     if !failed.is_empty() {
                         self.primary.complete_store(&failed, false);
                         st.lookups[info.tier].mark_miss(&failed, info.req);
@@ -479,7 +567,7 @@ impl TieringManager {
     /// Ends the scheduling step: applies what has completed, then sends the queued promotions
     /// (one load job per tier and request) and the queued existence probes.
     pub fn on_schedule_end(&self) {
-        let mut st = self.state.lock().expect("manager state");
+        let mut st = lock(&self.state);
         // Apply what completed during the step, then send the new work (whose results the
         // next step applies, all together).
         self.drain(&mut st);
@@ -506,10 +594,24 @@ impl TieringManager {
         }
     }
 
-    /// The request is done. Its per-request lookup state is dropped in every tier, but only
-    /// once its pending store jobs have finished.
+    /// The request is done. Its queued promotions are not sent (their DRAM reservations and
+    /// leases are released); promotions in flight land for others to use, and a failure of
+    /// one is ignored. Its per-request lookup state is dropped in every tier, but only once
+    /// its pending store jobs have finished.
     pub fn on_request_finished(&self, req: RequestId) {
         let mut st = self.begin();
+        let queued: Vec<(usize, RequestId)> = st
+            .promotions
+            .keys()
+            .filter(|(_, r)| *r == req)
+            .copied()
+            .collect();
+        for at in queued {
+            if let Some(blocks) = st.promotions.remove(&at) {
+                st.stats.tiers[at.0].promotions_cancelled += blocks.len() as u64;
+                self.cancel(&mut st, at.0, blocks);
+            }
+        }
         if st.pending_stores.contains_key(&req) {
             st.finishing.insert(req);
         } else {
@@ -531,13 +633,13 @@ impl TieringManager {
 
     /// Applies whatever has completed, without waiting (for callers outside a step loop).
     pub fn poll(&self) {
-        let mut st = self.state.lock().expect("manager state");
+        let mut st = lock(&self.state);
         self.drain(&mut st);
     }
 
     /// Whether no job or probe is queued or in flight.
     pub fn is_idle(&self) -> bool {
-        let mut st = self.state.lock().expect("manager state");
+        let mut st = lock(&self.state);
         self.drain(&mut st);
         Self::idle(&st)
     }
@@ -555,7 +657,7 @@ impl TieringManager {
     /// applied. For tests and shutdown.
     pub async fn wait_idle(&self) {
         self.wait_until(true, true).await;
-        debug_assert!(Self::idle(&self.state.lock().expect("manager state")));
+        debug_assert!(Self::idle(&lock(&self.state)));
     }
 
     /// Waits until no store or load job is in flight, sending nothing new (queued promotions
@@ -568,21 +670,28 @@ impl TieringManager {
     /// Waits until every job in flight (and, with `probes`, every probe) has reported, then
     /// applies them all in one drain, in submission order: the result does not depend on
     /// which finished first.
+    ///
+    /// Any number of callers may wait at once: every arrival wakes them all. Each job and probe
+    /// has a deadline, so this returns within the longest of them.
     async fn wait_until(&self, flush: bool, probes: bool) {
         loop {
+            // Registered before looking, so an arrival between the look and the await is seen.
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             {
-                let mut st = self.state.lock().expect("manager state");
+                let mut st = lock(&self.state);
                 if flush {
                     self.flush(&mut st);
                 }
-                let jobs_done = self.inbox.lock().expect("completion inbox").len() == st.jobs.len();
+                let jobs_done = lock(&self.inbox).len() == st.jobs.len();
                 let probes_done = !probes || st.lookups.iter().all(|l| l.all_arrived());
                 if jobs_done && probes_done {
                     self.drain(&mut st);
                     return;
                 }
             }
-            self.notify.notified().await;
+            notified.await;
         }
     }
 
@@ -601,22 +710,28 @@ impl TieringManager {
     }
 
     fn cancel_promotions(&self) {
-        let mut st = self.state.lock().expect("manager state");
-        for ((_, _), blocks) in std::mem::take(&mut st.promotions) {
-            let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
-            drop(blocks);
-            for k in &keys {
-                st.promoting.remove(k);
-            }
-            self.primary.complete_store(&keys, false);
+        let mut st = lock(&self.state);
+        for ((tier, _), blocks) in std::mem::take(&mut st.promotions) {
+            self.cancel(&mut st, tier, blocks);
         }
+    }
+
+    /// Drops a queued promotion: its DRAM slots are freed and its keys' leases end.
+    fn cancel(&self, st: &mut State, tier: usize, blocks: Vec<(BlockKey, BlockSink)>) {
+        let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
+        drop(blocks);
+        for k in &keys {
+            st.promoting.remove(k);
+        }
+        self.primary.complete_store(&keys, false);
+        st.lookups[tier].release(&keys);
     }
 
     /// Cancels queued promotions, waits for jobs in flight, and shuts every tier down.
     pub async fn shutdown(&self) -> Result<()> {
         self.cancel_promotions();
         self.wait_idle().await;
-        self.state.lock().expect("manager state").shut_down = true;
+        lock(&self.state).shut_down = true;
         let mut first_err = None;
         for t in &self.tiers {
             if let Err(e) = t.shutdown().await {
@@ -627,24 +742,31 @@ impl TieringManager {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// [`TieringManager::shutdown`] for synchronous code (engines that used
+    /// [`TieringManagerBuilder::build_blocking`]): blocks until it is done. Refused inside
+    /// a tokio runtime (use `shutdown().await` there).
+    pub fn shutdown_blocking(&self) -> Result<()> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(Error::config(
+                "runtime",
+                "shutdown_blocking() called inside a tokio runtime; use shutdown().await",
+            ));
+        }
+        self.runtime.block_on(self.shutdown())
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> ManagerStats {
-        let st = self.state.lock().expect("manager state");
+        let st = lock(&self.state);
         let mut s = st.stats.clone();
         s.primary = self.primary.stats();
         for (t, l) in s.tiers.iter_mut().zip(&st.lookups) {
             t.probes = l.stats();
             t.tracked_keys = l.tracked_keys();
+            t.tracked_requests = l.tracked_requests();
+            t.leased_keys = l.leased_keys();
         }
         s
-    }
-}
-
-fn panicked(t: &dyn SecondaryTier) -> Error {
-    Error::Backend {
-        tier: t.info().name,
-        message: "the tier panicked during a job".into(),
-        transient: true,
     }
 }
 
@@ -791,10 +913,14 @@ impl TieringManagerBuilder {
                 ));
             }
         }
+        check_timers(&handle).await?;
         let notify = Arc::new(Notify::new());
         let lookups = tiers
             .iter()
-            .map(|t| AsyncLookup::new(t.clone(), handle.clone(), notify.clone()))
+            .map(|t| {
+                AsyncLookup::new(t.clone(), handle.clone(), notify.clone())
+                    .with_timeouts(self.config.probe_timeout(), self.config.lease())
+            })
             .collect();
         let stats = ManagerStats {
             tiers: names
@@ -822,10 +948,26 @@ impl TieringManagerBuilder {
             primary,
             tiers,
             names,
+            config: self.config,
             notify,
             inbox: Arc::new(Mutex::new(Vec::new())),
             runtime: handle,
             _owned_runtime: owned,
         })
+    }
+}
+
+/// Deadlines need the runtime's timers: refuse a runtime built without them, at construction
+/// rather than at the first probe.
+async fn check_timers(handle: &tokio::runtime::Handle) -> Result<()> {
+    let probe = handle.spawn(async {
+        std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
+    });
+    match probe.await {
+        Ok(true) => Ok(()),
+        _ => Err(Error::config(
+            "runtime",
+            "the runtime has no timers (deadlines need them): build it with enable_time() or enable_all()",
+        )),
     }
 }

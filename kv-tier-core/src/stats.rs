@@ -133,6 +133,16 @@ pub struct TierStats {
     pub bytes_loaded: u64,
     /// Blocks whose load failed.
     pub load_failures: u64,
+    /// Why loads failed, per block (the parts sum to `load_failures`).
+    pub load_failure_causes: FailureCauses,
+    /// Why stores failed, per block (the parts sum to `store_failures`).
+    pub store_failure_causes: FailureCauses,
+    /// Jobs abandoned at their deadline (every key of them failed with `timed_out`).
+    pub jobs_timed_out: u64,
+    /// Jobs whose tier panicked (every key of them failed with `panicked`).
+    pub jobs_panicked: u64,
+    /// Queued promotions not sent because their request finished first.
+    pub promotions_cancelled: u64,
     /// Store job latencies.
     pub store_latency: LatencyHistogram,
     /// Load job latencies.
@@ -141,6 +151,57 @@ pub struct TierStats {
     pub probes: crate::lookup::AsyncLookupStats,
     /// Keys the tier's async lookup tracks (live requests' keys and probes in flight).
     pub tracked_keys: usize,
+    /// Requests the tier's async lookup tracks (asked and not finished).
+    pub tracked_requests: usize,
+    /// Keys leased in the tier (found present, protected until promoted).
+    pub leased_keys: usize,
+}
+
+/// Why blocks of jobs failed, by the kind of error their tier reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailureCauses {
+    /// The block was not in the tier (evicted or deleted since it was found).
+    pub missing: u64,
+    /// The block was damaged (short, wrong size, checksum mismatch); never returned.
+    pub corrupt: u64,
+    /// The job or a request of it passed its deadline.
+    pub timed_out: u64,
+    /// The tier panicked during the job.
+    pub panicked: u64,
+    /// The device or bucket was full.
+    pub no_space: u64,
+    /// The tier was shut down.
+    pub shutdown: u64,
+    /// I/O or backend errors, wrong buffer sizes, keys the tier did not report, and the rest.
+    pub other: u64,
+}
+
+impl FailureCauses {
+    /// Counts one failed block with `error` (`None`: the tier did not report the key).
+    pub fn record(&mut self, error: Option<&crate::Error>) {
+        use crate::Error as E;
+        let slot = match error {
+            Some(E::NotFound { .. }) => &mut self.missing,
+            Some(E::Corrupt { .. }) => &mut self.corrupt,
+            Some(E::Timeout { .. }) => &mut self.timed_out,
+            Some(E::Panicked { .. }) => &mut self.panicked,
+            Some(E::NoSpace { .. }) => &mut self.no_space,
+            Some(E::Shutdown { .. }) => &mut self.shutdown,
+            _ => &mut self.other,
+        };
+        *slot += 1;
+    }
+
+    /// All failures counted.
+    pub fn total(&self) -> u64 {
+        self.missing
+            + self.corrupt
+            + self.timed_out
+            + self.panicked
+            + self.no_space
+            + self.shutdown
+            + self.other
+    }
 }
 
 /// Counters of a [`crate::TieringManager`].

@@ -264,18 +264,22 @@ async fn late_probe_after_completed_store_is_ignored() {
     gate.wait_arrived(1).await; // the probe has looked (absent) and is held
     assert!(!inner.contains(&k));
     store(&fx.m, RequestId(2), &[k]);
-    fx.m.wait_jobs().await; // the cascade landed: mark_present
+    fx.m.wait_jobs().await; // the cascade landed: mark_stored
     assert!(inner.contains(&k));
     store(&fx.m, RequestId(2), &[other]); // evicts k from DRAM
     assert_eq!(fx.cpu.lookup(&k), LookupResult::Miss);
     gate.open();
     fx.m.wait_idle().await; // the stale "absent" arrives
     assert_eq!(fx.m.stats().tiers[0].probes.stale_answers, 1);
+    // not a Miss: the store made the old answer stale, so the key is probed afresh (and
+    // leased), then promoted
     assert_eq!(
-        fx.m.lookup(&k, &req),
-        LookupResult::HitPending,
+        step(&fx.m, &[k], &req),
+        vec![LookupResult::Retry],
         "the stale probe won"
     );
+    fx.m.wait_idle().await;
+    assert_eq!(fx.m.lookup(&k, &req), LookupResult::HitPending);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,8 +315,8 @@ async fn mark_miss_on_a_pending_probe_is_not_overwritten() {
     }
     al.apply_results();
     assert_eq!(al.lookup(&k, r2), Presence::Present);
-    // mark_present clears r1's miss (a later store makes it a hit again)
-    al.mark_present(&[k]);
+    // mark_stored clears r1's miss (a later store makes it a hit again)
+    al.mark_stored(&[k]);
     assert_eq!(al.lookup(&k, r1), Presence::Present);
     // finishing both requests forgets the key
     al.finish_request(r1);
@@ -321,7 +325,7 @@ async fn mark_miss_on_a_pending_probe_is_not_overwritten() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn late_probe_after_mark_present_is_ignored_in_async_lookup() {
+async fn late_probe_after_mark_stored_is_ignored_in_async_lookup() {
     let inner = mem("fs");
     let t = faulty(&inner);
     let notify = Arc::new(Notify::new());
@@ -331,13 +335,23 @@ async fn late_probe_after_mark_present_is_ignored_in_async_lookup() {
     assert_eq!(al.lookup(&k, RequestId(1)), Presence::Retry);
     al.flush();
     gate.wait_arrived(1).await;
-    al.mark_present(&[k]);
+    seed(&*inner, &[k]).await; // the store landed
+    al.mark_stored(&[k]);
     gate.open();
     while !al.has_results() {
         notify.notified().await;
     }
     al.apply_results();
+    assert_eq!(al.stats().stale_answers, 1);
+    // the stale "absent" is ignored; the key is probed again, found and leased
+    assert_eq!(al.lookup(&k, RequestId(1)), Presence::Retry);
+    al.flush();
+    while !al.has_results() {
+        notify.notified().await;
+    }
+    al.apply_results();
     assert_eq!(al.lookup(&k, RequestId(1)), Presence::Present);
+    assert!(inner.is_protected(&k), "a found key is leased");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use kv_tier_core::config::{check_range, check_range_u64};
 use kv_tier_core::{Error, Result, TierSpec};
 use serde::Deserialize;
 
@@ -40,10 +41,11 @@ pub struct FsTierConfig {
     /// The cache directory (shared with vLLM's fs tier if pointed at the same place).
     /// Created if missing; must be a writable directory.
     pub root_dir: PathBuf,
-    /// Threads that take loads (and lookups) first, then stores when idle. Default 16.
+    /// Threads that take loads (and lookups) first, then stores when idle. Default 16, range 1
+    /// to 1,024.
     #[serde(default = "sixteen")]
     pub n_read_threads: usize,
-    /// Threads that take stores first, then loads when idle. Default 16.
+    /// Threads that take stores first, then loads when idle. Default 16, range 1 to 1,024.
     #[serde(default = "sixteen")]
     pub n_write_threads: usize,
     /// Integrity checking, `"none"` (default) or `"crc32c"`.
@@ -59,7 +61,8 @@ pub struct FsTierConfig {
     #[serde(default = "yes")]
     pub direct_io: bool,
     /// At open, `.tmp` files of killed writers older than this many seconds are deleted.
-    /// Default 600. A live writer's temp file exists for milliseconds.
+    /// Default 600, range 0 to 31,536,000 (0 reaps every temp file: only when no other process
+    /// writes to the root). A live writer's temp file exists for milliseconds.
     #[serde(default = "reap_age")]
     pub tmp_reap_age_s: u64,
     /// Capacity bound in GiB (2^30 bytes) of block-file bytes (logical sizes, which equal the
@@ -68,25 +71,29 @@ pub struct FsTierConfig {
     #[serde(default)]
     pub gc_max_size_gb: Option<f64>,
     /// A sweep deletes down to `gc_max_size_gb * gc_low_watermark`. In (0, 1]; default 0.9.
+    ///
+    /// Every `gc_*` number has a range, listed in [`RANGES`]; `gc_max_size_gb` is 1e-9 to 1e9.
     #[serde(default)]
     pub gc_low_watermark: Option<f64>,
     /// Seconds between capacity checks (a sweep runs only when over the cap; a store that
-    /// crosses the cap also wakes the GC). Default 60.
+    /// crosses the cap also wakes the GC). Default 60, range 0.01 to 86,400.
     #[serde(default)]
     pub gc_interval_s: Option<f64>,
-    /// A key's mtime is stamped at most once per this many seconds. Default 60.
+    /// A key's mtime is stamped at most once per this many seconds. Default 60, range 0.000001 to
+    /// 86,400.
     #[serde(default)]
     pub gc_stamp_interval_s: Option<f64>,
     /// Files used (mtime) within this many seconds are never swept, even over the cap. Must
-    /// exceed `gc_stamp_interval_s`. Default 300.
+    /// exceed `gc_stamp_interval_s`. Default 300, range 0.000001 to 31,536,000.
     #[serde(default)]
     pub gc_grace_s: Option<f64>,
     /// At most this many stamps wait to be applied; touches beyond are dropped (counted).
-    /// Default 200000.
+    /// Default 200000, range 1 to 100,000,000.
     #[serde(default)]
     pub gc_max_tracked: Option<usize>,
     /// Seconds between full rescans of the tree, which repair drift from external deletes
-    /// and adopt files other processes wrote. Default 3600; 0 disables.
+    /// and adopt files other processes wrote. Default 3600; 0 disables; otherwise 1 to
+    /// 31,536,000.
     #[serde(default)]
     pub gc_rescan_interval_s: Option<f64>,
     /// Run sweeps, stamps and rescans on a background thread (default). Tests and benchmarks
@@ -149,28 +156,18 @@ impl FsTierConfig {
         if self.root_dir.as_os_str().is_empty() {
             return Err(Error::config("root_dir", "must not be empty"));
         }
-        for (name, v) in [
-            ("n_read_threads", self.n_read_threads),
-            ("n_write_threads", self.n_write_threads),
+        for (field, v) in [
+            ("n_read_threads", self.n_read_threads as u64),
+            ("n_write_threads", self.n_write_threads as u64),
+            ("tmp_reap_age_s", self.tmp_reap_age_s),
         ] {
-            if v == 0 || v > 1024 {
-                return Err(Error::config(
-                    name,
-                    format!("must be between 1 and 1024, got {v}"),
-                ));
-            }
+            let (min, max) = range(field);
+            check_range_u64(field, v, min as u64, max as u64)?;
         }
         self.validate_gc()
     }
 
     fn validate_gc(&self) -> Result<()> {
-        let positive = |name: &str, v: Option<f64>| match v {
-            Some(x) if !(x.is_finite() && x > 0.0) => Err(Error::config(
-                name,
-                format!("must be a positive number, got {x}"),
-            )),
-            _ => Ok(()),
-        };
         if self.gc_max_size_gb.is_none() {
             let set = [
                 ("gc_low_watermark", self.gc_low_watermark.is_some()),
@@ -188,28 +185,33 @@ impl FsTierConfig {
             }
             return Ok(());
         }
-        positive("gc_max_size_gb", self.gc_max_size_gb)?;
-        if let Some(w) = self.gc_low_watermark
-            && !(w > 0.0 && w <= 1.0)
-        {
-            return Err(Error::config(
-                "gc_low_watermark",
-                format!("must be in (0, 1], got {w}"),
-            ));
+        let reals = [
+            ("gc_max_size_gb", self.gc_max_size_gb),
+            ("gc_low_watermark", self.gc_low_watermark),
+            ("gc_interval_s", self.gc_interval_s),
+            ("gc_stamp_interval_s", self.gc_stamp_interval_s),
+            ("gc_grace_s", self.gc_grace_s),
+        ];
+        for (field, v) in reals {
+            if let Some(v) = v {
+                let (min, max) = range(field);
+                check_range(field, v, min, max)?;
+            }
         }
-        positive("gc_interval_s", self.gc_interval_s)?;
-        positive("gc_stamp_interval_s", self.gc_stamp_interval_s)?;
-        positive("gc_grace_s", self.gc_grace_s)?;
         if let Some(r) = self.gc_rescan_interval_s
-            && !(r.is_finite() && r >= 0.0)
+            && r != 0.0
         {
-            return Err(Error::config(
-                "gc_rescan_interval_s",
-                format!("must be 0 (never) or a positive number, got {r}"),
-            ));
+            let (min, max) = range("gc_rescan_interval_s");
+            check_range("gc_rescan_interval_s", r, min, max).map_err(|_| {
+                Error::config(
+                    "gc_rescan_interval_s",
+                    format!("must be 0 (never) or between {min} and {max}, got {r}"),
+                )
+            })?;
         }
-        if self.gc_max_tracked == Some(0) {
-            return Err(Error::config("gc_max_tracked", "must be positive"));
+        if let Some(n) = self.gc_max_tracked {
+            let (min, max) = range("gc_max_tracked");
+            check_range_u64("gc_max_tracked", n as u64, min as u64, max as u64)?;
         }
         let stamp = self.gc_stamp_interval_s.unwrap_or(60.0);
         let grace = self.gc_grace_s.unwrap_or(300.0);
@@ -223,6 +225,28 @@ impl FsTierConfig {
         }
         Ok(())
     }
+}
+
+/// The documented range of every numeric option, checked by [`FsTierConfig::validate`]:
+/// `(field, min, max)`, both ends included (`gc_rescan_interval_s` may also be 0: never).
+pub const RANGES: &[(&str, f64, f64)] = &[
+    ("n_read_threads", 1.0, 1024.0),
+    ("n_write_threads", 1.0, 1024.0),
+    ("tmp_reap_age_s", 0.0, 31_536_000.0),
+    ("gc_max_size_gb", 1e-9, 1e9),
+    ("gc_low_watermark", 1e-9, 1.0),
+    ("gc_interval_s", 0.01, 86_400.0),
+    ("gc_stamp_interval_s", 1e-6, 86_400.0),
+    ("gc_grace_s", 1e-6, 31_536_000.0),
+    ("gc_max_tracked", 1.0, 100_000_000.0),
+    ("gc_rescan_interval_s", 1.0, 31_536_000.0),
+];
+
+fn range(field: &str) -> (f64, f64) {
+    RANGES
+        .iter()
+        .find(|r| r.0 == field)
+        .map_or((f64::NAN, f64::NAN), |r| (r.1, r.2))
 }
 
 #[cfg(test)]

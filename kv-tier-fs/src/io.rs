@@ -105,8 +105,8 @@ impl Engine {
     }
 
     /// Stops the threads after their current task; queued tasks are dropped (their jobs report
-    /// the shutdown). Idempotent.
-    pub(crate) fn shutdown(&self) {
+    /// the shutdown). Returns the threads to join (each only once). Idempotent.
+    pub(crate) fn stop(&self) -> Vec<JoinHandle<()>> {
         let dropped = {
             let mut q = self.shared.q.lock().expect("io queues");
             q.stop = true;
@@ -118,13 +118,13 @@ impl Engine {
         };
         drop(dropped);
         self.shared.cv.notify_all();
-        let threads = std::mem::take(&mut *self.threads.lock().expect("io threads"));
-        let me = std::thread::current().id();
-        for t in threads {
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
-        }
+        std::mem::take(&mut *self.threads.lock().expect("io threads"))
+    }
+
+    /// [`Engine::stop`], then joins the threads (without blocking an async runtime's worker:
+    /// see [`join_threads`]).
+    pub(crate) fn shutdown(&self) {
+        join_threads(self.stop());
     }
 
     /// Whether the engine's threads are running.
@@ -137,6 +137,41 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Joins `threads` (but not the calling thread itself). On a tokio multi-thread worker the
+/// join runs in `block_in_place`, so the worker's other tasks move elsewhere; on a
+/// current-thread runtime it runs on a helper thread of its own (the caller does not wait:
+/// blocking the only worker could deadlock a task the threads wait for).
+pub(crate) fn join_threads(threads: Vec<JoinHandle<()>>) {
+    let me = std::thread::current().id();
+    let threads: Vec<_> = threads
+        .into_iter()
+        .filter(|t| t.thread().id() != me)
+        .collect();
+    if threads.is_empty() {
+        return;
+    }
+    let join = move || {
+        for t in threads {
+            let _ = t.join();
+        }
+    };
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) if !std::thread::panicking() => {
+            tokio::task::block_in_place(join)
+        }
+        Ok(_) => {
+            let spawned = std::thread::Builder::new()
+                .name("kv-fs-join".into())
+                .spawn(join);
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "no thread to join the fs tier's threads; they end on their own");
+            }
+        }
+        Err(_) => join(),
     }
 }
 

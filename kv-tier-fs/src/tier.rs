@@ -497,7 +497,13 @@ impl Files {
         self.events.push(gone, true);
     }
 
+    /// Whether `key`'s file exists. A key a sweep has chosen is looked at only after its
+    /// unlink: the probe's caller protects its keys first, so the answer holds until the
+    /// protection ends.
     fn exists(&self, key: &BlockKey) -> bool {
+        if let Some(gc) = &self.gc {
+            gc.wait_not_deleting(key);
+        }
         std::fs::symlink_metadata(self.ns.block_path(&self.root, key)).is_ok()
     }
 }
@@ -736,18 +742,22 @@ impl FsTier {
             return Some(Vec::new());
         }
         let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
-        let _protect = self.files.protection.protect(&keys);
+        // Held by the tasks, not by this future: if the caller drops the future, the keys
+        // stay protected until the I/O on them has ended.
+        let protect = Arc::new(self.files.protection.protect(&keys));
         let (col, rx) = Collector::new(blocks.len());
         let tasks: Vec<Task> = blocks
             .into_iter()
             .map(|(key, buf)| {
-                let (files, col) = (self.files.clone(), col.clone());
+                let (files, col, protect) = (self.files.clone(), col.clone(), protect.clone());
                 Box::new(move || {
                     let r = op(&files, &key, buf);
                     col.push((key, r));
+                    drop(protect);
                 }) as Task
             })
             .collect();
+        drop(protect);
         drop(col);
         if !self.engine.submit(class, tasks) {
             return None;
@@ -755,15 +765,14 @@ impl FsTier {
         rx.await.ok()
     }
 
-    fn stop_threads(&self) {
-        self.engine.shutdown();
+    /// Signals the I/O and GC threads to stop; returns them, to be joined.
+    fn stop_threads(&self) -> Vec<std::thread::JoinHandle<()>> {
+        let mut threads = self.engine.stop();
         if let Some(gc) = &self.files.gc {
             gc.stop();
         }
-        let h = self.gc_thread.lock().expect("gc thread").take();
-        if let Some(h) = h {
-            let _ = h.join();
-        }
+        threads.extend(self.gc_thread.lock().expect("gc thread").take());
+        threads
     }
 
     fn gc(&self) -> Result<&Gc> {
@@ -817,7 +826,7 @@ impl FsTier {
 
 impl Drop for FsTier {
     fn drop(&mut self) {
-        self.stop_threads();
+        crate::io::join_threads(self.stop_threads());
     }
 }
 
@@ -1180,11 +1189,24 @@ impl SecondaryTier for FsTier {
         self.files.events.take()
     }
 
+    /// Stops the I/O threads (after their current block; queued blocks fail with
+    /// `Shutdown`) and the GC thread, and waits for them on tokio's blocking pool, never on
+    /// an async worker.
     async fn shutdown(&self) -> Result<()> {
         if self.shut_down.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.stop_threads();
-        Ok(())
+        let threads = self.stop_threads();
+        let joined = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+        joined.map_err(|e| Error::Backend {
+            tier: self.files.name.clone(),
+            message: format!("joining the I/O threads failed: {e}"),
+            transient: false,
+        })
     }
 }

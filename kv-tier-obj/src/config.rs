@@ -1,5 +1,8 @@
 //! Options of the `obj` tier entry.
 
+use std::time::Duration;
+
+use kv_tier_core::config::{check_range, check_range_u64};
 use kv_tier_core::{Error, Result, TierSpec};
 use serde::Deserialize;
 
@@ -41,6 +44,28 @@ fn ttl() -> f64 {
 fn watermark() -> f64 {
     0.9
 }
+fn lookup_timeout() -> f64 {
+    2.0
+}
+
+/// The documented range of every numeric option, checked by [`ObjTierConfig::validate`]:
+/// `(field, min, max)`, both ends included.
+pub const RANGES: &[(&str, f64, f64)] = &[
+    ("io_threads", 1.0, 1024.0),
+    ("request_timeout_s", 0.01, 3_600.0),
+    ("max_retries", 0.0, 100.0),
+    ("exists_ttl_s", 0.001, 604_800.0),
+    ("lookup_timeout_s", 0.001, 3_600.0),
+    ("max_size_gb", 1e-9, 1e9),
+    ("low_watermark", 1e-9, 1.0),
+];
+
+fn range(field: &str) -> (f64, f64) {
+    RANGES
+        .iter()
+        .find(|r| r.0 == field)
+        .map_or((f64::NAN, f64::NAN), |r| (r.1, r.2))
+}
 
 /// Options of the `obj` tier (the `secondary_tiers` entry with `"type": "obj"`).
 ///
@@ -79,27 +104,38 @@ pub struct ObjTierConfig {
     /// Key prefix inside the bucket (no leading or trailing `/` needed).
     #[serde(default)]
     pub prefix: String,
-    /// Bound on concurrent requests (default 4).
+    /// Bound on concurrent requests (default 4, range 1 to 1,024).
     #[serde(default = "four")]
     pub io_threads: usize,
     /// Integrity checking: `"none"` (default) or `"crc32c"`.
     #[serde(default)]
     pub checksum: ObjChecksum,
-    /// Per-request timeout in seconds (default 30); a job never runs past
-    /// `request_timeout_s x (max_retries + 1)`.
+    /// Per-attempt timeout in seconds (default 30, range 0.01 to 3,600). Every request (HEAD,
+    /// PUT, GET with its body, DELETE, LIST page) ends within its deadline,
+    /// [`ObjTierConfig::request_deadline`]: `request_timeout_s x (max_retries + 1)` plus the
+    /// backoff between attempts. A job is one request per block (two where the store has no
+    /// create-only writes), at most `io_threads` at once, so it ends within about
+    /// `ceil(blocks / io_threads)` deadlines: its time scales with its size, and a block whose
+    /// request passed its deadline fails alone.
     #[serde(default = "timeout")]
     pub request_timeout_s: f64,
     /// Retries of transient failures (5xx, throttling, connection resets) with backoff
-    /// (default 3).
+    /// (default 3, range 0 to 100).
     #[serde(default = "retries")]
     pub max_retries: usize,
-    /// Positive existence answers are cached this long, seconds (default 300).
+    /// Positive existence answers are cached this long, seconds (default 300, range 0.001 to
+    /// 604,800). The cache answers lookups only: a store always writes, or has the backend
+    /// confirm the object exists, before it reports a key stored.
     #[serde(default = "ttl")]
     pub exists_ttl_s: f64,
-    /// Capacity bound in GiB of object bytes; absent: unbounded.
+    /// A lookup answers within this many seconds (default 2, range 0.001 to 3,600): keys whose
+    /// HEAD has not answered by then count as absent (and are counted in the stats).
+    #[serde(default = "lookup_timeout")]
+    pub lookup_timeout_s: f64,
+    /// Capacity bound in GiB of object bytes (range 1e-9 to 1e9); absent: unbounded.
     #[serde(default)]
     pub max_size_gb: Option<f64>,
-    /// Deletions go down to `max_size_gb x low_watermark` (default 0.9).
+    /// Deletions go down to `max_size_gb x low_watermark` (default 0.9, range (0, 1]).
     #[serde(default = "watermark")]
     pub low_watermark: f64,
 }
@@ -122,6 +158,7 @@ impl ObjTierConfig {
             request_timeout_s: timeout(),
             max_retries: retries(),
             exists_ttl_s: ttl(),
+            lookup_timeout_s: lookup_timeout(),
             max_size_gb: None,
             low_watermark: watermark(),
         }
@@ -139,36 +176,24 @@ impl ObjTierConfig {
         if self.bucket.is_empty() {
             return Err(Error::config("bucket", "must not be empty"));
         }
-        if self.io_threads == 0 || self.io_threads > 1024 {
-            return Err(Error::config(
-                "io_threads",
-                format!("must be between 1 and 1024, got {}", self.io_threads),
-            ));
-        }
-        for (name, v) in [
+        let int = |field: &str, v: usize| {
+            let (min, max) = range(field);
+            check_range_u64(field, v as u64, min as u64, max as u64)
+        };
+        int("io_threads", self.io_threads)?;
+        int("max_retries", self.max_retries)?;
+        let mut reals = vec![
             ("request_timeout_s", self.request_timeout_s),
             ("exists_ttl_s", self.exists_ttl_s),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(Error::config(
-                    name,
-                    format!("must be a positive number, got {v}"),
-                ));
-            }
+            ("lookup_timeout_s", self.lookup_timeout_s),
+            ("low_watermark", self.low_watermark),
+        ];
+        if let Some(gb) = self.max_size_gb {
+            reals.push(("max_size_gb", gb));
         }
-        if let Some(gb) = self.max_size_gb
-            && !(gb.is_finite() && gb > 0.0)
-        {
-            return Err(Error::config(
-                "max_size_gb",
-                format!("must be a positive number, got {gb}"),
-            ));
-        }
-        if !(self.low_watermark > 0.0 && self.low_watermark <= 1.0) {
-            return Err(Error::config(
-                "low_watermark",
-                format!("must be in (0, 1], got {}", self.low_watermark),
-            ));
+        for (field, v) in reals {
+            let (min, max) = range(field);
+            check_range(field, v, min, max)?;
         }
         let has = |v: &Option<String>| v.as_deref().is_some_and(|s| !s.is_empty());
         if has(&self.access_key) != has(&self.secret_key) {
@@ -193,6 +218,15 @@ impl ObjTierConfig {
             return Err(Error::config("prefix", "must not contain \"//\""));
         }
         Ok(())
+    }
+
+    /// How long one request may take, retries and backoff included: `request_timeout_s x
+    /// (max_retries + 1)` plus the backoff between attempts (at most 2 s each) plus 1 s.
+    /// Call after [`ObjTierConfig::validate`].
+    pub fn request_deadline(&self) -> Duration {
+        let attempts = self.max_retries as f64 + 1.0;
+        let secs = self.request_timeout_s * attempts + 2.0 * self.max_retries as f64 + 1.0;
+        Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
     }
 
     /// The key prefix, normalized: no leading or trailing `/`.

@@ -1,7 +1,12 @@
 #![doc = include_str!("../README.md")]
 
+mod block;
+mod cap;
 mod config;
+mod error;
+mod sweep;
 mod tier;
 
-pub use config::{ObjChecksum, ObjTierConfig, Scheme};
-pub use tier::{CRC_METADATA_KEY, ObjStats, ObjTier};
+pub use block::CRC_METADATA_KEY;
+pub use config::{ObjChecksum, ObjTierConfig, RANGES, Scheme};
+pub use tier::{ObjStats, ObjTier};

@@ -1,0 +1,495 @@
+//! One block's requests: existence (HEAD), store (PUT), load (GET), delete. Every request
+//! holds a permit of the `io_threads` bound and ends within the request deadline; every
+//! future here can be dropped at any await point without leaving an entry, permit or
+//! protection behind.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use kv_tier_core::{
+    BlockKey, BlockSink, BlockSource, Error, EventLog, Namespace, ProtectionSet, Result,
+};
+use object_store::path::Path as ObjPath;
+use object_store::{
+    Attribute, AttributeValue, Attributes, ObjectStore, PutMode, PutOptions, PutPayload,
+};
+use rustc_hash::FxHashMap;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::cap::Cap;
+use crate::config::ObjChecksum;
+use crate::error::{classify, closed, not_found, timed_out};
+
+/// The user-metadata key of a block's CRC32C (8 hex digits).
+pub const CRC_METADATA_KEY: &str = "kv-tier-crc32c";
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) requests: AtomicU64,
+    pub(crate) max_in_flight: AtomicU64,
+    pub(crate) request_timeouts: AtomicU64,
+    pub(crate) lookup_timeouts: AtomicU64,
+    pub(crate) exists_cache_hits: AtomicU64,
+    pub(crate) blocks_written: AtomicU64,
+    pub(crate) stores_skipped: AtomicU64,
+    pub(crate) store_failures: AtomicU64,
+    pub(crate) blocks_read: AtomicU64,
+    pub(crate) load_misses: AtomicU64,
+    pub(crate) load_failures: AtomicU64,
+    pub(crate) corrupt_deleted: AtomicU64,
+    pub(crate) checksum_mismatches: AtomicU64,
+    pub(crate) evicted: AtomicU64,
+    pub(crate) sweeps: AtomicU64,
+    pub(crate) skipped_in_flight: AtomicU64,
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
+}
+
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every critical section of these locks leaves its data consistent before anything can
+    // panic, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Why a request did not succeed.
+pub(crate) enum ReqError {
+    Store(object_store::Error),
+    TimedOut,
+}
+
+/// Everything the tier's requests share.
+pub(crate) struct Inner {
+    pub(crate) name: String,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) ns: Namespace,
+    pub(crate) prefix: String,
+    pub(crate) block_size: usize,
+    pub(crate) checksum: ObjChecksum,
+    pub(crate) sem: Semaphore,
+    pub(crate) io_threads: usize,
+    pub(crate) in_flight: AtomicUsize,
+    /// Positive existence answers, for lookups only (never to skip a PUT).
+    pub(crate) exists: moka::sync::Cache<BlockKey, ()>,
+    /// Bumped whenever this tier deletes objects: a HEAD that overlapped a delete does not
+    /// fill the cache.
+    pub(crate) delete_epoch: AtomicU64,
+    pub(crate) create_only: AtomicBool,
+    pub(crate) protection: ProtectionSet,
+    pub(crate) events: EventLog,
+    pub(crate) counters: Counters,
+    pub(crate) cap: Option<Cap>,
+    pub(crate) request_deadline: Duration,
+    pub(crate) lookup_deadline: Duration,
+    /// Keys with a PUT in flight from this tier: a second store of the same key waits for it
+    /// instead of uploading the same bytes again (and racing it on stores whose writes are
+    /// not atomic). Entries are owned by [`PutClaim`] guards.
+    pub(crate) puts: Mutex<FxHashMap<BlockKey, Arc<Notify>>>,
+    pub(crate) closed: AtomicBool,
+}
+
+/// Tracks one request in flight, holding a permit of the `io_threads` bound.
+struct InFlight<'a> {
+    inner: &'a Inner,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.inner.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// This tier's claim to upload a key; dropping it (done, failed or cancelled) frees the key
+/// and wakes the stores waiting for it.
+struct PutClaim<'a> {
+    inner: &'a Inner,
+    key: BlockKey,
+    notify: Arc<Notify>,
+}
+
+impl Drop for PutClaim<'_> {
+    fn drop(&mut self) {
+        let mut puts = lock(&self.inner.puts);
+        if puts
+            .get(&self.key)
+            .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+        {
+            puts.remove(&self.key);
+        }
+        self.notify.notify_waiters();
+    }
+}
+
+/// What a GET brought.
+struct Fetched {
+    size: u64,
+    want_crc: Option<u32>,
+    filled: usize,
+    overflow: bool,
+}
+
+impl Inner {
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(closed(&self.name));
+        }
+        Ok(())
+    }
+
+    async fn slot(&self) -> InFlight<'_> {
+        let permit = self.sem.acquire().await.expect("semaphore never closes");
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.counters
+            .max_in_flight
+            .fetch_max(now as u64, Ordering::Relaxed);
+        bump(&self.counters.requests, 1);
+        InFlight {
+            inner: self,
+            _permit: permit,
+        }
+    }
+
+    /// Runs one request (which may stream its body) with a permit, within the request
+    /// deadline.
+    pub(crate) async fn request<T>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, object_store::Error>>,
+    ) -> std::result::Result<T, ReqError> {
+        let _s = self.slot().await;
+        match tokio::time::timeout(self.request_deadline, fut).await {
+            Ok(r) => r.map_err(ReqError::Store),
+            Err(_) => {
+                bump(&self.counters.request_timeouts, 1);
+                Err(ReqError::TimedOut)
+            }
+        }
+    }
+
+    pub(crate) fn err(&self, what: &str, e: ReqError) -> Error {
+        match e {
+            ReqError::Store(e) => classify(&self.name, what, &e),
+            ReqError::TimedOut => timed_out(&self.name, what, self.request_deadline),
+        }
+    }
+
+    pub(crate) fn path(&self, key: &BlockKey) -> ObjPath {
+        let rel = self.ns.block_rel_path(key);
+        if self.prefix.is_empty() {
+            ObjPath::from(rel)
+        } else {
+            ObjPath::from(format!("{}/{rel}", self.prefix))
+        }
+    }
+
+    pub(crate) fn rank_prefix(&self) -> ObjPath {
+        let rank = self.ns.rank_dir_name();
+        if self.prefix.is_empty() {
+            ObjPath::from(rank)
+        } else {
+            ObjPath::from(format!("{}/{rank}", self.prefix))
+        }
+    }
+
+    /// The key of an object path under the rank prefix, if it is a block of this layout.
+    pub(crate) fn key_of(&self, path: &ObjPath) -> Option<BlockKey> {
+        let s = path.as_ref();
+        let rel = if self.prefix.is_empty() {
+            s
+        } else {
+            s.strip_prefix(&self.prefix)?.strip_prefix('/')?
+        };
+        let file = rel.rsplit('/').next()?;
+        let leaf = rel.rsplit('/').nth(1)?;
+        let hex = file.strip_suffix(".bin")?;
+        let group: u32 = leaf.rsplit_once("_g")?.1.parse().ok()?;
+        let key = BlockKey::from_hex(hex, group).ok()?;
+        (self.ns.block_rel_path(&key) == rel).then_some(key)
+    }
+
+    fn is_deleting(&self, key: &BlockKey) -> bool {
+        self.cap.as_ref().is_some_and(|c| c.lock().is_deleting(key))
+    }
+
+    /// Whether the object exists. With `cached`, a cached positive answer is trusted (for
+    /// lookups); without, the backend is asked (for stores). A key a sweep is deleting is
+    /// absent.
+    pub(crate) async fn head(&self, key: &BlockKey, cached: bool) -> Result<bool> {
+        if self.is_deleting(key) {
+            return Ok(false);
+        }
+        if cached && self.exists.contains_key(key) {
+            bump(&self.counters.exists_cache_hits, 1);
+            return Ok(true);
+        }
+        let path = self.path(key);
+        let epoch = self.delete_epoch.load(Ordering::SeqCst);
+        match self.request(self.store.head(&path)).await {
+            Ok(_) => {
+                if epoch == self.delete_epoch.load(Ordering::SeqCst) {
+                    self.exists.insert(*key, ());
+                }
+                Ok(true)
+            }
+            Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
+                self.exists.invalidate(key);
+                Ok(false)
+            }
+            Err(e) => Err(self.err(&format!("HEAD {path}"), e)),
+        }
+    }
+
+    async fn wait_not_deleting(&self, key: &BlockKey) {
+        let Some(cap) = &self.cap else { return };
+        loop {
+            let notified = cap.deleted.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !cap.lock().is_deleting(key) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Waits until no other store of this tier uploads `key`, then claims it.
+    async fn claim_put(&self, key: BlockKey) -> PutClaim<'_> {
+        loop {
+            let waiting = {
+                let mut puts = lock(&self.puts);
+                match puts.get(&key) {
+                    // created under the lock: it sees the uploader's notify_waiters
+                    Some(n) => n.clone().notified_owned(),
+                    None => {
+                        let notify = Arc::new(Notify::new());
+                        puts.insert(key, notify.clone());
+                        return PutClaim {
+                            inner: self,
+                            key,
+                            notify,
+                        };
+                    }
+                }
+            };
+            waiting.await;
+        }
+    }
+
+    /// Stores one block: `Ok(true)` when this call created the object, `Ok(false)` when the
+    /// backend confirmed it exists. Concurrent stores of one key in this tier upload once:
+    /// the others wait for that upload, then have the backend confirm the object (or upload
+    /// themselves if it failed). Each request within its deadline; cancellation-safe.
+    pub(crate) async fn store_block(&self, key: BlockKey, src: BlockSource) -> Result<bool> {
+        if src.len() != self.block_size {
+            return Err(Error::WrongSize {
+                key,
+                got: src.len(),
+                expected: self.block_size,
+            });
+        }
+        let _claim = self.claim_put(key).await;
+        // the key is protected by this job: a sweep that chose it before may still be
+        // deleting it; write only after that
+        self.wait_not_deleting(&key).await;
+        self.check_open()?;
+        if self.exists.contains_key(&key) {
+            // The cache may save the upload, never the confirmation: ask the backend.
+            bump(&self.counters.exists_cache_hits, 1);
+            if self.head(&key, false).await? {
+                return Ok(self.confirmed(key));
+            }
+        }
+        let bytes: Bytes = src.bytes(); // zero-copy view of the DRAM slot
+        let mut attributes = Attributes::new();
+        if self.checksum == ObjChecksum::Crc32c {
+            let crc = crc32c::crc32c(&bytes);
+            attributes.insert(
+                Attribute::Metadata(CRC_METADATA_KEY.into()),
+                AttributeValue::from(format!("{crc:08x}")),
+            );
+        }
+        let path = self.path(&key);
+        loop {
+            let create = self.create_only.load(Ordering::Relaxed);
+            if !create && self.head(&key, false).await? {
+                // No conditional writes here: look first (a race may still replace a block
+                // with an identical one: blocks are content-addressed).
+                return Ok(self.confirmed(key));
+            }
+            let opts = PutOptions {
+                mode: if create {
+                    PutMode::Create
+                } else {
+                    PutMode::Overwrite
+                },
+                attributes: attributes.clone(),
+                ..PutOptions::default()
+            };
+            // Counted toward the bound before the PUT: if it is cancelled or times out, the
+            // object may exist, and over-counting is the safe side of a bound.
+            if let Some(cap) = &self.cap {
+                cap.lock().insert(key, self.block_size as u64);
+            }
+            let put = self
+                .store
+                .put_opts(&path, PutPayload::from(bytes.clone()), opts);
+            match self.request(put).await {
+                Ok(_) => {
+                    self.exists.insert(key, ());
+                    bump(&self.counters.blocks_written, 1);
+                    bump(&self.counters.bytes_written, self.block_size as u64);
+                    return Ok(true);
+                }
+                Err(ReqError::Store(
+                    object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. },
+                )) => return Ok(self.confirmed(key)),
+                Err(ReqError::Store(object_store::Error::NotImplemented)) if create => {
+                    self.uncount(&key);
+                    tracing::warn!(tier = %self.name, "the store has no create-only writes; checking before writing instead");
+                    self.create_only.store(false, Ordering::Relaxed);
+                }
+                Err(e @ ReqError::Store(_)) => {
+                    self.uncount(&key);
+                    return Err(self.err(&format!("PUT {path}"), e));
+                }
+                Err(e @ ReqError::TimedOut) => return Err(self.err(&format!("PUT {path}"), e)),
+            }
+        }
+    }
+
+    /// The backend said the object exists: a skipped store.
+    fn confirmed(&self, key: BlockKey) -> bool {
+        self.exists.insert(key, ());
+        bump(&self.counters.stores_skipped, 1);
+        if let Some(cap) = &self.cap {
+            cap.lock().insert(key, self.block_size as u64);
+        }
+        false
+    }
+
+    fn uncount(&self, key: &BlockKey) {
+        if let Some(cap) = &self.cap {
+            cap.lock().remove(key);
+        }
+    }
+
+    /// Deletes a damaged object (reported as removed).
+    async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath) {
+        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
+        self.exists.invalidate(key);
+        self.uncount(key);
+        if self.request(self.store.delete(path)).await.is_ok() {
+            bump(&self.counters.corrupt_deleted, 1);
+            self.events.push(vec![*key], true);
+        }
+    }
+
+    /// GET `path` and stream its body into `buf`, one request within its deadline.
+    async fn fetch_into(
+        &self,
+        path: &ObjPath,
+        buf: &mut [u8],
+    ) -> std::result::Result<Fetched, ReqError> {
+        self.request(async {
+            let got = self.store.get(path).await?;
+            let want_crc = got
+                .attributes
+                .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
+                .and_then(|v| u32::from_str_radix(v.as_ref(), 16).ok());
+            let size = got.meta.size;
+            let mut f = Fetched {
+                size,
+                want_crc,
+                filled: 0,
+                overflow: size != buf.len() as u64,
+            };
+            let mut stream = got.into_stream();
+            while !f.overflow
+                && let Some(chunk) = stream.next().await
+            {
+                let chunk = chunk?;
+                if f.filled + chunk.len() > buf.len() {
+                    f.overflow = true;
+                    break;
+                }
+                buf[f.filled..f.filled + chunk.len()].copy_from_slice(&chunk);
+                f.filled += chunk.len();
+            }
+            Ok(f)
+        })
+        .await
+    }
+
+    /// Loads one block into its sink: a missing object is `NotFound` (and leaves the cache
+    /// and the index), a short, long or checksum-failing one is `Corrupt` (and is deleted).
+    pub(crate) async fn load_block(&self, key: BlockKey, sink: &mut BlockSink) -> Result<()> {
+        if sink.len() != self.block_size {
+            return Err(Error::WrongSize {
+                key,
+                got: sink.len(),
+                expected: self.block_size,
+            });
+        }
+        self.check_open()?;
+        let path = self.path(&key);
+        let buf = sink.as_mut_slice();
+        let f = match self.fetch_into(&path, buf).await {
+            Ok(f) => f,
+            Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
+                self.exists.invalidate(&key);
+                self.uncount(&key);
+                bump(&self.counters.load_misses, 1);
+                return Err(not_found(&self.name, key));
+            }
+            Err(e) => return Err(self.err(&format!("GET {path}"), e)),
+        };
+        if f.overflow || f.filled != self.block_size {
+            let reason = format!(
+                "object is {} bytes, the block size is {} ({path})",
+                f.size, self.block_size
+            );
+            self.delete_corrupt(&key, &path).await;
+            return Err(Error::Corrupt {
+                key,
+                tier: self.name.clone(),
+                reason,
+            });
+        }
+        if self.checksum == ObjChecksum::Crc32c
+            && let Some(want) = f.want_crc
+        {
+            let crc = crc32c::crc32c(buf);
+            if crc != want {
+                bump(&self.counters.checksum_mismatches, 1);
+                tracing::warn!(tier = %self.name, %key, "checksum mismatch; the object is deleted");
+                self.delete_corrupt(&key, &path).await;
+                return Err(Error::Corrupt {
+                    key,
+                    tier: self.name.clone(),
+                    reason: format!("crc32c is {crc:08x}, stored {want:08x} ({path})"),
+                });
+            }
+        }
+        self.exists.insert(key, ());
+        self.touch_index(&[key]);
+        bump(&self.counters.blocks_read, 1);
+        bump(&self.counters.bytes_read, self.block_size as u64);
+        Ok(())
+    }
+
+    pub(crate) fn touch_index(&self, keys: &[BlockKey]) {
+        if let Some(cap) = &self.cap {
+            let mut idx = cap.lock();
+            for k in keys {
+                idx.touch(k);
+            }
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The bounded mode's capacity index: size and last use of every object, kept in
+//! least-recently-used order so a sweep finds its victims without sorting the index.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::Mutex;
+
+use kv_tier_core::{BlockKey, ProtectionSet};
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::Notify;
+
+/// One indexed object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) size: u64,
+    /// Position in the recency order (larger: more recent).
+    pub(crate) tick: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct CapIndex {
+    map: FxHashMap<BlockKey, Entry>,
+    order: BTreeMap<u64, BlockKey>,
+    total: u64,
+    clock: u64,
+    /// Keys a sweep has chosen and is deleting: stores of them wait, lookups answer absent.
+    deleting: FxHashSet<BlockKey>,
+}
+
+impl CapIndex {
+    /// Indexes `key` as the most recently used object.
+    pub(crate) fn insert(&mut self, key: BlockKey, size: u64) {
+        self.clock += 1;
+        let tick = self.clock;
+        self.insert_at(key, Entry { size, tick });
+    }
+
+    fn insert_at(&mut self, key: BlockKey, e: Entry) {
+        if let Some(old) = self.map.insert(key, e) {
+            self.total -= old.size;
+            self.order.remove(&old.tick);
+        }
+        self.total += e.size;
+        self.order.insert(e.tick, key);
+    }
+
+    /// Makes `key` the most recently used, if indexed.
+    pub(crate) fn touch(&mut self, key: &BlockKey) {
+        if let Some(e) = self.map.get(key).copied() {
+            self.insert(*key, e.size);
+        }
+    }
+
+    pub(crate) fn remove(&mut self, key: &BlockKey) -> Option<Entry> {
+        let e = self.map.remove(key)?;
+        self.total -= e.size;
+        self.order.remove(&e.tick);
+        Some(e)
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub(crate) fn is_deleting(&self, key: &BlockKey) -> bool {
+        self.deleting.contains(key)
+    }
+}
+
+/// The bound, its index, and the sweep's coordination.
+pub(crate) struct Cap {
+    pub(crate) cap: u64,
+    pub(crate) low: u64,
+    pub(crate) index: Mutex<CapIndex>,
+    /// Woken when keys leave `deleting`.
+    pub(crate) deleted: Notify,
+    /// One sweep at a time: background sweeps skip when one runs, `sweep_now` waits.
+    pub(crate) sweeping: tokio::sync::Mutex<()>,
+}
+
+/// What one decision step chose.
+#[derive(Debug, Default)]
+pub(crate) struct Decision {
+    /// Victims, out of the index and marked deleting, with their entries (to restore one
+    /// whose delete fails).
+    pub(crate) victims: Vec<(BlockKey, Entry)>,
+    /// Candidates kept because they were protected.
+    pub(crate) protected: u64,
+    /// Nothing more to decide: down to the low watermark, or no candidate left.
+    pub(crate) done: bool,
+}
+
+impl Cap {
+    pub(crate) fn new(cap: u64, low_watermark: f64) -> Self {
+        Self {
+            cap,
+            low: (cap as f64 * low_watermark) as u64,
+            index: Mutex::new(CapIndex::default()),
+            deleted: Notify::new(),
+            sweeping: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, CapIndex> {
+        // Every critical section leaves the index consistent before anything can panic.
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn over(&self) -> bool {
+        self.lock().total > self.cap
+    }
+
+    /// Chooses up to `n` victims, least recently used first, after the tick `cursor`.
+    ///
+    /// The candidates are read under the index lock alone (a range of the recency order:
+    /// no sort, no copy of the index); each is then re-checked under the protection lock and
+    /// the index lock (still indexed, not touched since, not protected) and, if it goes,
+    /// leaves the index and is marked deleting before the locks drop. So `protect()` and
+    /// `touch()` wait at most for one batch, never for a walk of the whole index.
+    pub(crate) fn decide(
+        &self,
+        protection: &ProtectionSet,
+        cursor: &mut Option<u64>,
+        n: usize,
+    ) -> Decision {
+        let candidates: Vec<(u64, BlockKey)> = {
+            let idx = self.lock();
+            if idx.total <= self.low {
+                return Decision {
+                    done: true,
+                    ..Decision::default()
+                };
+            }
+            let from = cursor.map_or(Bound::Unbounded, Bound::Excluded);
+            idx.order
+                .range((from, Bound::Unbounded))
+                .take(n)
+                .map(|(t, k)| (*t, *k))
+                .collect()
+        };
+        let mut d = Decision {
+            done: candidates.len() < n,
+            ..Decision::default()
+        };
+        if let Some((t, _)) = candidates.last() {
+            *cursor = Some(*t);
+        }
+        protection.with_lock(|is_protected| {
+            let mut idx = self.lock();
+            for (tick, key) in candidates {
+                if idx.total <= self.low {
+                    d.done = true;
+                    break;
+                }
+                match idx.map.get(&key) {
+                    Some(e) if e.tick == tick => {}
+                    _ => continue, // touched or removed since it was read
+                }
+                if is_protected(&key) {
+                    d.protected += 1;
+                    continue;
+                }
+                let e = idx.remove(&key).expect("checked above");
+                idx.deleting.insert(key);
+                d.victims.push((key, e));
+            }
+        });
+        d
+    }
+
+    /// Ends the deletion of `victims`: those in `failed` (still in the store, or not known
+    /// to be gone) go back to the index with their old recency; all leave `deleting`, and
+    /// stores waiting for them wake.
+    pub(crate) fn finish(&self, victims: &[(BlockKey, Entry)], failed: &[BlockKey]) {
+        {
+            let mut idx = self.lock();
+            for (k, e) in victims {
+                if failed.contains(k) && !idx.map.contains_key(k) {
+                    idx.insert_at(*k, *e);
+                }
+                idx.deleting.remove(k);
+            }
+        }
+        self.deleted.notify_waiters();
+    }
+
+    /// Seeds the index with objects found by a LIST, oldest first.
+    pub(crate) fn seed(&self, mut found: Vec<(u64, BlockKey, u64)>) {
+        found.sort_unstable();
+        let mut idx = self.lock();
+        for (_, k, size) in found {
+            idx.insert(k, size);
+        }
+    }
+}
+
+/// Owns victims being deleted: if the sweep is dropped mid-way (shutdown, cancellation),
+/// they go back to the index (it may count an object that is gone; a later sweep's delete
+/// of it is a no-op) and leave `deleting`, so no store waits for them forever.
+pub(crate) struct Deleting<'a> {
+    pub(crate) cap: &'a Cap,
+    pub(crate) victims: Vec<(BlockKey, Entry)>,
+    pub(crate) failed: Option<Vec<BlockKey>>,
+}
+
+impl Drop for Deleting<'_> {
+    fn drop(&mut self) {
+        let failed = match self.failed.take() {
+            Some(f) => f,
+            None => self.victims.iter().map(|(k, _)| *k).collect(),
+        };
+        self.cap.finish(&self.victims, &failed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(i: u8) -> BlockKey {
+        BlockKey::from_hash32([i; 32], 0)
+    }
+
+    #[test]
+    fn victims_follow_recency_skip_protected_and_stop_at_the_low_watermark() {
+        let cap = Cap::new(100, 0.5);
+        for i in 0..12 {
+            cap.lock().insert(k(i), 10);
+        }
+        cap.lock().touch(&k(0)); // most recent now
+        let prot = ProtectionSet::new();
+        let _g = prot.protect(&[k(1)]);
+        let mut cursor = None;
+        let mut victims = Vec::new();
+        loop {
+            let d = cap.decide(&prot, &mut cursor, 3);
+            victims.extend(d.victims.iter().map(|(k, _)| *k));
+            if d.done {
+                break;
+            }
+        }
+        // 120 -> 50: seven go, the oldest unprotected ones
+        assert_eq!(victims, (2..9).map(k).collect::<Vec<_>>());
+        assert_eq!(cap.lock().total(), 50);
+        assert!(cap.lock().is_deleting(&k(2)));
+        let d = Deleting {
+            cap: &cap,
+            victims: vec![(k(2), Entry { size: 10, tick: 3 })],
+            failed: None,
+        };
+        drop(d); // dropped before it finished: the victim is restored
+        assert!(!cap.lock().is_deleting(&k(2)));
+        assert_eq!(cap.lock().total(), 60);
+    }
+}

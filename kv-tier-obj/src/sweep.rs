@@ -1,0 +1,110 @@
+//! The bounded mode's sweep: deletes least-recently-used objects down to the low watermark.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures::StreamExt;
+use kv_tier_core::BlockKey;
+use object_store::path::Path as ObjPath;
+
+use crate::block::{Inner, bump};
+use crate::cap::Deleting;
+
+/// Victims decided (and deleted) per batch: one batched DELETE request each.
+const BATCH: usize = 256;
+
+impl Inner {
+    /// Deletes least-recently-used objects down to the low watermark, skipping protected
+    /// keys; returns how many it deleted and reports them as removed. With `wait`, runs after
+    /// a sweep in progress; without, returns 0 if one runs.
+    ///
+    /// Each batch is decided atomically with `protect()` (see [`crate::cap::Cap::decide`]);
+    /// a store of a key being deleted waits for the delete, a lookup answers absent. The
+    /// sweep stops between batches once the tier is shut down, and can be dropped at any
+    /// await point: undeleted victims go back to the index.
+    pub(crate) async fn sweep(self: Arc<Self>, wait: bool) -> usize {
+        let Some(cap) = &self.cap else { return 0 };
+        let _one = if wait {
+            cap.sweeping.lock().await
+        } else {
+            match cap.sweeping.try_lock() {
+                Ok(g) => g,
+                Err(_) => return 0,
+            }
+        };
+        if !cap.over() {
+            return 0;
+        }
+        let mut cursor = None;
+        let mut deleted = Vec::new();
+        loop {
+            if self.closed.load(Ordering::SeqCst) {
+                break;
+            }
+            let d = cap.decide(&self.protection, &mut cursor, BATCH);
+            bump(&self.counters.skipped_in_flight, d.protected);
+            if !d.victims.is_empty() {
+                let mut guard = Deleting {
+                    cap,
+                    victims: d.victims,
+                    failed: None,
+                };
+                let (gone, failed) = self.delete_batch(&guard.victims).await;
+                guard.failed = Some(failed);
+                drop(guard);
+                deleted.extend(gone);
+            }
+            if d.done {
+                break;
+            }
+        }
+        bump(&self.counters.evicted, deleted.len() as u64);
+        bump(&self.counters.sweeps, 1);
+        let n = deleted.len();
+        self.events.push(deleted, true);
+        n
+    }
+
+    /// One batched DELETE of `victims`: returns the keys gone and the keys that may remain.
+    async fn delete_batch(
+        &self,
+        victims: &[(BlockKey, crate::cap::Entry)],
+    ) -> (Vec<BlockKey>, Vec<BlockKey>) {
+        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
+        for (k, _) in victims {
+            self.exists.invalidate(k);
+        }
+        let paths: Vec<ObjPath> = victims.iter().map(|(k, _)| self.path(k)).collect();
+        let results = self
+            .request(async {
+                let stream = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
+                Ok(self.store.delete_stream(stream).collect::<Vec<_>>().await)
+            })
+            .await;
+        let (mut gone, mut failed) = (Vec::new(), Vec::new());
+        match results {
+            Ok(results) => {
+                for ((k, _), r) in victims.iter().zip(results) {
+                    match r {
+                        Ok(_) | Err(object_store::Error::NotFound { .. }) => gone.push(*k),
+                        Err(e) => {
+                            tracing::warn!(tier = %self.name, key = %k, error = %e, "capacity delete failed");
+                            failed.push(*k);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let err = self.err("DELETE batch", e);
+                tracing::warn!(tier = %self.name, objects = victims.len(), error = %err, "capacity delete failed");
+                failed.extend(victims.iter().map(|(k, _)| *k));
+            }
+        }
+        // A HEAD that overlapped the delete may have cached "present" before it: forget it.
+        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
+        for k in &gone {
+            self.exists.invalidate(k);
+        }
+        (gone, failed)
+    }
+}
