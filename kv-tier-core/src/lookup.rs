@@ -6,7 +6,9 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::FutureExt;
 use rustc_hash::{FxHashMap, FxHashSet};

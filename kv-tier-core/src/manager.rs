@@ -287,6 +287,10 @@ impl TieringManager {
             }
             _ => {}
         }
+        if st.shut_down {
+            st.stats.misses += 1;
+            return LookupResult::Miss;
+        }
         for i in 0..self.tiers.len() {
             if !req.filter.allows(&self.names[i]) {
                 continue;
@@ -375,7 +379,7 @@ impl TieringManager {
             keys
         };
         let stored = self.primary.complete_store(keys, success);
-        if !success || stored.is_empty() || self.tiers.is_empty() {
+        if !success || stored.is_empty() || self.tiers.is_empty() || st.shut_down {
             return;
         }
         let sources = self.primary.sources(&stored);
@@ -728,6 +732,8 @@ impl TieringManager {
     }
 
     /// Cancels queued promotions, waits for jobs in flight, and shuts every tier down.
+    /// Afterwards the manager serves DRAM only: lookups past DRAM answer `Miss` and stores
+    /// cascade nowhere.
     pub async fn shutdown(&self) -> Result<()> {
         self.cancel_promotions();
         self.wait_idle().await;

@@ -22,6 +22,7 @@ struct Plan {
     fail_every_nth_load: Option<u64>,
     fail_every_nth_store: Option<u64>,
     fail_lookups: bool,
+    panic_on_lookup: bool,
     panic_on_load: bool,
     delay: Option<Duration>,
     lookup_gate: Option<Gate>,
@@ -37,6 +38,7 @@ struct Plan {
 /// - `tear_load`: the block is loaded with its second half zeroed and reported as loaded (a
 ///   tier returning torn data), to test end-to-end verification.
 /// - `short_store`: the block is handed to the inner tier truncated by one byte.
+/// - `panic_on_lookup` / `panic_on_load`: probes / loads panic.
 /// - `delay`: every job and probe sleeps first.
 /// - `hold_lookups`: probes run, then wait at a [`Gate`] before answering (a late probe).
 /// - `hold_stores` / `hold_loads`: jobs wait at a gate before running.
@@ -111,6 +113,11 @@ impl FaultyTier {
     /// Probes return an error.
     pub fn fail_lookups(&self, on: bool) {
         self.plan().fail_lookups = on;
+    }
+
+    /// Probes panic (the manager must survive a panicking tier).
+    pub fn panic_on_lookup(&self, on: bool) {
+        self.plan().panic_on_lookup = on;
     }
 
     /// Loads panic (the manager must survive a panicking tier).
@@ -190,6 +197,9 @@ impl SecondaryTier for FaultyTier {
         let delay = self.plan().delay;
         if let Some(d) = delay {
             tokio::time::sleep(d).await;
+        }
+        if self.plan().panic_on_lookup {
+            panic!("injected panic in FaultyTier::lookup");
         }
         let answer = self.inner.lookup(keys).await;
         let (gate, fail) = {

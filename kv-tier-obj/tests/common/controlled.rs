@@ -1,0 +1,193 @@
+//! An `ObjectStore` wrapper (over `InMemory`) whose requests can be held at a gate or slowed,
+//! per kind of request, to drive deadlines and interleavings deterministically (with tokio's
+//! paused clock, a held request lasts exactly until a deadline fires).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use kv_tier_testkit::Gate;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{
+    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOpts,
+    PutOptions, PutPayload, PutResult, Result,
+};
+
+/// A kind of request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Head,
+    Put,
+    Get,
+    Delete,
+}
+
+#[derive(Default)]
+struct Plan {
+    gates: HashMap<Op, Gate>,
+    path_gates: Vec<(Op, String, Gate)>,
+    delays: HashMap<Op, Duration>,
+}
+
+/// See the module docs.
+pub struct ControlledStore {
+    pub inner: InMemory,
+    plan: Mutex<Plan>,
+    counts: Mutex<HashMap<Op, usize>>,
+    pub started: AtomicUsize,
+}
+
+impl fmt::Debug for ControlledStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ControlledStore")
+    }
+}
+
+impl fmt::Display for ControlledStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ControlledStore(InMemory)")
+    }
+}
+
+impl Default for ControlledStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ControlledStore {
+    pub fn new() -> Self {
+        Self {
+            inner: InMemory::new(),
+            plan: Mutex::new(Plan::default()),
+            counts: Mutex::new(HashMap::new()),
+            started: AtomicUsize::new(0),
+        }
+    }
+
+    /// Requests of `op` from now on wait at the returned gate (until `release`).
+    pub fn hold(&self, op: Op) -> Gate {
+        let g = Gate::new();
+        self.plan.lock().unwrap().gates.insert(op, g.clone());
+        g
+    }
+
+    /// Requests of `op` on `path` from now on wait at the returned gate (until `release`).
+    pub fn hold_path(&self, op: Op, path: &str) -> Gate {
+        let g = Gate::new();
+        self.plan
+            .lock()
+            .unwrap()
+            .path_gates
+            .push((op, path.to_string(), g.clone()));
+        g
+    }
+
+    /// Opens `op`'s gates and lets later requests through.
+    pub fn release(&self, op: Op) {
+        let mut p = self.plan.lock().unwrap();
+        if let Some(g) = p.gates.remove(&op) {
+            g.open();
+        }
+        p.path_gates.retain(|(o, _, g)| {
+            if *o == op {
+                g.open();
+            }
+            *o != op
+        });
+    }
+
+    /// Requests of `op` take `d` (on tokio's clock) before they run.
+    pub fn delay(&self, op: Op, d: Duration) {
+        self.plan.lock().unwrap().delays.insert(op, d);
+    }
+
+    /// Requests of `op` received so far.
+    pub fn count(&self, op: Op) -> usize {
+        self.counts.lock().unwrap().get(&op).copied().unwrap_or(0)
+    }
+
+    /// Whether an object exists (asked of the inner store, not counted).
+    pub async fn exists(&self, path: &str) -> bool {
+        self.inner.head(&Path::from(path)).await.is_ok()
+    }
+
+    async fn enter(&self, op: Op, location: &Path) {
+        *self.counts.lock().unwrap().entry(op).or_default() += 1;
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let (gates, delay) = {
+            let p = self.plan.lock().unwrap();
+            let mut gates: Vec<Gate> = p.gates.get(&op).cloned().into_iter().collect();
+            gates.extend(
+                p.path_gates
+                    .iter()
+                    .filter(|(o, path, _)| *o == op && location.as_ref() == path)
+                    .map(|(_, _, g)| g.clone()),
+            );
+            (gates, p.delays.get(&op).copied())
+        };
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        for g in gates {
+            g.pass().await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for ControlledStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        self.enter(Op::Put, location).await;
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOpts,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        let op = if options.head { Op::Head } else { Op::Get };
+        self.enter(op, location).await;
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn head(&self, location: &Path) -> Result<ObjectMeta> {
+        self.enter(Op::Head, location).await;
+        self.inner.head(location).await
+    }
+
+    async fn delete(&self, location: &Path) -> Result<()> {
+        self.enter(Op::Delete, location).await;
+        self.inner.delete(location).await
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy(&self, from: &Path, to: &Path) -> Result<()> {
+        self.inner.copy(from, to).await
+    }
+
+    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> Result<()> {
+        self.inner.copy_if_not_exists(from, to).await
+    }
+}
