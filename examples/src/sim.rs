@@ -195,8 +195,16 @@ pub struct TierReport {
     pub load_p99_ms: f64,
     /// Failed block loads (misses for their request).
     pub load_failures: u64,
+    /// Why loads failed (`missing`: the block was gone when its promotion read it).
+    pub load_failure_causes: kv_tier_core::stats::FailureCauses,
     /// Failed block stores.
     pub store_failures: u64,
+    /// Why stores failed.
+    pub store_failure_causes: kv_tier_core::stats::FailureCauses,
+    /// Probes given up at their deadline.
+    pub probe_timeouts: u64,
+    /// Probes that failed or panicked.
+    pub probe_errors: u64,
 }
 
 /// GC figures of the fs tier.
@@ -610,7 +618,11 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
             load_p50_ms: t.load_latency.quantile(0.5).as_secs_f64() * 1e3,
             load_p99_ms: t.load_latency.quantile(0.99).as_secs_f64() * 1e3,
             load_failures: t.load_failures,
+            load_failure_causes: t.load_failure_causes,
             store_failures: t.store_failures,
+            store_failure_causes: t.store_failure_causes,
+            probe_timeouts: t.probes.probe_timeouts,
+            probe_errors: t.probes.probe_errors + t.probes.probe_panics,
         });
     }
     if let Some(g) = fs_gc() {
@@ -763,7 +775,7 @@ pub fn render(r: &Report) -> String {
     o += &format!("  DRAM evictions        {}\n", r.dram_evictions);
     for t in &r.tiers {
         o += &format!(
-            "  tier {:<16} {} blocks promoted, read {:.2} GiB ({:.2} GB/s), wrote {:.2} GiB ({:.2} GB/s), load job p50 {:.1} ms p99 {:.1} ms, failed loads {} stores {}\n",
+            "  tier {:<16} {} blocks promoted, read {:.2} GiB ({:.2} GB/s), wrote {:.2} GiB ({:.2} GB/s), load job p50 {:.1} ms p99 {:.1} ms\n",
             t.name,
             t.blocks_loaded,
             gib(t.bytes_read),
@@ -772,8 +784,16 @@ pub fn render(r: &Report) -> String {
             t.write_gb_per_s,
             t.load_p50_ms,
             t.load_p99_ms,
+        );
+        o += &format!(
+            "  {:<21} failed loads {} ({}), failed stores {} ({}), probes timed out {} / failed {}\n",
+            "",
             t.load_failures,
-            t.store_failures
+            t.load_failure_causes.summary(),
+            t.store_failures,
+            t.store_failure_causes.summary(),
+            t.probe_timeouts,
+            t.probe_errors
         );
     }
     if let Some(g) = &r.gc {

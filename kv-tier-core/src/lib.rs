@@ -23,7 +23,7 @@ pub use lookup::{AsyncLookup, Presence};
 pub use manager::{TieringManager, TieringManagerBuilder};
 pub use registry::{BuildContext, TierBuilder, TierRegistry};
 pub use request::{LookupResult, PrefixCount, RequestContext, RequestId, TierFilter, count_prefix};
-pub use stats::{LatencyHistogram, ManagerStats, TierStats};
+pub use stats::{FailureCauses, LatencyHistogram, ManagerStats, TierStats};
 pub use tier::{
     Capability, JobResult, LoadJob, PreparedStore, PrimaryStats, PrimaryTier, ProtectGuard,
     ProtectionSet, SecondaryTier, StoreJob, TierInfo,

@@ -158,7 +158,7 @@ pub struct TierStats {
 }
 
 /// Why blocks of jobs failed, by the kind of error their tier reported.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FailureCauses {
     /// The block was not in the tier (evicted or deleted since it was found).
     pub missing: u64,
@@ -190,6 +190,29 @@ impl FailureCauses {
             _ => &mut self.other,
         };
         *slot += 1;
+    }
+
+    /// The causes with a non-zero count, as `name count` pairs (`"missing 3, timed_out 1"`),
+    /// or `"none"`.
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = [
+            ("missing", self.missing),
+            ("corrupt", self.corrupt),
+            ("timed_out", self.timed_out),
+            ("panicked", self.panicked),
+            ("no_space", self.no_space),
+            ("shutdown", self.shutdown),
+            ("other", self.other),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+        if parts.is_empty() {
+            "none".into()
+        } else {
+            parts.join(", ")
+        }
     }
 
     /// All failures counted.

@@ -111,6 +111,22 @@ pub struct TierInfo {
 /// synchronous and must never block on I/O; the async methods must not block tokio's workers
 /// (run blocking I/O on threads of your own or via `spawn_blocking`).
 ///
+/// # Cancellation, deadlines and panics
+///
+/// Every async method must be **cancellation-safe**: its future may be dropped at any await
+/// point (the manager drops a probe at its deadline, `probe_timeout_s`, and a job at its
+/// deadline, `job_timeout_s + job_timeout_per_block_s x blocks`; callers may drop theirs), and
+/// the tier must stay consistent: no entry, claim, pin, permit or protection created by the
+/// call may outlive the call's own work. State created before an `.await` belongs to a guard
+/// whose `Drop` undoes it, not to cleanup code after the await. Work the call handed to
+/// threads of its own may finish after the drop (its buffers keep their DRAM slots pinned
+/// until then, and its keys may stay protected until then), but never longer.
+///
+/// A tier should bound its own calls too (every request it makes has a deadline): a call the
+/// manager abandons costs a miss or a failed block, and a tier that ends its calls itself can
+/// report exactly which keys it handled. A panic in a call is caught by the manager: the
+/// probe's keys count as absent, the job's keys fail.
+///
 /// The `kv-tier-testkit` crate's conformance suite checks every rule below; run it against
 /// your tier with its `conformance_tests!` macro.
 #[async_trait]
@@ -118,12 +134,14 @@ pub trait SecondaryTier: Send + Sync + fmt::Debug + 'static {
     /// The tier's name, medium, locality and capabilities.
     fn info(&self) -> TierInfo;
 
-    /// Batched existence probe: one answer per key, in order. Cheap; may be cached.
+    /// Batched existence probe: one answer per key, in order. Cheap; may be cached (a cached
+    /// positive answer must never make a `store` skip its write).
     async fn lookup(&self, keys: &[BlockKey]) -> Result<Vec<bool>>;
 
     /// Copies the job's blocks into the tier. Publish-if-absent: storing a key that is present
     /// succeeds without replacing it, and of concurrent stores of one key exactly one copy
-    /// survives, whole. A store that reports success leaves a readable block.
+    /// survives, whole. A store that reports success leaves a readable block: a key is
+    /// reported stored only if this call wrote it or the storage itself confirmed it exists.
     async fn store(&self, job: StoreJob) -> JobResult;
 
     /// Copies the job's blocks into their sinks, reporting exactly which keys were loaded
@@ -135,6 +153,8 @@ pub trait SecondaryTier: Send + Sync + fmt::Debug + 'static {
 
     /// Keeps `keys` from being evicted while the guard lives. Refcounted: protections nest.
     /// Missing keys may be protected (a store in flight protects keys before they exist).
+    /// The manager protects the keys of every job, of every probe in flight, and (as a lease)
+    /// of every key a probe found until its promotion ends.
     fn protect(&self, keys: &[BlockKey]) -> ProtectGuard;
 
     /// Whether `key` is currently protected.

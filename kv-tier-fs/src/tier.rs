@@ -752,8 +752,10 @@ impl FsTier {
                 let (files, col, protect) = (self.files.clone(), col.clone(), protect.clone());
                 Box::new(move || {
                     let r = op(&files, &key, buf);
-                    col.push((key, r));
+                    // released before the result is handed over: when the job's future sees
+                    // its results, no protection of its own is left
                     drop(protect);
+                    col.push((key, r));
                 }) as Task
             })
             .collect();

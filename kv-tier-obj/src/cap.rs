@@ -90,6 +90,9 @@ pub(crate) struct Decision {
     pub(crate) victims: Vec<(BlockKey, Entry)>,
     /// Candidates kept because they were protected.
     pub(crate) protected: u64,
+    /// Index entries examined under the locks (at most the batch size, whatever the index's
+    /// size).
+    pub(crate) examined: usize,
     /// Nothing more to decide: down to the low watermark, or no candidate left.
     pub(crate) done: bool,
 }
@@ -149,6 +152,7 @@ impl Cap {
         if let Some((t, _)) = candidates.last() {
             *cursor = Some(*t);
         }
+        d.examined = candidates.len();
         protection.with_lock(|is_protected| {
             let mut idx = self.lock();
             for (tick, key) in candidates {
@@ -220,6 +224,25 @@ impl Drop for Deleting<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decision_examines_one_batch_whatever_the_size_of_the_index() {
+        let cap = Cap::new(100_000, 0.5);
+        for i in 0..200_000u32 {
+            let mut h = [0u8; 32];
+            h[..4].copy_from_slice(&i.to_le_bytes());
+            cap.lock().insert(BlockKey::from_hash32(h, 0), 1);
+        }
+        let prot = ProtectionSet::new();
+        let mut cursor = None;
+        let d = cap.decide(&prot, &mut cursor, 256);
+        assert_eq!(d.victims.len(), 256);
+        assert_eq!(d.examined, 256, "a decision walked more than its batch");
+        // the oldest went first
+        let mut first = [0u8; 32];
+        first[..4].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(d.victims[0].0, BlockKey::from_hash32(first, 0));
+    }
 
     fn k(i: u8) -> BlockKey {
         BlockKey::from_hash32([i; 32], 0)

@@ -37,12 +37,14 @@ impl Inner {
         }
         let mut cursor = None;
         let mut deleted = Vec::new();
+        let mut examined = 0;
         loop {
             if self.closed.load(Ordering::SeqCst) {
                 break;
             }
             let d = cap.decide(&self.protection, &mut cursor, BATCH);
             bump(&self.counters.skipped_in_flight, d.protected);
+            examined += d.examined;
             if !d.victims.is_empty() {
                 let mut guard = Deleting {
                     cap,
@@ -60,6 +62,7 @@ impl Inner {
         }
         bump(&self.counters.evicted, deleted.len() as u64);
         bump(&self.counters.sweeps, 1);
+        tracing::debug!(tier = %self.name, deleted = deleted.len(), examined, "obj tier sweep");
         let n = deleted.len();
         self.events.push(deleted, true);
         n

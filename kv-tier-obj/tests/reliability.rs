@@ -300,3 +300,60 @@ async fn calls_dropped_at_each_await_point_leave_no_trace() {
     assert!(data.iter().all(|(k, d)| verify_block(k, 0, d)));
     assert_eq!(tier.lookup(&[k, other]).await.unwrap(), vec![true, true]);
 }
+
+/// Every numeric option, at values across and beyond its range (as JSON a user could write):
+/// parsing either refuses it naming the field, or the tier opens; nothing panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_config_that_deserialises_makes_open_panic() {
+    let values = [
+        "-1",
+        "0",
+        "1e-9",
+        "0.5",
+        "1",
+        "1000",
+        "1e9",
+        "1e11",
+        "1e19",
+        "1e20",
+        "1e300",
+        "4294967295",
+        "18446744073709551615",
+        "\"7\"",
+    ];
+    let mut opened = 0;
+    for &(field, _, _) in kv_tier_obj::RANGES {
+        for v in values {
+            let json = format!(r#"{{"bucket": "b", "{field}": {v}}}"#);
+            let mut spec = kv_tier_core::TierSpec::new("obj");
+            spec.options = serde_json::from_str::<serde_json::Value>(&json)
+                .unwrap()
+                .as_object()
+                .unwrap()
+                .clone();
+            let cfg = match ObjTierConfig::from_spec(&spec) {
+                Ok(c) => c,
+                Err(Error::InvalidConfig { field: f, reason }) => {
+                    assert_eq!(f, field, "{json}: {reason}");
+                    continue;
+                }
+                Err(e) => panic!("{json}: {e}"),
+            };
+            let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+            let open = tokio::spawn(async move {
+                let t = ObjTier::with_store("obj", store, cfg, ns(), BS).await?;
+                let k = test_key(1);
+                let res = store_keys(&t, &[k], 0, BS).await;
+                assert!(res.is_success(), "{:?}", res.failed);
+                t.lookup(&[k]).await?;
+                t.shutdown().await
+            });
+            match open.await {
+                Ok(Ok(())) => opened += 1,
+                Ok(Err(e)) => panic!("{json}: a valid config failed: {e}"),
+                Err(e) => panic!("{json}: open or use panicked: {e}"),
+            }
+        }
+    }
+    assert!(opened > 10, "too few configs opened: {opened}");
+}

@@ -274,6 +274,70 @@ pub async fn wrong_sizes_are_refused_per_key(fx: &TierFixture) {
     assert!(verify_block(&ks[1], 0, &r2.into_bytes().unwrap()));
 }
 
+/// Polls `fut` `polls` times (yielding to the runtime between polls, so background work
+/// moves on), then drops it unless it finished.
+async fn drop_after<F: Future>(polls: usize, fut: F) {
+    let mut fut = std::pin::pin!(fut);
+    for _ in 0..polls {
+        if futures::poll!(fut.as_mut()).is_ready() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Waits (bounded) until no key of `keys` is protected: protections a dropped call's I/O
+/// still holds end when that I/O ends.
+async fn wait_unprotected(fx: &TierFixture, keys: &[BlockKey]) {
+    let done = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while keys.iter().any(|k| fx.tier.is_protected(k)) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(
+        done.is_ok(),
+        "a dropped call left keys protected for good: {:?}",
+        keys.iter()
+            .filter(|k| fx.tier.is_protected(k))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Cancellation safety: a `store`, `load` or `lookup` future dropped at any await point (here
+/// after 0 to 15 polls, with the runtime running in between) leaves the tier consistent: no
+/// protection outlives the call's own work, and the same keys then store, load and look up
+/// normally.
+pub async fn dropped_calls_leave_no_trace(fx: &TierFixture) {
+    let ks = keys(11, 4);
+    for polls in 0..16 {
+        drop_after(polls, store(fx, &ks, 0)).await;
+        drop_after(polls, load(fx, &ks)).await;
+        drop_after(polls, fx.tier.lookup(&ks)).await;
+    }
+    wait_unprotected(fx, &ks).await;
+    let res = store(fx, &ks, 0).await;
+    assert!(
+        res.is_success(),
+        "store after dropped calls failed: {:?}",
+        res.failed
+    );
+    let (res, data) = load(fx, &ks).await;
+    assert!(
+        res.is_success(),
+        "load after dropped calls failed: {:?}",
+        res.failed
+    );
+    for (k, bytes) in data {
+        assert!(
+            verify_block(&k, 0, &bytes),
+            "bytes of {k} changed after dropped calls"
+        );
+    }
+    assert_eq!(fx.tier.lookup(&ks).await.unwrap(), vec![true; 4]);
+    wait_unprotected(fx, &ks).await;
+}
+
 /// Runs every case in order against fixtures from `make` (for tiers that prefer one test).
 pub async fn run_all<F, Fut>(make: F)
 where
@@ -290,6 +354,7 @@ where
     protect_refcounts_nest(&make().await).await;
     events_for_successful_stores_only(&make().await).await;
     wrong_sizes_are_refused_per_key(&make().await).await;
+    dropped_calls_leave_no_trace(&make().await).await;
 }
 
 /// Expands into one `#[tokio::test]` per conformance case, inside a module `conformance`.
@@ -310,7 +375,8 @@ macro_rules! conformance_tests {
             touch_and_protect_missing_keys_are_harmless,
             protect_refcounts_nest,
             events_for_successful_stores_only,
-            wrong_sizes_are_refused_per_key
+            wrong_sizes_are_refused_per_key,
+            dropped_calls_leave_no_trace
         );
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
