@@ -1,12 +1,18 @@
 #![doc = include_str!("../README.md")]
 
+mod block;
 mod config;
 mod file;
 mod gc;
+mod gc_thread;
 mod io;
+mod root;
+mod stats;
 mod tier;
 
+pub use block::{FaultInjector, FsOp};
 pub use config::{Checksum, FsTierConfig, RANGES};
 pub use file::{CRC_SIDECAR_SUFFIX, CRC_XATTR};
 pub use gc::{SweepHook, SweepPoint};
-pub use tier::{FaultInjector, FsOp, FsStats, FsTier, GcStats};
+pub use stats::{FsStats, GcStats};
+pub use tier::FsTier;

@@ -1,0 +1,172 @@
+//! Opening a root: the directory, `config.json`, the capability probe, the layout's
+//! first-level directories, stray temp files.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use kv_tier_core::{AlignedBuf, Error, Namespace, Result};
+
+use crate::block::{Files, random_salt};
+use crate::file;
+
+pub(crate) fn prepare_root(root: &Path) -> Result<()> {
+    match std::fs::metadata(root) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::config(
+            "root_dir",
+            format!("{} exists and is not a directory", root.display()),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(root).map_err(|e| {
+                Error::config("root_dir", format!("cannot create {}: {e}", root.display()))
+            })
+        }
+        Err(e) => Err(Error::config(
+            "root_dir",
+            format!("cannot use {}: {e}", root.display()),
+        )),
+    }
+}
+
+/// Writes `config.json` once, atomically and only if absent; otherwise checks that the one
+/// present describes this namespace (layouts are never mixed).
+pub(crate) fn write_or_check_config(ns: &Namespace, root: &Path) -> Result<()> {
+    let path = ns.config_path(root);
+    for _ in 0..3 {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => return ns.check_config_json(&path, &text),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("read", &path, e)),
+        }
+        let mut tmp = path.as_os_str().to_os_string();
+        tmp.push(format!("_{:016x}.tmp", random_salt()));
+        let tmp = PathBuf::from(tmp);
+        std::fs::write(&tmp, ns.config_json()).map_err(|e| Error::io("write", &tmp, e))?;
+        let published = file::publish_noreplace(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        if published.map_err(|e| Error::io("publish", &path, e))? {
+            return Ok(());
+        }
+        // Another process wrote it first: check theirs.
+    }
+    Err(Error::io(
+        "write",
+        &path,
+        io::Error::other("config.json kept appearing and disappearing"),
+    ))
+}
+
+pub(crate) struct Probe {
+    pub(crate) direct_align: Option<usize>,
+    pub(crate) xattrs: bool,
+}
+
+/// One probe file per open: writability, O_DIRECT (and its alignment), user xattrs.
+pub(crate) fn probe_dir(dir: &Path, want_direct: bool, want_xattrs: bool) -> Result<Probe> {
+    let path = dir.join(format!(".kv-tier-probe-{:016x}.tmp", random_salt()));
+    let unwritable = |e: io::Error| {
+        Error::config(
+            "root_dir",
+            format!("{} is not writable: {e}", dir.display()),
+        )
+    };
+    let mut direct_align = None;
+    if want_direct {
+        match file::create_excl(&path, true) {
+            Ok(f) => {
+                for align in [512usize, 4096] {
+                    let buf = AlignedBuf::zeroed(align);
+                    use std::os::unix::fs::FileExt;
+                    if f.write_at(buf.as_slice(), 0).is_ok() {
+                        direct_align = Some(align);
+                        break;
+                    }
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(unwritable(e)),
+        }
+        // O_CREAT may have created the file before O_DIRECT was refused.
+        let _ = std::fs::remove_file(&path);
+        if direct_align.is_none() {
+            tracing::warn!(dir = %dir.display(), "the filesystem refuses O_DIRECT; falling back to buffered I/O");
+        }
+    }
+    let f = file::create_excl(&path, false).map_err(unwritable)?;
+    let xattrs = want_xattrs
+        && {
+            let ok = file::set_crc_xattr(&f, 0).is_ok();
+            if !ok {
+                tracing::warn!(dir = %dir.display(), "no user xattrs here; checksums go to .crc32c sidecar files");
+            }
+            ok
+        };
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    Ok(Probe {
+        direct_align,
+        xattrs,
+    })
+}
+
+/// Creates the layout's 4,096 first-level directories (`<hex[0..3]>`) in the background.
+///
+/// Creating a first-level directory is the expensive part of a store into a fresh cache (on
+/// ext4 it halves the throughput of 256 KiB stores, while a second-level directory inside an
+/// existing one costs little); doing them all once, off the I/O path, takes that cost away.
+/// Stores that arrive first create what they need themselves. Empty directories are harmless
+/// to vLLM's reader.
+pub(crate) fn spawn_top_dirs(files: Arc<Files>) {
+    let spawned = std::thread::Builder::new()
+        .name("kv-fs-dirs".into())
+        .spawn(move || {
+            let rank_dir = files.root.join(files.ns.rank_dir_name());
+            for i in 0..4096u32 {
+                let d = rank_dir.join(format!("{i:03x}"));
+                if let Err(e) = std::fs::create_dir(&d)
+                    && e.kind() != io::ErrorKind::AlreadyExists
+                {
+                    tracing::debug!(dir = %d.display(), error = %e, "could not pre-create a layout directory");
+                    return;
+                }
+            }
+            files.top_dirs_ready.store(true, Ordering::Release);
+        });
+    if let Err(e) = spawned {
+        tracing::debug!(error = %e, "no thread to pre-create layout directories");
+    }
+}
+
+/// Deletes `*.tmp` files older than `age` below `dirs`. Returns how many.
+pub(crate) fn reap_tmp(dirs: &[PathBuf], age: Duration) -> u64 {
+    let now = SystemTime::now();
+    let mut n = 0;
+    let mut stack: Vec<PathBuf> = dirs.to_vec();
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            let p = e.path();
+            if ft.is_dir() {
+                if !dirs.contains(&p) {
+                    stack.push(p);
+                }
+            } else if p.extension().is_some_and(|x| x == "tmp") {
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .map(|m| now.duration_since(m).unwrap_or_default() >= age)
+                    .unwrap_or(false);
+                if old && std::fs::remove_file(&p).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+    }
+    n
+}

@@ -1,0 +1,89 @@
+//! The fs tier's counters.
+
+/// Counters of an [`FsTier`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FsStats {
+    /// Block files published by this tier.
+    pub blocks_written: u64,
+    /// Stores skipped because the file existed (or another writer published first).
+    pub stores_skipped: u64,
+    /// Blocks whose store failed.
+    pub store_failures: u64,
+    /// Store failures for lack of space.
+    pub no_space: u64,
+    /// Blocks loaded whole.
+    pub blocks_read: u64,
+    /// Loads of missing files.
+    pub load_misses: u64,
+    /// Other load failures (corrupt or I/O errors).
+    pub load_failures: u64,
+    /// Files deleted because they were short, long or failed their checksum.
+    pub corrupt_deleted: u64,
+    /// Loads whose checksum did not match.
+    pub checksum_mismatches: u64,
+    /// Loads in checksum mode of files that carry no checksum (written by another tool).
+    pub unverified_loads: u64,
+    /// Bytes written to block files.
+    pub bytes_written: u64,
+    /// Bytes read from block files.
+    pub bytes_read: u64,
+    /// Stray temp files deleted at open.
+    pub tmp_reaped: u64,
+    /// Keys probed for existence.
+    pub keys_probed: u64,
+    /// Whether I/O uses `O_DIRECT`.
+    pub direct_io: bool,
+    /// Whether the 4,096 first-level directories of the layout exist (created in the
+    /// background after open).
+    pub top_dirs_ready: bool,
+    /// Garbage collection (bounded mode only; `None` when unbounded).
+    pub gc: Option<GcStats>,
+}
+
+/// Counters of the bounded mode's garbage collection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcStats {
+    /// The cap, in bytes.
+    pub cap_bytes: u64,
+    /// Bytes of block files in the index (logical sizes).
+    pub bytes: u64,
+    /// Block files in the index.
+    pub files: u64,
+    /// Sweeps run.
+    pub sweeps: u64,
+    /// Files deleted by sweeps.
+    pub swept_files: u64,
+    /// Bytes deleted by sweeps.
+    pub swept_bytes: u64,
+    /// Sweep candidates kept because a job had them protected.
+    pub skipped_in_flight: u64,
+    /// Sweep candidates kept because they were used within the grace window.
+    pub skipped_in_grace: u64,
+    /// Sweep candidates kept because they were touched after the sweep chose them.
+    pub skipped_recent: u64,
+    /// mtime stamps applied.
+    pub stamps: u64,
+    /// Stamps that failed (other than for a vanished file).
+    pub stamp_errors: u64,
+    /// Touches dropped because `gc_max_tracked` stamps were already pending.
+    pub stamps_dropped: u64,
+    /// Stamps waiting to be applied.
+    pub pending_stamps: u64,
+    /// Files found deleted behind the tier's back (by rescans, stamps or sweeps).
+    pub external_removals: u64,
+    /// Full rescans run.
+    pub rescans: u64,
+    /// Errors and panics in the GC loop (it goes on after each).
+    pub errors: u64,
+    /// Whether the GC thread is running (false after it died or with background GC off).
+    pub thread_alive: bool,
+    /// How long the last sweep took to choose its victims, in microseconds.
+    pub last_decision_us: u64,
+    /// How long the last sweep took in all, in microseconds.
+    pub last_sweep_us: u64,
+    /// How long the startup adopt walk took, in milliseconds.
+    pub adopt_ms: u64,
+    /// Sweeps that ended still over the cap (everything left was protected or within the
+    /// grace window; each is logged).
+    pub sweeps_over_cap: u64,
+}
