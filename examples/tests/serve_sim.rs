@@ -113,7 +113,7 @@ fn the_fs_tier_stays_within_its_cap_after_each_sweep() {
     let mut cfg = small(3);
     cfg.turns = 4;
     let block = cfg.block_bytes() as f64;
-    cfg.fs_cap_gb = Some(160.0 * block / (1u64 << 30) as f64); // 160 blocks
+    cfg.fs_cap_gb = Some(300.0 * block / (1u64 << 30) as f64); // 300 blocks of files, about half of them with their directories
     let r = run(&cfg).unwrap();
     check_consistent(&r);
     let g = r.gc.expect("bounded fs tier");
@@ -225,7 +225,7 @@ fn an_obj_tier_below_fs_serves_what_fs_swept() {
     let mut cfg = small(11);
     cfg.turns = 4;
     let block = cfg.block_bytes() as f64;
-    cfg.fs_cap_gb = Some(60.0 * block / (1u64 << 30) as f64);
+    cfg.fs_cap_gb = Some(300.0 * block / (1u64 << 30) as f64);
     cfg.s3_endpoint = Some(server.endpoint.clone());
     cfg.s3_bucket = s3::BUCKET.into();
     cfg.s3_access_key = s3::AK.into();

@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -14,7 +15,7 @@ use kv_tier_core::{
 
 use crate::config::Checksum;
 use crate::file;
-use crate::gc::Gc;
+use crate::gc::{Gc, Goal};
 
 /// The operations a fault injector can fail (for tests of error paths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,9 +51,11 @@ pub(crate) struct Counters {
     pub(crate) corrupt_deleted: AtomicU64,
     pub(crate) checksum_mismatches: AtomicU64,
     pub(crate) unverified_loads: AtomicU64,
+    pub(crate) unverified_refused: AtomicU64,
     pub(crate) bytes_written: AtomicU64,
     pub(crate) bytes_read: AtomicU64,
     pub(crate) tmp_reaped: AtomicU64,
+    pub(crate) sidecars_reaped: AtomicU64,
     pub(crate) keys_probed: AtomicU64,
 }
 
@@ -66,9 +69,14 @@ pub(crate) struct Files {
     pub(crate) root: PathBuf,
     pub(crate) ns: Namespace,
     pub(crate) block_size: usize,
+    /// Allocated bytes of one block file.
+    pub(crate) alloc_block: u64,
+    /// Allocated bytes of one directory.
+    pub(crate) dir_alloc: u64,
     pub(crate) direct: bool,
     pub(crate) align: usize,
     pub(crate) checksum: Checksum,
+    pub(crate) accept_unverified: bool,
     pub(crate) xattrs: bool,
     pub(crate) fsync: bool,
     pub(crate) faults: RwLock<Option<FaultInjector>>,
@@ -82,13 +90,6 @@ pub(crate) struct Files {
 }
 
 /// What a load did besides failing: whether it deleted the file.
-pub(crate) fn key_from_path(ns: &Namespace, root: &Path, path: &Path) -> Option<BlockKey> {
-    let rel = path.strip_prefix(root.join(ns.rank_dir_name())).ok()?;
-    let mut parts = rel.iter().map(|p| p.to_str().unwrap_or(""));
-    let (top, leaf, file) = (parts.next()?, parts.next()?, parts.next()?);
-    crate::gc::parse_block(ns, top, leaf, file)
-}
-
 pub(crate) struct LoadFailure {
     pub(crate) error: Error,
     pub(crate) deleted: bool,
@@ -107,6 +108,27 @@ pub(crate) fn random_salt() -> u64 {
     h.finish()
 }
 
+/// Bytes a store reserved under the hard ceiling; released on drop unless taken over by the
+/// published file's entry.
+struct Room<'a> {
+    gc: &'a Gc,
+    bytes: u64,
+}
+
+impl Room<'_> {
+    fn take(&mut self) -> u64 {
+        std::mem::take(&mut self.bytes)
+    }
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.gc.unreserve(self.bytes);
+        }
+    }
+}
+
 /// Removes a temp file on drop unless disarmed.
 struct TmpGuard<'a> {
     path: &'a Path,
@@ -119,6 +141,25 @@ impl Drop for TmpGuard<'_> {
             let _ = std::fs::remove_file(self.path);
         }
     }
+}
+
+/// How long after its publication a block may lack its checksum sidecar (the publisher
+/// writes it right after publishing): a load then fails without removing the block.
+pub(crate) const SIDECAR_GRACE: Duration = Duration::from_secs(10);
+
+/// Whether `m` (a block file without its sidecar) was published within [`SIDECAR_GRACE`].
+fn sidecar_pending(xattrs: bool, m: &std::fs::Metadata) -> bool {
+    if xattrs {
+        return false; // the xattr is set before publishing: there is no window
+    }
+    let changed = std::time::UNIX_EPOCH
+        + Duration::new(
+            m.ctime().max(0) as u64,
+            m.ctime_nsec().clamp(0, 999_999_999) as u32,
+        );
+    SystemTime::now()
+        .duration_since(changed)
+        .map_or(true, |age| age < SIDECAR_GRACE)
 }
 
 impl Files {
@@ -148,8 +189,10 @@ impl Files {
         s.into()
     }
 
-    /// Writes one block: skip if present, temp file with O_EXCL, publish without replacing.
-    /// `Ok(true)` when this call published the file.
+    /// Writes one block: skip if a regular file is present (with a checksum, when they are
+    /// required), temp file with O_EXCL, publish without replacing. Damage at the block's path
+    /// (a directory, a link, a file without the required checksum) is removed first and
+    /// reported. `Ok(true)` when this call published the file.
     pub(crate) fn store_block(&self, key: &BlockKey, src: &BlockSource) -> Result<bool> {
         if src.len() != self.block_size {
             return Err(Error::WrongSize {
@@ -165,29 +208,114 @@ impl Files {
             gc.wait_not_deleting(key);
         }
         if let Ok(m) = std::fs::symlink_metadata(&dest) {
-            bump(&self.counters.stores_skipped, 1);
-            if let Some(gc) = &self.gc {
-                // stored again: the block is in use (and maybe written by another process)
-                gc.on_seen(
-                    *key,
-                    m.len(),
-                    crate::gc::to_ns(m.modified().unwrap_or(SystemTime::now())),
-                );
-                gc.touch(std::slice::from_ref(key));
+            match self.present_damage(&dest, &m) {
+                None => {
+                    bump(&self.counters.stores_skipped, 1);
+                    if let Some(gc) = &self.gc {
+                        // stored again: the block is in use (and maybe written by another
+                        // process)
+                        gc.on_seen(*key, &m);
+                        gc.touch(std::slice::from_ref(key));
+                    }
+                    return Ok(false);
+                }
+                Some(reason) => {
+                    if self.remove_damaged(key, &dest, None) {
+                        tracing::warn!(tier = %self.name, %key, path = %dest.display(), %reason, "removed a damaged block before storing it again");
+                        self.events.push(vec![*key], true);
+                    }
+                }
             }
+        }
+        let room = self.reserve_room(key)?;
+        let written = match self.write_block(&dest, src) {
+            Err(Error::NoSpace { .. }) if self.gc.is_some() => {
+                // The filesystem is full (a cap larger than the disk, or other files): make
+                // room by the oldest files and try once more.
+                if let Some(gc) = &self.gc {
+                    gc.counters.enospc_sweeps.fetch_add(1, Ordering::Relaxed);
+                }
+                self.sweep(Goal::Space);
+                self.write_block(&dest, src)
+            }
+            r => r,
+        }?;
+        if !written {
+            // Another writer was first: its file stands.
+            bump(&self.counters.stores_skipped, 1);
             return Ok(false);
         }
-        let tmp = self.tmp_path(&dest);
+        bump(&self.counters.blocks_written, 1);
+        bump(&self.counters.bytes_written, self.block_size as u64);
+        if let (Some(gc), Some(mut room)) = (&self.gc, room) {
+            gc.on_published(*key, gc.file_bytes(self.alloc_block), room.take());
+        }
+        Ok(true)
+    }
+
+    /// Reserves room for a new block file under the hard ceiling (bounded mode): when the
+    /// total would cross it, runs a sweep for room here, or, if another sweep runs, waits
+    /// for it (at most a second). Fails with `NoSpace` when no room can be made (everything
+    /// left is protected or being written): the block is then not in this tier.
+    fn reserve_room(&self, key: &BlockKey) -> Result<Option<Room<'_>>> {
+        let Some(gc) = &self.gc else { return Ok(None) };
+        let file_bytes = gc.file_bytes(self.alloc_block);
+        let deadline = crate::gc::room_deadline();
+        let mut waited = false;
+        loop {
+            if let Some(bytes) = gc.try_reserve(key, file_bytes) {
+                return Ok(Some(Room { gc, bytes }));
+            }
+            if !waited {
+                waited = true;
+                gc.counters.store_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            let hopeless = if gc.sweep_running() {
+                gc.wait_for_room(Duration::from_millis(20));
+                std::time::Instant::now() >= deadline || gc.stopped()
+            } else {
+                self.sweep(Goal::Room(file_bytes + 2 * self.dir_unit())) == 0
+                    && gc
+                        .try_reserve(key, file_bytes)
+                        .map(|b| gc.unreserve(b))
+                        .is_none()
+            };
+            if hopeless {
+                gc.counters.no_room.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::NoSpace {
+                    tier: self.name.clone(),
+                    detail: format!(
+                        "block {key} does not fit under the hard ceiling of {} bytes and no sweep could make room (everything left is protected or being written)",
+                        gc.cfg.hard_bytes
+                    ),
+                });
+            }
+        }
+    }
+
+    fn dir_unit(&self) -> u64 {
+        self.dir_alloc
+    }
+
+    /// Writes `src` to a temp file next to `dest` and publishes it there without replacing.
+    /// `Ok(false)` when another writer published first.
+    fn write_block(&self, dest: &Path, src: &BlockSource) -> Result<bool> {
+        let tmp = self.tmp_path(dest);
         self.fault(FsOp::CreateTmp, &tmp)
             .map_err(|e| self.io_err("create", &tmp, e))?;
-        let f = match file::create_excl(&tmp, self.direct) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let parent = dest.parent().expect("block paths have a parent");
-                std::fs::create_dir_all(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
-                file::create_excl(&tmp, self.direct).map_err(|e| self.io_err("create", &tmp, e))?
+        let mut tries = 0;
+        let f = loop {
+            match file::create_excl(&tmp, self.direct) {
+                Ok(f) => break f,
+                // the leaf directory does not exist (yet, or any more: a sweep removes
+                // emptied ones)
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => {
+                    tries += 1;
+                    let parent = dest.parent().expect("block paths have a parent");
+                    std::fs::create_dir_all(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
+                }
+                Err(e) => return Err(self.io_err("create", &tmp, e)),
             }
-            Err(e) => return Err(self.io_err("create", &tmp, e)),
         };
         let mut guard = TmpGuard {
             path: &tmp,
@@ -204,73 +332,117 @@ impl Files {
             .and_then(|()| file::write_full(&f, data))
             .map_err(|e| self.io_err("write", &tmp, e))?;
         let crc = (self.checksum == Checksum::Crc32c).then(|| crc32c::crc32c(data));
-        if let (Some(crc), true) = (crc, self.xattrs) {
-            file::set_crc_xattr(&f, crc).map_err(|e| self.io_err("fsetxattr", &tmp, e))?;
+        let mut sidecar = None;
+        if let Some(crc) = crc {
+            if self.xattrs {
+                file::set_crc_xattr(&f, crc).map_err(|e| self.io_err("fsetxattr", &tmp, e))?;
+            } else {
+                let ino = f
+                    .metadata()
+                    .map_err(|e| self.io_err("fstat", &tmp, e))?
+                    .ino();
+                sidecar = Some(file::sidecar_bytes(crc, ino));
+            }
         }
         if self.fsync {
             f.sync_all().map_err(|e| self.io_err("fsync", &tmp, e))?;
         }
         drop(f);
-        self.fault(FsOp::Publish, &dest)
-            .map_err(|e| self.io_err("publish", &dest, e))?;
+        self.fault(FsOp::Publish, dest)
+            .map_err(|e| self.io_err("publish", dest, e))?;
         let published =
-            file::publish_noreplace(&tmp, &dest).map_err(|e| self.io_err("publish", &dest, e))?;
+            file::publish_noreplace(&tmp, dest).map_err(|e| self.io_err("publish", dest, e))?;
         if !published {
-            // Another writer was first: its file stands, ours goes (the guard removes it).
-            bump(&self.counters.stores_skipped, 1);
-            return Ok(false);
+            return Ok(false); // the guard removes our temp file
         }
         guard.armed = false;
         drop(guard);
-        if let (Some(crc), false) = (crc, self.xattrs) {
-            self.write_sidecar(&dest, crc);
+        if let Some(bytes) = sidecar {
+            self.write_sidecar(dest, &bytes);
         }
         if self.fsync
             && let Some(parent) = dest.parent()
         {
             file::fsync_dir(parent).map_err(|e| self.io_err("fsync", parent, e))?;
         }
-        bump(&self.counters.blocks_written, 1);
-        bump(&self.counters.bytes_written, self.block_size as u64);
-        if let Some(gc) = &self.gc {
-            gc.on_published(*key, self.block_size as u64);
-        }
         Ok(true)
     }
 
-    /// Only the publisher writes the sidecar, after publishing: a `.bin` without one loads
-    /// unverified, never with a wrong checksum.
-    fn write_sidecar(&self, dest: &Path, crc: u32) {
-        let side = file::sidecar_path(dest);
-        let tmp = self.tmp_path(&side);
-        let res =
-            std::fs::write(&tmp, crc.to_le_bytes()).and_then(|()| std::fs::rename(&tmp, &side));
-        if let Err(e) = res {
-            let _ = std::fs::remove_file(&tmp);
-            tracing::warn!(path = %side.display(), error = %e, "could not write the checksum sidecar; the block will load unverified");
+    /// Why a present path cannot stand for its block (`None`: it can): not a regular file, or
+    /// (checksums required) a regular file whose checksum is missing or malformed. Cheap: one
+    /// `lgetxattr` or sidecar read, no data.
+    fn present_damage(&self, path: &Path, m: &std::fs::Metadata) -> Option<String> {
+        if !m.is_file() {
+            return Some(format!("not a regular file ({:?})", m.file_type()));
+        }
+        if self.checksum != Checksum::Crc32c || self.accept_unverified {
+            return None;
+        }
+        let stored = if self.xattrs {
+            file::get_crc_xattr_path(path)
+        } else {
+            file::read_sidecar(path, m.ino())
+        };
+        match stored {
+            Ok(file::StoredCrc::Crc(_)) | Err(_) => None,
+            Ok(file::StoredCrc::Missing) if sidecar_pending(self.xattrs, m) => None,
+            Ok(file::StoredCrc::Missing) => Some("it has no checksum".into()),
+            Ok(file::StoredCrc::Malformed(r)) => Some(r),
         }
     }
 
-    fn delete_corrupt(&self, f: &File, path: &Path) -> bool {
-        // Publishing never replaces, so the file at `path` is still ours unless someone
-        // deleted it meanwhile; checking the inode keeps us from deleting a newer file.
-        if !file::same_file(f, path) {
+    /// Only the publisher writes the sidecar, after publishing (a reader that finds the block
+    /// within [`SIDECAR_GRACE`] of its publication and no sidecar yet fails the load without
+    /// calling the block damaged).
+    fn write_sidecar(&self, dest: &Path, bytes: &[u8]) {
+        let side = file::sidecar_path(dest);
+        let tmp = self.tmp_path(&side);
+        let res = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &side));
+        if let Err(e) = res {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!(path = %side.display(), error = %e, "could not write the checksum sidecar; the block will be refused as unverified");
+        }
+    }
+
+    /// Removes what stands at a block's path (a file, a link or a whole directory) and its
+    /// sidecar. With `opened`, only if the same file is still there (publishing never
+    /// replaces, so it is ours to remove unless someone replaced it meanwhile).
+    fn remove_damaged(&self, key: &BlockKey, path: &Path, opened: Option<&File>) -> bool {
+        let Ok(m) = std::fs::symlink_metadata(path) else {
+            return false;
+        };
+        if let Some(f) = opened
+            && !file::same_file(f, path)
+        {
             return false;
         }
-        let ok = std::fs::remove_file(path).is_ok();
+        let ok = if m.is_dir() {
+            std::fs::remove_dir_all(path)
+        } else {
+            std::fs::remove_file(path)
+        }
+        .is_ok();
         let _ = std::fs::remove_file(file::sidecar_path(path));
         if ok {
             bump(&self.counters.corrupt_deleted, 1);
-            if let (Some(gc), Some(key)) = (&self.gc, key_from_path(&self.ns, &self.root, path)) {
-                gc.on_removed(&key);
+            if let Some(gc) = &self.gc {
+                gc.on_removed(key);
             }
         }
         ok
     }
 
-    fn corrupt(&self, key: &BlockKey, f: &File, path: &Path, reason: String) -> LoadFailure {
-        let deleted = self.delete_corrupt(f, path);
-        tracing::warn!(tier = %self.name, %key, path = %path.display(), %reason, deleted, "corrupt block file");
+    /// A block that cannot be served for a reason that will not go away: it is removed (the
+    /// next store rewrites it) and the load fails as `Corrupt`.
+    fn damaged(
+        &self,
+        key: &BlockKey,
+        path: &Path,
+        opened: Option<&File>,
+        reason: String,
+    ) -> LoadFailure {
+        let deleted = self.remove_damaged(key, path, opened);
+        tracing::warn!(tier = %self.name, %key, path = %path.display(), %reason, deleted, "damaged block file");
         LoadFailure {
             error: Error::Corrupt {
                 key: *key,
@@ -281,7 +453,9 @@ impl Files {
         }
     }
 
-    /// Reads one block straight into its sink.
+    /// Reads one block straight into its sink. A block is served only whole, and with
+    /// checksums on only verified (or, with `accept_unverified`, carrying no checksum at
+    /// all); anything at its path that cannot be served for good is removed and reported.
     pub(crate) fn load_block(
         &self,
         key: &BlockKey,
@@ -299,36 +473,45 @@ impl Files {
             }));
         }
         let path = self.ns.block_path(&self.root, key);
-        let f = self
+        let f = match self
             .fault(FsOp::OpenRead, &path)
             .and_then(|()| file::open_read(&path, self.direct))
-            .map_err(|e| {
-                if e.kind() == io::ErrorKind::NotFound {
-                    if let Some(gc) = &self.gc {
-                        gc.on_removed(key);
-                    }
-                    plain(Error::NotFound {
-                        key: *key,
-                        tier: self.name.clone(),
-                    })
-                } else {
-                    plain(self.io_err("open", &path, e))
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(gc) = &self.gc {
+                    gc.on_removed(key);
                 }
-            })?;
-        let size = f
+                return Err(plain(Error::NotFound {
+                    key: *key,
+                    tier: self.name.clone(),
+                }));
+            }
+            Err(e) => {
+                // a link (ELOOP), or a directory where O_DIRECT is refused (EINVAL, EISDIR)
+                if let Ok(m) = std::fs::symlink_metadata(&path)
+                    && !m.is_file()
+                {
+                    let reason = format!("not a regular file ({:?})", m.file_type());
+                    return Err(self.damaged(key, &path, None, reason));
+                }
+                return Err(plain(self.io_err("open", &path, e)));
+            }
+        };
+        let meta = f
             .metadata()
-            .map_err(|e| plain(self.io_err("fstat", &path, e)))?
-            .len();
-        if size != self.block_size as u64 {
-            return Err(self.corrupt(
-                key,
-                &f,
-                &path,
-                format!(
-                    "file is {size} bytes, the block size is {}",
-                    self.block_size
-                ),
-            ));
+            .map_err(|e| plain(self.io_err("fstat", &path, e)))?;
+        if !meta.is_file() {
+            let reason = format!("not a regular file ({:?})", meta.file_type());
+            return Err(self.damaged(key, &path, Some(&f), reason));
+        }
+        if meta.len() != self.block_size as u64 {
+            let reason = format!(
+                "file is {} bytes, the block size is {}",
+                meta.len(),
+                self.block_size
+            );
+            return Err(self.damaged(key, &path, Some(&f), reason));
         }
         let n = if self.direct && !sink.is_aligned(self.align) {
             let mut bounce = AlignedBuf::zeroed(self.block_size);
@@ -344,39 +527,54 @@ impl Files {
                 .map_err(|e| plain(self.io_err("read", &path, e)))?
         };
         if n < self.block_size {
-            return Err(self.corrupt(
-                key,
-                &f,
-                &path,
-                format!("read {n} of {} bytes", self.block_size),
-            ));
+            let reason = format!("read {n} of {} bytes", self.block_size);
+            return Err(self.damaged(key, &path, Some(&f), reason));
         }
         if self.checksum == Checksum::Crc32c {
             let stored = if self.xattrs {
                 file::get_crc_xattr(&f)
             } else {
-                file::read_sidecar(&path)
+                file::read_sidecar(&path, meta.ino())
             }
             .map_err(|e| plain(self.io_err("read checksum", &path, e)))?;
             match stored {
-                Some(want) => {
+                file::StoredCrc::Crc(want) => {
                     let got = crc32c::crc32c(sink.as_slice());
                     if got != want {
                         bump(&self.counters.checksum_mismatches, 1);
-                        return Err(self.corrupt(
-                            key,
-                            &f,
-                            &path,
-                            format!("crc32c is {got:08x}, stored {want:08x}"),
-                        ));
+                        let reason = format!("crc32c is {got:08x}, stored {want:08x}");
+                        return Err(self.damaged(key, &path, Some(&f), reason));
                     }
                 }
-                None => bump(&self.counters.unverified_loads, 1),
+                file::StoredCrc::Missing if self.accept_unverified => {
+                    bump(&self.counters.unverified_loads, 1)
+                }
+                file::StoredCrc::Missing if sidecar_pending(self.xattrs, &meta) => {
+                    return Err(plain(Error::Backend {
+                        tier: self.name.clone(),
+                        message: format!(
+                            "block {key} was published a moment ago and its checksum sidecar is not written yet ({})",
+                            path.display()
+                        ),
+                        transient: true,
+                    }));
+                }
+                file::StoredCrc::Missing => {
+                    bump(&self.counters.unverified_refused, 1);
+                    let reason = "it has no checksum (checksums are required; set \
+                                  accept_unverified to serve blocks of writers that keep none)"
+                        .to_string();
+                    return Err(self.damaged(key, &path, Some(&f), reason));
+                }
+                file::StoredCrc::Malformed(reason) => {
+                    return Err(self.damaged(key, &path, Some(&f), reason));
+                }
             }
         }
         bump(&self.counters.blocks_read, 1);
         bump(&self.counters.bytes_read, self.block_size as u64);
         if let Some(gc) = &self.gc {
+            gc.on_seen(*key, &meta);
             gc.touch(std::slice::from_ref(key));
         }
         Ok(())
@@ -387,19 +585,43 @@ impl Files {
     }
 
     /// One sweep (when over the cap); emits `BlockRemoved` for what it deleted.
-    pub(crate) fn sweep(&self) -> usize {
+    pub(crate) fn sweep(&self, goal: Goal) -> usize {
         let Some(gc) = &self.gc else { return 0 };
-        let report = gc.sweep(&self.ns, &self.root, &self.protection);
+        let report = gc.sweep(&self.ns, &self.root, &self.protection, goal);
         let n = report.deleted.len();
         self.events.push(report.deleted, true);
         n
     }
 
-    /// A full walk of the tree: adopts new files, forgets (and reports) vanished ones.
-    pub(crate) fn rescan(&self, tmp_age: Option<Duration>) {
+    /// Applies the queued mtime stamps; reports blocks found gone.
+    pub(crate) fn apply_stamps(&self) {
         let Some(gc) = &self.gc else { return };
-        let w = crate::gc::walk(&self.ns, &self.rank_dir(), 4, tmp_age, SystemTime::now());
-        let gone = gc.adopt(w.blocks);
+        let gone = gc.apply_stamps(&self.ns, &self.root);
+        self.events.push(gone, true);
+    }
+
+    /// A full walk of the tree, merged into the index: adopts files other processes wrote,
+    /// updates sizes and mtimes, and forgets (and reports) only files verified absent; entries
+    /// that appeared while it walked stay. Reaps temp files and orphan sidecars older than
+    /// `tmp_reap_age_s`.
+    pub(crate) fn rescan(&self) {
+        let Some(gc) = &self.gc else { return };
+        let seq0 = gc.seq();
+        let w = crate::gc::walk(
+            &self.ns,
+            &self.rank_dir(),
+            4,
+            Some(gc.cfg.tmp_age),
+            SystemTime::now(),
+        );
+        bump(&self.counters.tmp_reaped, w.tmp_reaped);
+        bump(&self.counters.sidecars_reaped, w.sidecars_reaped);
+        let missing = gc.merge(w.blocks, seq0);
+        let absent: Vec<(BlockKey, u64)> = missing
+            .into_iter()
+            .filter(|(k, _)| std::fs::symlink_metadata(self.ns.block_path(&self.root, k)).is_err())
+            .collect();
+        let gone = gc.forget(&absent);
         gc.counters.rescans.fetch_add(1, Ordering::Relaxed);
         gc.counters
             .external_removals
@@ -414,6 +636,6 @@ impl Files {
         if let Some(gc) = &self.gc {
             gc.wait_not_deleting(key);
         }
-        std::fs::symlink_metadata(self.ns.block_path(&self.root, key)).is_ok()
+        std::fs::symlink_metadata(self.ns.block_path(&self.root, key)).is_ok_and(|m| m.is_file())
     }
 }

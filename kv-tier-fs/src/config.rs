@@ -51,6 +51,13 @@ pub struct FsTierConfig {
     /// Integrity checking, `"none"` (default) or `"crc32c"`.
     #[serde(default)]
     pub checksum: Checksum,
+    /// With `checksum` on, serve blocks that carry no checksum at all (counted as unverified
+    /// loads) instead of refusing them. Off by default: with checksums on, a block without a
+    /// valid checksum is a miss and its file is removed as damaged. Turn it on only to share a
+    /// root with writers that keep no checksum (vLLM's own fs tier): their blocks are then
+    /// served UNVERIFIED. A malformed or mismatching checksum is refused either way.
+    #[serde(default)]
+    pub accept_unverified: bool,
     /// `fsync` every block file and its directory before a store reports success. Off by
     /// default: it costs a device flush per block (tens to hundreds of microseconds on NVMe,
     /// milliseconds on network disks) and only matters for power loss, not process crashes.
@@ -65,11 +72,19 @@ pub struct FsTierConfig {
     /// writes to the root). A live writer's temp file exists for milliseconds.
     #[serde(default = "reap_age")]
     pub tmp_reap_age_s: u64,
-    /// Capacity bound in GiB (2^30 bytes) of block-file bytes (logical sizes, which equal the
-    /// allocated sizes for block sizes that are multiples of the filesystem block; checksum
-    /// sidecars and directories are not counted). Absent: unbounded, no GC.
+    /// Capacity bound in GiB (2^30 bytes) of what the tier holds on disk: the allocated bytes
+    /// (`st_blocks`) of its block files and checksum sidecars and of the directories they keep
+    /// (see `gc_hard_ceiling` for how hard the bound is). Absent: unbounded, no GC.
     #[serde(default)]
     pub gc_max_size_gb: Option<f64>,
+    /// How far above the cap the tier may go, as a multiple of it (default 1.05, range 1 to
+    /// 1,000). Below this ceiling, files used within `gc_grace_s` are spared by sweeps; above
+    /// it the oldest files go even within grace (protected ones never), and a store that would
+    /// cross it first makes room (a sweep on its own thread, or a wait of at most a second for
+    /// one that runs), failing with `NoSpace` if everything left is protected or being
+    /// written.
+    #[serde(default)]
+    pub gc_hard_ceiling: Option<f64>,
     /// A sweep deletes down to `gc_max_size_gb * gc_low_watermark`. In (0, 1]; default 0.9.
     ///
     /// Every `gc_*` number has a range, listed in [`RANGES`]; `gc_max_size_gb` is 1e-9 to 1e9.
@@ -110,10 +125,12 @@ impl FsTierConfig {
             n_read_threads: 16,
             n_write_threads: 16,
             checksum: Checksum::None,
+            accept_unverified: false,
             fsync: false,
             direct_io: true,
             tmp_reap_age_s: reap_age(),
             gc_max_size_gb: None,
+            gc_hard_ceiling: None,
             gc_low_watermark: None,
             gc_interval_s: None,
             gc_stamp_interval_s: None,
@@ -132,9 +149,12 @@ impl FsTierConfig {
         let secs = |v: Option<f64>, d: f64| std::time::Duration::from_secs_f64(v.unwrap_or(d));
         let ns = |v: Option<f64>, d: f64| (v.unwrap_or(d) * 1e9) as i64;
         let rescan = self.gc_rescan_interval_s.unwrap_or(3600.0);
+        let hard = self.gc_hard_ceiling.unwrap_or(1.05);
         Some(crate::gc::GcConfig {
             cap_bytes: cap,
             low_bytes: (cap as f64 * low) as u64,
+            hard_bytes: (cap as f64 * hard).min(u64::MAX as f64) as u64,
+            tmp_age: std::time::Duration::from_secs(self.tmp_reap_age_s),
             interval: secs(self.gc_interval_s, 60.0),
             stamp_interval_ns: ns(self.gc_stamp_interval_s, 60.0),
             grace_ns: ns(self.gc_grace_s, 300.0),
@@ -164,6 +184,12 @@ impl FsTierConfig {
             let (min, max) = range(field);
             check_range_u64(field, v, min as u64, max as u64)?;
         }
+        if self.accept_unverified && self.checksum != Checksum::Crc32c {
+            return Err(Error::config(
+                "accept_unverified",
+                "is set but checksum is \"none\": without checksums every block is unverified",
+            ));
+        }
         self.validate_gc()
     }
 
@@ -171,6 +197,7 @@ impl FsTierConfig {
         if self.gc_max_size_gb.is_none() {
             let set = [
                 ("gc_low_watermark", self.gc_low_watermark.is_some()),
+                ("gc_hard_ceiling", self.gc_hard_ceiling.is_some()),
                 ("gc_interval_s", self.gc_interval_s.is_some()),
                 ("gc_stamp_interval_s", self.gc_stamp_interval_s.is_some()),
                 ("gc_grace_s", self.gc_grace_s.is_some()),
@@ -187,6 +214,7 @@ impl FsTierConfig {
         }
         let reals = [
             ("gc_max_size_gb", self.gc_max_size_gb),
+            ("gc_hard_ceiling", self.gc_hard_ceiling),
             ("gc_low_watermark", self.gc_low_watermark),
             ("gc_interval_s", self.gc_interval_s),
             ("gc_stamp_interval_s", self.gc_stamp_interval_s),
@@ -234,6 +262,7 @@ pub const RANGES: &[(&str, f64, f64)] = &[
     ("n_write_threads", 1.0, 1024.0),
     ("tmp_reap_age_s", 0.0, 31_536_000.0),
     ("gc_max_size_gb", 1e-9, 1e9),
+    ("gc_hard_ceiling", 1.0, 1000.0),
     ("gc_low_watermark", 1e-9, 1.0),
     ("gc_interval_s", 0.01, 86_400.0),
     ("gc_stamp_interval_s", 1e-6, 86_400.0),

@@ -19,12 +19,16 @@ fn cstr(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
+/// Opens a block file for reading, never through a symbolic link (`ELOOP`): a link at a
+/// block's path is damage, not a block.
 pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<File> {
     let mut o = OpenOptions::new();
     o.read(true);
+    let mut flags = libc::O_NOFOLLOW;
     if direct {
-        o.custom_flags(libc::O_DIRECT);
+        flags |= libc::O_DIRECT;
     }
+    o.custom_flags(flags);
     o.open(path)
 }
 
@@ -104,27 +108,55 @@ pub(crate) fn set_crc_xattr(f: &File, crc: u32) -> io::Result<()> {
     }
 }
 
-/// The stored CRC32C, `Ok(None)` when the file has none (written by another tool).
-pub(crate) fn get_crc_xattr(f: &File) -> io::Result<Option<u32>> {
+/// A block's stored checksum, as found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoredCrc {
+    /// A well-formed checksum.
+    Crc(u32),
+    /// None (the file was written by a tool that keeps none, or its sidecar is gone or
+    /// belongs to a file that was deleted since).
+    Missing,
+    /// Something that is not a checksum: damage.
+    Malformed(String),
+}
+
+/// The checksum in the file's xattr (`fgetxattr`, no extra path lookup).
+pub(crate) fn get_crc_xattr(f: &File) -> io::Result<StoredCrc> {
     let name = CString::new(CRC_XATTR).expect("static name");
-    let mut v = [0u8; 4];
-    // SAFETY: valid fd, name and a 4-byte buffer.
+    let mut v = [0u8; 8];
+    // SAFETY: valid fd, name and an 8-byte buffer.
     let rc =
         unsafe { libc::fgetxattr(f.as_raw_fd(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+    crc_from_xattr(rc, v)
+}
+
+/// The checksum in the xattr of the file at `path` (not following a link).
+pub(crate) fn get_crc_xattr_path(path: &Path) -> io::Result<StoredCrc> {
+    let (p, name) = (cstr(path)?, CString::new(CRC_XATTR).expect("static name"));
+    let mut v = [0u8; 8];
+    // SAFETY: valid path, name and an 8-byte buffer.
+    let rc = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+    crc_from_xattr(rc, v)
+}
+
+fn crc_from_xattr(rc: isize, v: [u8; 8]) -> io::Result<StoredCrc> {
     if rc == 4 {
-        return Ok(Some(u32::from_le_bytes(v)));
+        return Ok(StoredCrc::Crc(u32::from_le_bytes(
+            v[..4].try_into().expect("4 bytes"),
+        )));
     }
     if rc >= 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "checksum xattr is not 4 bytes",
-        ));
+        return Ok(StoredCrc::Malformed(format!(
+            "its checksum xattr is {rc} bytes, not 4"
+        )));
     }
     let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::ENODATA) {
-        Ok(None)
-    } else {
-        Err(e)
+    match e.raw_os_error() {
+        Some(libc::ENODATA) => Ok(StoredCrc::Missing),
+        Some(libc::ERANGE) => Ok(StoredCrc::Malformed(
+            "its checksum xattr is longer than 4 bytes".into(),
+        )),
+        _ => Err(e),
     }
 }
 
@@ -134,11 +166,38 @@ pub(crate) fn sidecar_path(bin: &Path) -> std::path::PathBuf {
     s.into()
 }
 
-pub(crate) fn read_sidecar(bin: &Path) -> io::Result<Option<u32>> {
+/// The sidecar's bytes: the CRC32C (4 bytes, little-endian) and the inode number of the
+/// block file it belongs to (8 bytes, little-endian), so a sidecar left behind by a deleted
+/// block is never taken for the checksum of a file written at the same path since.
+pub(crate) fn sidecar_bytes(crc: u32, ino: u64) -> [u8; 12] {
+    let mut b = [0u8; 12];
+    b[..4].copy_from_slice(&crc.to_le_bytes());
+    b[4..].copy_from_slice(&ino.to_le_bytes());
+    b
+}
+
+/// The checksum in the sidecar of the block file `bin` whose inode is `ino`. A 4-byte sidecar
+/// (an older kv-tier's) is taken as is; a 12-byte one of another inode is stale (`Missing`).
+pub(crate) fn read_sidecar(bin: &Path, ino: u64) -> io::Result<StoredCrc> {
     match std::fs::read(sidecar_path(bin)) {
-        Ok(v) if v.len() == 4 => Ok(Some(u32::from_le_bytes(v.try_into().expect("4 bytes")))),
-        Ok(_) => Ok(None),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Ok(v) if v.len() == 4 => Ok(StoredCrc::Crc(u32::from_le_bytes(
+            v[..].try_into().expect("4 bytes"),
+        ))),
+        Ok(v) if v.len() == 12 => {
+            let owner = u64::from_le_bytes(v[4..].try_into().expect("8 bytes"));
+            if owner == ino {
+                Ok(StoredCrc::Crc(u32::from_le_bytes(
+                    v[..4].try_into().expect("4 bytes"),
+                )))
+            } else {
+                Ok(StoredCrc::Missing)
+            }
+        }
+        Ok(v) => Ok(StoredCrc::Malformed(format!(
+            "its checksum sidecar is {} bytes, not 12",
+            v.len()
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(StoredCrc::Missing),
         Err(e) => Err(e),
     }
 }

@@ -1,15 +1,18 @@
 //! The GC thread.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::block::Files;
-use crate::gc::Gc;
+use crate::gc::{Gc, Goal};
 
 /// The GC thread: applies stamps every tick, sweeps when over the cap (each interval, or at
-/// once when a store crossed the cap), rescans now and then. An error or panic is logged and
-/// counted and the loop goes on; if the thread ends anyway, the stats say so.
+/// once when a store crossed the cap), rescans now and then. An error or panic in a step is
+/// logged and counted and the loop goes on; a panic outside a step restarts the loop (counted
+/// in `thread_restarts`, logged as an error). `thread_alive` turns false only when the tier
+/// stops it.
 pub(crate) fn gc_loop(files: Arc<Files>) {
     struct Alive<'a>(&'a Gc);
     impl Drop for Alive<'_> {
@@ -17,34 +20,50 @@ pub(crate) fn gc_loop(files: Arc<Files>) {
             self.0.alive.store(false, Ordering::SeqCst);
         }
     }
-    let gc = files.gc.as_ref().expect("gc thread without gc");
+    let Some(gc) = files.gc.as_ref() else { return };
     let _alive = Alive(gc);
+    loop {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| run(&files, gc))) {
+            Ok(()) => return, // stopped
+            Err(_) => {
+                gc.counters.thread_restarts.fetch_add(1, Ordering::Relaxed);
+                gc.counters.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(tier = %files.name, "the fs tier's GC loop panicked; restarting it");
+                // a moment's pause, so a loop that panics at once does not spin a core
+                if gc.wait(Duration::from_secs(1)).0 {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn run(files: &Files, gc: &Gc) {
     let tick = gc.cfg.interval.min(Duration::from_secs(1));
-    let now = std::time::Instant::now();
+    let now = Instant::now();
     let mut next_sweep = now + gc.cfg.interval;
     let mut next_rescan = gc.cfg.rescan_interval.map(|d| now + d);
-    let tmp_age = Some(Duration::from_secs(600));
     loop {
         let (stop, kicked) = gc.wait(tick);
         if stop {
             return;
         }
-        let step = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let step = std::panic::catch_unwind(AssertUnwindSafe(|| {
             // Capacity first: keys with a stamp still pending are skipped by the sweep anyway.
-            let now = std::time::Instant::now();
+            let now = Instant::now();
             let due = now >= next_sweep;
             if due {
                 next_sweep = now + gc.cfg.interval;
             }
             if (due || kicked) && gc.over_cap() {
-                files.sweep();
+                files.sweep(Goal::Cap);
             }
-            gc.apply_stamps(&files.ns, &files.root);
+            files.apply_stamps();
             if let Some(at) = next_rescan
                 && now >= at
             {
                 next_rescan = gc.cfg.rescan_interval.map(|d| now + d);
-                files.rescan(tmp_age);
+                files.rescan();
             }
         }));
         if step.is_err() {

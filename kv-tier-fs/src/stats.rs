@@ -17,18 +17,25 @@ pub struct FsStats {
     pub load_misses: u64,
     /// Other load failures (corrupt or I/O errors).
     pub load_failures: u64,
-    /// Files deleted because they were short, long or failed their checksum.
+    /// Files (or other things at a block's path) removed as damaged: short, long, failing or
+    /// lacking their checksum, not a regular file.
     pub corrupt_deleted: u64,
     /// Loads whose checksum did not match.
     pub checksum_mismatches: u64,
-    /// Loads in checksum mode of files that carry no checksum (written by another tool).
+    /// Loads in checksum mode of files that carry no checksum (written by another tool),
+    /// served because `accept_unverified` is on.
     pub unverified_loads: u64,
+    /// Loads in checksum mode of files without a valid checksum, refused (a miss) and the
+    /// file removed, because `accept_unverified` is off.
+    pub unverified_refused: u64,
     /// Bytes written to block files.
     pub bytes_written: u64,
     /// Bytes read from block files.
     pub bytes_read: u64,
-    /// Stray temp files deleted at open.
+    /// Stray temp files deleted (at open and by rescans).
     pub tmp_reaped: u64,
+    /// Checksum sidecars whose block file was gone, deleted (at open and by rescans).
+    pub sidecars_reaped: u64,
     /// Keys probed for existence.
     pub keys_probed: u64,
     /// Whether I/O uses `O_DIRECT`.
@@ -45,8 +52,15 @@ pub struct FsStats {
 pub struct GcStats {
     /// The cap, in bytes.
     pub cap_bytes: u64,
-    /// Bytes of block files in the index (logical sizes).
+    /// The hard ceiling (`gc_hard_ceiling x cap`), in bytes.
+    pub hard_ceiling_bytes: u64,
+    /// What the tier holds on disk: allocated bytes of its block files, their sidecars and
+    /// the directories they keep, plus bytes reserved by stores in flight.
     pub bytes: u64,
+    /// The most `bytes` has been since open.
+    pub peak_bytes: u64,
+    /// The part of `bytes` that is directories.
+    pub dir_bytes: u64,
     /// Block files in the index.
     pub files: u64,
     /// Sweeps run.
@@ -61,6 +75,19 @@ pub struct GcStats {
     pub skipped_in_grace: u64,
     /// Sweep candidates kept because they were touched after the sweep chose them.
     pub skipped_recent: u64,
+    /// Files deleted within the grace window because the total was above the hard ceiling
+    /// (or the filesystem was full).
+    pub grace_overridden: u64,
+    /// Stores that had to make room (or wait for it) under the hard ceiling.
+    pub store_waits: u64,
+    /// Stores that failed with `NoSpace` because no room could be made.
+    pub no_room: u64,
+    /// Sweeps run because the filesystem answered `ENOSPC`.
+    pub enospc_sweeps: u64,
+    /// Emptied leaf and top directories removed by sweeps.
+    pub dirs_removed: u64,
+    /// Times the GC thread's loop panicked and was restarted.
+    pub thread_restarts: u64,
     /// mtime stamps applied.
     pub stamps: u64,
     /// Stamps that failed (other than for a vanished file).
@@ -75,7 +102,8 @@ pub struct GcStats {
     pub rescans: u64,
     /// Errors and panics in the GC loop (it goes on after each).
     pub errors: u64,
-    /// Whether the GC thread is running (false after it died or with background GC off).
+    /// Whether the GC thread is running (false after shutdown or with background GC off; a
+    /// panicking loop is restarted, see `thread_restarts`).
     pub thread_alive: bool,
     /// How long the last sweep took to choose its victims, in microseconds.
     pub last_decision_us: u64,

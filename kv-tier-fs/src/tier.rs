@@ -1,5 +1,6 @@
 //! [`FsTier`]: blocks as files in vLLM's layout, read and written on dedicated I/O threads.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -77,14 +78,52 @@ impl FsTier {
             }
             None => false,
         };
+        let (alloc_unit, dir_alloc) = match std::fs::metadata(&rank_dir) {
+            Ok(m) => (m.blksize().max(512), m.blocks() * 512),
+            Err(e) => return Err(Error::io("stat", &rank_dir, e)),
+        };
+        let alloc_block = (block_size as u64).div_ceil(alloc_unit) * alloc_unit;
+        let sidecar_unit = if cfg.checksum == Checksum::Crc32c && !probe.xattrs {
+            alloc_unit
+        } else {
+            0
+        };
+        let gc_cfg = cfg.gc();
+        // The 4,096 top directories are pre-created (and counted as a fixed part of the
+        // total) only where they are a small part of the cap; otherwise each counts, and
+        // goes, with its last file.
+        let precreate_tops = gc_cfg
+            .as_ref()
+            .is_none_or(|g| 4096 * dir_alloc <= g.cap_bytes / 20);
+        if let Some(g) = &gc_cfg {
+            let least = alloc_block + sidecar_unit + 2 * dir_alloc;
+            if g.cap_bytes < least {
+                return Err(Error::config(
+                    "gc_max_size_gb",
+                    format!(
+                        "{} bytes cannot hold one block file with its directories ({least} bytes here)",
+                        g.cap_bytes
+                    ),
+                ));
+            }
+        }
+        let gc = gc_cfg.map(|g| {
+            let base = if precreate_tops { 4096 * dir_alloc } else { 0 };
+            let gc = Gc::new(g, dir_alloc, base, !precreate_tops);
+            gc.set_sidecar_unit(sidecar_unit);
+            gc
+        });
         let files = Arc::new(Files {
             name: name.clone(),
             root: root.clone(),
             ns,
             block_size,
+            alloc_block,
+            dir_alloc,
             direct,
             align: probe.direct_align.unwrap_or(kv_tier_core::PAGE_SIZE),
             checksum: cfg.checksum,
+            accept_unverified: cfg.accept_unverified,
             xattrs: probe.xattrs,
             fsync: cfg.fsync,
             faults: RwLock::new(None),
@@ -94,14 +133,8 @@ impl FsTier {
             top_dirs_ready: AtomicBool::new(false),
             protection: ProtectionSet::new(),
             events: EventLog::new(name.clone(), Medium::Storage, Locality::Local),
-            gc: cfg.gc().map(Gc::new),
+            gc,
         });
-        if let Some(gc) = &files.gc {
-            gc.sidecars.store(
-                cfg.checksum == Checksum::Crc32c && !probe.xattrs,
-                Ordering::Relaxed,
-            );
-        }
         let tmp_age = Duration::from_secs(cfg.tmp_reap_age_s);
         let mut reaped = reap_tmp(std::slice::from_ref(&ns_dir), tmp_age);
         match &files.gc {
@@ -118,6 +151,7 @@ impl FsTier {
                     SystemTime::now(),
                 );
                 reaped += w.tmp_reaped;
+                bump(&files.counters.sidecars_reaped, w.sidecars_reaped);
                 let n = w.blocks.len();
                 gc.adopt(w.blocks);
                 gc.counters
@@ -132,7 +166,9 @@ impl FsTier {
                 );
             }
         }
-        spawn_top_dirs(files.clone());
+        if precreate_tops {
+            spawn_top_dirs(files.clone());
+        }
         bump(&files.counters.tmp_reaped, reaped);
         if reaped > 0 {
             tracing::info!(reaped, root = %root.display(), "deleted stray temp files of killed writers");
@@ -196,9 +232,11 @@ impl FsTier {
             corrupt_deleted: g(&c.corrupt_deleted),
             checksum_mismatches: g(&c.checksum_mismatches),
             unverified_loads: g(&c.unverified_loads),
+            unverified_refused: g(&c.unverified_refused),
             bytes_written: g(&c.bytes_written),
             bytes_read: g(&c.bytes_read),
             tmp_reaped: g(&c.tmp_reaped),
+            sidecars_reaped: g(&c.sidecars_reaped),
             keys_probed: g(&c.keys_probed),
             direct_io: self.files.direct,
             top_dirs_ready: self.files.top_dirs_ready.load(Ordering::Acquire),
@@ -206,7 +244,10 @@ impl FsTier {
                 let c = &gc.counters;
                 GcStats {
                     cap_bytes: gc.cfg.cap_bytes,
+                    hard_ceiling_bytes: gc.cfg.hard_bytes,
                     bytes: gc.total_bytes(),
+                    peak_bytes: gc.peak_bytes(),
+                    dir_bytes: gc.dir_bytes(),
                     files: gc.files() as u64,
                     sweeps: g(&c.sweeps),
                     swept_files: g(&c.swept_files),
@@ -214,6 +255,12 @@ impl FsTier {
                     skipped_in_flight: g(&c.skipped_in_flight),
                     skipped_in_grace: g(&c.skipped_in_grace),
                     skipped_recent: g(&c.skipped_recent),
+                    grace_overridden: g(&c.grace_overridden),
+                    store_waits: g(&c.store_waits),
+                    no_room: g(&c.no_room),
+                    enospc_sweeps: g(&c.enospc_sweeps),
+                    dirs_removed: g(&c.dirs_removed),
+                    thread_restarts: g(&c.thread_restarts),
                     stamps: g(&c.stamps),
                     stamp_errors: g(&c.stamp_errors),
                     stamps_dropped: g(&c.stamps_dropped),
@@ -301,19 +348,20 @@ impl FsTier {
     /// For tests, benchmarks and tools; the GC thread does this on its own.
     pub fn gc_sweep_now(&self) -> Result<usize> {
         self.gc()?;
-        Ok(self.files.sweep())
+        Ok(self.files.sweep(crate::gc::Goal::Cap))
     }
 
     /// Applies the queued mtime stamps now, on the caller's thread.
     pub fn gc_apply_stamps_now(&self) -> Result<()> {
-        self.gc()?.apply_stamps(&self.files.ns, &self.files.root);
+        self.gc()?;
+        self.files.apply_stamps();
         Ok(())
     }
 
     /// Walks the tree now and repairs the index (external deletes, files of other processes).
     pub fn gc_rescan_now(&self) -> Result<()> {
         self.gc()?;
-        self.files.rescan(None);
+        self.files.rescan();
         Ok(())
     }
 
@@ -484,8 +532,15 @@ impl SecondaryTier for FsTier {
         }
     }
 
+    /// Protects `keys` from the GC. If a sweep is unlinking one of them right now, waits for
+    /// that one unlink (microseconds): once this returns, no file of `keys` is deleted while
+    /// the guard lives.
     fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
-        self.files.protection.protect(keys)
+        let guard = self.files.protection.protect(keys);
+        if let Some(gc) = &self.files.gc {
+            gc.wait_not_unlinking(keys);
+        }
+        guard
     }
 
     fn is_protected(&self, key: &BlockKey) -> bool {

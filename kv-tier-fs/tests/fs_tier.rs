@@ -77,11 +77,24 @@ async fn a_block_written_by_another_tool_is_read_and_config_json_is_written_once
         ns().config_json()
     );
     drop(again);
-    // In checksum mode a foreign block carries no checksum: it loads, counted unverified.
-    let c = open_checksummed(root.path());
+    // In checksum mode a foreign block carries no checksum: served only with
+    // accept_unverified (counted), otherwise a miss and the file goes.
+    let mut cc = common::cfg(root.path());
+    cc.checksum = kv_tier_fs::Checksum::Crc32c;
+    cc.accept_unverified = true;
+    let c = FsTier::open("fs", cc, ns(), BS).unwrap();
     let (res, _) = load(&c, &[k]).await;
     assert!(res.is_success());
     assert_eq!(c.stats().unverified_loads, 1);
+    drop(c);
+    let c = open_checksummed(root.path());
+    let (res, _) = load(&c, &[k]).await;
+    assert!(matches!(
+        res.failed[0].1,
+        kv_tier_core::Error::Corrupt { .. }
+    ));
+    assert_eq!(c.stats().unverified_refused, 1);
+    assert!(!path.exists(), "an unverified block was kept");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

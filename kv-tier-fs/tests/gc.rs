@@ -13,10 +13,28 @@ use kv_tier_core::{BlockKey, SecondaryTier};
 use kv_tier_fs::{FsTier, FsTierConfig, SweepPoint};
 use kv_tier_testkit::{find_files, temp_root, test_key};
 
+/// Allocated bytes of the directories the test keys keep: they all share one leaf directory
+/// (and so one top directory), each a directory's allocation on this filesystem.
+fn dirs(root: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    2 * std::fs::metadata(root).unwrap().blocks() * 512
+}
+
+/// What `n` test blocks hold on disk: their files and their shared directories.
+fn held(root: &Path, n: u64) -> u64 {
+    n * BS as u64 + dirs(root)
+}
+
+/// A bounded tier whose cap holds `cap_blocks` test blocks and whose low watermark holds
+/// `watermark x cap_blocks` of them. The hard ceiling is out of the way: these tests drive
+/// sweeps by hand (the ceiling has tests of its own).
 fn bounded_cfg(root: &Path, cap_blocks: u64, watermark: f64) -> FsTierConfig {
     let mut c = cfg(root);
-    c.gc_max_size_gb = Some((cap_blocks * BS as u64) as f64 / (1u64 << 30) as f64);
-    c.gc_low_watermark = Some(watermark);
+    let cap = held(root, cap_blocks);
+    let low = watermark * (cap_blocks * BS as u64) as f64 + dirs(root) as f64 + 0.5;
+    c.gc_max_size_gb = Some(cap as f64 / (1u64 << 30) as f64);
+    c.gc_low_watermark = Some(low / cap as f64);
+    c.gc_hard_ceiling = Some(1000.0);
     c.gc_grace_s = Some(300.0);
     c.gc_stamp_interval_s = Some(60.0);
     c.gc_interval_s = Some(3600.0);
@@ -28,8 +46,19 @@ fn bounded(root: &Path, cap_blocks: u64, watermark: f64) -> FsTier {
     FsTier::open("fs", bounded_cfg(root, cap_blocks, watermark), ns(), BS).unwrap()
 }
 
+/// Test keys that all live in one leaf directory (`abc/de_g0`), so what they hold on disk is
+/// their files plus one fixed pair of directories.
+fn leaf_key(i: u64) -> BlockKey {
+    let mut h = [0u8; 32];
+    h.copy_from_slice(test_key(i).hash_bytes());
+    h[0] = 0xab;
+    h[1] = 0xcd;
+    h[2] = 0xe0 | (h[2] & 0x0f);
+    BlockKey::from_hash32(h, 0)
+}
+
 fn keys(range: std::ops::Range<u64>) -> Vec<BlockKey> {
-    range.map(test_key).collect()
+    range.map(leaf_key).collect()
 }
 
 /// Sets each key's file mtime to `secs_ago[i]` seconds in the past, then rescans.
@@ -70,7 +99,7 @@ async fn under_the_cap_nothing_is_deleted() {
     age(&tier, &ks, |i| 10_000 - i as u64);
     assert_eq!(tier.gc_sweep_now().unwrap(), 0);
     assert!(present(&tier, &ks).iter().all(|&p| p));
-    assert_eq!(gc(&tier).bytes, 10 * BS as u64);
+    assert_eq!(gc(&tier).bytes, held(root.path(), 10));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,7 +114,7 @@ async fn over_the_cap_exactly_the_seven_oldest_go() {
     let s = gc(&tier);
     assert_eq!(
         (s.files, s.bytes, s.swept_files, s.swept_bytes),
-        (8, 8 * BS as u64, 7, 7 * BS as u64)
+        (8, held(root.path(), 8), 7, 7 * BS as u64)
     );
     let ev = tier.take_events();
     let removed: Vec<BlockKey> = ev
@@ -160,7 +189,7 @@ async fn protect_twice_release_once_still_protects() {
 async fn touch_stamps_the_mtime_off_thread_and_is_rate_limited() {
     let root = temp_root();
     let tier = bounded(root.path(), 10, 0.8);
-    let k = test_key(1);
+    let k = leaf_key(1);
     assert!(store(&tier, &[k], 0).await.is_success());
     age(&tier, &[k], |_| 5000);
     let mtime = |t: &FsTier| {
@@ -201,16 +230,21 @@ async fn touching_missing_keys_is_harmless_and_tracking_is_bounded() {
     let mut c = bounded_cfg(root.path(), 10, 0.8);
     c.gc_max_tracked = Some(2);
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    // keys of no file: queued like keys of other processes (bounded), then found absent
     tier.touch(&keys(500..600));
+    assert_eq!(gc(&tier).stamps_dropped, 98);
     tier.gc_apply_stamps_now().unwrap();
     let s = gc(&tier);
-    assert_eq!((s.stamps, s.stamp_errors, s.pending_stamps), (0, 0, 0));
+    assert_eq!(
+        (s.stamps, s.stamp_errors, s.pending_stamps, s.files),
+        (0, 0, 0, 0)
+    );
     let ks = keys(0..5);
     assert!(store(&tier, &ks, 0).await.is_success());
     age(&tier, &ks, |_| 5000);
     tier.touch(&ks);
     let s = gc(&tier);
-    assert_eq!((s.pending_stamps, s.stamps_dropped), (2, 3));
+    assert_eq!((s.pending_stamps, s.stamps_dropped), (2, 98 + 3));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,17 +253,23 @@ async fn only_bin_files_are_swept() {
     let tier = bounded(root.path(), 10, 0.8);
     let ks = fifteen_aged(&tier).await;
     let leaf = tier.block_path(&ks[0]).parent().unwrap().to_path_buf();
-    let tmp = leaf.join("zzz.bin_0011223344556677.tmp");
+    let tmp = leaf.join("zzz.bin_0011223344556677.tmp"); // a live writer's
+    let stale = leaf.join("yyy.bin_0011223344556677.tmp"); // a killed writer's
     let other = leaf.join("notes.txt");
-    std::fs::write(&tmp, b"partial").unwrap();
-    std::fs::write(&other, b"x").unwrap();
+    for p in [&tmp, &stale, &other] {
+        std::fs::write(p, b"partial").unwrap();
+    }
     let config = ns().config_path(root.path());
-    for p in [&tmp, &other, &config] {
+    for p in [&stale, &other, &config] {
         let f = std::fs::File::options().write(true).open(p).unwrap();
         f.set_modified(SystemTime::now() - Duration::from_secs(99_999))
             .unwrap();
     }
     tier.gc_rescan_now().unwrap();
+    assert!(
+        !stale.exists(),
+        "the rescan reaps temp files older than tmp_reap_age_s"
+    );
     assert_eq!(tier.gc_sweep_now().unwrap(), 7);
     assert!(tmp.exists() && other.exists() && config.exists());
 }
@@ -361,7 +401,7 @@ async fn a_restart_recovers_size_and_recency_from_disk() {
         fifteen_aged(&tier).await
     };
     // a file written by another process (vLLM) is adopted too, with its mtime
-    let foreign = test_key(77);
+    let foreign = leaf_key(77);
     let p = ns().block_path(root.path(), &foreign);
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     std::fs::write(&p, vec![0u8; BS]).unwrap();
@@ -371,7 +411,7 @@ async fn a_restart_recovers_size_and_recency_from_disk() {
     drop(f);
     let tier = bounded(root.path(), 10, 0.8);
     let s = gc(&tier);
-    assert_eq!((s.files, s.bytes), (16, 16 * BS as u64));
+    assert_eq!((s.files, s.bytes), (16, held(root.path(), 16)));
     assert_eq!(tier.gc_sweep_now().unwrap(), 8);
     assert!(!p.exists(), "the oldest (foreign) file goes first");
     assert_eq!(
@@ -396,7 +436,7 @@ async fn an_external_rm_is_absorbed_by_the_rescan() {
     );
     tier.gc_rescan_now().unwrap();
     let s = gc(&tier);
-    assert_eq!((s.files, s.bytes, s.rescans), (3, 3 * BS as u64, 1));
+    assert_eq!((s.files, s.bytes, s.rescans), (3, held(root.path(), 3), 1));
     let removed: Vec<BlockKey> = kv_tier_testkit::removed_keys(tier.take_events());
     assert_eq!(removed.len(), 2);
     assert!(removed.contains(&ks[1]) && removed.contains(&ks[3]));
@@ -406,7 +446,7 @@ async fn an_external_rm_is_absorbed_by_the_rescan() {
 async fn a_failed_load_emits_block_removed_and_leaves_the_index() {
     let root = temp_root();
     let tier = bounded(root.path(), 10, 0.8);
-    let k = test_key(1);
+    let k = leaf_key(1);
     assert!(store(&tier, &[k], 0).await.is_success());
     tier.take_events();
     std::fs::File::options()
@@ -491,10 +531,11 @@ async fn an_unbounded_tier_has_no_gc() {
     assert!(find_files(root.path(), ".bin").is_empty());
 }
 
-/// A store that protects a key the sweep has already decided to delete (and is unlinking)
-/// waits for the unlink, then writes the file again: the store's success is never a lie.
+/// A store that protects a key the sweep has already decided to delete (its unlink pending)
+/// keeps it: protection is checked again right before each unlink. The store waits for the
+/// sweep's decision to settle, then finds the file and reports it stored; the file stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_during_the_unlink_waits_and_rewrites() {
+async fn a_store_during_the_unlink_keeps_the_file() {
     let root = temp_root();
     let tier = Arc::new(bounded(root.path(), 10, 0.8));
     let ks = fifteen_aged(&tier).await;
@@ -504,19 +545,48 @@ async fn a_store_during_the_unlink_waits_and_rewrites() {
     let k0 = ks[0];
     let mut put = tokio::spawn(async move { store(&*t, &[k0], 5).await });
     // the store must not finish while the unlink is pending (it would report a file that
-    // is about to vanish)
+    // may be about to vanish)
     let early = tokio::time::timeout(Duration::from_millis(200), &mut put).await;
     assert!(
         early.is_err(),
         "the store did not wait for the pending unlink"
     );
     go_tx.send(()).unwrap();
-    assert_eq!(sweep.join().unwrap(), 7);
+    assert_eq!(sweep.join().unwrap(), 6, "the protected key was unlinked");
     assert!(put.await.unwrap().is_success());
     assert!(
         tier.block_path(&ks[0]).exists(),
         "a stored block was lost to the sweep"
     );
     let (res, data) = load(&*tier, &ks[..1]).await;
-    assert!(res.is_success() && kv_tier_testkit::verify_block(&ks[0], 5, &data[0].1));
+    assert!(res.is_success() && kv_tier_testkit::verify_block(&ks[0], 0, &data[0].1));
+    assert!(present(&tier, &ks[1..7]).iter().all(|p| !p));
+}
+
+/// Issue: `protect()` after a sweep has chosen its victims did not save them. Held after its
+/// batch is decided, the sweep meets 8 keys protected since: none is deleted while the guard
+/// lives, and the index still counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_protected_after_the_decision_are_not_deleted_while_protected() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 10, 0.3));
+    let ks = fifteen_aged(&tier).await; // down to 3 of 10: keys 0..12 are decided
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::Unlinking);
+    let guard = tier.protect(&ks[..8]);
+    go_tx.send(()).unwrap();
+    assert_eq!(
+        sweep.join().unwrap(),
+        4,
+        "only the unprotected decided keys go"
+    );
+    assert!(
+        present(&tier, &ks[..8]).iter().all(|&p| p),
+        "a key protected after the decision was deleted while protected"
+    );
+    assert!(present(&tier, &ks[8..12]).iter().all(|&p| !p));
+    assert_eq!(gc(&tier).files, 11);
+    assert_eq!(gc(&tier).bytes, held(root.path(), 11));
+    tier.set_sweep_hook(None).unwrap();
+    drop(guard);
+    assert_eq!(tier.gc_sweep_now().unwrap(), 8);
 }

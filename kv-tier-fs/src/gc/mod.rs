@@ -1,33 +1,43 @@
-//! Bounded capacity: an in-memory index of the block files (size and mtime), kept up to date
-//! incrementally, mtime stamps for recency, and a sweep that deletes least-recently-used files
-//! down to a low watermark.
+//! Bounded capacity: an in-memory index of what the tier holds on disk (the allocated bytes of
+//! its block files, their sidecars and the directories they keep alive, plus what stores in
+//! flight have reserved), kept up to date incrementally; mtime stamps for recency; and a sweep
+//! that deletes least-recently-used files down to a low watermark.
 //!
 //! Recency is the file's mtime: a store sets it, `touch` queues a stamp (`utimensat`) at most
 //! once per key per stamp interval, applied by the GC thread. So recency survives restarts and
-//! is what `du`, `find` and external reapers see.
+//! is what `du`, `find`, external reapers and other kv-tier processes on the same root see.
+//!
+//! The cap is a bound, not a wish: files used within the grace window are spared only while
+//! the total is below the hard ceiling (`gc_hard_ceiling x cap`); above it the oldest go even
+//! within grace (protected keys never), and a store that would cross the ceiling first makes
+//! room (a sweep) or waits for it, failing with `NoSpace` if none can be made. `ENOSPC` from
+//! the filesystem triggers a sweep and one retry.
 //!
 //! The sweep decides from the index (no directory walk) and deletes oldest first. Whether a key
 //! is protected or has a pending stamp is decided under the protection lock and the index lock;
 //! a key decided for deletion leaves the index and is marked "being deleted" before those
 //! locks drop, and a store (which protects its keys first) waits for such a key's unlink
-//! before it checks for the file. So a store that protects a key during a sweep either keeps
-//! it from being deleted or finds it gone and writes it again; a touch that lands after the
-//! sweep chose its victims but before the decision on that key keeps it. Unlinks run in
-//! batches on a few threads, holding no lock.
+//! before it checks for the file. Right before each unlink the protection is checked again,
+//! atomically with marking the key "unlinking"; `protect()` waits for the (one) unlink of a key
+//! so marked. So once `protect()` has returned, the key's file is not deleted while the guard
+//! lives. Unlinks run in batches on a few threads, holding no lock.
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use kv_tier_core::BlockKey;
+use rustc_hash::FxHashSet;
 
+mod index;
 mod stamps;
 mod sweep;
 mod walk;
 
-use rustc_hash::FxHashMap;
-pub(crate) use walk::{Found, parse_block, walk};
+use index::Index;
+pub(crate) use sweep::Goal;
+pub(crate) use walk::{Found, walk};
 
 /// Where the sweep is, for test hooks that drive interleavings deterministically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,53 +58,16 @@ pub type SweepHook = Arc<dyn Fn(SweepPoint) + Send + Sync>;
 pub(crate) struct GcConfig {
     pub(crate) cap_bytes: u64,
     pub(crate) low_bytes: u64,
+    /// Above this the grace window no longer spares a file, and stores wait for room.
+    pub(crate) hard_bytes: u64,
     pub(crate) interval: Duration,
     pub(crate) stamp_interval_ns: i64,
     pub(crate) grace_ns: i64,
     pub(crate) max_tracked: usize,
     pub(crate) rescan_interval: Option<Duration>,
     pub(crate) background: bool,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    size: u64,
-    /// mtime, ns since the epoch.
-    mtime: i64,
-    /// When the last stamp was queued (ns), for the rate limit.
-    last_stamp: i64,
-    pending: bool,
-}
-
-#[derive(Default)]
-struct Index {
-    map: FxHashMap<BlockKey, Entry>,
-    total: u64,
-    pending: Vec<BlockKey>,
-}
-
-impl Index {
-    fn insert(&mut self, key: BlockKey, size: u64, mtime: i64) {
-        let old = self.map.insert(
-            key,
-            Entry {
-                size,
-                mtime,
-                last_stamp: mtime,
-                pending: false,
-            },
-        );
-        self.total += size;
-        if let Some(o) = old {
-            self.total -= o.size;
-        }
-    }
-
-    fn remove(&mut self, key: &BlockKey) -> Option<Entry> {
-        let e = self.map.remove(key)?;
-        self.total -= e.size;
-        Some(e)
-    }
+    /// Temp files and orphan sidecars older than this are reaped by walks.
+    pub(crate) tmp_age: Duration,
 }
 
 #[derive(Default)]
@@ -105,6 +78,7 @@ pub(crate) struct GcCounters {
     pub(crate) skipped_in_flight: AtomicU64,
     pub(crate) skipped_in_grace: AtomicU64,
     pub(crate) skipped_recent: AtomicU64,
+    pub(crate) grace_overridden: AtomicU64,
     pub(crate) stamps: AtomicU64,
     pub(crate) stamp_errors: AtomicU64,
     pub(crate) stamps_dropped: AtomicU64,
@@ -115,6 +89,11 @@ pub(crate) struct GcCounters {
     pub(crate) last_sweep_us: AtomicU64,
     pub(crate) adopt_ms: AtomicU64,
     pub(crate) sweeps_over_cap: AtomicU64,
+    pub(crate) store_waits: AtomicU64,
+    pub(crate) no_room: AtomicU64,
+    pub(crate) enospc_sweeps: AtomicU64,
+    pub(crate) dirs_removed: AtomicU64,
+    pub(crate) thread_restarts: AtomicU64,
 }
 
 #[derive(Default)]
@@ -133,11 +112,18 @@ pub(crate) struct Gc {
     pub(crate) alive: AtomicBool,
     skew_ns: AtomicI64,
     hook: RwLock<Option<SweepHook>>,
-    /// Whether checksums live in sidecar files, which go with their block.
-    pub(crate) sidecars: AtomicBool,
-    /// Keys a sweep decided to delete and is unlinking.
-    deleting: Mutex<rustc_hash::FxHashSet<BlockKey>>,
+    /// Allocated bytes of a checksum sidecar (0 when checksums are not in sidecars).
+    sidecar_unit: AtomicU64,
+    /// Keys a sweep decided to delete and is unlinking (stores wait for them).
+    deleting: Mutex<FxHashSet<BlockKey>>,
     deleting_cv: Condvar,
+    /// Keys whose unlink is under way right now (`protect()` waits for them).
+    unlinking: Mutex<FxHashSet<BlockKey>>,
+    unlinking_cv: Condvar,
+    /// One sweep at a time.
+    sweeping: Mutex<()>,
+    /// Woken when bytes are freed: stores waiting for room under the hard ceiling.
+    room_cv: Condvar,
 }
 
 pub(crate) fn to_ns(t: SystemTime) -> i64 {
@@ -151,21 +137,41 @@ fn mtime_ns(m: &std::fs::Metadata) -> i64 {
     m.mtime() * 1_000_000_000 + m.mtime_nsec()
 }
 
+/// Allocated bytes of a file (`st_blocks` x 512).
+pub(crate) fn allocated(m: &std::fs::Metadata) -> u64 {
+    m.blocks() * 512
+}
+
 impl Gc {
-    pub(crate) fn new(cfg: GcConfig) -> Self {
+    /// `dir_unit`: allocated bytes of one directory on this filesystem; `base_bytes`: what
+    /// exists whatever is stored (pre-created top directories), with `count_tops` false then.
+    pub(crate) fn new(cfg: GcConfig, dir_unit: u64, base_bytes: u64, count_tops: bool) -> Self {
         Self {
             cfg,
-            index: Mutex::new(Index::default()),
+            index: Mutex::new(Index::new(dir_unit, base_bytes, count_tops)),
             wake: Mutex::new(Wake::default()),
             cv: Condvar::new(),
             counters: GcCounters::default(),
             alive: AtomicBool::new(false),
             skew_ns: AtomicI64::new(0),
             hook: RwLock::new(None),
-            sidecars: AtomicBool::new(false),
-            deleting: Mutex::new(Default::default()),
+            sidecar_unit: AtomicU64::new(0),
+            deleting: Mutex::new(FxHashSet::default()),
             deleting_cv: Condvar::new(),
+            unlinking: Mutex::new(FxHashSet::default()),
+            unlinking_cv: Condvar::new(),
+            sweeping: Mutex::new(()),
+            room_cv: Condvar::new(),
         }
+    }
+
+    /// Checksums live in sidecars of `unit` allocated bytes each (counted with their block).
+    pub(crate) fn set_sidecar_unit(&self, unit: u64) {
+        self.sidecar_unit.store(unit, Ordering::Relaxed);
+    }
+
+    pub(crate) fn sidecars(&self) -> bool {
+        self.sidecar_unit.load(Ordering::Relaxed) > 0
     }
 
     /// The GC clock: wall time plus a skew that tests may advance.
@@ -179,81 +185,190 @@ impl Gc {
     }
 
     pub(crate) fn set_hook(&self, h: Option<SweepHook>) {
-        *self.hook.write().expect("sweep hook") = h;
+        *self.hook.write().unwrap_or_else(|p| p.into_inner()) = h;
     }
 
     fn hook(&self, p: SweepPoint) {
-        let h = self.hook.read().expect("sweep hook").clone();
+        let h = self.hook.read().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(h) = h {
             h(p);
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
-        self.index.lock().expect("gc index")
+        // every critical section leaves the index consistent before anything can panic
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adopts what a walk found (replacing the index).
-    pub(crate) fn adopt(&self, found: Vec<Found>) -> Vec<BlockKey> {
+    /// Adopts what the startup walk found.
+    pub(crate) fn adopt(&self, found: Vec<Found>) {
         let mut idx = self.lock();
-        let mut fresh = Index::default();
-        fresh.map.reserve(found.len());
         for f in found {
-            let pending = idx.map.get(&f.key).is_some_and(|e| e.pending);
-            fresh.insert(f.key, f.size, f.mtime);
-            if pending {
-                // keep a queued stamp: the key was touched
-                fresh.map.get_mut(&f.key).expect("just inserted").pending = true;
-                fresh.pending.push(f.key);
+            idx.insert(f.key, f.size, f.mtime);
+        }
+    }
+
+    /// The index's counter now: entries inserted from here on are newer than a walk that
+    /// starts now.
+    pub(crate) fn seq(&self) -> u64 {
+        self.lock().seq
+    }
+
+    /// Merges what a walk that started at `seq0` found. Found files update or join the index
+    /// with their size and mtime on disk, except entries (re)inserted after the walk started,
+    /// which are newer than what it saw.
+    /// Returns the indexed keys the walk did not find and that are older than it, with their
+    /// `seq`: they are to be checked on disk before [`Gc::forget`].
+    pub(crate) fn merge(&self, found: Vec<Found>, seq0: u64) -> Vec<(BlockKey, u64)> {
+        let mut idx = self.lock();
+        let mut seen = FxHashSet::default();
+        seen.reserve(found.len());
+        for f in found {
+            seen.insert(f.key);
+            match idx.map.get(&f.key).copied() {
+                // newer than what the walk saw
+                Some(e) if e.seq > seq0 => {}
+                Some(e) if e.size == f.size && e.mtime == f.mtime => {}
+                // the disk is the truth for what predates the walk (a queued stamp stays)
+                _ => idx.insert(f.key, f.size, f.mtime),
             }
         }
-        let gone: Vec<BlockKey> = idx
+        let missing = idx
             .map
-            .keys()
-            .filter(|k| !fresh.map.contains_key(k))
-            .copied()
+            .iter()
+            .filter(|(k, e)| e.seq <= seq0 && !seen.contains(*k))
+            .map(|(k, e)| (*k, e.seq))
             .collect();
-        *idx = fresh;
-        gone
+        drop(idx);
+        self.kick_if_over();
+        missing
+    }
+
+    /// Forgets keys whose files were verified absent, unless they were (re)inserted since.
+    /// Returns those forgotten.
+    pub(crate) fn forget(&self, keys: &[(BlockKey, u64)]) -> Vec<BlockKey> {
+        let mut idx = self.lock();
+        let mut out = Vec::new();
+        for (k, seq) in keys {
+            if idx.map.get(k).is_some_and(|e| e.seq == *seq) {
+                idx.remove(k);
+                out.push(*k);
+            }
+        }
+        drop(idx);
+        if !out.is_empty() {
+            self.freed();
+        }
+        out
+    }
+
+    fn kick_if_over(&self) {
+        if self.over_cap() {
+            self.kick();
+        }
+    }
+
+    /// Whether a sweep is running now.
+    pub(crate) fn sweep_running(&self) -> bool {
+        self.sweeping.try_lock().is_err()
     }
 
     /// Waits while a sweep is unlinking `key` (a store checks for the file only after it).
     pub(crate) fn wait_not_deleting(&self, key: &BlockKey) {
-        let mut del = self.deleting.lock().expect("gc deleting");
+        let mut del = self.deleting.lock().unwrap_or_else(|p| p.into_inner());
         while del.contains(key) {
-            del = self.deleting_cv.wait(del).expect("gc deleting");
+            del = self
+                .deleting_cv
+                .wait(del)
+                .unwrap_or_else(|p| p.into_inner());
         }
     }
 
-    /// A file this tier published (mtime: now).
-    pub(crate) fn on_published(&self, key: BlockKey, size: u64) {
+    /// Waits while any of `keys` is being unlinked right now (at most one unlink each): after
+    /// `protect()` returns, no unlink of its keys is under way or can start.
+    pub(crate) fn wait_not_unlinking(&self, keys: &[BlockKey]) {
+        let mut u = self.unlinking.lock().unwrap_or_else(|p| p.into_inner());
+        while !u.is_empty() && keys.iter().any(|k| u.contains(k)) {
+            u = self.unlinking_cv.wait(u).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Allocated bytes of a block file this tier writes (`alloc_block`) with its sidecar.
+    pub(crate) fn file_bytes(&self, alloc_block: u64) -> u64 {
+        alloc_block + self.sidecar_unit.load(Ordering::Relaxed)
+    }
+
+    /// Reserves room for one new block file of `key` (its bytes and any directory it
+    /// creates) under the hard ceiling; `None` when it does not fit now.
+    pub(crate) fn try_reserve(&self, key: &BlockKey, file_bytes: u64) -> Option<u64> {
+        let mut idx = self.lock();
+        let bytes = file_bytes + idx.dirs_needed(key);
+        idx.reserve(bytes, self.cfg.hard_bytes).then_some(bytes)
+    }
+
+    pub(crate) fn unreserve(&self, bytes: u64) {
+        self.lock().unreserve(bytes);
+    }
+
+    /// Waits (at most `d`) for bytes to be freed.
+    pub(crate) fn wait_for_room(&self, d: Duration) {
+        let idx = self.lock();
+        let _ = self.room_cv.wait_timeout(idx, d);
+    }
+
+    fn freed(&self) {
+        self.room_cv.notify_all();
+    }
+
+    /// A file this tier published (mtime: now), replacing the reservation made for it.
+    pub(crate) fn on_published(&self, key: BlockKey, file_bytes: u64, reserved: u64) {
         let now = self.now_ns();
         let over = {
             let mut idx = self.lock();
-            idx.insert(key, size, now);
-            idx.total > self.cfg.cap_bytes
+            idx.unreserve(reserved);
+            idx.insert(key, file_bytes, now);
+            idx.total() > self.cfg.cap_bytes
         };
         if over {
             self.kick();
         }
     }
 
-    /// A file was deleted (failed load) or found missing.
+    /// A file was deleted (failed load, damage) or found missing.
     pub(crate) fn on_removed(&self, key: &BlockKey) {
-        self.lock().remove(key);
+        if self.lock().remove(key).is_some() {
+            self.freed();
+        }
     }
 
-    /// Queues mtime stamps: at most one per key per stamp interval, at most `max_tracked`
-    /// pending. No I/O: the GC thread applies them.
-    pub(crate) fn on_seen(&self, key: BlockKey, size: u64, mtime: i64) {
-        let mut idx = self.lock();
-        if !idx.map.contains_key(&key) {
-            idx.insert(key, size, mtime);
+    /// A block file found on disk (by a store that skipped, a load, a stamp): indexed if the
+    /// index does not know it yet (written by another process).
+    pub(crate) fn on_seen(&self, key: BlockKey, m: &std::fs::Metadata) {
+        let size = allocated(m) + self.sidecar_unit.load(Ordering::Relaxed);
+        let over = {
+            let mut idx = self.lock();
+            if idx.map.contains_key(&key) {
+                return;
+            }
+            idx.foreign.remove(&key);
+            idx.insert(key, size, mtime_ns(m));
+            idx.total() > self.cfg.cap_bytes
+        };
+        if over {
+            self.kick();
         }
     }
 
     pub(crate) fn total_bytes(&self) -> u64 {
-        self.lock().total
+        self.lock().total()
+    }
+
+    pub(crate) fn peak_bytes(&self) -> u64 {
+        self.lock().peak
+    }
+
+    pub(crate) fn dir_bytes(&self) -> u64 {
+        self.lock().dir_bytes()
     }
 
     pub(crate) fn files(&self) -> usize {
@@ -261,32 +376,44 @@ impl Gc {
     }
 
     pub(crate) fn pending_stamps(&self) -> usize {
-        self.lock().pending.len()
+        let idx = self.lock();
+        idx.pending.len() + idx.foreign_pending.len()
     }
 
-    /// Applies the queued stamps (off the caller's thread: the GC thread runs this), on a few
-    /// threads when there are many: each is a metadata update the kernel does at its pace.
+    pub(crate) fn over_cap(&self) -> bool {
+        self.lock().total() > self.cfg.cap_bytes
+    }
+
     pub(crate) fn kick(&self) {
         if !self.cfg.background {
             return;
         }
-        self.wake.lock().expect("gc wake").kick = true;
+        self.wake.lock().unwrap_or_else(|p| p.into_inner()).kick = true;
         self.cv.notify_one();
     }
 
     pub(crate) fn stop(&self) {
-        self.wake.lock().expect("gc wake").stop = true;
+        self.wake.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
         self.cv.notify_all();
+    }
+
+    pub(crate) fn stopped(&self) -> bool {
+        self.wake.lock().unwrap_or_else(|p| p.into_inner()).stop
     }
 
     /// Waits for the next tick (or a kick or stop). Returns (stop, kicked).
     pub(crate) fn wait(&self, tick: Duration) -> (bool, bool) {
-        let w = self.wake.lock().expect("gc wake");
+        let w = self.wake.lock().unwrap_or_else(|p| p.into_inner());
         let (mut w, _) = self
             .cv
             .wait_timeout_while(w, tick, |w| !w.stop && !w.kick)
-            .expect("gc wake");
+            .unwrap_or_else(|p| p.into_inner());
         let kicked = std::mem::take(&mut w.kick);
         (w.stop, kicked)
     }
+}
+
+/// How long a store waits for another thread's sweep to make room.
+pub(crate) fn room_deadline() -> Instant {
+    Instant::now() + Duration::from_secs(1)
 }

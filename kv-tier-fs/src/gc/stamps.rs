@@ -28,27 +28,54 @@ fn stamp(path: &Path, ns: i64) -> io::Result<()> {
     }
 }
 
+/// One stamp to apply: a key, and the entry's `seq` when it was queued (`None`: a key of
+/// another process that the index does not hold).
+type Queued = (BlockKey, Option<u64>);
+
 impl Gc {
+    /// Queues mtime stamps: at most one per key per stamp interval, at most `max_tracked`
+    /// pending. Keys the index does not hold (written by another process on the same root)
+    /// are stamped too, if their file exists, so every process's reads count as recency. No
+    /// I/O: the GC thread applies them.
     pub(crate) fn touch(&self, keys: &[BlockKey]) {
         let now = self.now_ns();
-        let mut queued = false;
         let mut dropped = 0u64;
         {
             let mut idx = self.lock();
-            let Index { map, pending, .. } = &mut *idx;
+            let Index {
+                map,
+                pending,
+                foreign,
+                foreign_pending,
+                ..
+            } = &mut *idx;
             for k in keys {
-                let Some(e) = map.get_mut(k) else { continue };
-                if e.pending || now - e.last_stamp < self.cfg.stamp_interval_ns {
-                    continue;
-                }
-                if pending.len() >= self.cfg.max_tracked {
+                if pending.len() + foreign_pending.len() >= self.cfg.max_tracked {
                     dropped += 1;
                     continue;
                 }
-                e.pending = true;
-                e.last_stamp = now;
-                pending.push(*k);
-                queued = true;
+                match map.get_mut(k) {
+                    Some(e) => {
+                        if e.pending || now - e.last_stamp < self.cfg.stamp_interval_ns {
+                            continue;
+                        }
+                        e.pending = true;
+                        e.last_stamp = now;
+                        pending.push(*k);
+                    }
+                    None => {
+                        if foreign.len() >= self.cfg.max_tracked {
+                            // the rate-limit memory of foreign keys is bounded too
+                            foreign.clear();
+                        }
+                        let last = foreign.entry(*k).or_insert(i64::MIN);
+                        if *last != i64::MIN && now - *last < self.cfg.stamp_interval_ns {
+                            continue;
+                        }
+                        *last = now;
+                        foreign_pending.push(*k);
+                    }
+                }
             }
         }
         if dropped > 0 {
@@ -56,63 +83,111 @@ impl Gc {
                 .stamps_dropped
                 .fetch_add(dropped, Ordering::Relaxed);
         }
-        let _ = queued; // the GC thread applies stamps at its next tick
     }
 
-    /// A file found on disk that the index does not know yet (written by another process).
-    pub(crate) fn apply_stamps(&self, ns: &Namespace, root: &Path) {
-        let pending = std::mem::take(&mut self.lock().pending);
-        if pending.is_empty() {
-            return;
+    /// Applies the queued stamps (off the caller's thread: the GC thread runs this), on a few
+    /// threads when there are many: each is a metadata update the kernel does at its pace.
+    /// Returns the keys found gone (their entries leave the index, unless the file was
+    /// published again since the stamp was queued). Keys of other processes that were stamped
+    /// join the index.
+    pub(crate) fn apply_stamps(&self, ns: &Namespace, root: &Path) -> Vec<BlockKey> {
+        let queued: Vec<Queued> = {
+            let mut idx = self.lock();
+            let own = std::mem::take(&mut idx.pending);
+            let foreign = std::mem::take(&mut idx.foreign_pending);
+            let mut q: Vec<Queued> = own
+                .into_iter()
+                .map(|k| (k, idx.map.get(&k).map(|e| e.seq)))
+                .filter(|(_, s)| s.is_some())
+                .collect();
+            q.extend(foreign.into_iter().map(|k| (k, None)));
+            q
+        };
+        if queued.is_empty() {
+            return Vec::new();
         }
         let now = self.now_ns();
-        let threads = if pending.len() >= 512 { 4 } else { 1 };
-        let per = pending.len().div_ceil(threads);
-        let results: Vec<(Vec<BlockKey>, Vec<BlockKey>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = pending
+        let threads = if queued.len() >= 512 { 4 } else { 1 };
+        let per = queued.len().div_ceil(threads);
+        type Outcome = (Vec<Queued>, Vec<Queued>, Vec<(BlockKey, std::fs::Metadata)>);
+        let results: Vec<Outcome> = std::thread::scope(|s| {
+            let handles: Vec<_> = queued
                 .chunks(per)
                 .map(|chunk| {
                     s.spawn(move || {
-                        let (mut done, mut gone) = (Vec::with_capacity(chunk.len()), Vec::new());
-                        for k in chunk {
-                            match stamp(&ns.block_path(root, k), now) {
-                                Ok(()) => done.push(*k),
-                                Err(e) if e.kind() == io::ErrorKind::NotFound => gone.push(*k),
+                        let (mut done, mut gone, mut learned) =
+                            (Vec::new(), Vec::new(), Vec::new());
+                        for &(k, seq) in chunk {
+                            let path = ns.block_path(root, &k);
+                            match stamp(&path, now) {
+                                Ok(()) if seq.is_none() => {
+                                    if let Ok(m) = std::fs::symlink_metadata(&path)
+                                        && m.is_file()
+                                    {
+                                        learned.push((k, m));
+                                    }
+                                }
+                                Ok(()) => done.push((k, seq)),
+                                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                                    if seq.is_some() {
+                                        gone.push((k, seq));
+                                    }
+                                }
                                 Err(e) => {
                                     self.counters.stamp_errors.fetch_add(1, Ordering::Relaxed);
                                     tracing::debug!(key = %k, error = %e, "mtime stamp failed");
-                                    done.push(*k);
+                                    if seq.is_some() {
+                                        done.push((k, seq));
+                                    }
                                 }
                             }
                         }
-                        (done, gone)
+                        (done, gone, learned)
                     })
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().expect("stamp thread"))
+                .map(|h| h.join().unwrap_or_default())
                 .collect()
         });
-        let mut idx = self.lock();
-        let (mut n_done, mut n_gone) = (0u64, 0u64);
-        for (done, gone) in &results {
-            for k in done {
-                if let Some(e) = idx.map.get_mut(k) {
-                    e.mtime = e.mtime.max(now);
-                    e.pending = false;
+        let mut removed = Vec::new();
+        let mut n_done = 0u64;
+        {
+            let mut idx = self.lock();
+            for (done, gone, _) in &results {
+                for (k, _) in done {
+                    let stamped = idx.map.get_mut(k).map(|e| {
+                        e.pending = false;
+                        e.mtime.max(now)
+                    });
+                    if let Some(m) = stamped {
+                        idx.set_mtime(k, m);
+                    }
+                }
+                n_done += done.len() as u64;
+                for (k, seq) in gone {
+                    // published again after the stamp was queued: the new file stands
+                    if idx.map.get(k).map(|e| Some(e.seq)) == Some(*seq) {
+                        idx.remove(k);
+                        removed.push(*k);
+                    }
                 }
             }
-            for k in gone {
-                idx.remove(k);
-            }
-            n_done += done.len() as u64;
-            n_gone += gone.len() as u64;
         }
-        drop(idx);
+        for (_, _, learned) in &results {
+            for (k, m) in learned {
+                self.on_seen(*k, m);
+            }
+            n_done += learned.len() as u64;
+        }
+        if !removed.is_empty() {
+            self.freed();
+        }
         self.counters.stamps.fetch_add(n_done, Ordering::Relaxed);
         self.counters
             .external_removals
-            .fetch_add(n_gone, Ordering::Relaxed);
+            .fetch_add(removed.len() as u64, Ordering::Relaxed);
+        removed
     }
 }

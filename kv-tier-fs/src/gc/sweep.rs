@@ -1,13 +1,29 @@
 //! The sweep: deletes least-recently-used block files down to the low watermark.
 
 use std::io;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use kv_tier_core::{BlockKey, Namespace};
+use kv_tier_core::{BlockKey, Namespace, ProtectionSet};
 
-use super::{Entry, Gc, SweepPoint, mtime_ns};
+use super::index::Entry;
+use super::{Gc, SweepPoint, mtime_ns};
+
+/// What a sweep is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Goal {
+    /// Over the cap: down to the low watermark, sparing files within the grace window unless
+    /// the total is above the hard ceiling (then they go, oldest first, down to the cap).
+    Cap,
+    /// The filesystem is full (`ENOSPC`): whatever the cap, down to `gc_low_watermark` of the
+    /// current total, oldest first, grace or not.
+    Space,
+    /// A store needs this many bytes under the hard ceiling: down to `hard - bytes`, oldest
+    /// first, grace or not.
+    Room(u64),
+}
 
 /// What a sweep did.
 #[derive(Debug, Default, Clone)]
@@ -15,100 +31,158 @@ pub(crate) struct SweepReport {
     pub(crate) deleted: Vec<BlockKey>,
 }
 
-impl Gc {
-    pub(crate) fn over_cap(&self) -> bool {
-        self.lock().total > self.cfg.cap_bytes
-    }
+/// Victims decided (and unlinked) per batch.
+const BATCH: usize = 256;
 
-    /// Deletes least-recently-used files down to the low watermark. Each deletion runs under
-    /// the protection lock and the index lock.
+enum Decision {
+    Delete(Entry, super::index::Removed),
+    InFlight,
+    Recent,
+    Gone,
+}
+
+struct Victim {
+    key: BlockKey,
+    path: PathBuf,
+    entry: Entry,
+    removed: super::index::Removed,
+}
+
+impl Gc {
+    /// Runs one sweep toward `goal` (one at a time: a second caller waits for the first).
+    /// Candidates come oldest first from the index's mtime order; each is decided under the
+    /// protection lock and the index lock, and protection is checked again right before its
+    /// unlink. Emptied leaf directories (and top ones, where they count per use) are removed.
     pub(crate) fn sweep(
         &self,
         ns: &Namespace,
         root: &Path,
-        protection: &kv_tier_core::ProtectionSet,
+        protection: &ProtectionSet,
+        goal: Goal,
     ) -> SweepReport {
+        let _one = self.sweeping.lock().unwrap_or_else(|p| p.into_inner());
         let started = Instant::now();
         let now = self.now_ns();
-        let mut cands: Vec<(i64, BlockKey)> = {
-            let idx = self.lock();
-            if idx.total <= self.cfg.cap_bytes {
-                return SweepReport::default();
+        let (target, grace_floor) = {
+            let total = self.lock().total();
+            let cfg = &self.cfg;
+            match goal {
+                Goal::Cap if total <= cfg.cap_bytes => return SweepReport::default(),
+                Goal::Cap if total > cfg.hard_bytes => (cfg.low_bytes, cfg.cap_bytes),
+                Goal::Cap => (cfg.low_bytes, u64::MAX),
+                Goal::Space => {
+                    let ratio = cfg.low_bytes as f64 / cfg.cap_bytes.max(1) as f64;
+                    let t = (total as f64 * ratio) as u64;
+                    (t, t)
+                }
+                Goal::Room(bytes) => {
+                    let t = cfg.hard_bytes.saturating_sub(bytes);
+                    (t, t)
+                }
             }
-            idx.map.iter().map(|(k, e)| (e.mtime, *k)).collect()
         };
-        cands.sort_unstable(); // oldest first; ties by key, so the order is deterministic
-        let decided = started.elapsed();
-        self.counters
-            .last_decision_us
-            .store(decided.as_micros() as u64, Ordering::Relaxed);
-        self.hook(SweepPoint::Selected);
         let mut report = SweepReport::default();
         let (mut in_flight, mut recent, mut in_grace, mut bytes) = (0u64, 0u64, 0u64, 0u64);
-        let mut i = 0;
-        let mut stop = false;
-        while !stop && i < cands.len() {
+        let mut cursor: Option<(i64, BlockKey)> = None;
+        let mut first = true;
+        'batches: loop {
+            let cands: Vec<(i64, BlockKey)> = {
+                let idx = self.lock();
+                if idx.total() <= target {
+                    break;
+                }
+                let from = cursor.map_or(Bound::Unbounded, Bound::Excluded);
+                idx.order
+                    .range((from, Bound::Unbounded))
+                    .take(BATCH)
+                    .copied()
+                    .collect()
+            };
+            let Some(&last) = cands.last() else { break };
+            cursor = Some(last);
+            if first {
+                first = false;
+                self.counters
+                    .last_decision_us
+                    .store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                self.hook(SweepPoint::Selected);
+            }
             // Decide a batch, each key under the protection and index locks. A decided key
             // leaves the index and is marked "being deleted" before the locks drop: a store
             // that protects it afterwards waits for the unlink, then writes the file again.
-            let mut batch: Vec<(BlockKey, PathBuf, Entry)> = Vec::new();
-            while batch.len() < 256 && i < cands.len() {
-                let (mtime, key) = cands[i];
-                if self.lock().total <= self.cfg.low_bytes {
+            let mut batch: Vec<Victim> = Vec::new();
+            let mut stop = false;
+            for (mtime, key) in cands {
+                let total = self.lock().total();
+                if total <= target {
                     stop = true;
                     break;
                 }
-                if now - mtime < self.cfg.grace_ns {
-                    // sorted oldest first: everything from here on is within the grace window
-                    in_grace = (cands.len() - i) as u64;
+                let within_grace = now - mtime < self.cfg.grace_ns;
+                if within_grace && total <= grace_floor {
+                    // oldest first: everything from here on is within the grace window
+                    let idx = self.lock();
+                    in_grace = idx.order.range((mtime, key)..).count() as u64;
                     stop = true;
                     break;
                 }
-                i += 1;
                 self.hook(SweepPoint::BeforeDelete(key));
                 let path = ns.block_path(root, &key);
                 // Another process may have used (or deleted) the file since it was indexed.
                 // Looked at before the locks: no lock is held across I/O, and anything this
                 // process did to the key meanwhile shows in the index checks below.
                 let on_disk = std::fs::symlink_metadata(&path).map(|m| mtime_ns(&m));
-                let mut outcome = None;
+                let mut decision = None;
                 protection.with_lock(|is_protected| {
                     let mut idx = self.lock();
                     let Some(e) = idx.map.get(&key).copied() else {
                         return;
                     };
                     if e.pending || e.mtime != mtime {
-                        outcome = Some(Skip::Recent);
+                        decision = Some(Decision::Recent);
                         return;
                     }
                     if is_protected(&key) {
-                        outcome = Some(Skip::InFlight);
+                        decision = Some(Decision::InFlight);
                         return;
                     }
                     match on_disk {
                         Ok(fresh) if fresh > e.mtime => {
-                            if let Some(e) = idx.map.get_mut(&key) {
-                                e.mtime = fresh;
-                            }
-                            outcome = Some(Skip::Recent);
+                            idx.set_mtime(&key, fresh);
+                            decision = Some(Decision::Recent);
                             return;
                         }
                         Err(ref err) if err.kind() == io::ErrorKind::NotFound => {
                             idx.remove(&key);
-                            outcome = Some(Skip::Gone);
+                            decision = Some(Decision::Gone);
                             return;
                         }
                         _ => {}
                     }
-                    idx.remove(&key);
-                    self.deleting.lock().expect("gc deleting").insert(key);
-                    outcome = Some(Skip::Deleted(e));
+                    let removed = idx.remove(&key).expect("checked above");
+                    self.deleting
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(key);
+                    decision = Some(Decision::Delete(e, removed));
                 });
-                match outcome {
-                    Some(Skip::Deleted(e)) => batch.push((key, path, e)),
-                    Some(Skip::InFlight) => in_flight += 1,
-                    Some(Skip::Recent) => recent += 1,
-                    Some(Skip::Gone) => {
+                match decision {
+                    Some(Decision::Delete(entry, removed)) => {
+                        if within_grace {
+                            self.counters
+                                .grace_overridden
+                                .fetch_add(1, Ordering::Relaxed);
+                        }
+                        batch.push(Victim {
+                            key,
+                            path,
+                            entry,
+                            removed,
+                        });
+                    }
+                    Some(Decision::InFlight) => in_flight += 1,
+                    Some(Decision::Recent) => recent += 1,
+                    Some(Decision::Gone) => {
                         self.counters
                             .external_removals
                             .fetch_add(1, Ordering::Relaxed);
@@ -116,65 +190,26 @@ impl Gc {
                     None => {}
                 }
             }
-            if batch.is_empty() {
-                continue;
-            }
-            self.hook(SweepPoint::Unlinking);
-            // Unlink the batch on a few threads: no lock is held, each unlink waits on the
-            // filesystem's journal at its own pace.
-            let sidecars = self.sidecars.load(Ordering::Relaxed);
-            let threads = if batch.len() >= 32 { 4 } else { 1 };
-            let per = batch.len().div_ceil(threads);
-            let failed: Vec<usize> = std::thread::scope(|s| {
-                let handles: Vec<_> = batch
-                    .chunks(per)
-                    .enumerate()
-                    .map(|(c, chunk)| {
-                        s.spawn(move || {
-                            let mut failed = Vec::new();
-                            for (j, (_, path, _)) in chunk.iter().enumerate() {
-                                match std::fs::remove_file(path) {
-                                    Ok(()) => {
-                                        if sidecars {
-                                            let _ = std::fs::remove_file(crate::file::sidecar_path(path));
-                                        }
-                                    }
-                                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                                    Err(e) => {
-                                        tracing::warn!(path = %path.display(), error = %e, "sweep could not delete a block file");
-                                        failed.push(c * per + j);
-                                    }
-                                }
-                            }
-                            failed
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().expect("unlink thread"))
-                    .collect()
-            });
-            {
-                let mut idx = self.lock();
-                for &f in &failed {
-                    let (key, _, e) = batch[f];
-                    self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    idx.insert(key, e.size, e.mtime); // still on disk: keep accounting for it
+            if !batch.is_empty() {
+                self.hook(SweepPoint::Unlinking);
+                let (gone, kept) = self.unlink(&batch, protection);
+                in_flight += kept;
+                for v in &gone {
+                    report.deleted.push(v.key);
+                    bytes += v.entry.size;
                 }
-            }
-            {
-                let mut del = self.deleting.lock().expect("gc deleting");
-                for (key, _, _) in &batch {
-                    del.remove(key);
+                self.remove_empty_dirs(&gone);
+                {
+                    let mut del = self.deleting.lock().unwrap_or_else(|p| p.into_inner());
+                    for v in &batch {
+                        del.remove(&v.key);
+                    }
                 }
+                self.deleting_cv.notify_all();
+                self.freed();
             }
-            self.deleting_cv.notify_all();
-            for (j, (key, _, e)) in batch.iter().enumerate() {
-                if !failed.contains(&j) {
-                    report.deleted.push(*key);
-                    bytes += e.size;
-                }
+            if stop {
+                break 'batches;
             }
         }
         let c = &self.counters;
@@ -204,17 +239,120 @@ impl Gc {
             in_flight,
             in_grace,
             recent,
-            decision_us = decided.as_micros() as u64,
             took_ms = started.elapsed().as_millis() as u64,
+            ?goal,
             "fs tier sweep"
         );
         report
     }
-}
 
-enum Skip {
-    Deleted(Entry),
-    InFlight,
-    Recent,
-    Gone,
+    /// Unlinks a decided batch on a few threads, holding no lock across an unlink. Right
+    /// before each unlink the key's protection is checked again, atomically with marking it
+    /// "unlinking" (which `protect()` waits out): a key protected since its decision is kept.
+    /// Kept keys and failed unlinks go back to the index. Returns (gone, kept count).
+    fn unlink<'a>(
+        &self,
+        batch: &'a [Victim],
+        protection: &ProtectionSet,
+    ) -> (Vec<&'a Victim>, u64) {
+        let sidecars = self.sidecars();
+        let threads = if batch.len() >= 32 { 4 } else { 1 };
+        let per = batch.len().div_ceil(threads);
+        // per victim: Some(true) gone, Some(false) failed, None kept (protected)
+        let outcome: Vec<Option<bool>> = std::thread::scope(|s| {
+            let handles: Vec<_> = batch
+                .chunks(per)
+                .map(|chunk| {
+                    s.spawn(move || {
+                        let mut out = Vec::with_capacity(chunk.len());
+                        for v in chunk {
+                            let go = protection.with_lock(|is_protected| {
+                                if is_protected(&v.key) {
+                                    return false;
+                                }
+                                self.unlinking
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .insert(v.key);
+                                true
+                            });
+                            if !go {
+                                out.push(None);
+                                continue;
+                            }
+                            let r = std::fs::remove_file(&v.path);
+                            self.unlinking
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .remove(&v.key);
+                            self.unlinking_cv.notify_all();
+                            out.push(Some(match r {
+                                Ok(()) => {
+                                    if sidecars {
+                                        let _ = std::fs::remove_file(crate::file::sidecar_path(
+                                            &v.path,
+                                        ));
+                                    }
+                                    true
+                                }
+                                Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+                                Err(e) => {
+                                    tracing::warn!(path = %v.path.display(), error = %e, "sweep could not delete a block file");
+                                    false
+                                }
+                            }));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        let mut gone = Vec::new();
+        let mut kept = 0;
+        let mut idx = self.lock();
+        for (v, o) in batch.iter().zip(outcome) {
+            match o {
+                Some(true) => gone.push(v),
+                Some(false) | None => {
+                    if o.is_some() {
+                        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        kept += 1;
+                    }
+                    // still on disk: keep accounting for it
+                    if !idx.map.contains_key(&v.key) {
+                        idx.insert(v.key, v.entry.size, v.entry.mtime);
+                    }
+                }
+            }
+        }
+        (gone, kept)
+    }
+
+    /// Removes the leaf (and top) directories the deleted files left empty. A directory that
+    /// is not empty (a store is writing into it, or other files are there) stays; a store that
+    /// finds its directory gone creates it again.
+    fn remove_empty_dirs(&self, gone: &[&Victim]) {
+        for v in gone {
+            if !v.removed.leaf_empty {
+                continue;
+            }
+            let Some(leaf) = v.path.parent() else {
+                continue;
+            };
+            if std::fs::remove_dir(leaf).is_ok() {
+                self.counters.dirs_removed.fetch_add(1, Ordering::Relaxed);
+                if v.removed.top_empty
+                    && let Some(top) = leaf.parent()
+                    && std::fs::remove_dir(top).is_ok()
+                {
+                    self.counters.dirs_removed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
 }

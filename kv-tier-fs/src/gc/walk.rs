@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use kv_tier_core::{BlockKey, Namespace};
+use rustc_hash::FxHashMap;
 
-use super::mtime_ns;
+use super::{allocated, mtime_ns};
 
 /// One block file found on disk.
 pub(crate) struct Found {
@@ -21,6 +22,7 @@ pub(crate) struct Found {
 pub(crate) struct Walk {
     pub(crate) blocks: Vec<Found>,
     pub(crate) tmp_reaped: u64,
+    pub(crate) sidecars_reaped: u64,
     pub(crate) foreign: u64,
 }
 
@@ -35,8 +37,11 @@ pub(crate) fn parse_block(ns: &Namespace, top: &str, leaf: &str, file: &str) -> 
     (want == got).then_some(key)
 }
 
-/// Walks the rank directory on `threads` threads: adopts every block file (with its size and
-/// mtime) and deletes `.tmp` files older than `tmp_age` (`None`: leaves them).
+/// Walks the rank directory on `threads` threads: adopts every block file (with its
+/// allocated size, its sidecar's included, and its mtime), deletes `.tmp` files older than
+/// `tmp_age` (`None`: leaves them; this includes temp files directly in the rank directory,
+/// such as an open's capability probe killed mid-way) and checksum sidecars whose block file
+/// is gone (older than `tmp_age`: a publisher writes the sidecar right after its block).
 pub(crate) fn walk(
     ns: &Namespace,
     rank_dir: &Path,
@@ -44,23 +49,34 @@ pub(crate) fn walk(
     tmp_age: Option<Duration>,
     now: SystemTime,
 ) -> Walk {
-    let tops: Vec<PathBuf> = match std::fs::read_dir(rank_dir) {
-        Ok(rd) => rd
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.path())
-            .collect(),
-        Err(_) => return Walk::default(),
+    let Ok(rd) = std::fs::read_dir(rank_dir) else {
+        return Walk::default();
     };
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let out = Mutex::new(Walk::default());
-    let is_old_tmp = |m: &std::fs::Metadata| {
+    let is_old = |m: &std::fs::Metadata| {
         tmp_age.is_some_and(|age| {
             m.modified()
                 .map(|t| now.duration_since(t).unwrap_or_default() >= age)
                 .unwrap_or(false)
         })
     };
+    let mut tops: Vec<PathBuf> = Vec::new();
+    let mut reaped_here = 0;
+    for e in rd.flatten() {
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir {
+            tops.push(e.path());
+        } else if e.file_name().to_string_lossy().ends_with(".tmp")
+            && e.metadata().is_ok_and(|m| is_old(&m))
+            && std::fs::remove_file(e.path()).is_ok()
+        {
+            reaped_here += 1;
+        }
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out = Mutex::new(Walk {
+        tmp_reaped: reaped_here,
+        ..Walk::default()
+    });
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| {
@@ -81,47 +97,77 @@ pub(crate) fn walk(
                         let leaf_name = leaf.file_name().to_string_lossy().into_owned();
                         if !leaf.file_type().is_ok_and(|t| t.is_dir()) {
                             if leaf_name.ends_with(".tmp")
-                                && leaf.metadata().is_ok_and(|m| is_old_tmp(&m))
+                                && leaf.metadata().is_ok_and(|m| is_old(&m))
                                 && std::fs::remove_file(&lp).is_ok()
                             {
                                 local.tmp_reaped += 1;
                             }
                             continue;
                         }
-                        let Ok(files) = std::fs::read_dir(&lp) else {
-                            continue;
-                        };
-                        for f in files.flatten() {
-                            let name = f.file_name();
-                            let name = name.to_string_lossy();
-                            if name.ends_with(".tmp") {
-                                if f.metadata().is_ok_and(|m| is_old_tmp(&m))
-                                    && std::fs::remove_file(f.path()).is_ok()
-                                {
-                                    local.tmp_reaped += 1;
-                                }
-                                continue;
-                            }
-                            if !name.ends_with(".bin") {
-                                continue;
-                            }
-                            match (parse_block(ns, &top_name, &leaf_name, &name), f.metadata()) {
-                                (Some(key), Ok(m)) if m.is_file() => local.blocks.push(Found {
-                                    key,
-                                    size: m.len(),
-                                    mtime: mtime_ns(&m),
-                                }),
-                                _ => local.foreign += 1,
-                            }
-                        }
+                        walk_leaf(ns, &top_name, &leaf_name, &lp, &is_old, &mut local);
                     }
                 }
-                let mut o = out.lock().expect("walk results");
+                let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
                 o.blocks.append(&mut local.blocks);
                 o.tmp_reaped += local.tmp_reaped;
+                o.sidecars_reaped += local.sidecars_reaped;
                 o.foreign += local.foreign;
             });
         }
     });
-    out.into_inner().expect("walk results")
+    out.into_inner().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One leaf directory: its block files (with their sidecars' bytes), stray temp files and
+/// orphan sidecars.
+fn walk_leaf(
+    ns: &Namespace,
+    top: &str,
+    leaf: &str,
+    dir: &Path,
+    is_old: &dyn Fn(&std::fs::Metadata) -> bool,
+    local: &mut Walk,
+) {
+    let Ok(files) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut bins: Vec<(String, BlockKey, std::fs::Metadata)> = Vec::new();
+    let mut sidecars: FxHashMap<String, std::fs::Metadata> = FxHashMap::default();
+    for f in files.flatten() {
+        let name = f.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".tmp") {
+            if f.metadata().is_ok_and(|m| is_old(&m)) && std::fs::remove_file(f.path()).is_ok() {
+                local.tmp_reaped += 1;
+            }
+            continue;
+        }
+        if let Some(bin) = name.strip_suffix(crate::file::CRC_SIDECAR_SUFFIX) {
+            if let Ok(m) = f.metadata() {
+                sidecars.insert(bin.to_string(), m);
+            }
+            continue;
+        }
+        if !name.ends_with(".bin") {
+            continue;
+        }
+        match (parse_block(ns, top, leaf, &name), f.metadata()) {
+            (Some(key), Ok(m)) if m.is_file() => bins.push((name, key, m)),
+            _ => local.foreign += 1,
+        }
+    }
+    for (name, key, m) in bins {
+        let side = sidecars.remove(&name).map_or(0, |s| allocated(&s));
+        local.blocks.push(Found {
+            key,
+            size: allocated(&m) + side,
+            mtime: mtime_ns(&m),
+        });
+    }
+    // what is left has no block file
+    for (bin, m) in sidecars {
+        let path = dir.join(format!("{bin}{}", crate::file::CRC_SIDECAR_SUFFIX));
+        if is_old(&m) && !dir.join(&bin).exists() && std::fs::remove_file(&path).is_ok() {
+            local.sidecars_reaped += 1;
+        }
+    }
 }

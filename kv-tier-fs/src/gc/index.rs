@@ -1,0 +1,278 @@
+//! The GC's index: every block file the tier knows, with its allocated bytes and mtime, in
+//! mtime order, plus the directories those files keep alive and the bytes reserved by stores
+//! in flight. What it sums is what the tier holds on disk.
+
+use std::collections::BTreeSet;
+
+use kv_tier_core::BlockKey;
+use rustc_hash::FxHashMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Entry {
+    /// Allocated bytes of the block file and its checksum sidecar (if any).
+    pub(super) size: u64,
+    /// mtime, ns since the epoch.
+    pub(super) mtime: i64,
+    /// When the last stamp was queued (ns), for the rate limit.
+    pub(super) last_stamp: i64,
+    pub(super) pending: bool,
+    /// When the entry was (re)inserted, from the index's counter: later walks and stamps do
+    /// not undo what happened after they started.
+    pub(super) seq: u64,
+}
+
+/// A block's leaf directory (`<hex[0..3]>/<hex[3..5]>_g<group>`) and its top directory
+/// (`<hex[0..3]>`), as numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Leaf {
+    pub(crate) top: u32,
+    pub(crate) leaf: u32,
+    pub(crate) group: u32,
+}
+
+/// The directories of `key`'s path. Hashes shorter than 3 bytes are sliced as the layout
+/// slices them; their length is part of the number, so they never collide with longer ones.
+pub(crate) fn leaf_of(key: &BlockKey) -> Leaf {
+    let h = key.hash_bytes();
+    let b = |i: usize| h.get(i).copied().unwrap_or(0) as u32;
+    let len = h.len().min(3) as u32;
+    // hex[0..3] = b0 and the high nibble of b1; hex[3..5] = low nibble of b1, high of b2
+    let top = len << 12 | b(0) << 4 | b(1) >> 4;
+    let leaf = top << 8 | (b(1) & 0xf) << 4 | b(2) >> 4;
+    Leaf {
+        top,
+        leaf,
+        group: key.group(),
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Index {
+    pub(super) map: FxHashMap<BlockKey, Entry>,
+    /// `(mtime, key)` of every entry: oldest first.
+    pub(super) order: BTreeSet<(i64, BlockKey)>,
+    /// Indexed files per leaf directory.
+    leaves: FxHashMap<Leaf, u32>,
+    /// Leaf directories in use per top directory.
+    tops: FxHashMap<u32, u32>,
+    files_bytes: u64,
+    dir_bytes: u64,
+    /// Bytes that exist whatever the index holds (pre-created top directories).
+    base_bytes: u64,
+    /// Bytes stores in flight have reserved.
+    pub(super) reserved: u64,
+    /// Allocated bytes of one directory (0 where directories take none, as on tmpfs).
+    dir_unit: u64,
+    /// Whether top directories count per use (they were not pre-created).
+    count_tops: bool,
+    pub(super) seq: u64,
+    pub(super) peak: u64,
+    pub(super) pending: Vec<BlockKey>,
+    /// Stamps queued for keys not in the index (another process wrote them), with the last
+    /// stamp time of each for the rate limit.
+    pub(super) foreign: FxHashMap<BlockKey, i64>,
+    pub(super) foreign_pending: Vec<BlockKey>,
+}
+
+/// What removing an entry left behind.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Removed {
+    /// The leaf directory lost its last indexed file.
+    pub(super) leaf_empty: bool,
+    /// The top directory lost its last leaf in use (only when tops count per use).
+    pub(super) top_empty: bool,
+}
+
+impl Index {
+    /// An empty index for directories of `dir_unit` bytes, `base_bytes` that always exist,
+    /// counting top directories per use when `count_tops`.
+    pub(super) fn new(dir_unit: u64, base_bytes: u64, count_tops: bool) -> Self {
+        Self {
+            dir_unit,
+            base_bytes,
+            count_tops,
+            ..Self::default()
+        }
+    }
+
+    pub(super) fn total(&self) -> u64 {
+        self.files_bytes + self.dir_bytes + self.base_bytes + self.reserved
+    }
+
+    pub(super) fn dir_bytes(&self) -> u64 {
+        self.dir_bytes + self.base_bytes
+    }
+
+    fn note_peak(&mut self) {
+        self.peak = self.peak.max(self.total());
+    }
+
+    /// Inserts or replaces `key`'s entry (a replaced entry keeps a queued stamp).
+    pub(super) fn insert(&mut self, key: BlockKey, size: u64, mtime: i64) {
+        self.seq += 1;
+        let mut e = Entry {
+            size,
+            mtime,
+            last_stamp: mtime,
+            pending: false,
+            seq: self.seq,
+        };
+        match self.map.insert(key, e) {
+            Some(old) => {
+                self.files_bytes -= old.size;
+                self.order.remove(&(old.mtime, key));
+                if old.pending {
+                    e.pending = true;
+                    self.map.insert(key, e);
+                }
+            }
+            None => {
+                let l = leaf_of(&key);
+                let n = self.leaves.entry(l).or_insert(0);
+                *n += 1;
+                if *n == 1 {
+                    self.dir_bytes += self.dir_unit;
+                    let t = self.tops.entry(l.top).or_insert(0);
+                    *t += 1;
+                    if *t == 1 && self.count_tops {
+                        self.dir_bytes += self.dir_unit;
+                    }
+                }
+            }
+        }
+        self.files_bytes += size;
+        self.order.insert((mtime, key));
+        self.note_peak();
+    }
+
+    pub(super) fn remove(&mut self, key: &BlockKey) -> Option<Removed> {
+        let e = self.map.remove(key)?;
+        self.files_bytes -= e.size;
+        self.order.remove(&(e.mtime, *key));
+        let l = leaf_of(key);
+        let mut r = Removed {
+            leaf_empty: false,
+            top_empty: false,
+        };
+        if let Some(n) = self.leaves.get_mut(&l) {
+            *n -= 1;
+            if *n == 0 {
+                self.leaves.remove(&l);
+                self.dir_bytes -= self.dir_unit;
+                r.leaf_empty = true;
+                if let Some(t) = self.tops.get_mut(&l.top) {
+                    *t -= 1;
+                    if *t == 0 {
+                        self.tops.remove(&l.top);
+                        if self.count_tops {
+                            self.dir_bytes -= self.dir_unit;
+                            r.top_empty = true;
+                        }
+                    }
+                }
+            }
+        }
+        Some(r)
+    }
+
+    /// Moves `key` to a new mtime (a stamp, or a fresher mtime seen on disk).
+    pub(super) fn set_mtime(&mut self, key: &BlockKey, mtime: i64) {
+        if let Some(e) = self.map.get_mut(key)
+            && e.mtime != mtime
+        {
+            self.order.remove(&(e.mtime, *key));
+            e.mtime = mtime;
+            self.order.insert((mtime, *key));
+        }
+    }
+
+    /// Reserves `bytes` if the total stays within `limit`.
+    pub(super) fn reserve(&mut self, bytes: u64, limit: u64) -> bool {
+        if self.total() + bytes > limit {
+            return false;
+        }
+        self.reserved += bytes;
+        self.note_peak();
+        true
+    }
+
+    pub(super) fn unreserve(&mut self, bytes: u64) {
+        self.reserved = self.reserved.saturating_sub(bytes);
+    }
+
+    /// Whether `key`'s leaf (and top) directory is in use: what a new file there would add.
+    pub(super) fn dirs_needed(&self, key: &BlockKey) -> u64 {
+        let l = leaf_of(key);
+        if self.leaves.contains_key(&l) {
+            0
+        } else if self.tops.contains_key(&l.top) || !self.count_tops {
+            self.dir_unit
+        } else {
+            2 * self.dir_unit
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: [u8; 3], group: u32) -> BlockKey {
+        let mut h = [0u8; 32];
+        h[..3].copy_from_slice(&b);
+        BlockKey::from_hash32(h, group)
+    }
+
+    #[test]
+    fn leaves_follow_the_layout() {
+        let ns =
+            kv_tier_core::Namespace::new(kv_tier_core::RunFields::new("m", "f", 16), 0).unwrap();
+        let keys = [
+            key([0xab, 0xcd, 0xef], 0),
+            key([0xab, 0xcd, 0xe0], 0),
+            key([0xab, 0xc0, 0x00], 0),
+            key([0xab, 0xcd, 0xef], 1),
+            key([0xac, 0xcd, 0xef], 0),
+        ];
+        for a in &keys {
+            for b in &keys {
+                let dir = |k: &BlockKey| {
+                    let p = ns.block_rel_path(k);
+                    p[..p.rfind('/').unwrap()].to_string()
+                };
+                let top = |k: &BlockKey| dir(k)[..dir(k).rfind('/').unwrap()].to_string();
+                assert_eq!(leaf_of(a) == leaf_of(b), dir(a) == dir(b), "{a} {b}");
+                assert_eq!(
+                    leaf_of(a).top == leaf_of(b).top,
+                    top(a) == top(b),
+                    "{a} {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn totals_count_files_directories_and_reservations() {
+        let mut idx = Index::new(4096, 0, true);
+        let (a, b, c) = (key([1, 2, 3], 0), key([1, 2, 4], 0), key([9, 9, 9], 0));
+        idx.insert(a, 8192, 10);
+        assert_eq!(idx.total(), 8192 + 2 * 4096); // file, leaf, top
+        idx.insert(b, 8192, 11); // same leaf
+        assert_eq!(idx.total(), 2 * 8192 + 2 * 4096);
+        assert_eq!(idx.dirs_needed(&c), 2 * 4096);
+        assert!(idx.reserve(100, u64::MAX));
+        idx.insert(c, 8192, 5);
+        assert_eq!(idx.total(), 3 * 8192 + 4 * 4096 + 100);
+        assert!(!idx.reserve(1, idx.total()));
+        idx.unreserve(100);
+        let r = idx.remove(&a).unwrap();
+        assert!(!r.leaf_empty);
+        let r = idx.remove(&b).unwrap();
+        assert!(r.leaf_empty && r.top_empty);
+        assert_eq!(idx.total(), 8192 + 2 * 4096);
+        assert_eq!(idx.order.iter().next().unwrap().1, c, "oldest first");
+        idx.set_mtime(&c, 50);
+        assert_eq!(idx.order.iter().next().unwrap().0, 50);
+        assert_eq!(idx.peak, 3 * 8192 + 4 * 4096 + 100);
+    }
+}
