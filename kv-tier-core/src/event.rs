@@ -133,3 +133,50 @@ impl EventLog {
         self.events.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
+
+/// The keys of one event, gathered while a call runs and pushed to the log when the batch
+/// drops: when the call ends, and also when it is cancelled, so what was done before the
+/// cancellation is still reported.
+///
+/// ```
+/// use std::sync::Arc;
+/// use kv_tier_core::{BlockKey, EventBatch, EventLog, Locality, Medium};
+/// let log = Arc::new(EventLog::new("fs", Medium::Storage, Locality::Local));
+/// let batch = EventBatch::new(log.clone(), false);
+/// batch.add(BlockKey::from_hash32([1; 32], 0));
+/// assert!(log.take().is_empty());
+/// drop(batch); // e.g. the store future was dropped mid-way
+/// assert_eq!(log.take()[0].keys.len(), 1);
+/// ```
+#[derive(Debug)]
+pub struct EventBatch {
+    log: std::sync::Arc<EventLog>,
+    removed: bool,
+    keys: std::sync::Mutex<Vec<BlockKey>>,
+}
+
+impl EventBatch {
+    /// An empty batch of stored (`removed == false`) or removed keys for `log`.
+    pub fn new(log: std::sync::Arc<EventLog>, removed: bool) -> Self {
+        Self {
+            log,
+            removed,
+            keys: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Adds a key.
+    pub fn add(&self, key: BlockKey) {
+        self.keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(key);
+    }
+}
+
+impl Drop for EventBatch {
+    fn drop(&mut self) {
+        let keys = std::mem::take(&mut *self.keys.lock().unwrap_or_else(|p| p.into_inner()));
+        self.log.push(keys, self.removed);
+    }
+}

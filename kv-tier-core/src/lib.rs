@@ -16,7 +16,7 @@ pub mod tier;
 pub use buf::{AlignedBuf, BlockSink, BlockSource, PAGE_SIZE, SinkReader};
 pub use config::{EvictionPolicy, KvTierConfig, TierSpec};
 pub use error::{Error, Result};
-pub use event::{EventLog, Locality, Medium, TierEvent};
+pub use event::{EventBatch, EventLog, Locality, Medium, TierEvent};
 pub use key::BlockKey;
 pub use layout::{Namespace, RunFields};
 pub use lookup::{AsyncLookup, Presence};

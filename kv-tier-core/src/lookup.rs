@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use crate::key::BlockKey;
 use crate::request::RequestId;
-use crate::tier::{ProtectGuard, SecondaryTier};
+use crate::tier::{ProtectGuard, SecondaryTier, protect_caught};
 
 /// The async lookup's answer for one key and request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,11 +29,44 @@ pub enum Presence {
     Retry,
 }
 
+/// The tier's protections held as leases, by lease id, with their expiry. A reaper task
+/// drops expired ones even while nobody calls the lookup (an idle scheduler).
+type LeaseTable = Arc<Mutex<FxHashMap<u64, (Instant, ProtectGuard)>>>;
+
 /// A key known present, protected in the tier until the lease drops or expires.
 struct Lease {
     id: u64,
     expires: Instant,
-    _guard: ProtectGuard,
+    table: LeaseTable,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let guard = lock(&self.table).remove(&self.id);
+        drop(guard); // released outside the table's lock
+    }
+}
+
+/// Drops expired leases every `tick` until the lookup is gone.
+async fn reap_leases(
+    table: std::sync::Weak<Mutex<FxHashMap<u64, (Instant, ProtectGuard)>>>,
+    tick: Duration,
+) {
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(table) = table.upgrade() else { return };
+        let now = Instant::now();
+        let expired: Vec<(Instant, ProtectGuard)> = {
+            let mut t = lock(&table);
+            let ids: Vec<u64> = t
+                .iter()
+                .filter(|(_, (at, _))| *at <= now)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| t.remove(id)).collect()
+        };
+        drop(expired);
+    }
 }
 
 #[derive(Default)]
@@ -154,7 +187,17 @@ pub struct AsyncLookup {
     lease_for: Duration,
     /// Leases in order of expiry (one lease duration for all, so insertion order).
     expiries: VecDeque<(Instant, BlockKey, u64)>,
+    leases: LeaseTable,
+    reaper: Option<tokio::task::JoinHandle<()>>,
     stats: AsyncLookupStats,
+}
+
+impl Drop for AsyncLookup {
+    fn drop(&mut self) {
+        if let Some(r) = self.reaper.take() {
+            r.abort();
+        }
+    }
 }
 
 impl fmt::Debug for AsyncLookup {
@@ -194,6 +237,8 @@ impl AsyncLookup {
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             lease_for: DEFAULT_LEASE,
             expiries: VecDeque::new(),
+            leases: Arc::new(Mutex::new(FxHashMap::default())),
+            reaper: None,
             stats: AsyncLookupStats::default(),
         }
     }
@@ -202,6 +247,9 @@ impl AsyncLookup {
     pub fn with_timeouts(mut self, probe_timeout: Duration, lease: Duration) -> Self {
         self.probe_timeout = probe_timeout;
         self.lease_for = lease;
+        if let Some(r) = self.reaper.take() {
+            r.abort();
+        }
         self
     }
 
@@ -214,10 +262,18 @@ impl AsyncLookup {
         let id = self.generation();
         let expires = Instant::now() + self.lease_for;
         self.expiries.push_back((expires, *key, id));
+        let guard = protect_caught(&*self.tier, std::slice::from_ref(key));
+        lock(&self.leases).insert(id, (expires, guard));
+        if self.reaper.is_none() {
+            // a quarter of the lease: an expired lease is dropped within 1.25 leases
+            let tick = (self.lease_for / 4).max(Duration::from_millis(1));
+            let table = Arc::downgrade(&self.leases);
+            self.reaper = Some(self.runtime.spawn(reap_leases(table, tick)));
+        }
         Lease {
             id,
             expires,
-            _guard: self.tier.protect(std::slice::from_ref(key)),
+            table: self.leases.clone(),
         }
     }
 
@@ -364,7 +420,7 @@ impl AsyncLookup {
         self.stats.probes += 1;
         self.stats.probed_keys += n as u64;
         let keys: Vec<BlockKey> = batch.iter().map(|(k, _)| *k).collect();
-        let guard = self.tier.protect(&keys);
+        let guard = protect_caught(&*self.tier, &keys);
         let mut report = Report {
             batch: Some((batch, guard)),
             inbox: self.inbox.clone(),
@@ -508,9 +564,10 @@ impl AsyncLookup {
         self.requests.len()
     }
 
-    /// Keys currently leased (known present and protected in the tier).
+    /// Keys currently leased (known present and protected in the tier; an expired lease is
+    /// dropped by a reaper within a quarter lease, even while nobody calls the lookup).
     pub fn leased_keys(&self) -> usize {
-        self.keys.values().filter(|e| e.present.is_some()).count()
+        lock(&self.leases).len()
     }
 
     /// Counters.

@@ -23,6 +23,7 @@ use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count
 use crate::stats::{ManagerStats, TierStats};
 use crate::tier::{
     JobResult, LoadJob, PreparedStore, PrimaryTier, ProtectGuard, SecondaryTier, StoreJob,
+    protect_caught, take_events_caught, touch_caught,
 };
 
 enum Job {
@@ -411,12 +412,14 @@ impl TieringManager {
                 j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
             ),
         };
+        let t = self.tiers[tier].clone();
+        // first, so a panic of the tier cannot leave half-made bookkeeping behind
+        let protect = protect_caught(&*t, &keys);
         if kind == JobKind::Store {
             *st.pending_stores.entry(req).or_default() += 1;
         }
         let id = st.next_job;
         st.next_job += 1;
-        let t = self.tiers[tier].clone();
         let deadline = self.config.job_timeout(keys.len());
         let mut report = JobReport {
             job: id,
@@ -431,7 +434,7 @@ impl TieringManager {
                 kind,
                 tier,
                 req,
-                _protect: t.protect(&keys),
+                _protect: protect,
                 keys,
                 bytes,
                 started: Instant::now(),
@@ -594,7 +597,7 @@ impl TieringManager {
         let _st = self.begin();
         self.primary.touch(keys);
         for t in &self.tiers {
-            t.touch(keys);
+            touch_caught(&**t, keys);
         }
     }
 
@@ -630,7 +633,7 @@ impl TieringManager {
         let _st = self.begin();
         let mut out = self.primary.take_events();
         for t in &self.tiers {
-            out.extend(t.take_events());
+            out.extend(take_events_caught(&**t));
         }
         out
     }
@@ -738,10 +741,28 @@ impl TieringManager {
         self.cancel_promotions();
         self.wait_idle().await;
         lock(&self.state).shut_down = true;
+        // Each tier's shutdown runs on the manager's runtime, within a job deadline; one that
+        // hangs or panics is reported and the others are still shut down.
+        let deadline = self.config.job_timeout(0);
         let mut first_err = None;
-        for t in &self.tiers {
-            if let Err(e) = t.shutdown().await {
-                tracing::warn!(tier = %t.info().name, error = %e, "tier shutdown failed");
+        for (t, name) in self.tiers.iter().zip(&self.names) {
+            let tier = t.clone();
+            let task = self
+                .runtime
+                .spawn(async move { tokio::time::timeout(deadline, tier.shutdown()).await });
+            let res = match task.await {
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(Error::Timeout {
+                    op: format!("shutdown of tier `{name}`"),
+                    after: deadline,
+                }),
+                Err(_) => Err(Error::Panicked {
+                    tier: name.clone(),
+                    op: "shutdown".into(),
+                }),
+            };
+            if let Err(e) = res {
+                tracing::warn!(tier = %name, error = %e, "tier shutdown failed");
                 first_err.get_or_insert(e);
             }
         }

@@ -330,3 +330,36 @@ pub trait PrimaryTier: Send + Sync + fmt::Debug + 'static {
     /// Counters.
     fn stats(&self) -> PrimaryStats;
 }
+
+/// `tier.protect(keys)`, with a panic of the tier caught: then nothing is protected (logged).
+/// The manager calls tiers' synchronous methods through these, so a tier that panics costs
+/// protection or recency, never the scheduler's thread.
+pub(crate) fn protect_caught(tier: &dyn SecondaryTier, keys: &[BlockKey]) -> ProtectGuard {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tier.protect(keys))) {
+        Ok(g) => g,
+        Err(_) => {
+            tracing::error!(
+                keys = keys.len(),
+                "a tier panicked in protect(); the keys are not protected"
+            );
+            ProtectGuard::noop()
+        }
+    }
+}
+
+/// `tier.touch(keys)`, with a panic of the tier caught (logged).
+pub(crate) fn touch_caught(tier: &dyn SecondaryTier, keys: &[BlockKey]) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tier.touch(keys))).is_err() {
+        tracing::error!(keys = keys.len(), "a tier panicked in touch()");
+    }
+}
+
+/// `tier.take_events()`, with a panic of the tier caught (logged; no events).
+pub(crate) fn take_events_caught(tier: &dyn SecondaryTier) -> Vec<TierEvent> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tier.take_events())).unwrap_or_else(
+        |_| {
+            tracing::error!("a tier panicked in take_events()");
+            Vec::new()
+        },
+    )
+}

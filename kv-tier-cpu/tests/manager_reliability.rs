@@ -435,3 +435,75 @@ fn every_numeric_option_out_of_range_is_refused_naming_it() {
     // the largest deadline of any job converts without overflow
     assert!(ok.job_timeout(usize::MAX) > Duration::from_secs(86_400));
 }
+
+/// A tier whose `shutdown()` hangs, and one whose `shutdown()` panics: the manager's shutdown
+/// ends within a job deadline, reports the first failure, and shuts every tier down.
+#[tokio::test(start_paused = true)]
+async fn shutdown_ends_and_reaches_every_tier_when_one_hangs_or_panics() {
+    let (a, b, c) = (mem(), mem(), mem());
+    let (fa, fb, fc) = (
+        Arc::new(FaultyTier::new(a)),
+        Arc::new(FaultyTier::new(Arc::new(MemoryTier::new("b", BS)))),
+        Arc::new(FaultyTier::new(Arc::new(MemoryTier::new("c", BS)))),
+    );
+    drop((b, c));
+    fa.hang_shutdown(true);
+    fb.panic_on_shutdown(true);
+    let fx = manager_with(4, vec![fa.clone(), fb.clone(), fc.clone()], |c| {
+        c.job_timeout_s = 10.0
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    let err = fx.m.shutdown().await.unwrap_err();
+    assert!(matches!(err, kv_tier_core::Error::Timeout { .. }), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(11),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!((fa.shutdowns(), fb.shutdowns(), fc.shutdowns()), (1, 1, 1));
+}
+
+/// A tier whose `protect()` panics costs protection, never the scheduler: probes, stores and
+/// promotions go on, nothing hangs and no state is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_that_panics_in_protect_wedges_nothing() {
+    let inner = mem();
+    let keys: Vec<_> = (0..3).map(test_key).collect();
+    seed(&*inner, &keys).await;
+    let t = Arc::new(FaultyTier::new(inner.clone()));
+    t.panic_on_protect(true);
+    let fx = manager(8, vec![t.clone()]).await;
+    let req = RequestContext::new(1);
+    assert_eq!(step(&fx.m, &keys, &req), vec![LookupResult::Retry; 3]);
+    bounded("wait_idle", fx.m.wait_idle()).await;
+    assert_eq!(step(&fx.m, &keys, &req), vec![LookupResult::HitPending; 3]);
+    bounded("wait_idle", fx.m.wait_idle()).await;
+    assert_eq!(step(&fx.m, &keys, &req), vec![LookupResult::Hit; 3]);
+    store(&fx.m, RequestId(2), &[test_key(9)]);
+    bounded("wait_idle", fx.m.wait_idle()).await;
+    assert!(inner.contains(&test_key(9)));
+    fx.m.on_request_finished(req.id);
+    fx.m.on_request_finished(RequestId(2));
+    assert_no_lookup_state(&fx);
+}
+
+/// A lease nothing ends (a live request, an idle scheduler) is dropped at its expiry even if
+/// the manager is not called.
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_is_dropped_while_the_scheduler_is_idle() {
+    let inner = mem();
+    let k = test_key(1);
+    seed(&*inner, &[k]).await;
+    let fx = manager_with(8, vec![inner.clone()], |c| c.lease_s = 4.0).await;
+    let req = RequestContext::new(1);
+    step(&fx.m, &[k], &req);
+    fx.m.wait_idle().await;
+    assert!(inner.is_protected(&k));
+    tokio::time::sleep(Duration::from_secs(6)).await; // no manager call meanwhile
+    assert!(
+        !inner.is_protected(&k),
+        "an expired lease still protects its key"
+    );
+    assert_eq!(fx.m.stats().tiers[0].leased_keys, 0);
+}

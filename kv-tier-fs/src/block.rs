@@ -85,7 +85,7 @@ pub(crate) struct Files {
     pub(crate) tmp_salt: u64,
     pub(crate) top_dirs_ready: AtomicBool,
     pub(crate) protection: ProtectionSet,
-    pub(crate) events: EventLog,
+    pub(crate) events: Arc<EventLog>,
     pub(crate) gc: Option<Gc>,
 }
 

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use kv_tier_core::{
-    BlockKey, BuildContext, Capability, Error, EventLog, JobResult, LoadJob, Locality, Medium,
-    Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent, TierInfo,
-    TierRegistry, TierSpec, async_trait,
+    BlockKey, BuildContext, Capability, Error, EventBatch, EventLog, JobResult, LoadJob, Locality,
+    Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent,
+    TierInfo, TierRegistry, TierSpec, async_trait,
 };
 
 use crate::block::{Counters, FaultInjector, Files, FsOp, LoadFailure, bump, random_salt};
@@ -132,7 +132,11 @@ impl FsTier {
             tmp_salt: random_salt(),
             top_dirs_ready: AtomicBool::new(false),
             protection: ProtectionSet::new(),
-            events: EventLog::new(name.clone(), Medium::Storage, Locality::Local),
+            events: Arc::new(EventLog::new(
+                name.clone(),
+                Medium::Storage,
+                Locality::Local,
+            )),
             gc,
         });
         let tmp_age = Duration::from_secs(cfg.tmp_reap_age_s);
@@ -286,11 +290,16 @@ impl FsTier {
 
     /// Runs `op` once per block on the I/O threads (one task per block, so a job spreads over
     /// every idle thread), with the keys protected meanwhile. `None` after shutdown.
+    ///
+    /// `op` records keys for the job's event in the batch it is given (stored keys for
+    /// stores, removed ones for loads); the batch is reported when the last task and the
+    /// future are done with it, so a dropped job's work is still reported.
     async fn run_blocks<B, R>(
         &self,
         class: Class,
         blocks: Vec<(BlockKey, B)>,
-        op: fn(&Files, &BlockKey, B) -> R,
+        removed: bool,
+        op: fn(&Files, &BlockKey, B, &EventBatch) -> R,
     ) -> Option<Vec<(BlockKey, R)>>
     where
         B: Send + 'static,
@@ -303,13 +312,16 @@ impl FsTier {
         // Held by the tasks, not by this future: if the caller drops the future, the keys
         // stay protected until the I/O on them has ended.
         let protect = Arc::new(self.files.protection.protect(&keys));
+        let batch = Arc::new(EventBatch::new(self.files.events.clone(), removed));
         let (col, rx) = Collector::new(blocks.len());
         let tasks: Vec<Task> = blocks
             .into_iter()
             .map(|(key, buf)| {
                 let (files, col, protect) = (self.files.clone(), col.clone(), protect.clone());
+                let batch = batch.clone();
                 Box::new(move || {
-                    let r = op(&files, &key, buf);
+                    let r = op(&files, &key, buf, &batch);
+                    drop(batch);
                     // released before the result is handed over: when the job's future sees
                     // its results, no protection of its own is left
                     drop(protect);
@@ -318,6 +330,7 @@ impl FsTier {
             })
             .collect();
         drop(protect);
+        drop(batch);
         drop(col);
         if !self.engine.submit(class, tasks) {
             return None;
@@ -461,9 +474,12 @@ impl SecondaryTier for FsTier {
     async fn store(&self, job: StoreJob) -> JobResult {
         let keys = job.keys();
         let Some(results) = self
-            .run_blocks(Class::Store, job.blocks, |files, key, src| {
+            .run_blocks(Class::Store, job.blocks, false, |files, key, src, batch| {
                 let r = files.store_block(key, &src);
                 drop(src); // unpin the DRAM slot as soon as the bytes are written
+                if matches!(r, Ok(true)) {
+                    batch.add(*key);
+                }
                 r
             })
             .await
@@ -471,15 +487,9 @@ impl SecondaryTier for FsTier {
             return JobResult::all_failed(keys, &self.closed());
         };
         let mut res = JobResult::default();
-        let mut published = Vec::new();
         for (key, r) in results {
             match r {
-                Ok(p) => {
-                    if p {
-                        published.push(key);
-                    }
-                    res.ok.push(key);
-                }
+                Ok(_) => res.ok.push(key),
                 Err(e) => {
                     bump(&self.files.counters.store_failures, 1);
                     if matches!(e, Error::NoSpace { .. }) {
@@ -489,39 +499,42 @@ impl SecondaryTier for FsTier {
                 }
             }
         }
-        self.files.events.push(published, false);
         res
     }
 
     async fn load(&self, job: LoadJob) -> JobResult {
         let keys = job.keys();
         let Some(results) = self
-            .run_blocks(Class::Load, job.blocks, |files, key, mut sink| {
-                files.load_block(key, &mut sink)
-            })
+            .run_blocks(
+                Class::Load,
+                job.blocks,
+                true,
+                |files, key, mut sink, batch| {
+                    let r = files.load_block(key, &mut sink);
+                    if matches!(r, Err(LoadFailure { deleted: true, .. })) {
+                        batch.add(*key);
+                    }
+                    r
+                },
+            )
             .await
         else {
             return JobResult::all_failed(keys, &self.closed());
         };
         let mut res = JobResult::default();
-        let mut deleted = Vec::new();
         for (key, r) in results {
             match r {
                 Ok(()) => res.ok.push(key),
-                Err(LoadFailure { error, deleted: d }) => {
+                Err(LoadFailure { error, .. }) => {
                     if matches!(error, Error::NotFound { .. }) {
                         bump(&self.files.counters.load_misses, 1);
                     } else {
                         bump(&self.files.counters.load_failures, 1);
                     }
-                    if d {
-                        deleted.push(key);
-                    }
                     res.failed.push((key, error));
                 }
             }
         }
-        self.files.events.push(deleted, true);
         res
     }
 

@@ -218,6 +218,40 @@ async fn a_dropped_call_keeps_its_keys_protected_exactly_while_its_io_runs() {
     assert!(verify_block(&k, 0, &data[0].1));
 }
 
+/// A store dropped while its block is on an I/O thread: the block the thread then publishes
+/// is still reported (`BlockStored`), so the event log matches the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_store_still_reports_what_its_io_published() {
+    let root = temp_root();
+    let tier = open(root.path());
+    let k = test_key(1);
+    let held = hold_writes(&tier, FsOp::Publish);
+    let mut call = Box::pin(async { drop(store(&tier, &[k], 0).await) });
+    assert!(futures::poll!(&mut call).is_pending());
+    held.entered.notified().await;
+    drop(call);
+    held.release.send("task").unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while tier.is_protected(&k) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the I/O never ended");
+    assert!(tier.block_path(&k).exists());
+    let stored: Vec<BlockKey> = tier
+        .take_events()
+        .into_iter()
+        .filter(|e| !e.removed)
+        .flat_map(|e| e.keys)
+        .collect();
+    assert_eq!(
+        stored,
+        vec![k],
+        "the published block's event was lost with the job"
+    );
+}
+
 /// Every numeric option, at values across and beyond its range (as JSON a user could write):
 /// parsing either refuses it naming the field, or the tier opens; nothing panics.
 #[test]

@@ -82,7 +82,7 @@ pub(crate) struct Inner {
     pub(crate) delete_epoch: AtomicU64,
     pub(crate) create_only: AtomicBool,
     pub(crate) protection: ProtectionSet,
-    pub(crate) events: EventLog,
+    pub(crate) events: Arc<EventLog>,
     pub(crate) counters: Counters,
     pub(crate) cap: Option<Cap>,
     pub(crate) request_deadline: Duration,

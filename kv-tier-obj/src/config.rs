@@ -33,10 +33,10 @@ fn four() -> usize {
     4
 }
 fn timeout() -> f64 {
-    30.0
+    5.0
 }
 fn retries() -> usize {
-    3
+    2
 }
 fn ttl() -> f64 {
     300.0
@@ -45,7 +45,7 @@ fn watermark() -> f64 {
     0.9
 }
 fn lookup_timeout() -> f64 {
-    2.0
+    0.8
 }
 
 /// The documented range of every numeric option, checked by [`ObjTierConfig::validate`]:
@@ -110,17 +110,22 @@ pub struct ObjTierConfig {
     /// Integrity checking: `"none"` (default) or `"crc32c"`.
     #[serde(default)]
     pub checksum: ObjChecksum,
-    /// Per-attempt timeout in seconds (default 30, range 0.01 to 3,600). Every request (HEAD,
+    /// Per-attempt timeout in seconds (default 5, range 0.01 to 3,600). Every request (HEAD,
     /// PUT, GET with its body, DELETE, LIST page) ends within its deadline,
     /// [`ObjTierConfig::request_deadline`]: `request_timeout_s x (max_retries + 1)` plus the
     /// backoff between attempts. A job is one request per block (two where the store has no
     /// create-only writes), at most `io_threads` at once, so it ends within about
     /// `ceil(blocks / io_threads)` deadlines: its time scales with its size, and a block whose
     /// request passed its deadline fails alone.
+    ///
+    /// Keep the tier's deadlines below the manager's (`job_timeout_s`, `probe_timeout_s`), so
+    /// the tier ends its own calls and reports exactly what it did, and the manager's
+    /// deadline stays the backstop: with the defaults a request ends within 20 s (5 s x 3
+    /// attempts + backoff) and a lookup within 0.8 s, below the manager's 30 s and 1 s.
     #[serde(default = "timeout")]
     pub request_timeout_s: f64,
     /// Retries of transient failures (5xx, throttling, connection resets) with backoff
-    /// (default 3, range 0 to 100).
+    /// (default 2, range 0 to 100).
     #[serde(default = "retries")]
     pub max_retries: usize,
     /// Positive existence answers are cached this long, seconds (default 300, range 0.001 to
@@ -128,8 +133,8 @@ pub struct ObjTierConfig {
     /// confirm the object exists, before it reports a key stored.
     #[serde(default = "ttl")]
     pub exists_ttl_s: f64,
-    /// A lookup answers within this many seconds (default 2, range 0.001 to 3,600): keys whose
-    /// HEAD has not answered by then count as absent (and are counted in the stats).
+    /// A lookup answers within this many seconds (default 0.8, range 0.001 to 3,600): keys
+    /// whose HEAD has not answered by then count as absent (and are counted in the stats).
     #[serde(default = "lookup_timeout")]
     pub lookup_timeout_s: f64,
     /// Capacity bound in GiB of object bytes (range 1e-9 to 1e9); absent: unbounded.
@@ -206,13 +211,25 @@ impl ObjTierConfig {
                 "access_key and secret_key go together (leave both empty for the AWS credential chain)",
             ));
         }
-        if let Some(e) = &self.endpoint_override
-            && !(e.starts_with("http://") || e.starts_with("https://"))
-        {
-            return Err(Error::config(
-                "endpoint_override",
-                format!("must be an http:// or https:// URL, got {e:?}"),
-            ));
+        check_bucket(&self.bucket)?;
+        // they go into request headers and signatures: printable ASCII only
+        for (field, v) in [
+            ("region", &self.region),
+            ("access_key", &self.access_key),
+            ("secret_key", &self.secret_key),
+            ("session_token", &self.session_token),
+        ] {
+            if let Some(v) = v
+                && let Some(c) = v.chars().find(|c| !(c.is_ascii_graphic()))
+            {
+                return Err(Error::config(
+                    field,
+                    format!("must be printable ASCII without spaces, found {c:?}"),
+                ));
+            }
+        }
+        if let Some(e) = &self.endpoint_override {
+            check_endpoint(e)?;
         }
         if self.prefix.contains("//") {
             return Err(Error::config("prefix", "must not contain \"//\""));
@@ -233,4 +250,55 @@ impl ObjTierConfig {
     pub fn normalized_prefix(&self) -> &str {
         self.prefix.trim_matches('/')
     }
+}
+
+/// S3-compatible bucket names: 1 to 255 of `[A-Za-z0-9._-]` (S3 itself is stricter; other
+/// stores are not).
+fn check_bucket(b: &str) -> Result<()> {
+    if b.is_empty() || b.len() > 255 {
+        return Err(Error::config(
+            "bucket",
+            format!("must be 1 to 255 characters, got {}", b.len()),
+        ));
+    }
+    if let Some(c) = b
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(Error::config(
+            "bucket",
+            format!("may hold letters, digits, '.', '_' and '-' only, found {c:?} in {b:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// An `http(s)://host[:port][/path]` URL with a host, a valid port, no credentials, query or
+/// fragment, and nothing a request line cannot carry.
+fn check_endpoint(e: &str) -> Result<()> {
+    let bad = |why: String| Err(Error::config("endpoint_override", why));
+    if !(e.starts_with("http://") || e.starts_with("https://")) {
+        return bad(format!("must be an http:// or https:// URL, got {e:?}"));
+    }
+    if let Some(c) = e.chars().find(|c| !c.is_ascii_graphic()) {
+        return bad(format!(
+            "must be a URL without spaces or control characters, found {c:?} in {e:?}"
+        ));
+    }
+    let u = match url::Url::parse(e) {
+        Ok(u) => u,
+        Err(err) => return bad(format!("{e:?} is not a valid URL: {err}")),
+    };
+    if u.host_str().is_none_or(str::is_empty) {
+        return bad(format!("{e:?} has no host"));
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return bad(format!(
+            "{e:?} carries credentials: use access_key and secret_key"
+        ));
+    }
+    if u.query().is_some() || u.fragment().is_some() {
+        return bad(format!("{e:?} has a query or fragment"));
+    }
+    Ok(())
 }

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use kv_tier_core::{
-    BlockKey, BuildContext, Capability, Error, EventLog, JobResult, LoadJob, Locality, Medium,
-    Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent, TierInfo,
-    TierRegistry, TierSpec, async_trait,
+    BlockKey, BuildContext, Capability, Error, EventBatch, EventLog, JobResult, LoadJob, Locality,
+    Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent,
+    TierInfo, TierRegistry, TierSpec, async_trait,
 };
 use object_store::ObjectStore;
 use rustc_hash::FxHashMap;
@@ -138,7 +138,7 @@ impl ObjTier {
             delete_epoch: AtomicU64::new(0),
             create_only: AtomicBool::new(true),
             protection: ProtectionSet::new(),
-            events: EventLog::new(name, Medium::Storage, Locality::Remote),
+            events: Arc::new(EventLog::new(name, Medium::Storage, Locality::Remote)),
             counters: Counters::default(),
             cap,
             request_deadline: cfg.request_deadline(),
@@ -309,28 +309,30 @@ impl ObjTier {
 
     async fn run_store(&self, job: StoreJob) -> JobResult {
         let inner = &self.inner;
+        // each object written is recorded as it lands: reported even if the job is dropped
+        let published = EventBatch::new(inner.events.clone(), false);
+        let published = &published;
         let results: Vec<(BlockKey, Result<bool>)> = futures::stream::iter(job.blocks)
-            .map(|(k, src)| async move { (k, inner.store_block(k, src).await) })
+            .map(|(k, src)| async move {
+                let r = inner.store_block(k, src).await;
+                if matches!(r, Ok(true)) {
+                    published.add(k);
+                }
+                (k, r)
+            })
             .buffer_unordered(inner.io_threads)
             .collect()
             .await;
         let mut res = JobResult::default();
-        let mut published = Vec::new();
         for (k, r) in results {
             match r {
-                Ok(p) => {
-                    if p {
-                        published.push(k);
-                    }
-                    res.ok.push(k);
-                }
+                Ok(_) => res.ok.push(k),
                 Err(e) => {
                     bump(&inner.counters.store_failures, 1);
                     res.failed.push((k, e));
                 }
             }
         }
-        inner.events.push(published, false);
         res
     }
 

@@ -357,3 +357,162 @@ async fn no_config_that_deserialises_makes_open_panic() {
     }
     assert!(opened > 10, "too few configs opened: {opened}");
 }
+
+/// Values that reach request lines, headers and signatures are checked at construction:
+/// refused naming their field, and `connect` never panics on what passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_credentials_and_bucket_are_refused_naming_the_field_never_panicking() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l); // connections are refused from now on
+    let ep = format!("http://127.0.0.1:{port}");
+    let bad: &[(&str, &str, &str)] = &[
+        ("endpoint_override", "\"http://\"", "endpoint_override"),
+        ("endpoint_override", "\"http://[\"", "endpoint_override"),
+        (
+            "endpoint_override",
+            "\"http://127.0.0.1:99999\"",
+            "endpoint_override",
+        ),
+        (
+            "endpoint_override",
+            "\"http://127.0.0.1:1/a b\"",
+            "endpoint_override",
+        ),
+        (
+            "endpoint_override",
+            "\"http://127.0.0.1:1?x=1#f\"",
+            "endpoint_override",
+        ),
+        (
+            "endpoint_override",
+            "\"https://u:p@127.0.0.1:1\"",
+            "endpoint_override",
+        ),
+        ("region", "\"a\\nb\"", "region"),
+        ("region", "\"\\u0000\"", "region"),
+        ("session_token", "\"\\n\"", "session_token"),
+        ("access_key", "\"a\\n\"", "access_key"),
+        ("bucket", "\"\\u0000\"", "bucket"),
+        ("bucket", "\"b/c\"", "bucket"),
+    ];
+    for (key, value, field) in bad {
+        let mut json = serde_json::json!({
+            "bucket": "b", "access_key": "a", "secret_key": "s", "scheme": "http",
+            "endpoint_override": ep, "request_timeout_s": 0.05, "max_retries": 0
+        });
+        json[*key] = serde_json::from_str(value).unwrap();
+        let mut spec = kv_tier_core::TierSpec::new("obj");
+        spec.options = json.as_object().unwrap().clone();
+        match ObjTierConfig::from_spec(&spec) {
+            Err(Error::InvalidConfig { field: f, .. }) => assert_eq!(&f, field, "{json}"),
+            other => panic!("{json}: {other:?}"),
+        }
+    }
+    // what passes connects or fails cleanly (here: refused connections), never panics
+    for extra in [
+        serde_json::json!({}),
+        serde_json::json!({"region": ""}),
+        serde_json::json!({"prefix": "a/../b"}),
+        serde_json::json!({"endpoint_override": format!("{ep}/some/path")}),
+    ] {
+        let mut json = serde_json::json!({
+            "bucket": "b", "access_key": "a", "secret_key": "s", "scheme": "http",
+            "endpoint_override": ep, "request_timeout_s": 0.05, "max_retries": 0
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            json[k] = v.clone();
+        }
+        let mut spec = kv_tier_core::TierSpec::new("obj");
+        spec.options = json.as_object().unwrap().clone();
+        let cfg = ObjTierConfig::from_spec(&spec).unwrap();
+        let joined =
+            tokio::spawn(async move { ObjTier::connect("obj", cfg, ns(), BS).await }).await;
+        assert!(matches!(joined, Ok(Err(_))), "{json}: {joined:?}");
+    }
+}
+
+/// With every deadline at its default, the obj tier's own deadlines end its calls before the
+/// manager's do, so the tier reports exactly what it did: a stuck PUT fails alone, the
+/// others are stored (and reported as such, with their events), and a slow HEAD costs only
+/// its own key.
+#[tokio::test(start_paused = true)]
+async fn with_default_deadlines_the_tier_reports_before_the_manager_gives_up() {
+    let obj = ObjTierConfig::new("mem");
+    let mgr = kv_tier_core::KvTierConfig::new((16 * BS) as u64, BS as u64);
+    assert!(obj.request_deadline() < mgr.job_timeout(1));
+    assert!(obj.lookup_timeout_s < mgr.probe_timeout_s);
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, obj).await;
+    let cpu = Arc::new(
+        kv_tier_cpu::CpuTier::new(kv_tier_cpu::CpuTierConfig {
+            capacity_bytes: (16 * BS) as u64,
+            block_size: BS,
+            policy: kv_tier_core::EvictionPolicy::Lru,
+            prefault: false,
+        })
+        .unwrap(),
+    );
+    let m = kv_tier_core::TieringManager::builder(mgr)
+        .primary(cpu)
+        .tier(tier.clone())
+        .build()
+        .await
+        .unwrap();
+    let keys: Vec<_> = (0..4).map(test_key).collect();
+    s.hold_path(Op::Put, &tier.object_path(&keys[2]));
+    let mut p = m.prepare_store(&keys).unwrap();
+    for (k, sink) in &mut p.to_store {
+        kv_tier_testkit::fill_block(k, 0, sink.as_mut_slice());
+    }
+    drop(p);
+    m.complete_store(kv_tier_core::RequestId(1), &keys, true);
+    m.wait_idle().await;
+    let ts = &m.stats().tiers[0];
+    assert_eq!(
+        (ts.blocks_stored, ts.store_failures, ts.jobs_timed_out),
+        (3, 1, 0)
+    );
+    assert_eq!(ts.store_failure_causes.timed_out, 1);
+    let stored: Vec<BlockKey> = m
+        .take_events()
+        .into_iter()
+        .filter(|e| e.tier == "obj" && !e.removed)
+        .flat_map(|e| e.keys)
+        .collect();
+    assert_eq!(stored.len(), 3);
+    s.release(Op::Put);
+    // a lookup with one slow HEAD: the others answer
+    tier.clear_exists_cache();
+    s.hold_path(Op::Head, &tier.object_path(&keys[0]));
+    let found = tier.lookup(&keys).await.unwrap();
+    assert_eq!(found, vec![false, true, false, true]);
+}
+
+/// Work a dropped store did is still reported: the objects it wrote have their events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_store_still_reports_what_it_stored() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, ObjTierConfig::new("mem")).await;
+    let (k1, k2) = (test_key(1), test_key(2));
+    let held = s.hold_path(Op::Put, &tier.object_path(&k2));
+    let t = tier.clone();
+    let job = tokio::spawn(async move { store(&t, &[k1, k2]).await });
+    held.wait_arrived(1).await;
+    while !s.exists(&tier.object_path(&k1)).await {
+        tokio::task::yield_now().await;
+    }
+    job.abort();
+    let _ = job.await;
+    let stored: Vec<BlockKey> = tier
+        .take_events()
+        .into_iter()
+        .filter(|e| !e.removed)
+        .flat_map(|e| e.keys)
+        .collect();
+    assert_eq!(
+        stored,
+        vec![k1],
+        "the stored object's event was lost with the job"
+    );
+}

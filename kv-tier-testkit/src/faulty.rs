@@ -24,6 +24,9 @@ struct Plan {
     fail_lookups: bool,
     panic_on_lookup: bool,
     panic_on_load: bool,
+    panic_on_protect: bool,
+    panic_on_shutdown: bool,
+    hang_shutdown: bool,
     delay: Option<Duration>,
     lookup_gate: Option<Gate>,
     store_gate: Option<Gate>,
@@ -38,7 +41,8 @@ struct Plan {
 /// - `tear_load`: the block is loaded with its second half zeroed and reported as loaded (a
 ///   tier returning torn data), to test end-to-end verification.
 /// - `short_store`: the block is handed to the inner tier truncated by one byte.
-/// - `panic_on_lookup` / `panic_on_load`: probes / loads panic.
+/// - `panic_on_lookup` / `panic_on_load` / `panic_on_protect` / `panic_on_shutdown`: those
+///   calls panic; `hang_shutdown`: `shutdown()` never returns.
 /// - `delay`: every job and probe sleeps first.
 /// - `hold_lookups`: probes run, then wait at a [`Gate`] before answering (a late probe).
 /// - `hold_stores` / `hold_loads`: jobs wait at a gate before running.
@@ -49,6 +53,7 @@ pub struct FaultyTier {
     loads_seen: AtomicU64,
     stores_seen: AtomicU64,
     injected: AtomicU64,
+    shutdowns: AtomicU64,
 }
 
 fn injected(key: &BlockKey, what: &str) -> Error {
@@ -68,6 +73,7 @@ impl FaultyTier {
             loads_seen: AtomicU64::new(0),
             stores_seen: AtomicU64::new(0),
             injected: AtomicU64::new(0),
+            shutdowns: AtomicU64::new(0),
         }
     }
 
@@ -123,6 +129,26 @@ impl FaultyTier {
     /// Loads panic (the manager must survive a panicking tier).
     pub fn panic_on_load(&self, on: bool) {
         self.plan().panic_on_load = on;
+    }
+
+    /// `protect()` panics.
+    pub fn panic_on_protect(&self, on: bool) {
+        self.plan().panic_on_protect = on;
+    }
+
+    /// `shutdown()` panics (before shutting the inner tier down).
+    pub fn panic_on_shutdown(&self, on: bool) {
+        self.plan().panic_on_shutdown = on;
+    }
+
+    /// `shutdown()` never returns.
+    pub fn hang_shutdown(&self, on: bool) {
+        self.plan().hang_shutdown = on;
+    }
+
+    /// How many times `shutdown()` was called.
+    pub fn shutdowns(&self) -> u64 {
+        self.shutdowns.load(Ordering::Relaxed)
     }
 
     /// Every job and probe sleeps `d` first (`None` stops).
@@ -262,6 +288,9 @@ impl SecondaryTier for FaultyTier {
     }
 
     fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
+        if self.plan().panic_on_protect {
+            panic!("injected panic in FaultyTier::protect");
+        }
         self.inner.protect(keys)
     }
 
@@ -274,6 +303,17 @@ impl SecondaryTier for FaultyTier {
     }
 
     async fn shutdown(&self) -> Result<()> {
+        self.shutdowns.fetch_add(1, Ordering::Relaxed);
+        let (panics, hangs) = {
+            let p = self.plan();
+            (p.panic_on_shutdown, p.hang_shutdown)
+        };
+        if panics {
+            panic!("injected panic in FaultyTier::shutdown");
+        }
+        if hangs {
+            std::future::pending::<()>().await;
+        }
         self.heal();
         self.inner.shutdown().await
     }
