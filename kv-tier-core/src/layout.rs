@@ -254,10 +254,29 @@ impl Namespace {
         })?;
         let want = self.fields.to_json();
         if found != want {
+            let differing = match (&found, &want) {
+                (Value::Object(f), Value::Object(w)) => {
+                    let mut names: Vec<String> = w
+                        .iter()
+                        .filter(|(k, v)| f.get(*k) != Some(*v))
+                        .map(|(k, v)| match f.get(k) {
+                            Some(got) => format!("{k} ({} here, {} configured)", canonical_json(got), canonical_json(v)),
+                            None => format!("{k} (missing here, {} configured)", canonical_json(v)),
+                        })
+                        .collect();
+                    names.extend(
+                        f.keys()
+                            .filter(|k| !w.contains_key(*k))
+                            .map(|k| format!("{k} (here only)")),
+                    );
+                    names.join("; ")
+                }
+                _ => "not an object".to_string(),
+            };
             return Err(Error::LayoutMismatch {
                 path: path.to_path_buf(),
                 reason: format!(
-                    "it holds run fields {} but this tier is configured with {}",
+                    "its run fields differ from this tier's: {differing}. It holds {} but this tier is configured with {}",
                     canonical_json(&found),
                     canonical_json(&want)
                 ),

@@ -78,6 +78,8 @@ pub(crate) struct Files {
     pub(crate) checksum: Checksum,
     pub(crate) accept_unverified: bool,
     pub(crate) xattrs: bool,
+    /// See [`SIDECAR_GRACE`].
+    pub(crate) sidecar_grace_ns: AtomicU64,
     pub(crate) fsync: bool,
     pub(crate) faults: RwLock<Option<FaultInjector>>,
     pub(crate) counters: Counters,
@@ -143,26 +145,28 @@ impl Drop for TmpGuard<'_> {
     }
 }
 
-/// How long after its publication a block may lack its checksum sidecar (the publisher
-/// writes it right after publishing): a load then fails without removing the block.
-pub(crate) const SIDECAR_GRACE: Duration = Duration::from_secs(10);
-
-/// Whether `m` (a block file without its sidecar) was published within [`SIDECAR_GRACE`].
-fn sidecar_pending(xattrs: bool, m: &std::fs::Metadata) -> bool {
-    if xattrs {
-        return false; // the xattr is set before publishing: there is no window
-    }
-    let changed = std::time::UNIX_EPOCH
-        + Duration::new(
-            m.ctime().max(0) as u64,
-            m.ctime_nsec().clamp(0, 999_999_999) as u32,
-        );
-    SystemTime::now()
-        .duration_since(changed)
-        .map_or(true, |age| age < SIDECAR_GRACE)
-}
+/// How long after its publication a block may lack its checksum sidecar by default (the
+/// publisher writes it right after publishing): a load then fails without removing the block.
+pub(crate) const SIDECAR_GRACE: Duration = Duration::from_secs(2);
 
 impl Files {
+    /// Whether `m` (a block file without its sidecar) was published within the sidecar grace
+    /// (its inode changed that recently).
+    fn sidecar_pending(&self, m: &std::fs::Metadata) -> bool {
+        if self.xattrs {
+            return false; // the xattr is set before publishing: there is no window
+        }
+        let grace = Duration::from_nanos(self.sidecar_grace_ns.load(Ordering::Relaxed));
+        let changed = std::time::UNIX_EPOCH
+            + Duration::new(
+                m.ctime().max(0) as u64,
+                m.ctime_nsec().clamp(0, 999_999_999) as u32,
+            );
+        SystemTime::now()
+            .duration_since(changed)
+            .map_or(true, |age| age < grace)
+    }
+
     pub(crate) fn fault(&self, op: FsOp, path: &Path) -> io::Result<()> {
         match &*self.faults.read().expect("fault injector") {
             Some(f) => f(op, path).map_or(Ok(()), Err),
@@ -385,7 +389,7 @@ impl Files {
         };
         match stored {
             Ok(file::StoredCrc::Crc(_)) | Err(_) => None,
-            Ok(file::StoredCrc::Missing) if sidecar_pending(self.xattrs, m) => None,
+            Ok(file::StoredCrc::Missing) if self.sidecar_pending(m) => None,
             Ok(file::StoredCrc::Missing) => Some("it has no checksum".into()),
             Ok(file::StoredCrc::Malformed(r)) => Some(r),
         }
@@ -549,7 +553,7 @@ impl Files {
                 file::StoredCrc::Missing if self.accept_unverified => {
                     bump(&self.counters.unverified_loads, 1)
                 }
-                file::StoredCrc::Missing if sidecar_pending(self.xattrs, &meta) => {
+                file::StoredCrc::Missing if self.sidecar_pending(&meta) => {
                     return Err(plain(Error::Backend {
                         tier: self.name.clone(),
                         message: format!(

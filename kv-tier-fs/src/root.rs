@@ -31,23 +31,30 @@ pub(crate) fn prepare_root(root: &Path) -> Result<()> {
     }
 }
 
-/// Writes `config.json` once, atomically and only if absent; otherwise checks that the one
-/// present describes this namespace (layouts are never mixed).
+/// Writes `config.json` once, durably (the file and its directory are fsynced) and only if
+/// absent; otherwise checks that the one present describes this namespace (layouts are never
+/// mixed: a valid one that disagrees is refused, naming the differing fields).
+///
+/// An empty or unparsable `config.json` (a power loss before it reached the disk, or a
+/// writer that wrote it in place and was killed) is rewritten, logged: the namespace folder's
+/// name carries the digest of the run fields, so the folder is ours whatever the file says.
 pub(crate) fn write_or_check_config(ns: &Namespace, root: &Path) -> Result<()> {
     let path = ns.config_path(root);
     for _ in 0..3 {
         match std::fs::read_to_string(&path) {
+            Ok(text) if is_damaged_config(&text) => {
+                tracing::warn!(path = %path.display(), bytes = text.len(), "config.json is empty or not valid JSON; rewriting it (the folder name carries this layout's digest)");
+                return write_config(ns, &path, true);
+            }
             Ok(text) => return ns.check_config_json(&path, &text),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                tracing::warn!(path = %path.display(), "config.json is not UTF-8; rewriting it");
+                return write_config(ns, &path, true);
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("read", &path, e)),
         }
-        let mut tmp = path.as_os_str().to_os_string();
-        tmp.push(format!("_{:016x}.tmp", random_salt()));
-        let tmp = PathBuf::from(tmp);
-        std::fs::write(&tmp, ns.config_json()).map_err(|e| Error::io("write", &tmp, e))?;
-        let published = file::publish_noreplace(&tmp, &path);
-        let _ = std::fs::remove_file(&tmp);
-        if published.map_err(|e| Error::io("publish", &path, e))? {
+        if write_config(ns, &path, false).is_ok() {
             return Ok(());
         }
         // Another process wrote it first: check theirs.
@@ -57,6 +64,53 @@ pub(crate) fn write_or_check_config(ns: &Namespace, root: &Path) -> Result<()> {
         &path,
         io::Error::other("config.json kept appearing and disappearing"),
     ))
+}
+
+/// Whether `text` cannot be a `config.json` at all (as opposed to one of another layout).
+fn is_damaged_config(text: &str) -> bool {
+    !matches!(
+        serde_json::from_str::<serde_json::Value>(text),
+        Ok(serde_json::Value::Object(_))
+    )
+}
+
+/// Writes `config.json` through a temp file, fsynced, then published (replacing with
+/// `replace`, else only if absent: `Err` when another writer was first) and the directory
+/// fsynced.
+fn write_config(ns: &Namespace, path: &Path, replace: bool) -> Result<()> {
+    let mut tmp = path.as_os_str().to_os_string();
+    tmp.push(format!("_{:016x}.tmp", random_salt()));
+    let tmp = PathBuf::from(tmp);
+    let written = (|| {
+        let mut f = std::fs::File::create_new(&tmp)?;
+        std::io::Write::write_all(&mut f, ns.config_json().as_bytes())?;
+        f.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io("write", &tmp, e));
+    }
+    let published = if replace {
+        std::fs::rename(&tmp, path).map(|()| true)
+    } else {
+        file::publish_noreplace(&tmp, path)
+    };
+    let _ = std::fs::remove_file(&tmp);
+    match published {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(Error::io(
+                "publish",
+                path,
+                io::Error::from(io::ErrorKind::AlreadyExists),
+            ));
+        }
+        Err(e) => return Err(Error::io("publish", path, e)),
+    }
+    if let Some(dir) = path.parent() {
+        file::fsync_dir(dir).map_err(|e| Error::io("fsync", dir, e))?;
+    }
+    Ok(())
 }
 
 pub(crate) struct Probe {

@@ -125,6 +125,7 @@ impl FsTier {
             checksum: cfg.checksum,
             accept_unverified: cfg.accept_unverified,
             xattrs: probe.xattrs,
+            sidecar_grace_ns: AtomicU64::new(crate::block::SIDECAR_GRACE.as_nanos() as u64),
             fsync: cfg.fsync,
             faults: RwLock::new(None),
             counters: Counters::default(),
@@ -280,6 +281,16 @@ impl FsTier {
                 }
             }),
         }
+    }
+
+    /// Sets how long after its publication a block may lack its checksum sidecar (default
+    /// 2 s: the publisher writes it right after publishing, and a load in between fails
+    /// without calling the block damaged). Only where checksums live in sidecars (no user
+    /// xattrs). For tests and tools.
+    pub fn set_sidecar_grace(&self, d: Duration) {
+        self.files
+            .sidecar_grace_ns
+            .store(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
 
     /// Installs (or with `None` removes) a fault injector: every file operation asks it first
