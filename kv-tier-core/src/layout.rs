@@ -260,7 +260,11 @@ impl Namespace {
                         .iter()
                         .filter(|(k, v)| f.get(*k) != Some(*v))
                         .map(|(k, v)| match f.get(k) {
-                            Some(got) => format!("{k} ({} here, {} configured)", canonical_json(got), canonical_json(v)),
+                            Some(got) => format!(
+                                "{k} ({} here, {} configured)",
+                                canonical_json(got),
+                                canonical_json(v)
+                            ),
                             None => format!("{k} (missing here, {} configured)", canonical_json(v)),
                         })
                         .collect();

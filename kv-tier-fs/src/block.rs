@@ -620,6 +620,7 @@ impl Files {
         );
         bump(&self.counters.tmp_reaped, w.tmp_reaped);
         bump(&self.counters.sidecars_reaped, w.sidecars_reaped);
+        gc.hook(crate::gc::SweepPoint::RescanWalked);
         let missing = gc.merge(w.blocks, seq0);
         let absent: Vec<(BlockKey, u64)> = missing
             .into_iter()

@@ -48,6 +48,7 @@ fn run(files: &Files, gc: &Gc) {
         if stop {
             return;
         }
+        gc.hook(crate::gc::SweepPoint::Tick);
         let step = std::panic::catch_unwind(AssertUnwindSafe(|| {
             // Capacity first: keys with a stamp still pending are skipped by the sweep anyway.
             let now = Instant::now();

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use common::{BS, Mount, cfg, load, ns, open_checksummed, store};
 use kv_tier_core::{BlockKey, Error, SecondaryTier};
-use kv_tier_fs::{Checksum, CRC_SIDECAR_SUFFIX, CRC_XATTR, FsTier};
+use kv_tier_fs::{CRC_SIDECAR_SUFFIX, CRC_XATTR, Checksum, FsTier};
 use kv_tier_testkit::{block_bytes, find_files, temp_root, test_key, verify_block};
 
 fn removed(tier: &FsTier) -> Vec<BlockKey> {
@@ -28,7 +28,10 @@ async fn assert_miss_then_heals(tier: &FsTier, k: BlockKey, what: &str) {
         res.failed
     );
     let p = tier.block_path(&k);
-    assert!(std::fs::symlink_metadata(&p).is_err(), "{what}: the damage was kept");
+    assert!(
+        std::fs::symlink_metadata(&p).is_err(),
+        "{what}: the damage was kept"
+    );
     assert_eq!(removed(tier), vec![k], "{what}: no BlockRemoved");
     assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false], "{what}");
     assert!(store(tier, &[k], 4).await.is_success());
@@ -98,12 +101,19 @@ async fn a_directory_or_a_link_at_a_block_path_is_not_a_block_and_heals() {
     );
     // a load removes them (and reports them)
     let (res, _) = load(&tier, &[d]).await;
-    assert!(matches!(res.failed[0].1, Error::Corrupt { .. }), "{:?}", res.failed);
+    assert!(
+        matches!(res.failed[0].1, Error::Corrupt { .. }),
+        "{:?}",
+        res.failed
+    );
     assert!(!tier.block_path(&d).exists());
     assert_eq!(removed(&tier), vec![d]);
     // a store replaces them
     assert!(store(&tier, &[l], 3).await.is_success());
-    assert!(target.exists(), "the link's target is not the tier's to delete");
+    assert!(
+        target.exists(),
+        "the link's target is not the tier's to delete"
+    );
     let (res, data) = load(&tier, &[d, l]).await;
     assert_eq!(res.ok, vec![l]);
     assert!(verify_block(&l, 3, &data[0].1));
@@ -177,7 +187,10 @@ async fn without_xattrs_a_missing_stale_or_malformed_sidecar_is_a_miss() {
     std::fs::rename(&again, &p3).unwrap(); // a fresh inode, as a publisher's
     let (res, _) = load(&tier, &ks[3..]).await;
     assert!(!res.is_success());
-    assert!(p3.exists(), "a block whose sidecar is on its way was removed");
+    assert!(
+        p3.exists(),
+        "a block whose sidecar is on its way was removed"
+    );
 }
 
 #[test]
@@ -188,7 +201,11 @@ fn a_damaged_config_json_is_rewritten_and_a_foreign_one_refused_naming_fields() 
     for damage in ["", "{\"model_name\": \"m", "\u{0}\u{0}\u{0}", "[1, 2]"] {
         std::fs::write(&path, damage).unwrap();
         let tier = common::open(root.path());
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), ns().config_json(), "{damage:?}");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            ns().config_json(),
+            "{damage:?}"
+        );
         drop(tier);
     }
     // a valid one that disagrees is refused, naming what differs
@@ -202,7 +219,8 @@ fn a_damaged_config_json_is_rewritten_and_a_foreign_one_refused_naming_fields() 
 
 fn age_file(p: &Path, secs: u64) {
     let f = std::fs::File::options().write(true).open(p).unwrap();
-    f.set_modified(SystemTime::now() - Duration::from_secs(secs)).unwrap();
+    f.set_modified(SystemTime::now() - Duration::from_secs(secs))
+        .unwrap();
 }
 
 /// The rank directory's own temp files (an open's capability probe killed mid-way) and
@@ -241,7 +259,10 @@ async fn probe_temp_files_and_orphan_sidecars_are_reaped_by_walks() {
     assert!(!probe.exists(), "the probe's temp file survived a reopen");
     assert!(young.exists(), "a young temp file was reaped");
     assert!(!side(&paths[0]).exists(), "an orphan sidecar survived");
-    assert!(side(&paths[1]).exists(), "a young orphan sidecar went (its block may be on its way)");
+    assert!(
+        side(&paths[1]).exists(),
+        "a young orphan sidecar went (its block may be on its way)"
+    );
     assert!(side(&paths[2]).exists(), "a live block's sidecar went");
     assert_eq!(tier.stats().sidecars_reaped, 1);
     // a rescan does the same, with the configured age

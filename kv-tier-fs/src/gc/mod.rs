@@ -39,7 +39,7 @@ use index::Index;
 pub(crate) use sweep::Goal;
 pub(crate) use walk::{Found, walk};
 
-/// Where the sweep is, for test hooks that drive interleavings deterministically.
+/// Where the GC is, for test hooks that drive interleavings deterministically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SweepPoint {
@@ -49,6 +49,12 @@ pub enum SweepPoint {
     BeforeDelete(BlockKey),
     /// A batch is decided (out of the index, marked as being deleted) and about to be unlinked.
     Unlinking,
+    /// A rescan has walked the tree and is about to merge what it found into the index.
+    RescanWalked,
+    /// Queued stamps are applied on disk and about to be applied to the index.
+    StampsDone,
+    /// The GC thread woke for a tick (outside the step that catches panics).
+    Tick,
 }
 
 /// A hook called by the sweep at each [`SweepPoint`] (it may block to hold the sweep there).
@@ -188,7 +194,7 @@ impl Gc {
         *self.hook.write().unwrap_or_else(|p| p.into_inner()) = h;
     }
 
-    fn hook(&self, p: SweepPoint) {
+    pub(crate) fn hook(&self, p: SweepPoint) {
         let h = self.hook.read().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(h) = h {
             h(p);

@@ -151,6 +151,7 @@ impl Gc {
                 .map(|h| h.join().unwrap_or_default())
                 .collect()
         });
+        self.hook(super::SweepPoint::StampsDone);
         let mut removed = Vec::new();
         let mut n_done = 0u64;
         {
