@@ -15,13 +15,15 @@ use super::{Gc, SweepPoint, mtime_ns};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Goal {
     /// Over the cap: down to the low watermark, sparing files within the grace window unless
-    /// the total is above the hard ceiling (then they go, oldest first, down to the cap).
+    /// the total is past halfway from the cap to the hard ceiling (then they go, oldest first,
+    /// down to the cap, so stores seldom reach the ceiling and wait).
     Cap,
     /// The filesystem is full (`ENOSPC`): whatever the cap, down to `gc_low_watermark` of the
     /// current total, oldest first, grace or not.
     Space,
-    /// A store needs this many bytes under the hard ceiling: down to `hard - bytes`, oldest
-    /// first, grace or not.
+    /// A store needs this many bytes under the hard ceiling: down to the cap (or to
+    /// `hard - bytes`, if lower), oldest first, grace or not, so one sweep makes room for
+    /// many stores.
     Room(u64),
 }
 
@@ -68,7 +70,9 @@ impl Gc {
             let cfg = &self.cfg;
             match goal {
                 Goal::Cap if total <= cfg.cap_bytes => return SweepReport::default(),
-                Goal::Cap if total > cfg.hard_bytes => (cfg.low_bytes, cfg.cap_bytes),
+                Goal::Cap if total > cfg.cap_bytes + (cfg.hard_bytes - cfg.cap_bytes) / 2 => {
+                    (cfg.low_bytes, cfg.cap_bytes)
+                }
                 Goal::Cap => (cfg.low_bytes, u64::MAX),
                 Goal::Space => {
                     let ratio = cfg.low_bytes as f64 / cfg.cap_bytes.max(1) as f64;
@@ -76,7 +80,7 @@ impl Gc {
                     (t, t)
                 }
                 Goal::Room(bytes) => {
-                    let t = cfg.hard_bytes.saturating_sub(bytes);
+                    let t = cfg.hard_bytes.saturating_sub(bytes).min(cfg.cap_bytes);
                     (t, t)
                 }
             }
@@ -256,37 +260,31 @@ impl Gc {
         protection: &ProtectionSet,
     ) -> (Vec<&'a Victim>, u64) {
         let sidecars = self.sidecars();
-        let threads = if batch.len() >= 32 { 4 } else { 1 };
-        let per = batch.len().div_ceil(threads);
         // per victim: Some(true) gone, Some(false) failed, None kept (protected)
-        let outcome: Vec<Option<bool>> = std::thread::scope(|s| {
-            let handles: Vec<_> = batch
-                .chunks(per)
-                .map(|chunk| {
-                    s.spawn(move || {
-                        let mut out = Vec::with_capacity(chunk.len());
-                        for v in chunk {
-                            let go = protection.with_lock(|is_protected| {
-                                if is_protected(&v.key) {
-                                    return false;
-                                }
-                                self.unlinking
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .insert(v.key);
-                                true
-                            });
-                            if !go {
-                                out.push(None);
-                                continue;
-                            }
-                            let r = std::fs::remove_file(&v.path);
-                            self.unlinking
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .remove(&v.key);
-                            self.unlinking_cv.notify_all();
-                            out.push(Some(match r {
+        let unlink_chunk = |chunk: &[Victim]| {
+            let mut out = Vec::with_capacity(chunk.len());
+            for v in chunk {
+                let go = protection.with_lock(|is_protected| {
+                    if is_protected(&v.key) {
+                        return false;
+                    }
+                    self.unlinking
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(v.key);
+                    true
+                });
+                if !go {
+                    out.push(None);
+                    continue;
+                }
+                let r = std::fs::remove_file(&v.path);
+                self.unlinking
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&v.key);
+                self.unlinking_cv.notify_all();
+                out.push(Some(match r {
                                 Ok(()) => {
                                     if sidecars {
                                         let _ = std::fs::remove_file(crate::file::sidecar_path(
@@ -301,16 +299,25 @@ impl Gc {
                                     false
                                 }
                             }));
-                        }
-                        out
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_default())
-                .collect()
-        });
+            }
+            out
+        };
+        // a few threads for a big batch (each unlink waits on the journal at its pace)
+        let outcome: Vec<Option<bool>> = if batch.len() < 32 {
+            unlink_chunk(batch)
+        } else {
+            let per = batch.len().div_ceil(4);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = batch
+                    .chunks(per)
+                    .map(|chunk| s.spawn(move || unlink_chunk(chunk)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_default())
+                    .collect()
+            })
+        };
         let mut gone = Vec::new();
         let mut kept = 0;
         let mut idx = self.lock();
