@@ -212,8 +212,14 @@ pub struct TierReport {
 pub struct GcReport {
     /// The cap, bytes.
     pub cap_bytes: u64,
-    /// Bytes at the end.
+    /// What the tier holds on disk at the end: allocated bytes of its files and directories.
     pub bytes: u64,
+    /// The most it held at any time.
+    pub peak_bytes: u64,
+    /// The part of `bytes` that is directories.
+    pub dir_bytes: u64,
+    /// Files deleted within the grace window because the hard ceiling was near.
+    pub grace_overridden: u64,
     /// Sweeps that ended over the cap (the rest was in flight or within the grace window).
     pub sweeps_over_cap: u64,
     /// With `sync_steps`: the largest size right after a step's sweep (nothing in flight).
@@ -629,6 +635,9 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
         r.gc = Some(GcReport {
             cap_bytes: g.cap_bytes,
             bytes: g.bytes,
+            peak_bytes: g.peak_bytes,
+            dir_bytes: g.dir_bytes,
+            grace_overridden: g.grace_overridden,
             sweeps_over_cap: g.sweeps_over_cap,
             max_bytes_after_step_sweep: max_after_sweep,
             sweeps: g.sweeps,
@@ -798,15 +807,23 @@ pub fn render(r: &Report) -> String {
     }
     if let Some(g) = &r.gc {
         o += &format!(
-            "  fs GC                 {} sweeps ({} ended over the cap), {} files swept, {} mtime stamps, {:.2} of {:.2} GiB used, skipped {} in flight / {} in grace\n",
+            "  fs GC                 {} sweeps ({} ended over the cap), {} files swept ({} within grace), {} mtime stamps, skipped {} in flight / {} in grace\n",
             g.sweeps,
             g.sweeps_over_cap,
             g.swept_files,
+            g.grace_overridden,
             g.stamps,
-            gib(g.bytes),
-            gib(g.cap_bytes),
             g.skipped_in_flight,
             g.skipped_in_grace
+        );
+        o += &format!(
+            "  fs on disk            {:.3} GiB allocated at the end ({:.2}x the {:.2} GiB cap; {:.3} GiB of it directories), peak {:.3} GiB ({:.2}x)\n",
+            gib(g.bytes),
+            g.bytes as f64 / g.cap_bytes as f64,
+            gib(g.cap_bytes),
+            gib(g.dir_bytes),
+            gib(g.peak_bytes),
+            g.peak_bytes as f64 / g.cap_bytes as f64
         );
     }
     o += &format!(
