@@ -3,11 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 
-use futures::FutureExt;
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::Notify;
 
@@ -16,84 +13,24 @@ use crate::config::KvTierConfig;
 use crate::error::{Error, Result};
 use crate::event::TierEvent;
 use crate::key::BlockKey;
-use crate::layout::Namespace;
 use crate::lookup::{AsyncLookup, Presence};
-use crate::registry::{BuildContext, TierRegistry};
 use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count_prefix};
-use crate::stats::{ManagerStats, TierStats};
+use crate::stats::ManagerStats;
+mod builder;
+mod jobs;
+
+use builder::OwnedRuntime;
+pub use builder::TieringManagerBuilder;
+use jobs::{Completion, Job, JobInfo};
+
 use crate::tier::{
-    JobResult, LoadJob, PreparedStore, PrimaryTier, ProtectGuard, SecondaryTier, StoreJob,
-    protect_caught, take_events_caught, touch_caught,
+    PreparedStore, PrimaryTier, SecondaryTier, StoreJob, take_events_caught, touch_caught,
 };
-
-enum Job {
-    Store(StoreJob),
-    Load(LoadJob),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum JobKind {
-    Store,
-    Load,
-}
-
-struct JobInfo {
-    kind: JobKind,
-    tier: usize,
-    req: RequestId,
-    keys: Vec<BlockKey>,
-    bytes: u64,
-    started: Instant,
-    _protect: ProtectGuard,
-}
-
-struct Completion {
-    job: u64,
-    result: JobResult,
-    /// The job passed its deadline (`Timeout`) or panicked (`Panicked`): every key failed.
-    abandoned: Option<Error>,
-}
-
-/// Hands a job's result to the manager exactly once, even if the job's task is dropped (its
-/// runtime shut down): then every key fails with [`Error::Shutdown`].
-struct JobReport {
-    job: u64,
-    keys: Option<Vec<BlockKey>>,
-    tier: String,
-    inbox: Arc<Mutex<Vec<Completion>>>,
-    notify: Arc<Notify>,
-}
-
-impl JobReport {
-    fn send(&mut self, result: JobResult, abandoned: Option<Error>) {
-        if self.keys.take().is_some() {
-            lock(&self.inbox).push(Completion {
-                job: self.job,
-                result,
-                abandoned,
-            });
-            self.notify.notify_waiters();
-        }
-    }
-}
-
-impl Drop for JobReport {
-    fn drop(&mut self) {
-        if let Some(keys) = self.keys.clone() {
-            let err = Error::Shutdown {
-                what: format!("the runtime of tier `{}`'s job", self.tier),
-            };
-            self.send(JobResult::all_failed(keys, &err), Some(err));
-        }
-    }
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section of these locks leaves its data consistent before anything can
     // panic, so a poisoned lock is still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
-
 struct State {
     in_step: bool,
     lookups: Vec<AsyncLookup>,
@@ -110,17 +47,6 @@ struct State {
     stats: ManagerStats,
     shut_down: bool,
 }
-
-struct OwnedRuntime(Option<tokio::runtime::Runtime>);
-
-impl Drop for OwnedRuntime {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
 /// The tiering manager: answers lookups without blocking, cascades stores to every secondary
 /// tier, and promotes secondary hits into DRAM in batched background jobs.
 ///
@@ -167,14 +93,7 @@ impl fmt::Debug for TieringManager {
 impl TieringManager {
     /// A builder from a validated config.
     pub fn builder(config: KvTierConfig) -> TieringManagerBuilder {
-        TieringManagerBuilder {
-            config,
-            primary: None,
-            registry: TierRegistry::new(),
-            runtime: None,
-            namespace: None,
-            extra: Vec::new(),
-        }
+        TieringManagerBuilder::new(config)
     }
 
     /// The secondary tiers' names, in lookup order.
@@ -397,180 +316,6 @@ impl TieringManager {
             self.submit(&mut st, i, req, Job::Store(StoreJob { blocks }));
         }
     }
-
-    /// Queues one job on the runtime: the tier protects its keys until the job is applied.
-    fn submit(&self, st: &mut State, tier: usize, req: RequestId, job: Job) {
-        let (kind, keys, bytes) = match &job {
-            Job::Store(j) => (
-                JobKind::Store,
-                j.keys(),
-                j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
-            ),
-            Job::Load(j) => (
-                JobKind::Load,
-                j.keys(),
-                j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
-            ),
-        };
-        let t = self.tiers[tier].clone();
-        // first, so a panic of the tier cannot leave half-made bookkeeping behind
-        let protect = protect_caught(&*t, &keys);
-        if kind == JobKind::Store {
-            *st.pending_stores.entry(req).or_default() += 1;
-        }
-        let id = st.next_job;
-        st.next_job += 1;
-        let deadline = self.config.job_timeout(keys.len());
-        let mut report = JobReport {
-            job: id,
-            keys: Some(keys.clone()),
-            tier: self.names[tier].clone(),
-            inbox: self.inbox.clone(),
-            notify: self.notify.clone(),
-        };
-        st.jobs.insert(
-            id,
-            JobInfo {
-                kind,
-                tier,
-                req,
-                _protect: protect,
-                keys,
-                bytes,
-                started: Instant::now(),
-            },
-        );
-        let op = match kind {
-            JobKind::Store => "store job",
-            JobKind::Load => "load job",
-        };
-        self.runtime.spawn(async move {
-            let run = AssertUnwindSafe(async {
-                match job {
-                    Job::Store(j) => t.store(j).await,
-                    Job::Load(j) => t.load(j).await,
-                }
-            })
-            .catch_unwind();
-            // At the deadline the job's future is dropped (tiers are cancellation-safe) and
-            // its buffers with it: the DRAM slots are released, whatever the tier was doing.
-            let abandoned = match tokio::time::timeout(deadline, run).await {
-                Ok(Ok(result)) => return report.send(result, None),
-                Ok(Err(_)) => Error::Panicked {
-                    tier: report.tier.clone(),
-                    op: op.into(),
-                },
-                Err(_) => Error::Timeout {
-                    op: format!("{op} on tier `{}`", report.tier),
-                    after: deadline,
-                },
-            };
-            let keys = report.keys.clone().unwrap_or_default();
-            report.send(JobResult::all_failed(keys, &abandoned), Some(abandoned));
-        });
-    }
-
-    /// Applies finished jobs and probe answers.
-    fn drain(&self, st: &mut State) {
-        let mut done = std::mem::take(&mut *lock(&self.inbox));
-        // In submission order, whatever order they finished in: what a step applies does not
-        // depend on thread timing.
-        done.sort_by_key(|c| c.job);
-        for Completion {
-            job,
-            result,
-            abandoned,
-        } in done
-        {
-            let Some(info) = st.jobs.remove(&job) else {
-                continue;
-            };
-            match &abandoned {
-                Some(Error::Timeout { .. }) => st.stats.tiers[info.tier].jobs_timed_out += 1,
-                Some(Error::Panicked { .. }) => st.stats.tiers[info.tier].jobs_panicked += 1,
-                _ => {}
-            }
-            if let Some(e) = &abandoned {
-                tracing::warn!(tier = %self.names[info.tier], kind = ?info.kind, blocks = info.keys.len(), error = %e, "job abandoned");
-            }
-            let errors: FxHashMap<BlockKey, &Error> =
-                result.failed.iter().map(|(k, e)| (*k, e)).collect();
-            let elapsed = info.started.elapsed();
-            let ok: FxHashSet<BlockKey> = result.ok.iter().copied().collect();
-            // Keys a tier forgot to report count as failed.
-            let failed: Vec<BlockKey> = info
-                .keys
-                .iter()
-                .filter(|k| !ok.contains(k))
-                .copied()
-                .collect();
-            let ok_keys: Vec<BlockKey> = info
-                .keys
-                .iter()
-                .filter(|k| ok.contains(k))
-                .copied()
-                .collect();
-            let per_block = if info.keys.is_empty() {
-                0
-            } else {
-                info.bytes / info.keys.len() as u64
-            };
-            for (k, e) in result.failed.iter().take(3) {
-                tracing::warn!(tier = %self.names[info.tier], key = %k, error = %e, kind = ?info.kind, "block transfer failed");
-            }
-            match info.kind {
-                JobKind::Store => {
-                    let ts = &mut st.stats.tiers[info.tier];
-                    ts.store_jobs += 1;
-                    ts.blocks_stored += ok_keys.len() as u64;
-                    ts.bytes_stored += per_block * ok_keys.len() as u64;
-                    ts.store_failures += failed.len() as u64;
-                    for k in &failed {
-                        ts.store_failure_causes.record(errors.get(k).copied());
-                    }
-                    ts.store_latency.record(elapsed);
-                    st.lookups[info.tier].mark_stored(&ok_keys);
-                    let left = st.pending_stores.get_mut(&info.req).map(|n| {
-                        *n -= 1;
-                        *n
-                    });
-                    if left == Some(0) {
-                        st.pending_stores.remove(&info.req);
-                        if st.finishing.remove(&info.req) {
-                            for l in &mut st.lookups {
-                                l.finish_request(info.req);
-                            }
-                        }
-                    }
-                }
-                JobKind::Load => {
-                    for k in &info.keys {
-                        st.promoting.remove(k);
-                    }
-                    let ts = &mut st.stats.tiers[info.tier];
-                    ts.load_jobs += 1;
-                    ts.blocks_loaded += ok_keys.len() as u64;
-                    ts.bytes_loaded += per_block * ok_keys.len() as u64;
-                    ts.load_failures += failed.len() as u64;
-                    for k in &failed {
-                        ts.load_failure_causes.record(errors.get(k).copied());
-                    }
-                    ts.load_latency.record(elapsed);
-                    self.primary.complete_store(&ok_keys, true);
-                    // the promotion ended: its keys' leases in the tier end with it
-                    st.lookups[info.tier].release(&info.keys);
-                    if !failed.is_empty() {
-                        self.primary.complete_store(&failed, false);
-                        st.lookups[info.tier].mark_miss(&failed, info.req);
-                    }
-                }
-            }
-        }
-        for l in &mut st.lookups {
-            l.apply_results();
-        }
-    }
-
     /// Ends the scheduling step: applies what has completed, then sends the queued promotions
     /// (one load job per tier and request) and the queued existence probes.
     pub fn on_schedule_end(&self) {
@@ -581,16 +326,6 @@ impl TieringManager {
         self.flush(&mut st);
         st.in_step = false;
     }
-
-    fn flush(&self, st: &mut State) {
-        for ((tier, req), blocks) in std::mem::take(&mut st.promotions) {
-            self.submit(st, tier, req, Job::Load(LoadJob { blocks }));
-        }
-        for l in &mut st.lookups {
-            l.flush();
-        }
-    }
-
     /// Refreshes recency of `keys` in DRAM (the first key ends most recent) and in every
     /// secondary tier. Never blocks.
     pub fn touch(&self, keys: &[BlockKey]) {
@@ -715,25 +450,6 @@ impl TieringManager {
             );
         }
     }
-
-    fn cancel_promotions(&self) {
-        let mut st = lock(&self.state);
-        for ((tier, _), blocks) in std::mem::take(&mut st.promotions) {
-            self.cancel(&mut st, tier, blocks);
-        }
-    }
-
-    /// Drops a queued promotion: its DRAM slots are freed and its keys' leases end.
-    fn cancel(&self, st: &mut State, tier: usize, blocks: Vec<(BlockKey, BlockSink)>) {
-        let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
-        drop(blocks);
-        for k in &keys {
-            st.promoting.remove(k);
-        }
-        self.primary.complete_store(&keys, false);
-        st.lookups[tier].release(&keys);
-    }
-
     /// Cancels queued promotions, waits for jobs in flight, and shuts every tier down.
     /// Afterwards the manager serves DRAM only: lookups past DRAM answer `Miss` and stores
     /// cascade nowhere.
@@ -794,207 +510,5 @@ impl TieringManager {
             t.leased_keys = l.leased_keys();
         }
         s
-    }
-}
-
-/// Builds a [`TieringManager`]; see [`TieringManager::builder`].
-pub struct TieringManagerBuilder {
-    config: KvTierConfig,
-    primary: Option<Arc<dyn PrimaryTier>>,
-    registry: TierRegistry,
-    runtime: Option<tokio::runtime::Handle>,
-    namespace: Option<Namespace>,
-    extra: Vec<Arc<dyn SecondaryTier>>,
-}
-
-impl fmt::Debug for TieringManagerBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TieringManagerBuilder")
-            .field("config", &self.config)
-            .field("registry", &self.registry)
-            .finish()
-    }
-}
-
-impl TieringManagerBuilder {
-    /// The DRAM primary (required; `kv_tier_cpu::CpuTier` is the standard one).
-    pub fn primary(mut self, primary: Arc<dyn PrimaryTier>) -> Self {
-        self.primary = Some(primary);
-        self
-    }
-
-    /// The registry that builds `secondary_tiers` entries by type.
-    pub fn registry(mut self, registry: TierRegistry) -> Self {
-        self.registry = registry;
-        self
-    }
-
-    /// Runs jobs on this runtime (default: the current one, or a small owned one with
-    /// [`TieringManagerBuilder::build_blocking`]).
-    pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
-        self.runtime = Some(handle);
-        self
-    }
-
-    /// The namespace (overrides the config's `layout`).
-    pub fn namespace(mut self, ns: Namespace) -> Self {
-        self.namespace = Some(ns);
-        self
-    }
-
-    /// Appends an already-built tier after the configured ones.
-    pub fn tier(mut self, tier: Arc<dyn SecondaryTier>) -> Self {
-        self.extra.push(tier);
-        self
-    }
-
-    /// Builds on the given runtime or the current one.
-    pub async fn build(self) -> Result<TieringManager> {
-        let handle = match &self.runtime {
-            Some(h) => h.clone(),
-            None => tokio::runtime::Handle::try_current().map_err(|_| {
-                Error::config(
-                    "runtime",
-                    "no tokio runtime: pass one with .runtime() or use build_blocking()",
-                )
-            })?,
-        };
-        self.build_on(handle, OwnedRuntime(None)).await
-    }
-
-    /// Builds from synchronous code: on the given runtime, or on a small runtime of its own
-    /// (2 worker threads) that the manager owns. Must not be called from async code.
-    pub fn build_blocking(self) -> Result<TieringManager> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(Error::config(
-                "runtime",
-                "build_blocking() called inside a tokio runtime; use build().await",
-            ));
-        }
-        let (handle, owned) = match &self.runtime {
-            Some(h) => (h.clone(), OwnedRuntime(None)),
-            None => {
-                let rt = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .thread_name("kv-tier")
-                    .enable_all() // timers, and sockets for network tiers
-                    .build()
-                    .map_err(|e| Error::io("start runtime", "tokio", e))?;
-                (rt.handle().clone(), OwnedRuntime(Some(rt)))
-            }
-        };
-        handle.clone().block_on(self.build_on(handle, owned))
-    }
-
-    async fn build_on(
-        self,
-        handle: tokio::runtime::Handle,
-        owned: OwnedRuntime,
-    ) -> Result<TieringManager> {
-        self.config.validate()?;
-        let primary = self.primary.ok_or_else(|| {
-            Error::config("primary", "no primary tier: pass one with .primary() (kv_tier_cpu::CpuTier::from_config builds it)")
-        })?;
-        if primary.block_size() as u64 != self.config.block_size_bytes {
-            return Err(Error::config(
-                "block_size_bytes",
-                format!(
-                    "is {} but the primary tier's block size is {}",
-                    self.config.block_size_bytes,
-                    primary.block_size()
-                ),
-            ));
-        }
-        let namespace = match self.namespace {
-            Some(ns) => Some(ns),
-            None => self
-                .config
-                .layout
-                .as_ref()
-                .map(|l| l.namespace())
-                .transpose()?,
-        };
-        let mut tiers: Vec<Arc<dyn SecondaryTier>> = Vec::new();
-        let mut names: Vec<String> = Vec::new();
-        for (i, spec) in self.config.secondary_tiers.iter().enumerate() {
-            let ctx = BuildContext {
-                name: spec.name.clone(),
-                block_size: primary.block_size(),
-                namespace: namespace.clone(),
-                runtime: handle.clone(),
-            };
-            let tier = self.registry.build(i, spec, &ctx).await?;
-            tiers.push(tier);
-            names.push(spec.name.clone());
-        }
-        for t in self.extra {
-            let name = t.info().name;
-            tiers.push(t);
-            names.push(name);
-        }
-        for (i, n) in names.iter().enumerate() {
-            if names[..i].contains(n) {
-                return Err(Error::config(
-                    "secondary_tiers",
-                    format!("two tiers are named {n:?}"),
-                ));
-            }
-        }
-        check_timers(&handle).await?;
-        let notify = Arc::new(Notify::new());
-        let lookups = tiers
-            .iter()
-            .map(|t| {
-                AsyncLookup::new(t.clone(), handle.clone(), notify.clone())
-                    .with_timeouts(self.config.probe_timeout(), self.config.lease())
-            })
-            .collect();
-        let stats = ManagerStats {
-            tiers: names
-                .iter()
-                .map(|n| TierStats {
-                    name: n.clone(),
-                    ..TierStats::default()
-                })
-                .collect(),
-            ..ManagerStats::default()
-        };
-        Ok(TieringManager {
-            state: Mutex::new(State {
-                in_step: false,
-                lookups,
-                promotions: BTreeMap::new(),
-                promoting: FxHashSet::default(),
-                jobs: FxHashMap::default(),
-                next_job: 0,
-                pending_stores: FxHashMap::default(),
-                finishing: FxHashSet::default(),
-                stats,
-                shut_down: false,
-            }),
-            primary,
-            tiers,
-            names,
-            config: self.config,
-            notify,
-            inbox: Arc::new(Mutex::new(Vec::new())),
-            runtime: handle,
-            _owned_runtime: owned,
-        })
-    }
-}
-
-/// Deadlines need the runtime's timers: refuse a runtime built without them, at construction
-/// rather than at the first probe.
-async fn check_timers(handle: &tokio::runtime::Handle) -> Result<()> {
-    let probe = handle.spawn(async {
-        std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
-    });
-    match probe.await {
-        Ok(true) => Ok(()),
-        _ => Err(Error::config(
-            "runtime",
-            "the runtime has no timers (deadlines need them): build it with enable_time() or enable_all()",
-        )),
     }
 }

@@ -1,0 +1,242 @@
+//! [`TieringManagerBuilder`]: the primary, the tiers from the config and the registry, the
+//! runtime (given, current or owned), and the checks made at construction.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::Notify;
+
+use super::{State, TieringManager};
+use crate::config::KvTierConfig;
+use crate::error::{Error, Result};
+use crate::layout::Namespace;
+use crate::lookup::AsyncLookup;
+use crate::registry::{BuildContext, TierRegistry};
+use crate::stats::{ManagerStats, TierStats};
+use crate::tier::{PrimaryTier, SecondaryTier};
+
+pub(super) struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Builds a [`TieringManager`]; see [`TieringManager::builder`].
+pub struct TieringManagerBuilder {
+    config: KvTierConfig,
+    primary: Option<Arc<dyn PrimaryTier>>,
+    registry: TierRegistry,
+    runtime: Option<tokio::runtime::Handle>,
+    namespace: Option<Namespace>,
+    extra: Vec<Arc<dyn SecondaryTier>>,
+}
+
+impl fmt::Debug for TieringManagerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TieringManagerBuilder")
+            .field("config", &self.config)
+            .field("registry", &self.registry)
+            .finish()
+    }
+}
+
+impl TieringManagerBuilder {
+    pub(super) fn new(config: KvTierConfig) -> Self {
+        Self {
+            config,
+            primary: None,
+            registry: TierRegistry::new(),
+            runtime: None,
+            namespace: None,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The DRAM primary (required; `kv_tier_cpu::CpuTier` is the standard one).
+    pub fn primary(mut self, primary: Arc<dyn PrimaryTier>) -> Self {
+        self.primary = Some(primary);
+        self
+    }
+
+    /// The registry that builds `secondary_tiers` entries by type.
+    pub fn registry(mut self, registry: TierRegistry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Runs jobs on this runtime (default: the current one, or a small owned one with
+    /// [`TieringManagerBuilder::build_blocking`]).
+    pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(handle);
+        self
+    }
+
+    /// The namespace (overrides the config's `layout`).
+    pub fn namespace(mut self, ns: Namespace) -> Self {
+        self.namespace = Some(ns);
+        self
+    }
+
+    /// Appends an already-built tier after the configured ones.
+    pub fn tier(mut self, tier: Arc<dyn SecondaryTier>) -> Self {
+        self.extra.push(tier);
+        self
+    }
+
+    /// Builds on the given runtime or the current one.
+    pub async fn build(self) -> Result<TieringManager> {
+        let handle = match &self.runtime {
+            Some(h) => h.clone(),
+            None => tokio::runtime::Handle::try_current().map_err(|_| {
+                Error::config(
+                    "runtime",
+                    "no tokio runtime: pass one with .runtime() or use build_blocking()",
+                )
+            })?,
+        };
+        self.build_on(handle, OwnedRuntime(None)).await
+    }
+
+    /// Builds from synchronous code: on the given runtime, or on a small runtime of its own
+    /// (2 worker threads) that the manager owns. Must not be called from async code.
+    pub fn build_blocking(self) -> Result<TieringManager> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(Error::config(
+                "runtime",
+                "build_blocking() called inside a tokio runtime; use build().await",
+            ));
+        }
+        let (handle, owned) = match &self.runtime {
+            Some(h) => (h.clone(), OwnedRuntime(None)),
+            None => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("kv-tier")
+                    .enable_all() // timers, and sockets for network tiers
+                    .build()
+                    .map_err(|e| Error::io("start runtime", "tokio", e))?;
+                (rt.handle().clone(), OwnedRuntime(Some(rt)))
+            }
+        };
+        handle.clone().block_on(self.build_on(handle, owned))
+    }
+
+    async fn build_on(
+        self,
+        handle: tokio::runtime::Handle,
+        owned: OwnedRuntime,
+    ) -> Result<TieringManager> {
+        self.config.validate()?;
+        let primary = self.primary.ok_or_else(|| {
+            Error::config("primary", "no primary tier: pass one with .primary() (kv_tier_cpu::CpuTier::from_config builds it)")
+        })?;
+        if primary.block_size() as u64 != self.config.block_size_bytes {
+            return Err(Error::config(
+                "block_size_bytes",
+                format!(
+                    "is {} but the primary tier's block size is {}",
+                    self.config.block_size_bytes,
+                    primary.block_size()
+                ),
+            ));
+        }
+        let namespace = match self.namespace {
+            Some(ns) => Some(ns),
+            None => self
+                .config
+                .layout
+                .as_ref()
+                .map(|l| l.namespace())
+                .transpose()?,
+        };
+        let mut tiers: Vec<Arc<dyn SecondaryTier>> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for (i, spec) in self.config.secondary_tiers.iter().enumerate() {
+            let ctx = BuildContext {
+                name: spec.name.clone(),
+                block_size: primary.block_size(),
+                namespace: namespace.clone(),
+                runtime: handle.clone(),
+            };
+            let tier = self.registry.build(i, spec, &ctx).await?;
+            tiers.push(tier);
+            names.push(spec.name.clone());
+        }
+        for t in self.extra {
+            let name = t.info().name;
+            tiers.push(t);
+            names.push(name);
+        }
+        for (i, n) in names.iter().enumerate() {
+            if names[..i].contains(n) {
+                return Err(Error::config(
+                    "secondary_tiers",
+                    format!("two tiers are named {n:?}"),
+                ));
+            }
+        }
+        check_timers(&handle).await?;
+        let notify = Arc::new(Notify::new());
+        let lookups = tiers
+            .iter()
+            .map(|t| {
+                AsyncLookup::new(t.clone(), handle.clone(), notify.clone())
+                    .with_timeouts(self.config.probe_timeout(), self.config.lease())
+            })
+            .collect();
+        let stats = ManagerStats {
+            tiers: names
+                .iter()
+                .map(|n| TierStats {
+                    name: n.clone(),
+                    ..TierStats::default()
+                })
+                .collect(),
+            ..ManagerStats::default()
+        };
+        Ok(TieringManager {
+            state: Mutex::new(State {
+                in_step: false,
+                lookups,
+                promotions: BTreeMap::new(),
+                promoting: FxHashSet::default(),
+                jobs: FxHashMap::default(),
+                next_job: 0,
+                pending_stores: FxHashMap::default(),
+                finishing: FxHashSet::default(),
+                stats,
+                shut_down: false,
+            }),
+            primary,
+            tiers,
+            names,
+            config: self.config,
+            notify,
+            inbox: Arc::new(Mutex::new(Vec::new())),
+            runtime: handle,
+            _owned_runtime: owned,
+        })
+    }
+}
+
+/// Deadlines need the runtime's timers: refuse a runtime built without them, at construction
+/// rather than at the first probe.
+async fn check_timers(handle: &tokio::runtime::Handle) -> Result<()> {
+    let probe = handle.spawn(async {
+        std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
+    });
+    match probe.await {
+        Ok(true) => Ok(()),
+        _ => Err(Error::config(
+            "runtime",
+            "the runtime has no timers (deadlines need them): build it with enable_time() or enable_all()",
+        )),
+    }
+}

@@ -1,0 +1,279 @@
+//! Jobs: submitting store and load jobs with their deadlines, applying what completed (in
+//! submission order), sending queued promotions and probes, cancelling promotions.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::FutureExt;
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::sync::Notify;
+
+use super::{State, TieringManager, lock};
+use crate::buf::BlockSink;
+use crate::error::Error;
+use crate::key::BlockKey;
+use crate::request::RequestId;
+use crate::tier::{JobResult, LoadJob, ProtectGuard, StoreJob, protect_caught};
+
+pub(super) enum Job {
+    Store(StoreJob),
+    Load(LoadJob),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum JobKind {
+    Store,
+    Load,
+}
+
+pub(super) struct JobInfo {
+    kind: JobKind,
+    tier: usize,
+    req: RequestId,
+    keys: Vec<BlockKey>,
+    bytes: u64,
+    started: Instant,
+    _protect: ProtectGuard,
+}
+
+pub(super) struct Completion {
+    job: u64,
+    result: JobResult,
+    /// The job passed its deadline (`Timeout`) or panicked (`Panicked`): every key failed.
+    abandoned: Option<Error>,
+}
+
+/// Hands a job's result to the manager exactly once, even if the job's task is dropped (its
+/// runtime shut down): then every key fails with [`Error::Shutdown`].
+struct JobReport {
+    job: u64,
+    keys: Option<Vec<BlockKey>>,
+    tier: String,
+    inbox: Arc<Mutex<Vec<Completion>>>,
+    notify: Arc<Notify>,
+}
+
+impl JobReport {
+    fn send(&mut self, result: JobResult, abandoned: Option<Error>) {
+        if self.keys.take().is_some() {
+            lock(&self.inbox).push(Completion {
+                job: self.job,
+                result,
+                abandoned,
+            });
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+impl Drop for JobReport {
+    fn drop(&mut self) {
+        if let Some(keys) = self.keys.clone() {
+            let err = Error::Shutdown {
+                what: format!("the runtime of tier `{}`'s job", self.tier),
+            };
+            self.send(JobResult::all_failed(keys, &err), Some(err));
+        }
+    }
+}
+
+impl TieringManager {
+    /// Queues one job on the runtime: the tier protects its keys until the job is applied.
+    pub(super) fn submit(&self, st: &mut State, tier: usize, req: RequestId, job: Job) {
+        let (kind, keys, bytes) = match &job {
+            Job::Store(j) => (
+                JobKind::Store,
+                j.keys(),
+                j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
+            ),
+            Job::Load(j) => (
+                JobKind::Load,
+                j.keys(),
+                j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
+            ),
+        };
+        let t = self.tiers[tier].clone();
+        // first, so a panic of the tier cannot leave half-made bookkeeping behind
+        let protect = protect_caught(&*t, &keys);
+        if kind == JobKind::Store {
+            *st.pending_stores.entry(req).or_default() += 1;
+        }
+        let id = st.next_job;
+        st.next_job += 1;
+        let deadline = self.config.job_timeout(keys.len());
+        let mut report = JobReport {
+            job: id,
+            keys: Some(keys.clone()),
+            tier: self.names[tier].clone(),
+            inbox: self.inbox.clone(),
+            notify: self.notify.clone(),
+        };
+        st.jobs.insert(
+            id,
+            JobInfo {
+                kind,
+                tier,
+                req,
+                _protect: protect,
+                keys,
+                bytes,
+                started: Instant::now(),
+            },
+        );
+        let op = match kind {
+            JobKind::Store => "store job",
+            JobKind::Load => "load job",
+        };
+        self.runtime.spawn(async move {
+            let run = AssertUnwindSafe(async {
+                match job {
+                    Job::Store(j) => t.store(j).await,
+                    Job::Load(j) => t.load(j).await,
+                }
+            })
+            .catch_unwind();
+            // At the deadline the job's future is dropped (tiers are cancellation-safe) and
+            // its buffers with it: the DRAM slots are released, whatever the tier was doing.
+            let abandoned = match tokio::time::timeout(deadline, run).await {
+                Ok(Ok(result)) => return report.send(result, None),
+                Ok(Err(_)) => Error::Panicked {
+                    tier: report.tier.clone(),
+                    op: op.into(),
+                },
+                Err(_) => Error::Timeout {
+                    op: format!("{op} on tier `{}`", report.tier),
+                    after: deadline,
+                },
+            };
+            let keys = report.keys.clone().unwrap_or_default();
+            report.send(JobResult::all_failed(keys, &abandoned), Some(abandoned));
+        });
+    }
+
+    /// Applies finished jobs and probe answers.
+    pub(super) fn drain(&self, st: &mut State) {
+        let mut done = std::mem::take(&mut *lock(&self.inbox));
+        // In submission order, whatever order they finished in: what a step applies does not
+        // depend on thread timing.
+        done.sort_by_key(|c| c.job);
+        for Completion {
+            job,
+            result,
+            abandoned,
+        } in done
+        {
+            let Some(info) = st.jobs.remove(&job) else {
+                continue;
+            };
+            match &abandoned {
+                Some(Error::Timeout { .. }) => st.stats.tiers[info.tier].jobs_timed_out += 1,
+                Some(Error::Panicked { .. }) => st.stats.tiers[info.tier].jobs_panicked += 1,
+                _ => {}
+            }
+            if let Some(e) = &abandoned {
+                tracing::warn!(tier = %self.names[info.tier], kind = ?info.kind, blocks = info.keys.len(), error = %e, "job abandoned");
+            }
+            let errors: FxHashMap<BlockKey, &Error> =
+                result.failed.iter().map(|(k, e)| (*k, e)).collect();
+            let elapsed = info.started.elapsed();
+            let ok: FxHashSet<BlockKey> = result.ok.iter().copied().collect();
+            // Keys a tier forgot to report count as failed.
+            let failed: Vec<BlockKey> = info
+                .keys
+                .iter()
+                .filter(|k| !ok.contains(k))
+                .copied()
+                .collect();
+            let ok_keys: Vec<BlockKey> = info
+                .keys
+                .iter()
+                .filter(|k| ok.contains(k))
+                .copied()
+                .collect();
+            let per_block = if info.keys.is_empty() {
+                0
+            } else {
+                info.bytes / info.keys.len() as u64
+            };
+            for (k, e) in result.failed.iter().take(3) {
+                tracing::warn!(tier = %self.names[info.tier], key = %k, error = %e, kind = ?info.kind, "block transfer failed");
+            }
+            match info.kind {
+                JobKind::Store => {
+                    let ts = &mut st.stats.tiers[info.tier];
+                    ts.store_jobs += 1;
+                    ts.blocks_stored += ok_keys.len() as u64;
+                    ts.bytes_stored += per_block * ok_keys.len() as u64;
+                    ts.store_failures += failed.len() as u64;
+                    for k in &failed {
+                        ts.store_failure_causes.record(errors.get(k).copied());
+                    }
+                    ts.store_latency.record(elapsed);
+                    st.lookups[info.tier].mark_stored(&ok_keys);
+                    let left = st.pending_stores.get_mut(&info.req).map(|n| {
+                        *n -= 1;
+                        *n
+                    });
+                    if left == Some(0) {
+                        st.pending_stores.remove(&info.req);
+                        if st.finishing.remove(&info.req) {
+                            for l in &mut st.lookups {
+                                l.finish_request(info.req);
+                            }
+                        }
+                    }
+                }
+                JobKind::Load => {
+                    for k in &info.keys {
+                        st.promoting.remove(k);
+                    }
+                    let ts = &mut st.stats.tiers[info.tier];
+                    ts.load_jobs += 1;
+                    ts.blocks_loaded += ok_keys.len() as u64;
+                    ts.bytes_loaded += per_block * ok_keys.len() as u64;
+                    ts.load_failures += failed.len() as u64;
+                    for k in &failed {
+                        ts.load_failure_causes.record(errors.get(k).copied());
+                    }
+                    ts.load_latency.record(elapsed);
+                    self.primary.complete_store(&ok_keys, true);
+                    // the promotion ended: its keys' leases in the tier end with it
+                    st.lookups[info.tier].release(&info.keys);
+                    if !failed.is_empty() {
+                        self.primary.complete_store(&failed, false);
+                        st.lookups[info.tier].mark_miss(&failed, info.req);
+                    }
+                }
+            }
+        }
+        for l in &mut st.lookups {
+            l.apply_results();
+        }
+    }
+    pub(super) fn flush(&self, st: &mut State) {
+        for ((tier, req), blocks) in std::mem::take(&mut st.promotions) {
+            self.submit(st, tier, req, Job::Load(LoadJob { blocks }));
+        }
+        for l in &mut st.lookups {
+            l.flush();
+        }
+    }
+    pub(super) fn cancel_promotions(&self) {
+        let mut st = lock(&self.state);
+        for ((tier, _), blocks) in std::mem::take(&mut st.promotions) {
+            self.cancel(&mut st, tier, blocks);
+        }
+    }
+
+    /// Drops a queued promotion: its DRAM slots are freed and its keys' leases end.
+    pub(super) fn cancel(&self, st: &mut State, tier: usize, blocks: Vec<(BlockKey, BlockSink)>) {
+        let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
+        drop(blocks);
+        for k in &keys {
+            st.promoting.remove(k);
+        }
+        self.primary.complete_store(&keys, false);
+        st.lookups[tier].release(&keys);
+    }
+}
