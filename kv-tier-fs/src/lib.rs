@@ -6,8 +6,10 @@ mod file;
 mod gc;
 mod gc_thread;
 mod io;
+mod load;
 mod root;
 mod stats;
+mod store;
 mod tier;
 
 pub use block::{FaultInjector, FsOp};

@@ -1,0 +1,236 @@
+//! Loading one block: served whole and (with checksums) verified, or a miss; damage is
+//! removed and reported.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use kv_tier_core::{AlignedBuf, BlockKey, BlockSink, Error};
+
+use crate::block::{Files, FsOp, LoadFailure, bump};
+use crate::config::Checksum;
+use crate::file;
+
+impl Files {
+    /// Whether `m` (a block file without its sidecar) was published within the sidecar grace
+    /// (its inode changed that recently).
+    fn sidecar_pending(&self, m: &std::fs::Metadata) -> bool {
+        if self.xattrs {
+            return false; // the xattr is set before publishing: there is no window
+        }
+        let grace = Duration::from_nanos(self.sidecar_grace_ns.load(Ordering::Relaxed));
+        let changed = std::time::UNIX_EPOCH
+            + Duration::new(
+                m.ctime().max(0) as u64,
+                m.ctime_nsec().clamp(0, 999_999_999) as u32,
+            );
+        SystemTime::now()
+            .duration_since(changed)
+            .map_or(true, |age| age < grace)
+    }
+    /// Why a present path cannot stand for its block (`None`: it can): not a regular file, or
+    /// (checksums required) a regular file whose checksum is missing or malformed. Cheap: one
+    /// `lgetxattr` or sidecar read, no data.
+    pub(crate) fn present_damage(&self, path: &Path, m: &std::fs::Metadata) -> Option<String> {
+        if !m.is_file() {
+            return Some(format!("not a regular file ({:?})", m.file_type()));
+        }
+        if self.checksum != Checksum::Crc32c || self.accept_unverified {
+            return None;
+        }
+        let stored = if self.xattrs {
+            file::get_crc_xattr_path(path)
+        } else {
+            file::read_sidecar(path, m.ino())
+        };
+        match stored {
+            Ok(file::StoredCrc::Crc(_)) | Err(_) => None,
+            Ok(file::StoredCrc::Missing) if self.sidecar_pending(m) => None,
+            Ok(file::StoredCrc::Missing) => Some("it has no checksum".into()),
+            Ok(file::StoredCrc::Malformed(r)) => Some(r),
+        }
+    }
+    /// Removes what stands at a block's path (a file, a link or a whole directory) and its
+    /// sidecar. With `opened`, only if the same file is still there (publishing never
+    /// replaces, so it is ours to remove unless someone replaced it meanwhile).
+    pub(crate) fn remove_damaged(
+        &self,
+        key: &BlockKey,
+        path: &Path,
+        opened: Option<&File>,
+    ) -> bool {
+        let Ok(m) = std::fs::symlink_metadata(path) else {
+            return false;
+        };
+        if let Some(f) = opened
+            && !file::same_file(f, path)
+        {
+            return false;
+        }
+        let ok = if m.is_dir() {
+            std::fs::remove_dir_all(path)
+        } else {
+            std::fs::remove_file(path)
+        }
+        .is_ok();
+        let _ = std::fs::remove_file(file::sidecar_path(path));
+        if ok {
+            bump(&self.counters.corrupt_deleted, 1);
+            if let Some(gc) = &self.gc {
+                gc.on_removed(key);
+            }
+        }
+        ok
+    }
+
+    /// A block that cannot be served for a reason that will not go away: it is removed (the
+    /// next store rewrites it) and the load fails as `Corrupt`.
+    fn damaged(
+        &self,
+        key: &BlockKey,
+        path: &Path,
+        opened: Option<&File>,
+        reason: String,
+    ) -> LoadFailure {
+        let deleted = self.remove_damaged(key, path, opened);
+        tracing::warn!(tier = %self.name, %key, path = %path.display(), %reason, deleted, "damaged block file");
+        LoadFailure {
+            error: Error::Corrupt {
+                key: *key,
+                tier: self.name.clone(),
+                reason: format!("{reason} ({})", path.display()),
+            },
+            deleted,
+        }
+    }
+
+    /// Reads one block straight into its sink. A block is served only whole, and with
+    /// checksums on only verified (or, with `accept_unverified`, carrying no checksum at
+    /// all); anything at its path that cannot be served for good is removed and reported.
+    pub(crate) fn load_block(
+        &self,
+        key: &BlockKey,
+        sink: &mut BlockSink,
+    ) -> std::result::Result<(), LoadFailure> {
+        let plain = |error| LoadFailure {
+            error,
+            deleted: false,
+        };
+        if sink.len() != self.block_size {
+            return Err(plain(Error::WrongSize {
+                key: *key,
+                got: sink.len(),
+                expected: self.block_size,
+            }));
+        }
+        let path = self.ns.block_path(&self.root, key);
+        let f = match self
+            .fault(FsOp::OpenRead, &path)
+            .and_then(|()| file::open_read(&path, self.direct))
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if let Some(gc) = &self.gc {
+                    gc.on_removed(key);
+                }
+                return Err(plain(Error::NotFound {
+                    key: *key,
+                    tier: self.name.clone(),
+                }));
+            }
+            Err(e) => {
+                // a link (ELOOP), or a directory where O_DIRECT is refused (EINVAL, EISDIR)
+                if let Ok(m) = std::fs::symlink_metadata(&path)
+                    && !m.is_file()
+                {
+                    let reason = format!("not a regular file ({:?})", m.file_type());
+                    return Err(self.damaged(key, &path, None, reason));
+                }
+                return Err(plain(self.io_err("open", &path, e)));
+            }
+        };
+        let meta = f
+            .metadata()
+            .map_err(|e| plain(self.io_err("fstat", &path, e)))?;
+        if !meta.is_file() {
+            let reason = format!("not a regular file ({:?})", meta.file_type());
+            return Err(self.damaged(key, &path, Some(&f), reason));
+        }
+        if meta.len() != self.block_size as u64 {
+            let reason = format!(
+                "file is {} bytes, the block size is {}",
+                meta.len(),
+                self.block_size
+            );
+            return Err(self.damaged(key, &path, Some(&f), reason));
+        }
+        let n = if self.direct && !sink.is_aligned(self.align) {
+            let mut bounce = AlignedBuf::zeroed(self.block_size);
+            let n = self
+                .fault(FsOp::Read, &path)
+                .and_then(|()| file::read_full(&f, bounce.as_mut_slice()))
+                .map_err(|e| plain(self.io_err("read", &path, e)))?;
+            sink.as_mut_slice()[..n].copy_from_slice(&bounce.as_slice()[..n]);
+            n
+        } else {
+            self.fault(FsOp::Read, &path)
+                .and_then(|()| file::read_full(&f, sink.as_mut_slice()))
+                .map_err(|e| plain(self.io_err("read", &path, e)))?
+        };
+        if n < self.block_size {
+            let reason = format!("read {n} of {} bytes", self.block_size);
+            return Err(self.damaged(key, &path, Some(&f), reason));
+        }
+        if self.checksum == Checksum::Crc32c {
+            let stored = if self.xattrs {
+                file::get_crc_xattr(&f)
+            } else {
+                file::read_sidecar(&path, meta.ino())
+            }
+            .map_err(|e| plain(self.io_err("read checksum", &path, e)))?;
+            match stored {
+                file::StoredCrc::Crc(want) => {
+                    let got = crc32c::crc32c(sink.as_slice());
+                    if got != want {
+                        bump(&self.counters.checksum_mismatches, 1);
+                        let reason = format!("crc32c is {got:08x}, stored {want:08x}");
+                        return Err(self.damaged(key, &path, Some(&f), reason));
+                    }
+                }
+                file::StoredCrc::Missing if self.accept_unverified => {
+                    bump(&self.counters.unverified_loads, 1)
+                }
+                file::StoredCrc::Missing if self.sidecar_pending(&meta) => {
+                    return Err(plain(Error::Backend {
+                        tier: self.name.clone(),
+                        message: format!(
+                            "block {key} was published a moment ago and its checksum sidecar is not written yet ({})",
+                            path.display()
+                        ),
+                        transient: true,
+                    }));
+                }
+                file::StoredCrc::Missing => {
+                    bump(&self.counters.unverified_refused, 1);
+                    let reason = "it has no checksum (checksums are required; set \
+                                  accept_unverified to serve blocks of writers that keep none)"
+                        .to_string();
+                    return Err(self.damaged(key, &path, Some(&f), reason));
+                }
+                file::StoredCrc::Malformed(reason) => {
+                    return Err(self.damaged(key, &path, Some(&f), reason));
+                }
+            }
+        }
+        bump(&self.counters.blocks_read, 1);
+        bump(&self.counters.bytes_read, self.block_size as u64);
+        if let Some(gc) = &self.gc {
+            gc.on_seen(*key, &meta);
+            gc.touch(std::slice::from_ref(key));
+        }
+        Ok(())
+    }
+}
