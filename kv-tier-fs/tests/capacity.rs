@@ -8,10 +8,10 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, mpsc};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use common::{BS, Mount, cfg, load, ns, store};
-use kv_tier_core::{BlockKey, SecondaryTier};
+use common::{BS, Mount, age, cfg, load, ns, store};
+use kv_tier_core::SecondaryTier;
 use kv_tier_fs::{FsTier, FsTierConfig, GcStats, SweepPoint};
 use kv_tier_testkit::{temp_root, test_key};
 
@@ -53,18 +53,6 @@ async fn per_block() -> u64 {
 
 fn rank_dir(root: &Path) -> std::path::PathBuf {
     root.join(ns().rank_dir_name())
-}
-
-fn age(tier: &FsTier, keys: &[BlockKey], secs_ago: impl Fn(usize) -> u64) {
-    for (i, k) in keys.iter().enumerate() {
-        let f = std::fs::File::options()
-            .write(true)
-            .open(tier.block_path(k))
-            .unwrap();
-        f.set_modified(SystemTime::now() - Duration::from_secs(secs_ago(i)))
-            .unwrap();
-    }
-    tier.gc_rescan_now().unwrap();
 }
 
 /// The accounted bytes are the allocated bytes of the block files and of the directories

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
-use common::{BS, cfg, load, ns, store};
+use common::{BS, age, cfg, load, ns, store};
 use kv_tier_core::{BlockKey, SecondaryTier};
 use kv_tier_fs::{FsTier, FsTierConfig, SweepPoint};
 use kv_tier_testkit::{find_files, temp_root, test_key};
@@ -59,19 +59,6 @@ fn leaf_key(i: u64) -> BlockKey {
 
 fn keys(range: std::ops::Range<u64>) -> Vec<BlockKey> {
     range.map(leaf_key).collect()
-}
-
-/// Sets each key's file mtime to `secs_ago[i]` seconds in the past, then rescans.
-fn age(tier: &FsTier, keys: &[BlockKey], secs_ago: impl Fn(usize) -> u64) {
-    for (i, k) in keys.iter().enumerate() {
-        let f = std::fs::File::options()
-            .write(true)
-            .open(tier.block_path(k))
-            .unwrap();
-        f.set_modified(SystemTime::now() - Duration::from_secs(secs_ago(i)))
-            .unwrap();
-    }
-    tier.gc_rescan_now().unwrap();
 }
 
 fn present(tier: &FsTier, keys: &[BlockKey]) -> Vec<bool> {

@@ -12,7 +12,7 @@ pub use conformance::TierFixture;
 pub use faulty::FaultyTier;
 pub use memory::MemoryTier;
 pub use util::{
-    Gate, block_bytes, fill_block, find_files, load_keys, removed_keys, sink, source_for,
-    store_keys, temp_root, test_key, verify_block,
+    CONFIG_NUMBERS, Gate, block_bytes, fill_block, find_files, load_keys, removed_keys, sink,
+    source_for, store_keys, temp_root, test_key, verify_block,
 };
 pub use workload::{Turn, Workload, WorkloadConfig};

@@ -225,6 +225,26 @@ pub async fn load_keys(
     (res, out)
 }
 
+/// Numbers as a user could write them in a config JSON, across and far beyond any sensible
+/// range (negative, zero, tiny, fractional, huge, the integer limits, a string): for tests
+/// that every numeric option is refused naming its field, or works, and never panics.
+pub const CONFIG_NUMBERS: &[&str] = &[
+    "-1",
+    "0",
+    "1e-9",
+    "0.5",
+    "1",
+    "1000",
+    "1e9",
+    "1e11",
+    "1e19",
+    "1e20",
+    "1e300",
+    "4294967295",
+    "18446744073709551615",
+    "\"7\"",
+];
+
 /// The keys of the removal events among `events`, in order.
 pub fn removed_keys(events: Vec<kv_tier_core::TierEvent>) -> Vec<BlockKey> {
     events

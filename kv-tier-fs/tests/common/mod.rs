@@ -90,3 +90,17 @@ pub fn key_of(path: &Path) -> BlockKey {
     let group: u32 = dir.rsplit("_g").next().unwrap().parse().unwrap();
     BlockKey::from_hex(hex, group).unwrap()
 }
+
+/// Sets each key's file mtime to `secs_ago(i)` seconds in the past, then rescans (so the
+/// tier's index sees the new ages).
+pub fn age(tier: &FsTier, keys: &[BlockKey], secs_ago: impl Fn(usize) -> u64) {
+    for (i, k) in keys.iter().enumerate() {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(tier.block_path(k))
+            .unwrap();
+        f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(secs_ago(i)))
+            .unwrap();
+    }
+    tier.gc_rescan_now().unwrap();
+}
