@@ -350,11 +350,14 @@ async fn concurrent_stores_and_sweeps_never_lose_a_stored_block() {
     let s2 = stop.clone();
     let sweeper = std::thread::spawn(move || {
         let mut n = 0;
-        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+        loop {
+            // at least one sweep, however late this thread starts
             n += t.gc_sweep_now().unwrap();
             t.gc_apply_stamps_now().unwrap();
+            if s2.load(std::sync::atomic::Ordering::Relaxed) {
+                return n;
+            }
         }
-        n
     });
     let mut stored = Vec::new();
     for round in 0..20u64 {
