@@ -83,6 +83,8 @@ pub(crate) struct Files {
     pub(crate) tmp_salt: u64,
     pub(crate) top_dirs_ready: AtomicBool,
     pub(crate) protection: ProtectionSet,
+    /// Unbounded mode: when each key was last stamped (rate limit of `touch`; bounded).
+    pub(crate) stamped: std::sync::Mutex<rustc_hash::FxHashMap<BlockKey, i64>>,
     pub(crate) events: Arc<EventLog>,
     pub(crate) gc: Option<Gc>,
 }
@@ -105,11 +107,42 @@ pub(crate) fn random_salt() -> u64 {
     );
     h.finish()
 }
+/// Rescans reap temp files at least this old, whatever `tmp_reap_age_s` says: they run while
+/// the tier's own writes are in flight.
+pub(crate) const RESCAN_TMP_FLOOR: Duration = Duration::from_secs(60);
+
 /// How long after its publication a block may lack its checksum sidecar by default (the
 /// publisher writes it right after publishing): a load then fails without removing the block.
 pub(crate) const SIDECAR_GRACE: Duration = Duration::from_secs(2);
 
+/// Unbounded mode: a key's mtime is stamped at most once per this interval, and at most
+/// this many keys are remembered for it.
+const UNBOUNDED_STAMP_NS: i64 = 60_000_000_000;
+const UNBOUNDED_STAMP_KEYS: usize = 200_000;
+
 impl Files {
+    /// Unbounded mode: the keys of `keys` due for an mtime stamp (at most one per key per
+    /// minute), marked as stamped now. An unbounded tier keeps no index, but its reads are
+    /// recency for the bounded tiers of other processes on the same root.
+    pub(crate) fn due_for_stamp(&self, keys: &[BlockKey]) -> Vec<BlockKey> {
+        let now = crate::gc::to_ns(SystemTime::now());
+        let mut m = self.stamped.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() + keys.len() > UNBOUNDED_STAMP_KEYS {
+            m.retain(|_, at| now - *at < UNBOUNDED_STAMP_NS);
+        }
+        keys.iter()
+            .filter(|k| {
+                let last = m.entry(**k).or_insert(i64::MIN);
+                let due = *last == i64::MIN || now - *last >= UNBOUNDED_STAMP_NS;
+                if due {
+                    *last = now;
+                }
+                due && m.len() <= UNBOUNDED_STAMP_KEYS
+            })
+            .copied()
+            .collect()
+    }
+
     pub(crate) fn fault(&self, op: FsOp, path: &Path) -> io::Result<()> {
         match &*self.faults.read().expect("fault injector") {
             Some(f) => f(op, path).map_or(Ok(()), Err),
@@ -162,17 +195,19 @@ impl Files {
     pub(crate) fn rescan(&self) {
         let Some(gc) = &self.gc else { return };
         let seq0 = gc.seq();
+        // while the tier runs its own temp files are in flight: never younger than a minute
+        let tmp_age = gc.cfg.tmp_age.max(RESCAN_TMP_FLOOR);
         let w = crate::gc::walk(
             &self.ns,
             &self.rank_dir(),
             4,
-            Some(gc.cfg.tmp_age),
+            Some(tmp_age),
             SystemTime::now(),
         );
         bump(&self.counters.tmp_reaped, w.tmp_reaped);
         bump(&self.counters.sidecars_reaped, w.sidecars_reaped);
         gc.hook(crate::gc::SweepPoint::RescanWalked);
-        let missing = gc.merge(w.blocks, seq0);
+        let missing = gc.merge(w.blocks, &w.leaves, seq0);
         let absent: Vec<(BlockKey, u64)> = missing
             .into_iter()
             .filter(|(k, _)| std::fs::symlink_metadata(self.ns.block_path(&self.root, k)).is_err())

@@ -68,8 +68,10 @@ pub struct FsTierConfig {
     #[serde(default = "yes")]
     pub direct_io: bool,
     /// At open, `.tmp` files of killed writers older than this many seconds are deleted.
-    /// Default 600, range 0 to 31,536,000 (0 reaps every temp file: only when no other process
-    /// writes to the root). A live writer's temp file exists for milliseconds.
+    /// Default 600, range 0 to 31,536,000 (0 reaps every temp file at open: only when no other
+    /// process writes to the root). A live writer's temp file exists for milliseconds.
+    /// Rescans (bounded mode) reap with the same age, but never younger than 60 s: they run
+    /// while the tier's own stores are in flight.
     #[serde(default = "reap_age")]
     pub tmp_reap_age_s: u64,
     /// Capacity bound in GiB (2^30 bytes) of what the tier holds on disk: the allocated bytes

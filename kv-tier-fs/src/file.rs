@@ -9,7 +9,8 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
-/// The extended attribute holding a block's CRC32C (4 bytes, little-endian).
+/// The extended attribute holding a block's CRC32C over its key and bytes (4 bytes,
+/// little-endian).
 pub const CRC_XATTR: &str = "user.kv_tier.crc32c";
 
 /// Suffix of the sidecar file holding a block's CRC32C where xattrs are unsupported.
@@ -24,7 +25,9 @@ fn cstr(p: &Path) -> io::Result<CString> {
 pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<File> {
     let mut o = OpenOptions::new();
     o.read(true);
-    let mut flags = libc::O_NOFOLLOW;
+    // O_NONBLOCK: a FIFO at the path must not block the open (it changes nothing for the
+    // reads of a regular file)
+    let mut flags = libc::O_NOFOLLOW | libc::O_NONBLOCK;
     if direct {
         flags |= libc::O_DIRECT;
     }
@@ -108,6 +111,35 @@ pub(crate) fn set_crc_xattr(f: &File, crc: u32) -> io::Result<()> {
     }
 }
 
+/// The checksum of `key`'s block `data`: CRC32C over the key's bytes (hash, then group) and
+/// then the data, so a block file moved or linked to another key's path fails verification
+/// there instead of being served as that key.
+pub(crate) fn block_crc(key: &kv_tier_core::BlockKey, data: &[u8]) -> u32 {
+    let mut crc = crc32c::crc32c(key.hash_bytes());
+    crc = crc32c::crc32c_append(crc, &key.group().to_be_bytes());
+    crc32c::crc32c_append(crc, data)
+}
+
+/// Opens `path` for reading without blocking (a FIFO at a path would otherwise block the
+/// open until a writer came), and only if it is a regular file: `Ok(None)` otherwise.
+pub(crate) fn open_regular(path: &Path) -> io::Result<Option<File>> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)?;
+    Ok(f.metadata()?.is_file().then_some(f))
+}
+
+/// Reads a small regular file whole (`Ok(None)`: something else is at the path).
+pub(crate) fn read_regular(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    let Some(mut f) = open_regular(path)? else {
+        return Ok(None);
+    };
+    let mut v = Vec::new();
+    std::io::Read::read_to_end(&mut f, &mut v)?;
+    Ok(Some(v))
+}
+
 /// A block's stored checksum, as found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum StoredCrc {
@@ -176,30 +208,36 @@ pub(crate) fn sidecar_bytes(crc: u32, ino: u64) -> [u8; 12] {
     b
 }
 
-/// The checksum in the sidecar of the block file `bin` whose inode is `ino`. A 4-byte sidecar
-/// (an older kv-tier's) is taken as is; a 12-byte one of another inode is stale (`Missing`).
+/// The checksum in the sidecar of the block file `bin` whose inode is `ino`; one of another
+/// inode is stale (`Missing`); anything but 12 bytes of a regular file is malformed.
 pub(crate) fn read_sidecar(bin: &Path, ino: u64) -> io::Result<StoredCrc> {
-    match std::fs::read(sidecar_path(bin)) {
-        Ok(v) if v.len() == 4 => Ok(StoredCrc::Crc(u32::from_le_bytes(
-            v[..].try_into().expect("4 bytes"),
-        ))),
-        Ok(v) if v.len() == 12 => {
-            let owner = u64::from_le_bytes(v[4..].try_into().expect("8 bytes"));
-            if owner == ino {
-                Ok(StoredCrc::Crc(u32::from_le_bytes(
-                    v[..4].try_into().expect("4 bytes"),
-                )))
-            } else {
-                Ok(StoredCrc::Missing)
-            }
-        }
-        Ok(v) => Ok(StoredCrc::Malformed(format!(
-            "its checksum sidecar is {} bytes, not 12",
-            v.len()
-        ))),
+    match read_regular(&sidecar_path(bin)) {
+        Ok(None) => Ok(StoredCrc::Malformed(
+            "its checksum sidecar is not a regular file".into(),
+        )),
+        Ok(Some(v)) => sidecar_crc(&v, ino),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(StoredCrc::Missing),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Ok(StoredCrc::Malformed(
+            "its checksum sidecar is a link".into(),
+        )),
         Err(e) => Err(e),
     }
+}
+
+fn sidecar_crc(v: &[u8], ino: u64) -> io::Result<StoredCrc> {
+    let Ok(v) = <[u8; 12]>::try_from(v) else {
+        return Ok(StoredCrc::Malformed(format!(
+            "its checksum sidecar is {} bytes, not 12",
+            v.len()
+        )));
+    };
+    let crc = u32::from_le_bytes(v[..4].try_into().expect("4 bytes"));
+    let owner = u64::from_le_bytes(v[4..].try_into().expect("8 bytes"));
+    Ok(if owner == ino {
+        StoredCrc::Crc(crc)
+    } else {
+        StoredCrc::Missing // left by a block deleted since
+    })
 }
 
 pub(crate) fn fsync_dir(dir: &Path) -> io::Result<()> {

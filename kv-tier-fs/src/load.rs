@@ -62,6 +62,9 @@ impl Files {
         path: &Path,
         opened: Option<&File>,
     ) -> bool {
+        // what the index held before the removal: a store that publishes the key again in
+        // between replaces the entry, and that one stays
+        let seq = self.gc.as_ref().and_then(|gc| gc.seq_of(key));
         let Ok(m) = std::fs::symlink_metadata(path) else {
             return false;
         };
@@ -79,8 +82,8 @@ impl Files {
         let _ = std::fs::remove_file(file::sidecar_path(path));
         if ok {
             bump(&self.counters.corrupt_deleted, 1);
-            if let Some(gc) = &self.gc {
-                gc.on_removed(key);
+            if let (Some(gc), Some(seq)) = (&self.gc, seq) {
+                gc.forget(&[(*key, seq)]);
             }
         }
         ok
@@ -127,14 +130,16 @@ impl Files {
             }));
         }
         let path = self.ns.block_path(&self.root, key);
+        // the index entry this load may find gone (see `remove_damaged`)
+        let seq = self.gc.as_ref().and_then(|gc| gc.seq_of(key));
         let f = match self
             .fault(FsOp::OpenRead, &path)
             .and_then(|()| file::open_read(&path, self.direct))
         {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if let Some(gc) = &self.gc {
-                    gc.on_removed(key);
+                if let (Some(gc), Some(seq)) = (&self.gc, seq) {
+                    gc.forget(&[(*key, seq)]);
                 }
                 return Err(plain(Error::NotFound {
                     key: *key,
@@ -193,7 +198,7 @@ impl Files {
             .map_err(|e| plain(self.io_err("read checksum", &path, e)))?;
             match stored {
                 file::StoredCrc::Crc(want) => {
-                    let got = crc32c::crc32c(sink.as_slice());
+                    let got = file::block_crc(key, sink.as_slice());
                     if got != want {
                         bump(&self.counters.checksum_mismatches, 1);
                         let reason = format!("crc32c is {got:08x}, stored {want:08x}");

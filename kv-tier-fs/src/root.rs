@@ -41,14 +41,33 @@ pub(crate) fn prepare_root(root: &Path) -> Result<()> {
 pub(crate) fn write_or_check_config(ns: &Namespace, root: &Path) -> Result<()> {
     let path = ns.config_path(root);
     for _ in 0..3 {
-        match std::fs::read_to_string(&path) {
-            Ok(text) if is_damaged_config(&text) => {
-                tracing::warn!(path = %path.display(), bytes = text.len(), "config.json is empty or not valid JSON; rewriting it (the folder name carries this layout's digest)");
+        // non-blocking, regular files only: a FIFO here must not hang the open
+        match file::read_regular(&path) {
+            Ok(Some(bytes)) => match String::from_utf8(bytes) {
+                Ok(text) if !is_damaged_config(&text) => {
+                    return ns.check_config_json(&path, &text);
+                }
+                Ok(text) => {
+                    tracing::warn!(path = %path.display(), bytes = text.len(), "config.json is empty or not valid JSON; rewriting it (the folder name carries this layout's digest)");
+                    return write_config(ns, &path, true);
+                }
+                Err(_) => {
+                    tracing::warn!(path = %path.display(), "config.json is not UTF-8; rewriting it");
+                    return write_config(ns, &path, true);
+                }
+            },
+            Ok(None) if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) => {
+                return Err(Error::LayoutMismatch {
+                    path: path.clone(),
+                    reason: "config.json is a directory".into(),
+                });
+            }
+            Ok(None) => {
+                tracing::warn!(path = %path.display(), "config.json is not a regular file; replacing it");
                 return write_config(ns, &path, true);
             }
-            Ok(text) => return ns.check_config_json(&path, &text),
-            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-                tracing::warn!(path = %path.display(), "config.json is not UTF-8; rewriting it");
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                tracing::warn!(path = %path.display(), "config.json is a link; replacing it");
                 return write_config(ns, &path, true);
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -194,11 +213,19 @@ pub(crate) fn spawn_top_dirs(files: Arc<Files>) {
     }
 }
 
-/// Deletes `*.tmp` files older than `age` below `dirs`. Returns how many.
-pub(crate) fn reap_tmp(dirs: &[PathBuf], age: Duration) -> u64 {
+/// Deletes `*.tmp` files older than `age` below `dirs`, and checksum sidecars as old whose
+/// block file is gone (the walk of an unbounded tier's open; bounded tiers walk with
+/// [`crate::gc::walk`]). Returns (temp files, sidecars) deleted.
+pub(crate) fn reap_tmp(dirs: &[PathBuf], age: Duration) -> (u64, u64) {
     let now = SystemTime::now();
-    let mut n = 0;
+    let (mut tmps, mut sidecars) = (0, 0);
     let mut stack: Vec<PathBuf> = dirs.to_vec();
+    let old = |e: &std::fs::DirEntry| {
+        e.metadata()
+            .and_then(|m| m.modified())
+            .map(|m| now.duration_since(m).unwrap_or_default() >= age)
+            .unwrap_or(false)
+    };
     while let Some(d) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&d) else {
             continue;
@@ -206,21 +233,25 @@ pub(crate) fn reap_tmp(dirs: &[PathBuf], age: Duration) -> u64 {
         for e in rd.flatten() {
             let Ok(ft) = e.file_type() else { continue };
             let p = e.path();
+            let name = e.file_name();
+            let name = name.to_string_lossy();
             if ft.is_dir() {
                 if !dirs.contains(&p) {
                     stack.push(p);
                 }
-            } else if p.extension().is_some_and(|x| x == "tmp") {
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .map(|m| now.duration_since(m).unwrap_or_default() >= age)
-                    .unwrap_or(false);
-                if old && std::fs::remove_file(&p).is_ok() {
-                    n += 1;
+            } else if name.ends_with(".tmp") {
+                if old(&e) && std::fs::remove_file(&p).is_ok() {
+                    tmps += 1;
                 }
+            } else if let Some(bin) = name.strip_suffix(file::CRC_SIDECAR_SUFFIX)
+                && bin.ends_with(".bin")
+                && std::fs::symlink_metadata(d.join(bin)).is_err()
+                && old(&e)
+                && std::fs::remove_file(&p).is_ok()
+            {
+                sidecars += 1;
             }
         }
     }
-    n
+    (tmps, sidecars)
 }

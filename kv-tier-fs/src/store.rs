@@ -89,7 +89,7 @@ impl Files {
             }
         }
         let room = self.reserve_room(key)?;
-        let written = match self.write_block(&dest, src) {
+        let written = match self.write_block(key, &dest, src) {
             Err(Error::NoSpace { .. }) if self.gc.is_some() => {
                 // The filesystem is full (a cap larger than the disk, or other files): make
                 // room by the oldest files and try once more.
@@ -97,7 +97,7 @@ impl Files {
                     gc.counters.enospc_sweeps.fetch_add(1, Ordering::Relaxed);
                 }
                 self.sweep(Goal::Space);
-                self.write_block(&dest, src)
+                self.write_block(key, &dest, src)
             }
             r => r,
         }?;
@@ -108,8 +108,11 @@ impl Files {
         }
         bump(&self.counters.blocks_written, 1);
         bump(&self.counters.bytes_written, self.block_size as u64);
-        if let (Some(gc), Some(mut room)) = (&self.gc, room) {
-            gc.on_published(*key, gc.file_bytes(self.alloc_block), room.take());
+        if let (Some(gc), Some(mut room)) = (&self.gc, room)
+            && gc.on_published(*key, gc.file_bytes(self.alloc_block), room.take())
+            && let Some(Ok(m)) = dest.parent().map(std::fs::symlink_metadata)
+        {
+            gc.set_leaf_bytes(key, crate::gc::allocated(&m));
         }
         Ok(true)
     }
@@ -160,7 +163,7 @@ impl Files {
 
     /// Writes `src` to a temp file next to `dest` and publishes it there without replacing.
     /// `Ok(false)` when another writer published first.
-    fn write_block(&self, dest: &Path, src: &BlockSource) -> Result<bool> {
+    fn write_block(&self, key: &BlockKey, dest: &Path, src: &BlockSource) -> Result<bool> {
         let tmp = self.tmp_path(dest);
         self.fault(FsOp::CreateTmp, &tmp)
             .map_err(|e| self.io_err("create", &tmp, e))?;
@@ -192,7 +195,7 @@ impl Files {
         self.fault(FsOp::Write, &tmp)
             .and_then(|()| file::write_full(&f, data))
             .map_err(|e| self.io_err("write", &tmp, e))?;
-        let crc = (self.checksum == Checksum::Crc32c).then(|| crc32c::crc32c(data));
+        let crc = (self.checksum == Checksum::Crc32c).then(|| file::block_crc(key, data));
         let mut sidecar = None;
         if let Some(crc) = crc {
             if self.xattrs {

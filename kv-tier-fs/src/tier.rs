@@ -54,8 +54,11 @@ impl FsTier {
         block_size: usize,
     ) -> Result<Self> {
         cfg.validate()?;
-        if block_size == 0 {
-            return Err(Error::config("block_size_bytes", "must be positive"));
+        if block_size == 0 || block_size as u64 > kv_tier_core::config::MAX_BLOCK_SIZE {
+            return Err(Error::config(
+                "block_size_bytes",
+                format!("must be between 1 and 1 GiB, got {block_size}"),
+            ));
         }
         let name = name.into();
         let root = cfg.root_dir.clone();
@@ -133,6 +136,7 @@ impl FsTier {
             tmp_salt: random_salt(),
             top_dirs_ready: AtomicBool::new(false),
             protection: ProtectionSet::new(),
+            stamped: std::sync::Mutex::new(Default::default()),
             events: Arc::new(EventLog::new(
                 name.clone(),
                 Medium::Storage,
@@ -141,9 +145,13 @@ impl FsTier {
             gc,
         });
         let tmp_age = Duration::from_secs(cfg.tmp_reap_age_s);
-        let mut reaped = reap_tmp(std::slice::from_ref(&ns_dir), tmp_age);
+        let (mut reaped, _) = reap_tmp(std::slice::from_ref(&ns_dir), tmp_age);
         match &files.gc {
-            None => reaped += reap_tmp(std::slice::from_ref(&rank_dir), tmp_age),
+            None => {
+                let (tmps, sidecars) = reap_tmp(std::slice::from_ref(&rank_dir), tmp_age);
+                reaped += tmps;
+                bump(&files.counters.sidecars_reaped, sidecars);
+            }
             Some(gc) => {
                 // One walk adopts what is on disk (with its mtimes) and reaps temp files.
                 let t = std::time::Instant::now();
@@ -158,7 +166,7 @@ impl FsTier {
                 reaped += w.tmp_reaped;
                 bump(&files.counters.sidecars_reaped, w.sidecars_reaped);
                 let n = w.blocks.len();
-                gc.adopt(w.blocks);
+                gc.adopt(w.blocks, &w.leaves);
                 gc.counters
                     .adopt_ms
                     .store(t.elapsed().as_millis() as u64, Ordering::Relaxed);
@@ -549,11 +557,27 @@ impl SecondaryTier for FsTier {
         res
     }
 
+    /// Bounded: queues mtime stamps for the GC thread. Unbounded: stamps the keys' files on a
+    /// write thread (at most once per key per minute), so this process's reads count as
+    /// recency for bounded tiers of other processes on the same root. Never blocks.
     fn touch(&self, keys: &[BlockKey]) {
-        // Unbounded tiers keep no recency (as before); bounded ones queue mtime stamps.
         if let Some(gc) = &self.files.gc {
             gc.touch(keys);
+            return;
         }
+        let due = self.files.due_for_stamp(keys);
+        if due.is_empty() {
+            return;
+        }
+        let files = self.files.clone();
+        let task: Task = Box::new(move || {
+            let now = crate::gc::to_ns(SystemTime::now());
+            for k in due {
+                // a missing file is nothing to stamp
+                let _ = crate::gc::stamp(&files.ns.block_path(&files.root, &k), now);
+            }
+        });
+        self.engine.submit(Class::Store, vec![task]);
     }
 
     /// Protects `keys` from the GC. If a sweep is unlinking one of them right now, waits for

@@ -288,3 +288,164 @@ async fn a_gc_loop_that_panics_outside_its_step_is_restarted() {
     tier.shutdown().await.unwrap();
     assert!(!gc(&tier).thread_alive);
 }
+
+/// A directory grows with its entries and never shrinks: the tier counts what a leaf
+/// directory that once held many files still takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaf_directory_that_held_many_files_counts_its_size() {
+    let root = temp_root();
+    let mut c = bounded_cfg(root.path(), 64 << 20);
+    c.gc_low_watermark = Some(0.1);
+    let tier = FsTier::open("fs", c, ns(), 512).unwrap();
+    // 400 keys in one leaf directory (`abc/de_g0`)
+    let keys: Vec<_> = (0..400u64)
+        .map(|i| {
+            let mut h = [0u8; 32];
+            h.copy_from_slice(test_key(i).hash_bytes());
+            h[0] = 0xab;
+            h[1] = 0xcd;
+            h[2] = 0xe0 | (h[2] & 0x0f);
+            kv_tier_core::BlockKey::from_hash32(h, 0)
+        })
+        .collect();
+    for chunk in keys.chunks(50) {
+        assert!(
+            kv_tier_testkit::store_keys(&tier, chunk, 0, 512)
+                .await
+                .is_success()
+        );
+    }
+    let s = gc(&tier);
+    assert_eq!(s.bytes, du(&rank_dir(root.path())), "{s:?}");
+    assert!(
+        s.dir_bytes > 2 * 4096,
+        "a 400-entry directory counted as one unit: {s:?}"
+    );
+    // all but a few go; the directory keeps its size, and so does the count
+    for k in &keys[..390] {
+        std::fs::remove_file(tier.block_path(k)).unwrap();
+    }
+    tier.gc_rescan_now().unwrap();
+    let s = gc(&tier);
+    assert_eq!(s.files, 10);
+    assert_eq!(
+        s.bytes,
+        du(&rank_dir(root.path())),
+        "after most files went: {s:?}"
+    );
+}
+
+/// A load that finds a key's file gone does not forget the file a store published again in
+/// between (the race: open answers ENOENT, the store publishes, the load updates the index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_that_misses_keeps_a_file_stored_meanwhile() {
+    let root = temp_root();
+    let tier = Arc::new(FsTier::open("fs", bounded_cfg(root.path(), 1 << 30), ns(), BS).unwrap());
+    let k = test_key(1);
+    assert!(store(&*tier, &[k], 0).await.is_success());
+    std::fs::remove_file(tier.block_path(&k)).unwrap(); // an external rm
+    // the load's open is made to answer ENOENT only after a store has published again
+    let (at_tx, at_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    tier.set_fault_injector(Some(Arc::new(move |op, _p: &Path| {
+        if op == kv_tier_fs::FsOp::OpenRead {
+            at_tx.send(()).unwrap();
+            go_rx.lock().unwrap().recv().unwrap();
+            return Some(std::io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        None
+    })));
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load(&*t, &[k]).await.0 });
+    tokio::task::spawn_blocking(move || at_rx.recv().unwrap())
+        .await
+        .unwrap();
+    assert!(store(&*tier, &[k], 0).await.is_success()); // published again
+    go_tx.send(()).unwrap();
+    let res = loading.await.unwrap();
+    assert!(matches!(
+        res.failed[0].1,
+        kv_tier_core::Error::NotFound { .. }
+    ));
+    tier.set_fault_injector(None);
+    assert!(tier.block_path(&k).exists());
+    assert_eq!(gc(&tier).files, 1, "the index forgot a file on disk");
+}
+
+/// While it runs, a tier's rescans never reap its own temp files, even with
+/// `tmp_reap_age_s: 0` (which reaps every temp file at open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_never_reaps_the_tiers_own_temp_files() {
+    let root = temp_root();
+    let mut c = bounded_cfg(root.path(), 1 << 30);
+    c.tmp_reap_age_s = 0;
+    let tier = Arc::new(FsTier::open("fs", c, ns(), BS).unwrap());
+    let (at_tx, at_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    tier.set_fault_injector(Some(Arc::new(move |op, _p: &Path| {
+        if op == kv_tier_fs::FsOp::Publish {
+            at_tx.send(()).unwrap();
+            go_rx.lock().unwrap().recv().unwrap();
+        }
+        None
+    })));
+    let k = test_key(1);
+    let t = tier.clone();
+    let storing = tokio::spawn(async move { store(&*t, &[k], 0).await });
+    tokio::task::spawn_blocking(move || at_rx.recv().unwrap())
+        .await
+        .unwrap(); // the temp file is written, not yet published
+    tier.gc_rescan_now().unwrap();
+    go_tx.send(()).unwrap();
+    let res = storing.await.unwrap();
+    assert!(
+        res.is_success(),
+        "a rescan reaped an in-flight temp file: {:?}",
+        res.failed
+    );
+}
+
+/// An unbounded instance's reads (touches) are recency for a bounded instance on the same
+/// root: it stamps the files it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbounded_instances_reads_are_recency_for_a_bounded_one() {
+    let root = temp_root();
+    let mut ca = bounded_cfg(root.path(), 16 * per_block().await);
+    ca.gc_hard_ceiling = Some(1.5);
+    ca.gc_low_watermark = Some(0.5);
+    let a = FsTier::open("a", ca, ns(), BS).unwrap();
+    let b = FsTier::open("b", cfg(root.path()), ns(), BS).unwrap(); // unbounded
+    let keys: Vec<_> = (0..20).map(test_key).collect();
+    assert!(store(&a, &keys, 0).await.is_success());
+    age(&a, &keys, |i| 10_000 - i as u64);
+    let hot = keys[0];
+    let before = std::fs::metadata(a.block_path(&hot))
+        .unwrap()
+        .modified()
+        .unwrap();
+    b.touch(&[hot]);
+    for _ in 0..2000 {
+        if std::fs::metadata(a.block_path(&hot))
+            .unwrap()
+            .modified()
+            .unwrap()
+            > before
+        {
+            break;
+        }
+        tokio::task::yield_now().await;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        std::fs::metadata(a.block_path(&hot))
+            .unwrap()
+            .modified()
+            .unwrap()
+            > before,
+        "the unbounded instance did not stamp what it read"
+    );
+    assert!(a.gc_sweep_now().unwrap() > 0);
+    assert!(a.block_path(&hot).exists(), "A evicted a key B reads");
+}

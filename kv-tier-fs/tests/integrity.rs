@@ -277,3 +277,148 @@ async fn probe_temp_files_and_orphan_sidecars_are_reaped_by_walks() {
 fn tier_rank_dir(root: &Path) -> std::path::PathBuf {
     root.join(ns().rank_dir_name())
 }
+
+/// The checksum covers the key: a block file moved (or linked) to another key's path fails
+/// verification there instead of being served as that key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_moved_to_another_keys_path_is_not_served_as_that_key() {
+    let root = temp_root();
+    let tier = open_checksummed(root.path());
+    let (j, k) = (test_key(1), test_key(2));
+    assert!(store(&tier, &[j], 0).await.is_success());
+    let pk = tier.block_path(&k);
+    std::fs::create_dir_all(pk.parent().unwrap()).unwrap();
+    std::fs::hard_link(tier.block_path(&j), &pk).unwrap(); // same inode, same xattr
+    let (res, data) = load(&tier, &[k]).await;
+    assert!(data.is_empty(), "J's bytes were served as K");
+    assert!(
+        matches!(res.failed[0].1, Error::Corrupt { .. }),
+        "{:?}",
+        res.failed
+    );
+    assert!(load(&tier, &[j]).await.0.is_success(), "J itself is fine");
+}
+
+fn mkfifo(p: &Path) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+}
+
+/// A FIFO where a block, a sidecar or `config.json` belongs never blocks a load, a store or
+/// an open: it is damage (removed, or replaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_at_a_block_sidecar_or_config_path_blocks_nothing() {
+    async fn bounded<F: Future>(fut: F) -> Result<F::Output, tokio::time::error::Elapsed> {
+        tokio::time::timeout(Duration::from_secs(30), fut).await
+    }
+    let root = temp_root();
+    let tier = open_checksummed(root.path());
+    let k = test_key(1);
+    let p = tier.block_path(&k);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    mkfifo(&p);
+    let (res, _) = bounded(load(&tier, &[k]))
+        .await
+        .expect("a load hung on a FIFO");
+    assert!(
+        matches!(res.failed[0].1, Error::Corrupt { .. }),
+        "{:?}",
+        res.failed
+    );
+    assert!(std::fs::symlink_metadata(&p).is_err(), "the FIFO was kept");
+    mkfifo(&p);
+    assert!(
+        bounded(store(&tier, &[k], 0))
+            .await
+            .expect("a store hung")
+            .is_success()
+    );
+    assert!(load(&tier, &[k]).await.0.is_success());
+    drop(tier);
+    // sidecars (no xattrs on ramfs)
+    let m = Mount::new("ramfs", "");
+    let tier = open_checksummed(&m.dir);
+    tier.set_sidecar_grace(Duration::ZERO);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    let mut side = tier.block_path(&k).into_os_string();
+    side.push(CRC_SIDECAR_SUFFIX);
+    let side = std::path::PathBuf::from(side);
+    std::fs::remove_file(&side).unwrap();
+    mkfifo(&side);
+    let (res, _) = bounded(load(&tier, &[k]))
+        .await
+        .expect("a load hung on a FIFO sidecar");
+    assert!(!res.is_success());
+    drop(tier);
+    // config.json
+    let root = temp_root();
+    drop(common::open(root.path()));
+    let config = ns().config_path(root.path());
+    std::fs::remove_file(&config).unwrap();
+    mkfifo(&config);
+    let opened = tokio::task::spawn_blocking({
+        let r = root.path().to_path_buf();
+        move || FsTier::open("fs", cfg(&r), ns(), BS).map(drop)
+    });
+    bounded(opened)
+        .await
+        .expect("open hung on a FIFO config.json")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        ns().config_json()
+    );
+}
+
+/// An unbounded tier's open reaps old sidecars whose block is gone, as a bounded one's does.
+#[test]
+fn an_unbounded_open_reaps_orphan_sidecars() {
+    let m = Mount::new("ramfs", "");
+    let k = test_key(1);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let tier = open_checksummed(&m.dir);
+    assert!(rt.block_on(store(&tier, &[k], 0)).is_success());
+    drop(tier);
+    let p = ns().block_path(&m.dir, &k);
+    std::fs::remove_file(&p).unwrap();
+    let mut side = p.into_os_string();
+    side.push(CRC_SIDECAR_SUFFIX);
+    let side = std::path::PathBuf::from(side);
+    age_file(&side, 99_999);
+    let tier = open_checksummed(&m.dir);
+    assert!(
+        !side.exists(),
+        "an orphan sidecar survived an unbounded open"
+    );
+    assert_eq!(tier.stats().sidecars_reaped, 1);
+}
+
+/// A file with an mtime far in the future (or past) is adopted without overflow; a block
+/// size beyond the 1 GiB limit is refused naming it.
+#[test]
+fn odd_mtimes_and_block_sizes_never_make_open_panic() {
+    let root = temp_root();
+    let k = test_key(1);
+    let p = ns().block_path(root.path(), &k);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, vec![0u8; BS]).unwrap();
+    let f = std::fs::File::options().write(true).open(&p).unwrap();
+    f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(11_000_000_000))
+        .unwrap();
+    drop(f);
+    let mut c = cfg(root.path());
+    c.gc_max_size_gb = Some(1.0);
+    c.gc_background = false;
+    let tier = FsTier::open("fs", c.clone(), ns(), BS).unwrap();
+    tier.gc_rescan_now().unwrap();
+    assert_eq!(tier.stats().gc.unwrap().files, 1);
+    drop(tier);
+    for bs in [usize::MAX, (1 << 30) + 1] {
+        match FsTier::open("fs", c.clone(), ns(), bs).unwrap_err() {
+            Error::InvalidConfig { field, .. } => assert_eq!(field, "block_size_bytes"),
+            e => panic!("{e}"),
+        }
+    }
+}

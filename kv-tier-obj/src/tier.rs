@@ -18,6 +18,11 @@ use crate::block::{Counters, Inner, ReqError, bump, lock};
 use crate::cap::Cap;
 use crate::config::{ObjChecksum, ObjTierConfig, Scheme};
 
+const CREDENTIALS: &str =
+    "the credentials were refused: check access_key, secret_key and session_token";
+const UNREACHABLE: &str =
+    "the endpoint cannot be reached: check endpoint_override, scheme and region";
+
 /// Counters of an [`ObjTier`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ObjStats {
@@ -234,7 +239,22 @@ impl ObjTier {
         let inner = &self.inner;
         let key = BlockKey::from_hash32([0; 32], u32::MAX);
         let path = inner.path(&key);
-        let detail = match inner.request(inner.store.head(&path)).await {
+        // Classified by the error's kind, and by S3's error codes where only a message is
+        // left (a LIST's error): never by digits, which a URL's port may hold.
+        let refused = |e: &object_store::Error| {
+            matches!(
+                e,
+                object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }
+            ) || [
+                "AccessDenied",
+                "SignatureDoesNotMatch",
+                "InvalidAccessKeyId",
+            ]
+            .iter()
+            .any(|c| e.to_string().contains(c))
+        };
+        let (hint, detail) = match inner.request(inner.store.head(&path)).await {
             Ok(_) => return Ok(()),
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
                 let prefix = inner.rank_prefix().child(".kv-tier-probe");
@@ -246,30 +266,23 @@ impl ObjTier {
                         tracing::info!(tier = %inner.name, "no LIST permission: the bucket's existence is not checked at startup");
                         return Ok(());
                     }
-                    Err(ReqError::Store(e)) => e.to_string(),
-                    Err(ReqError::TimedOut) => {
-                        format!("no answer within {:?}", inner.request_deadline)
+                    Err(ReqError::Store(e)) if e.to_string().contains("NoSuchBucket") => {
+                        ("the bucket does not exist", e.to_string())
                     }
+                    Err(ReqError::Store(e)) if refused(&e) => (CREDENTIALS, e.to_string()),
+                    Err(ReqError::Store(e)) => (UNREACHABLE, e.to_string()),
+                    Err(ReqError::TimedOut) => (
+                        UNREACHABLE,
+                        format!("no answer within {:?}", inner.request_deadline),
+                    ),
                 }
             }
-            Err(ReqError::Store(e)) => e.to_string(),
-            Err(ReqError::TimedOut) => format!("no answer within {:?}", inner.request_deadline),
-        };
-        let hint = if [
-            "403",
-            "AccessDenied",
-            "SignatureDoesNotMatch",
-            "InvalidAccessKeyId",
-            "Forbidden",
-        ]
-        .iter()
-        .any(|s| detail.contains(s))
-        {
-            "the credentials were refused: check access_key, secret_key and session_token"
-        } else if detail.contains("NoSuchBucket") || detail.contains("404") {
-            "the bucket does not exist"
-        } else {
-            "the endpoint cannot be reached: check endpoint_override, scheme and region"
+            Err(ReqError::Store(e)) if refused(&e) => (CREDENTIALS, e.to_string()),
+            Err(ReqError::Store(e)) => (UNREACHABLE, e.to_string()),
+            Err(ReqError::TimedOut) => (
+                UNREACHABLE,
+                format!("no answer within {:?}", inner.request_deadline),
+            ),
         };
         Err(Error::Backend {
             tier: inner.name.clone(),

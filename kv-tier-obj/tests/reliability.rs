@@ -168,8 +168,19 @@ async fn a_lookup_answers_within_its_deadline_when_the_store_never_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_to_a_black_holed_endpoint_fails_within_the_request_deadline() {
-    // accepts connections and never answers
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // accepts connections and never answers; on a port whose digits hold "403" and "404"
+    // (the diagnosis must not read them as HTTP statuses), else any port
+    let mut listener = None;
+    for port in [40403, 14034, 24035, 34036, 44037] {
+        if let Ok(l) = tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            listener = Some(l);
+            break;
+        }
+    }
+    let listener = match listener {
+        Some(l) => l,
+        None => tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    };
     let addr = listener.local_addr().unwrap();
     let _hole = tokio::spawn(async move {
         let mut held = Vec::new();

@@ -51,8 +51,10 @@ pub(super) struct Index {
     pub(super) map: FxHashMap<BlockKey, Entry>,
     /// `(mtime, key)` of every entry: oldest first.
     pub(super) order: BTreeSet<(i64, BlockKey)>,
-    /// Indexed files per leaf directory.
-    leaves: FxHashMap<Leaf, u32>,
+    /// Indexed files per leaf directory, and the directory's allocated bytes (a directory
+    /// grows with its entries and does not shrink: measured by walks and, every
+    /// [`MEASURE_EVERY`] files, by stores).
+    leaves: FxHashMap<Leaf, LeafUse>,
     /// Leaf directories in use per top directory.
     tops: FxHashMap<u32, u32>,
     files_bytes: u64,
@@ -73,6 +75,17 @@ pub(super) struct Index {
     pub(super) foreign: FxHashMap<BlockKey, i64>,
     pub(super) foreign_pending: Vec<BlockKey>,
 }
+
+/// How a leaf directory is used.
+#[derive(Debug, Clone, Copy)]
+struct LeafUse {
+    files: u32,
+    bytes: u64,
+}
+
+/// A store measures its leaf directory's size when the leaf's file count reaches a multiple
+/// of this.
+pub(crate) const MEASURE_EVERY: u32 = 16;
 
 /// What removing an entry left behind.
 #[derive(Debug, Clone, Copy)]
@@ -128,10 +141,14 @@ impl Index {
             }
             None => {
                 let l = leaf_of(&key);
-                let n = self.leaves.entry(l).or_insert(0);
-                *n += 1;
-                if *n == 1 {
-                    self.dir_bytes += self.dir_unit;
+                let unit = self.dir_unit;
+                let n = self.leaves.entry(l).or_insert(LeafUse {
+                    files: 0,
+                    bytes: unit,
+                });
+                n.files += 1;
+                if n.files == 1 {
+                    self.dir_bytes += n.bytes;
                     let t = self.tops.entry(l.top).or_insert(0);
                     *t += 1;
                     if *t == 1 && self.count_tops {
@@ -155,10 +172,11 @@ impl Index {
             top_empty: false,
         };
         if let Some(n) = self.leaves.get_mut(&l) {
-            *n -= 1;
-            if *n == 0 {
+            n.files -= 1;
+            if n.files == 0 {
+                let bytes = n.bytes;
                 self.leaves.remove(&l);
-                self.dir_bytes -= self.dir_unit;
+                self.dir_bytes -= bytes;
                 r.leaf_empty = true;
                 if let Some(t) = self.tops.get_mut(&l.top) {
                     *t -= 1;
@@ -173,6 +191,20 @@ impl Index {
             }
         }
         Some(r)
+    }
+
+    /// Files indexed in `key`'s leaf directory.
+    pub(super) fn leaf_files(&self, key: &BlockKey) -> u32 {
+        self.leaves.get(&leaf_of(key)).map_or(0, |l| l.files)
+    }
+
+    /// Sets the measured allocated bytes of `key`'s leaf directory (if it is in use).
+    pub(super) fn set_leaf_bytes(&mut self, key: &BlockKey, bytes: u64) {
+        if let Some(l) = self.leaves.get_mut(&leaf_of(key)) {
+            self.dir_bytes = self.dir_bytes - l.bytes + bytes;
+            l.bytes = bytes;
+            self.note_peak();
+        }
     }
 
     /// Moves `key` to a new mtime (a stamp, or a fresher mtime seen on disk).

@@ -36,6 +36,7 @@ mod sweep;
 mod walk;
 
 use index::Index;
+pub(crate) use stamps::stamp;
 pub(crate) use sweep::Goal;
 pub(crate) use walk::{Found, walk};
 
@@ -134,13 +135,17 @@ pub(crate) struct Gc {
 
 pub(crate) fn to_ns(t: SystemTime) -> i64 {
     match t.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(d) => d.as_nanos() as i64,
-        Err(e) => -(e.duration().as_nanos() as i64),
+        Ok(d) => d.as_nanos().min(i64::MAX as u128) as i64,
+        Err(e) => -(e.duration().as_nanos().min(i64::MAX as u128) as i64),
     }
 }
 
+/// A file's mtime in ns since the epoch, saturating (a file stamped in the year 2318 or
+/// 1600 is just very new or very old).
 fn mtime_ns(m: &std::fs::Metadata) -> i64 {
-    m.mtime() * 1_000_000_000 + m.mtime_nsec()
+    m.mtime()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(m.mtime_nsec())
 }
 
 /// Allocated bytes of a file (`st_blocks` x 512).
@@ -206,11 +211,14 @@ impl Gc {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adopts what the startup walk found.
-    pub(crate) fn adopt(&self, found: Vec<Found>) {
+    /// Adopts what the startup walk found (block files, then their leaf directories' sizes).
+    pub(crate) fn adopt(&self, found: Vec<Found>, leaves: &[(BlockKey, u64)]) {
         let mut idx = self.lock();
         for f in found {
             idx.insert(f.key, f.size, f.mtime);
+        }
+        for (k, bytes) in leaves {
+            idx.set_leaf_bytes(k, *bytes);
         }
     }
 
@@ -225,7 +233,12 @@ impl Gc {
     /// which are newer than what it saw.
     /// Returns the indexed keys the walk did not find and that are older than it, with their
     /// `seq`: they are to be checked on disk before [`Gc::forget`].
-    pub(crate) fn merge(&self, found: Vec<Found>, seq0: u64) -> Vec<(BlockKey, u64)> {
+    pub(crate) fn merge(
+        &self,
+        found: Vec<Found>,
+        leaves: &[(BlockKey, u64)],
+        seq0: u64,
+    ) -> Vec<(BlockKey, u64)> {
         let mut idx = self.lock();
         let mut seen = FxHashSet::default();
         seen.reserve(found.len());
@@ -238,6 +251,9 @@ impl Gc {
                 // the disk is the truth for what predates the walk (a queued stamp stays)
                 _ => idx.insert(f.key, f.size, f.mtime),
             }
+        }
+        for (k, bytes) in leaves {
+            idx.set_leaf_bytes(k, *bytes);
         }
         let missing = idx
             .map
@@ -327,24 +343,34 @@ impl Gc {
     }
 
     /// A file this tier published (mtime: now), replacing the reservation made for it.
-    pub(crate) fn on_published(&self, key: BlockKey, file_bytes: u64, reserved: u64) {
+    /// Returns whether its leaf directory is due for a measurement
+    /// ([`Gc::set_leaf_bytes`]): directories grow with their entries.
+    pub(crate) fn on_published(&self, key: BlockKey, file_bytes: u64, reserved: u64) -> bool {
         let now = self.now_ns();
-        let over = {
+        let (over, measure) = {
             let mut idx = self.lock();
             idx.unreserve(reserved);
             idx.insert(key, file_bytes, now);
-            idx.total() > self.cfg.cap_bytes
+            (
+                idx.total() > self.cfg.cap_bytes,
+                idx.leaf_files(&key).is_multiple_of(index::MEASURE_EVERY),
+            )
         };
         if over {
             self.kick();
         }
+        measure
     }
 
-    /// A file was deleted (failed load, damage) or found missing.
-    pub(crate) fn on_removed(&self, key: &BlockKey) {
-        if self.lock().remove(key).is_some() {
-            self.freed();
-        }
+    /// The measured allocated bytes of `key`'s leaf directory.
+    pub(crate) fn set_leaf_bytes(&self, key: &BlockKey, bytes: u64) {
+        self.lock().set_leaf_bytes(key, bytes);
+    }
+
+    /// The `seq` of `key`'s entry, if indexed: what [`Gc::forget`] checks, so removing an
+    /// entry after I/O never removes one a store inserted meanwhile.
+    pub(crate) fn seq_of(&self, key: &BlockKey) -> Option<u64> {
+        self.lock().map.get(key).map(|e| e.seq)
     }
 
     /// A block file found on disk (by a store that skipped, a load, a stamp): indexed if the

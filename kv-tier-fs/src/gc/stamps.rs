@@ -11,7 +11,7 @@ use kv_tier_core::{BlockKey, Namespace};
 use super::{Gc, Index};
 
 /// Sets atime and mtime of `path` to `ns` (since the epoch).
-fn stamp(path: &Path, ns: i64) -> io::Result<()> {
+pub(crate) fn stamp(path: &Path, ns: i64) -> io::Result<()> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let ts = libc::timespec {

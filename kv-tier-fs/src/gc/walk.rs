@@ -24,6 +24,8 @@ pub(crate) struct Walk {
     pub(crate) tmp_reaped: u64,
     pub(crate) sidecars_reaped: u64,
     pub(crate) foreign: u64,
+    /// Allocated bytes of each leaf directory holding blocks, named by one of its keys.
+    pub(crate) leaves: Vec<(BlockKey, u64)>,
 }
 
 /// Parses `<top>/<leaf>/<hex>.bin` under the rank dir into a key, checking it is where the
@@ -109,6 +111,7 @@ pub(crate) fn walk(
                 }
                 let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
                 o.blocks.append(&mut local.blocks);
+                o.leaves.append(&mut local.leaves);
                 o.tmp_reaped += local.tmp_reaped;
                 o.sidecars_reaped += local.sidecars_reaped;
                 o.foreign += local.foreign;
@@ -154,6 +157,9 @@ fn walk_leaf(
             (Some(key), Ok(m)) if m.is_file() => bins.push((name, key, m)),
             _ => local.foreign += 1,
         }
+    }
+    if let (Some((_, key, _)), Ok(m)) = (bins.first(), std::fs::symlink_metadata(dir)) {
+        local.leaves.push((*key, allocated(&m)));
     }
     for (name, key, m) in bins {
         let side = sidecars.remove(&name).map_or(0, |s| allocated(&s));
