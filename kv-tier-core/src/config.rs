@@ -26,6 +26,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::layout::{Namespace, RunFields};
+use crate::tier_options::{TierOptions, TierSettings};
 
 /// DRAM eviction policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -46,8 +47,11 @@ pub struct TierSpec {
     /// A unique name for this tier (defaults to the type); used in request tier filters,
     /// statistics and events.
     pub name: String,
-    /// The type-specific options (every key but `type` and `name`).
+    /// The type-specific options (every key but `type`, `name` and the manager's own).
     pub options: Map<String, Value>,
+    /// What the manager does with this tier: probe budget, write-back limit and policy
+    /// (`probe_budget_s`, `write_back_limit_mb`, `write_back_policy`).
+    pub tiering: TierOptions,
 }
 
 impl TierSpec {
@@ -58,6 +62,7 @@ impl TierSpec {
             name: kind.clone(),
             kind,
             options: Map::new(),
+            tiering: TierOptions::default(),
         }
     }
 
@@ -100,10 +105,12 @@ impl TierSpec {
             }
             None => kind.clone(),
         };
+        let tiering = TierOptions::take_from(&mut map, field)?;
         Ok(Self {
             kind,
             name,
             options: map,
+            tiering,
         })
     }
 }
@@ -147,6 +154,12 @@ struct RawConfig {
     job_timeout_per_block_s: f64,
     #[serde(default = "default_lease")]
     lease_s: f64,
+    #[serde(default = "default_write_back_fraction")]
+    write_back_max_dram_fraction: f64,
+}
+
+fn default_write_back_fraction() -> f64 {
+    0.5
 }
 
 fn default_probe_timeout() -> f64 {
@@ -194,6 +207,10 @@ pub struct KvTierConfig {
     /// finished; the expiry only bounds a lease nothing ends. An expired "present" answer
     /// is probed again.
     pub lease_s: f64,
+    /// At most this fraction of the DRAM pool stays pinned by store jobs to secondary tiers
+    /// (`write_back_max_dram_fraction`, default 0.5, range 0.01 to 1). Past it, cascades to
+    /// `drop` tiers are dropped and, where a tier's policy is `wait`, `prepare_store` refuses.
+    pub write_back_max_dram_fraction: f64,
 }
 
 /// The documented range of every numeric field of [`KvTierConfig`], checked by
@@ -207,11 +224,17 @@ pub const RANGES: &[(&str, f64, f64)] = &[
         JOB_TIMEOUT_PER_BLOCK.1,
     ),
     ("lease_s", LEASE.0, LEASE.1),
+    (
+        "write_back_max_dram_fraction",
+        WRITE_BACK_FRACTION.0,
+        WRITE_BACK_FRACTION.1,
+    ),
 ];
 const PROBE_TIMEOUT: (f64, f64) = (0.001, 600.0);
 const JOB_TIMEOUT: (f64, f64) = (0.01, 86_400.0);
 const JOB_TIMEOUT_PER_BLOCK: (f64, f64) = (0.0, 3_600.0);
 const LEASE: (f64, f64) = (0.001, 86_400.0);
+const WRITE_BACK_FRACTION: (f64, f64) = (0.01, 1.0);
 
 /// Checks that `value` of `field` lies in `min..=max` (and is a number), with an error that
 /// names the field and the range. For tier configs too.
@@ -252,6 +275,7 @@ impl KvTierConfig {
             job_timeout_s: default_job_timeout(),
             job_timeout_per_block_s: default_job_timeout_per_block(),
             lease_s: default_lease(),
+            write_back_max_dram_fraction: default_write_back_fraction(),
         }
     }
 
@@ -270,6 +294,16 @@ impl KvTierConfig {
     /// The lease of a key a probe found.
     pub fn lease(&self) -> Duration {
         Duration::from_secs_f64(self.lease_s)
+    }
+
+    /// The settings of the `i`-th configured secondary tier (the lowest of them gets the
+    /// lowest tier's defaults).
+    pub fn tier_settings(&self, i: usize) -> TierSettings {
+        let n = self.secondary_tiers.len();
+        self.secondary_tiers
+            .get(i)
+            .map_or_else(TierOptions::default, |t| t.tiering)
+            .resolve(i + 1 >= n, self.cpu_bytes_to_use, self.block_size_bytes)
     }
 
     /// Parses and validates the JSON text.
@@ -330,6 +364,7 @@ impl KvTierConfig {
             job_timeout_s: raw.job_timeout_s,
             job_timeout_per_block_s: raw.job_timeout_per_block_s,
             lease_s: raw.lease_s,
+            write_back_max_dram_fraction: raw.write_back_max_dram_fraction,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -362,6 +397,7 @@ impl KvTierConfig {
             ));
         }
         for (i, t) in self.secondary_tiers.iter().enumerate() {
+            t.tiering.validate(&format!("secondary_tiers[{i}]"))?;
             if let Some(j) = self.secondary_tiers[..i]
                 .iter()
                 .position(|o| o.name == t.name)
@@ -384,6 +420,11 @@ impl KvTierConfig {
                 JOB_TIMEOUT_PER_BLOCK,
             ),
             ("lease_s", self.lease_s, LEASE),
+            (
+                "write_back_max_dram_fraction",
+                self.write_back_max_dram_fraction,
+                WRITE_BACK_FRACTION,
+            ),
         ] {
             check_range(field, v, min, max)?;
         }

@@ -111,6 +111,19 @@ pub enum Error {
         /// The deadline that passed.
         after: Duration,
     },
+    /// A tier's write-back is at its limit and its policy is `wait`: new blocks are refused
+    /// until its store jobs catch up (or the DRAM pinned by write-back is at its limit).
+    #[error(
+        "write-back to tier `{tier}` is full ({queued_bytes} of {limit_bytes} bytes queued): try again after the next step"
+    )]
+    WriteBackFull {
+        /// The tier (or `"dram"` for the pool-wide limit).
+        tier: String,
+        /// Bytes queued or in flight.
+        queued_bytes: u64,
+        /// The limit.
+        limit_bytes: u64,
+    },
     /// A tier panicked while running a job or probe; the manager caught it.
     #[error("tier `{tier}` panicked during {op}")]
     Panicked {
@@ -155,6 +168,7 @@ impl Error {
         match self {
             Error::Timeout { .. }
             | Error::Panicked { .. }
+            | Error::WriteBackFull { .. }
             | Error::CapacityExhausted { .. }
             | Error::NoSpace { .. } => true,
             Error::Backend { transient, .. } => *transient,

@@ -12,6 +12,7 @@ pub mod registry;
 pub mod request;
 pub mod stats;
 pub mod tier;
+pub mod tier_options;
 
 pub use buf::{AlignedBuf, BlockSink, BlockSource, PAGE_SIZE, SinkReader};
 pub use config::{EvictionPolicy, KvTierConfig, TierSpec};
@@ -28,6 +29,7 @@ pub use tier::{
     Capability, JobResult, LoadJob, PreparedStore, PrimaryStats, PrimaryTier, ProtectGuard,
     ProtectionSet, SecondaryTier, StoreJob, TierInfo,
 };
+pub use tier_options::{TierOptions, TierSettings, WriteBackPolicy};
 
 /// Re-exported so tier crates and the conformance macro use the same version.
 pub use async_trait::async_trait;

@@ -75,6 +75,8 @@ struct KeyState {
     present: Option<Lease>,
     /// Generation of the probe in flight for this key, if any.
     pending: Option<u64>,
+    /// When that probe was sent (`None` while it is queued).
+    sent: Option<Instant>,
     /// Requests waiting for the pending probe.
     waiters: Vec<RequestId>,
     /// Requests for which the key is a miss (negative answers live only in request scope).
@@ -96,6 +98,8 @@ enum Outcome {
 struct ProbeBatch {
     keys: Vec<(BlockKey, u64)>,
     outcome: Outcome,
+    /// How long the probe took.
+    took: Duration,
     /// Protects every key of the batch from the moment it was sent until its answer is
     /// applied (present keys then take leases of their own).
     _guard: ProtectGuard,
@@ -106,6 +110,7 @@ struct Report {
     batch: Option<(Vec<(BlockKey, u64)>, ProtectGuard)>,
     inbox: Arc<Mutex<Vec<ProbeBatch>>>,
     notify: Arc<Notify>,
+    sent: Instant,
 }
 
 impl Report {
@@ -114,6 +119,7 @@ impl Report {
             lock(&self.inbox).push(ProbeBatch {
                 keys,
                 outcome,
+                took: self.sent.elapsed(),
                 _guard: guard,
             });
             self.notify.notify_waiters();
@@ -153,6 +159,11 @@ pub struct AsyncLookupStats {
     pub leases_expired: u64,
     /// Failed-load answers for requests this lookup does not know (finished): ignored.
     pub ignored_answers: u64,
+    /// Lookups that stopped waiting for this tier's probe at the probe budget (the key
+    /// counted as absent here for that request).
+    pub over_budget: u64,
+    /// Probe batches answered after the budget (their answers serve later lookups).
+    pub late_answers: u64,
 }
 
 /// Non-blocking existence answers for one secondary tier.
@@ -184,7 +195,11 @@ pub struct AsyncLookup {
     /// The one generation counter: probes and leases take numbers from it.
     next_gen: u64,
     probe_timeout: Duration,
+    /// How long a lookup waits for a probe before counting the key absent for its request.
+    budget: Duration,
     lease_for: Duration,
+    /// Latency of the probe batches.
+    latency: crate::stats::LatencyHistogram,
     /// Leases in order of expiry (one lease duration for all, so insertion order).
     expiries: VecDeque<(Instant, BlockKey, u64)>,
     leases: LeaseTable,
@@ -235,7 +250,9 @@ impl AsyncLookup {
             in_flight: 0,
             next_gen: 0,
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            budget: DEFAULT_PROBE_TIMEOUT,
             lease_for: DEFAULT_LEASE,
+            latency: crate::stats::LatencyHistogram::default(),
             expiries: VecDeque::new(),
             leases: Arc::new(Mutex::new(FxHashMap::default())),
             reaper: None,
@@ -251,6 +268,19 @@ impl AsyncLookup {
             r.abort();
         }
         self
+    }
+
+    /// Sets the probe budget: how long a lookup waits for a probe before it counts the key as
+    /// absent in this tier for its request (default: the whole probe deadline). The probe
+    /// itself goes on until its deadline, and a late answer serves later lookups.
+    pub fn with_budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// Latency of the probe batches so far.
+    pub fn latency(&self) -> &crate::stats::LatencyHistogram {
+        &self.latency
     }
 
     fn generation(&mut self) -> u64 {
@@ -300,6 +330,19 @@ impl AsyncLookup {
         if expired {
             self.stats.leases_expired += 1;
         }
+        // a probe sent longer ago than the budget: this request goes on without it
+        let budget = self.budget;
+        if let Some(e) = self.keys.get_mut(key)
+            && e.pending.is_some()
+            && e.sent.is_some_and(|t| t.elapsed() >= budget)
+        {
+            e.waiters.retain(|r| *r != req);
+            if !e.missed_by.contains(&req) {
+                e.missed_by.push(req);
+            }
+            self.stats.over_budget += 1;
+            return Presence::Absent;
+        }
         let need_probe = self.keys.get(key).is_some_and(|e| e.pending.is_none());
         let generation = if need_probe {
             Some(self.generation())
@@ -309,6 +352,7 @@ impl AsyncLookup {
         let e = self.keys.get_mut(key).expect("entry made above");
         if let Some(g) = generation {
             e.pending = Some(g);
+            e.sent = None;
             self.queue.push((*key, g));
         }
         if !e.waiters.contains(&req) {
@@ -421,10 +465,19 @@ impl AsyncLookup {
         self.stats.probed_keys += n as u64;
         let keys: Vec<BlockKey> = batch.iter().map(|(k, _)| *k).collect();
         let guard = protect_caught(&*self.tier, &keys);
+        let sent = Instant::now();
+        for (k, g) in &batch {
+            if let Some(e) = self.keys.get_mut(k)
+                && e.pending == Some(*g)
+            {
+                e.sent = Some(sent);
+            }
+        }
         let mut report = Report {
             batch: Some((batch, guard)),
             inbox: self.inbox.clone(),
             notify: self.notify.clone(),
+            sent,
         };
         let tier = self.tier.clone();
         let deadline = self.probe_timeout;
@@ -448,6 +501,10 @@ impl AsyncLookup {
         let n = batches.len();
         for batch in batches {
             self.in_flight -= 1;
+            self.latency.record(batch.took);
+            if batch.took > self.budget {
+                self.stats.late_answers += 1;
+            }
             let answers = self.answers(batch.keys.len(), batch.outcome);
             for ((key, generation), present) in batch.keys.into_iter().zip(answers) {
                 let Some(e) = self.keys.get_mut(&key) else {
@@ -458,6 +515,7 @@ impl AsyncLookup {
                     continue;
                 }
                 e.pending = None;
+                e.sent = None;
                 let waiters = std::mem::take(&mut e.waiters);
                 if e.refs == 0 {
                     self.keys.remove(&key);

@@ -143,6 +143,17 @@ pub struct TierStats {
     pub jobs_panicked: u64,
     /// Queued promotions not sent because their request finished first.
     pub promotions_cancelled: u64,
+    /// Bytes of store jobs queued or in flight to this tier now (its write-back).
+    pub write_back_bytes: u64,
+    /// The most write-back this tier has had.
+    pub write_back_peak_bytes: u64,
+    /// Blocks not written to this tier because its write-back (or the DRAM pinned by
+    /// write-back) was at its limit and its policy is `drop`; they stay in the tiers above.
+    pub writes_dropped: u64,
+    /// Blocks not queued for this tier because a store of the same key already was.
+    pub writes_deduplicated: u64,
+    /// Latency of this tier's probe batches.
+    pub probe_latency: LatencyHistogram,
     /// Store job latencies.
     pub store_latency: LatencyHistogram,
     /// Load job latencies.
@@ -244,6 +255,13 @@ pub struct ManagerStats {
     pub promotions_refused: u64,
     /// Store cascades started (one per successful `complete_store` with new blocks).
     pub cascades: u64,
+    /// `prepare_store` calls refused because a `wait` tier's write-back (or the DRAM pinned by
+    /// write-back) was at its limit.
+    pub stores_refused_for_write_back: u64,
+    /// DRAM bytes pinned by store jobs now.
+    pub write_back_pinned_bytes: u64,
+    /// The most DRAM bytes store jobs have pinned at once.
+    pub write_back_pinned_peak_bytes: u64,
     /// The primary tier's counters.
     pub primary: crate::tier::PrimaryStats,
     /// Per secondary tier, in order.

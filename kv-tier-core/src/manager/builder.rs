@@ -17,6 +17,7 @@ use crate::lookup::AsyncLookup;
 use crate::registry::{BuildContext, TierRegistry};
 use crate::stats::{ManagerStats, TierStats};
 use crate::tier::{PrimaryTier, SecondaryTier};
+use crate::tier_options::TierOptions;
 
 pub(super) struct OwnedRuntime(Option<tokio::runtime::Runtime>);
 
@@ -35,7 +36,7 @@ pub struct TieringManagerBuilder {
     registry: TierRegistry,
     runtime: Option<tokio::runtime::Handle>,
     namespace: Option<Namespace>,
-    extra: Vec<Arc<dyn SecondaryTier>>,
+    extra: Vec<(Arc<dyn SecondaryTier>, TierOptions)>,
 }
 
 impl fmt::Debug for TieringManagerBuilder {
@@ -84,9 +85,17 @@ impl TieringManagerBuilder {
         self
     }
 
-    /// Appends an already-built tier after the configured ones.
-    pub fn tier(mut self, tier: Arc<dyn SecondaryTier>) -> Self {
-        self.extra.push(tier);
+    /// Appends an already-built tier after the configured ones (with default
+    /// [`TierOptions`]).
+    pub fn tier(self, tier: Arc<dyn SecondaryTier>) -> Self {
+        self.tier_with_options(tier, TierOptions::default())
+    }
+
+    /// Appends an already-built tier after the configured ones, with the manager's options
+    /// for it (probe budget, write-back limit and policy), as a `secondary_tiers` entry would
+    /// set them.
+    pub fn tier_with_options(mut self, tier: Arc<dyn SecondaryTier>, options: TierOptions) -> Self {
+        self.extra.push((tier, options));
         self
     }
 
@@ -169,10 +178,18 @@ impl TieringManagerBuilder {
             tiers.push(tier);
             names.push(spec.name.clone());
         }
-        for t in self.extra {
+        let mut options: Vec<TierOptions> = self
+            .config
+            .secondary_tiers
+            .iter()
+            .map(|t| t.tiering)
+            .collect();
+        for (t, o) in self.extra {
+            o.validate("tier_with_options")?;
             let name = t.info().name;
             tiers.push(t);
             names.push(name);
+            options.push(o);
         }
         for (i, n) in names.iter().enumerate() {
             if names[..i].contains(n) {
@@ -184,13 +201,31 @@ impl TieringManagerBuilder {
         }
         check_timers(&handle).await?;
         let notify = Arc::new(Notify::new());
-        let lookups = tiers
+        let n = tiers.len();
+        let settings: Vec<_> = options
             .iter()
-            .map(|t| {
-                AsyncLookup::new(t.clone(), handle.clone(), notify.clone())
-                    .with_timeouts(self.config.probe_timeout(), self.config.lease())
+            .enumerate()
+            .map(|(i, o)| {
+                o.resolve(
+                    i + 1 == n,
+                    self.config.cpu_bytes_to_use,
+                    self.config.block_size_bytes,
+                )
             })
             .collect();
+        let lookups = tiers
+            .iter()
+            .zip(&settings)
+            .map(|(t, s)| {
+                AsyncLookup::new(t.clone(), handle.clone(), notify.clone())
+                    .with_timeouts(self.config.probe_timeout(), self.config.lease())
+                    .with_budget(s.probe_budget.min(self.config.probe_timeout()))
+            })
+            .collect();
+        let pool = primary.stats().capacity_blocks as u64 * primary.block_size() as u64;
+        let max_pinned = ((pool as f64 * self.config.write_back_max_dram_fraction) as u64)
+            .max(primary.block_size() as u64);
+        let write_back = super::write_back::WriteBack::new(settings, max_pinned);
         let stats = ManagerStats {
             tiers: names
                 .iter()
@@ -213,6 +248,7 @@ impl TieringManagerBuilder {
                 finishing: FxHashSet::default(),
                 stats,
                 shut_down: false,
+                write_back,
             }),
             primary,
             tiers,

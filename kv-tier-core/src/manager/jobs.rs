@@ -201,6 +201,7 @@ impl TieringManager {
             }
             match info.kind {
                 JobKind::Store => {
+                    st.write_back.release(info.tier, &info.keys, per_block);
                     let ts = &mut st.stats.tiers[info.tier];
                     ts.store_jobs += 1;
                     ts.blocks_stored += ok_keys.len() as u64;

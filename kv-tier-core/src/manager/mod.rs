@@ -18,6 +18,7 @@ use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count
 use crate::stats::ManagerStats;
 mod builder;
 mod jobs;
+mod write_back;
 
 use builder::OwnedRuntime;
 pub use builder::TieringManagerBuilder;
@@ -46,6 +47,7 @@ struct State {
     finishing: FxHashSet<RequestId>,
     stats: ManagerStats,
     shut_down: bool,
+    write_back: write_back::WriteBack,
 }
 /// The tiering manager: answers lookups without blocking, cascades stores to every secondary
 /// tier, and promotes secondary hits into DRAM in batched background jobs.
@@ -119,6 +121,12 @@ impl TieringManager {
     /// Bytes per block.
     pub fn block_size(&self) -> usize {
         self.primary.block_size()
+    }
+
+    /// The resolved manager settings of the `i`-th secondary tier (probe budget, write-back
+    /// limit and policy).
+    pub fn tier_settings(&self, i: usize) -> crate::tier_options::TierSettings {
+        *lock(&self.state).write_back.settings(i)
     }
 
     /// The validated config the manager was built from.
@@ -211,21 +219,28 @@ impl TieringManager {
             st.stats.misses += 1;
             return LookupResult::Miss;
         }
+        // Every allowed tier is asked at once (each queues its probe if it does not know);
+        // the first tier in order that has the key serves it, once no tier before it could
+        // still have it. A tier's probe budget bounds how long a lookup waits for it.
+        let mut pending = false;
         for i in 0..self.tiers.len() {
             if !req.filter.allows(&self.names[i]) {
                 continue;
             }
             match st.lookups[i].lookup(key, req.id) {
-                Presence::Absent => continue,
-                Presence::Retry => {
-                    st.stats.retries += 1;
-                    return LookupResult::Retry;
-                }
-                Presence::Present => {
+                Presence::Absent => {}
+                Presence::Retry => pending = true,
+                Presence::Present if !pending => {
                     before_reserve();
                     return self.reserve_promotion(st, i, key, req.id);
                 }
+                // a tier before it may still have it (and is the faster one)
+                Presence::Present => break,
             }
+        }
+        if pending {
+            st.stats.retries += 1;
+            return LookupResult::Retry;
         }
         st.stats.misses += 1;
         LookupResult::Miss
@@ -277,8 +292,16 @@ impl TieringManager {
 
     /// Reserves DRAM slots for `keys` (evicting least-recently-used unpinned blocks). Fill the
     /// returned sinks, drop them, then call [`TieringManager::complete_store`].
+    ///
+    /// Refused with [`Error::WriteBackFull`] (changing nothing) while a tier whose
+    /// write-back policy is `wait` has its write-back at its limit, or the DRAM pinned by
+    /// write-back is at `write_back_max_dram_fraction`: ask again after the next step.
     pub fn prepare_store(&self, keys: &[BlockKey]) -> Result<PreparedStore> {
-        let _st = self.begin();
+        let mut st = self.begin();
+        if let Some(e) = st.write_back.refusal(&self.names) {
+            st.stats.stores_refused_for_write_back += 1;
+            return Err(e);
+        }
         self.primary.prepare_store(keys)
     }
 
@@ -310,10 +333,14 @@ impl TieringManager {
                 .zip(&sources)
                 .filter_map(|(k, s)| s.clone().map(|s| (*k, s)))
                 .collect();
-            if blocks.is_empty() {
+            // within the tier's write-back bound (its policy decides past it)
+            let a = st.write_back.admit(i, blocks);
+            st.stats.tiers[i].writes_dropped += a.dropped;
+            st.stats.tiers[i].writes_deduplicated += a.duplicates;
+            if a.blocks.is_empty() {
                 continue;
             }
-            self.submit(&mut st, i, req, Job::Store(StoreJob { blocks }));
+            self.submit(&mut st, i, req, Job::Store(StoreJob { blocks: a.blocks }));
         }
     }
     /// Ends the scheduling step: applies what has completed, then sends the queued promotions
@@ -503,7 +530,10 @@ impl TieringManager {
         let st = lock(&self.state);
         let mut s = st.stats.clone();
         s.primary = self.primary.stats();
-        for (t, l) in s.tiers.iter_mut().zip(&st.lookups) {
+        (s.write_back_pinned_bytes, s.write_back_pinned_peak_bytes) = st.write_back.pinned();
+        for (i, (t, l)) in s.tiers.iter_mut().zip(&st.lookups).enumerate() {
+            (t.write_back_bytes, t.write_back_peak_bytes) = st.write_back.queued(i);
+            t.probe_latency = l.latency().clone();
             t.probes = l.stats();
             t.tracked_keys = l.tracked_keys();
             t.tracked_requests = l.tracked_requests();

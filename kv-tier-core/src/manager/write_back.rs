@@ -1,0 +1,201 @@
+//! Bounded write-back: how many bytes of store jobs each tier may have queued or in flight,
+//! what happens beyond that (its policy), and how much DRAM all write-back may keep pinned.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::buf::BlockSource;
+use crate::error::Error;
+use crate::key::BlockKey;
+use crate::tier_options::{TierSettings, WriteBackPolicy};
+
+/// One tier's store jobs queued or in flight.
+#[derive(Debug, Default)]
+struct Queue {
+    bytes: u64,
+    peak: u64,
+    keys: FxHashSet<BlockKey>,
+}
+
+/// What a cascade to one tier was allowed to do.
+#[derive(Debug, Default)]
+pub(super) struct Admission {
+    /// The blocks to write.
+    pub(super) blocks: Vec<(BlockKey, BlockSource)>,
+    /// Blocks not written: the tier's write-back (or the pinned DRAM) is at its limit and its
+    /// policy is `drop`.
+    pub(super) dropped: u64,
+    /// Blocks already queued for this tier: not queued twice.
+    pub(super) duplicates: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct WriteBack {
+    settings: Vec<TierSettings>,
+    queues: Vec<Queue>,
+    /// Store jobs holding each pinned key.
+    pinned: FxHashMap<BlockKey, u32>,
+    pinned_bytes: u64,
+    pinned_peak: u64,
+    max_pinned_bytes: u64,
+}
+
+impl WriteBack {
+    pub(super) fn new(settings: Vec<TierSettings>, max_pinned_bytes: u64) -> Self {
+        Self {
+            queues: settings.iter().map(|_| Queue::default()).collect(),
+            settings,
+            pinned: FxHashMap::default(),
+            pinned_bytes: 0,
+            pinned_peak: 0,
+            max_pinned_bytes,
+        }
+    }
+
+    pub(super) fn settings(&self, tier: usize) -> &TierSettings {
+        &self.settings[tier]
+    }
+
+    /// Takes what tier `tier` may write of `blocks` now. A key already queued for the tier is
+    /// skipped. Past the tier's limit (or the pinned-DRAM limit), a `drop` tier drops the
+    /// rest; a `wait` tier takes everything (new stores are refused instead, see
+    /// [`WriteBack::refusal`]).
+    pub(super) fn admit(&mut self, tier: usize, blocks: Vec<(BlockKey, BlockSource)>) -> Admission {
+        let mut a = Admission::default();
+        let policy = self.settings[tier].write_back_policy;
+        let limit = self.settings[tier].write_back_limit_bytes;
+        for (k, src) in blocks {
+            let len = src.len() as u64;
+            let q = &self.queues[tier];
+            if q.keys.contains(&k) {
+                a.duplicates += 1;
+                continue;
+            }
+            let new_pin = !self.pinned.contains_key(&k);
+            let fits = q.bytes + len <= limit
+                && (!new_pin || self.pinned_bytes + len <= self.max_pinned_bytes);
+            if !fits && policy == WriteBackPolicy::Drop {
+                a.dropped += 1;
+                continue;
+            }
+            let q = &mut self.queues[tier];
+            q.bytes += len;
+            q.peak = q.peak.max(q.bytes);
+            q.keys.insert(k);
+            let n = self.pinned.entry(k).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                self.pinned_bytes += len;
+                self.pinned_peak = self.pinned_peak.max(self.pinned_bytes);
+            }
+            a.blocks.push((k, src));
+        }
+        a
+    }
+
+    /// A store job of `keys` (of `per_block` bytes each) to `tier` ended.
+    pub(super) fn release(&mut self, tier: usize, keys: &[BlockKey], per_block: u64) {
+        let q = &mut self.queues[tier];
+        for k in keys {
+            if q.keys.remove(k) {
+                q.bytes = q.bytes.saturating_sub(per_block);
+                if let Some(n) = self.pinned.get_mut(k) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.pinned.remove(k);
+                        self.pinned_bytes = self.pinned_bytes.saturating_sub(per_block);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Why new stores are refused now, if they are: a `wait` tier at its limit, or the DRAM
+    /// pinned by write-back at its limit.
+    pub(super) fn refusal(&self, names: &[String]) -> Option<Error> {
+        for (i, (s, q)) in self.settings.iter().zip(&self.queues).enumerate() {
+            if s.write_back_policy == WriteBackPolicy::Wait && q.bytes >= s.write_back_limit_bytes {
+                return Some(Error::WriteBackFull {
+                    tier: names[i].clone(),
+                    queued_bytes: q.bytes,
+                    limit_bytes: s.write_back_limit_bytes,
+                });
+            }
+        }
+        if self.pinned_bytes >= self.max_pinned_bytes
+            && self
+                .settings
+                .iter()
+                .any(|s| s.write_back_policy == WriteBackPolicy::Wait)
+        {
+            return Some(Error::WriteBackFull {
+                tier: "dram".into(),
+                queued_bytes: self.pinned_bytes,
+                limit_bytes: self.max_pinned_bytes,
+            });
+        }
+        None
+    }
+
+    /// (queued bytes, peak) of `tier`.
+    pub(super) fn queued(&self, tier: usize) -> (u64, u64) {
+        (self.queues[tier].bytes, self.queues[tier].peak)
+    }
+
+    /// (pinned bytes, peak) of all write-back.
+    pub(super) fn pinned(&self) -> (u64, u64) {
+        (self.pinned_bytes, self.pinned_peak)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn src() -> BlockSource {
+        BlockSource::from_bytes(vec![0u8; 100])
+    }
+
+    fn settings(policy: WriteBackPolicy, limit: u64) -> TierSettings {
+        TierSettings {
+            probe_budget: Duration::from_millis(50),
+            write_back_limit_bytes: limit,
+            write_back_policy: policy,
+        }
+    }
+
+    #[test]
+    fn a_key_queued_for_a_tier_is_not_queued_twice_and_release_frees_it() {
+        let k = BlockKey::from_hash32([1; 32], 0);
+        let mut wb = WriteBack::new(vec![settings(WriteBackPolicy::Drop, 1000)], 1000);
+        assert_eq!(wb.admit(0, vec![(k, src())]).blocks.len(), 1);
+        let again = wb.admit(0, vec![(k, src())]);
+        assert_eq!((again.blocks.len(), again.duplicates), (0, 1));
+        assert_eq!(wb.queued(0), (100, 100));
+        assert_eq!(wb.pinned(), (100, 100));
+        wb.release(0, &[k], 100);
+        assert_eq!(wb.queued(0).0, 0);
+        assert_eq!(wb.pinned().0, 0);
+        assert_eq!(wb.admit(0, vec![(k, src())]).blocks.len(), 1);
+    }
+
+    #[test]
+    fn a_key_pinned_by_two_tiers_counts_once() {
+        let k = BlockKey::from_hash32([1; 32], 0);
+        let s = settings(WriteBackPolicy::Drop, 1000);
+        let mut wb = WriteBack::new(vec![s, s], 150);
+        assert_eq!(wb.admit(0, vec![(k, src())]).blocks.len(), 1);
+        assert_eq!(wb.admit(1, vec![(k, src())]).blocks.len(), 1);
+        assert_eq!(wb.pinned().0, 100);
+        let other = BlockKey::from_hash32([2; 32], 0);
+        assert_eq!(
+            wb.admit(1, vec![(other, src())]).dropped,
+            1,
+            "past the pinned limit"
+        );
+        wb.release(0, &[k], 100);
+        assert_eq!(wb.pinned().0, 100, "tier 1 still holds it");
+        wb.release(1, &[k], 100);
+        assert_eq!(wb.pinned().0, 0);
+    }
+}

@@ -1,0 +1,171 @@
+//! What the manager does with each secondary tier, set per entry of `secondary_tiers` next to
+//! the tier's own options: how long a lookup waits for its probe, and how much write-back it
+//! may hold and what happens beyond that.
+//!
+//! ```
+//! use kv_tier_core::{KvTierConfig, WriteBackPolicy};
+//! let cfg = KvTierConfig::from_json_str(r#"{
+//!     "cpu_bytes_to_use": 1048576, "block_size_bytes": 65536,
+//!     "secondary_tiers": [
+//!         {"type": "memory", "name": "fast"},
+//!         {"type": "memory", "name": "slow", "probe_budget_s": 0.02,
+//!          "write_back_limit_mb": 0.25, "write_back_policy": "drop"}]
+//! }"#)?;
+//! let slow = cfg.tier_settings(1);
+//! assert_eq!(slow.write_back_limit_bytes, 262144);
+//! assert_eq!(slow.write_back_policy, WriteBackPolicy::Drop);
+//! // defaults: the lowest tier drops, the others push back
+//! assert_eq!(cfg.tier_settings(0).write_back_policy, WriteBackPolicy::Wait);
+//! # Ok::<(), kv_tier_core::Error>(())
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::config::check_range;
+use crate::error::Result;
+
+/// What happens to a store cascade that would take a tier's write-back past its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WriteBackPolicy {
+    /// The blocks are not written to this tier (they stay in the tiers above), counted as
+    /// dropped writes. The default for the lowest tier.
+    Drop,
+    /// Nothing is dropped; instead `prepare_store` refuses new blocks (an
+    /// [`crate::Error::WriteBackFull`]) while the tier's write-back is at its limit. The default for
+    /// the tiers above the lowest.
+    Wait,
+}
+
+/// The manager's options of one tier, as written in its `secondary_tiers` entry (absent:
+/// defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TierOptions {
+    /// `probe_budget_s`: how long a lookup waits for this tier's probe before it counts the
+    /// key as absent here for the asking request (default 0.05, range 0.0001 to 600). The
+    /// probe goes on until `probe_timeout_s`; a late answer still serves later lookups.
+    pub probe_budget_s: Option<f64>,
+    /// `write_back_limit_mb`: bytes of store jobs queued or in flight to this tier, in MiB
+    /// (default a quarter of `cpu_bytes_to_use`, but at least 64 blocks; range 0.000001 to
+    /// 1e9).
+    pub write_back_limit_mb: Option<f64>,
+    /// `write_back_policy`: `"drop"` or `"wait"` (default: `drop` for the lowest tier,
+    /// `wait` for the others).
+    pub write_back_policy: Option<WriteBackPolicy>,
+}
+
+/// The keys of [`TierOptions`] in a tier entry.
+const KEYS: [&str; 3] = ["probe_budget_s", "write_back_limit_mb", "write_back_policy"];
+
+/// The resolved settings of one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierSettings {
+    /// See [`TierOptions::probe_budget_s`].
+    pub probe_budget: Duration,
+    /// See [`TierOptions::write_back_limit_mb`].
+    pub write_back_limit_bytes: u64,
+    /// See [`TierOptions::write_back_policy`].
+    pub write_back_policy: WriteBackPolicy,
+}
+
+/// The default probe budget.
+pub const DEFAULT_PROBE_BUDGET: Duration = Duration::from_millis(50);
+
+impl TierOptions {
+    /// Takes the manager's keys out of a tier entry's options (`field`: the entry's path,
+    /// for errors).
+    pub(crate) fn take_from(map: &mut Map<String, Value>, field: &str) -> Result<Self> {
+        let mut mine = Map::new();
+        for k in KEYS {
+            if let Some(v) = map.remove(k) {
+                mine.insert(k.to_string(), v);
+            }
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            probe_budget_s: Option<f64>,
+            write_back_limit_mb: Option<f64>,
+            write_back_policy: Option<WriteBackPolicy>,
+        }
+        let raw: Raw = crate::config::from_value(Value::Object(mine), field)?;
+        let o = Self {
+            probe_budget_s: raw.probe_budget_s,
+            write_back_limit_mb: raw.write_back_limit_mb,
+            write_back_policy: raw.write_back_policy,
+        };
+        o.validate(field)?;
+        Ok(o)
+    }
+
+    /// Checks the ranges; errors name `field.key`.
+    pub fn validate(&self, field: &str) -> Result<()> {
+        let at = |k: &str| {
+            if field.is_empty() {
+                k.to_string()
+            } else {
+                format!("{field}.{k}")
+            }
+        };
+        if let Some(v) = self.probe_budget_s {
+            check_range(&at("probe_budget_s"), v, 0.0001, 600.0)?;
+        }
+        if let Some(v) = self.write_back_limit_mb {
+            check_range(&at("write_back_limit_mb"), v, 0.000001, 1e9)?;
+        }
+        Ok(())
+    }
+
+    /// The settings, defaults applied: `lowest` says whether the tier is the last in order,
+    /// `cpu_bytes` is the DRAM pool's size and `block_bytes` a block's.
+    pub fn resolve(&self, lowest: bool, cpu_bytes: u64, block_bytes: u64) -> TierSettings {
+        TierSettings {
+            probe_budget: self
+                .probe_budget_s
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .unwrap_or(DEFAULT_PROBE_BUDGET),
+            write_back_limit_bytes: self
+                .write_back_limit_mb
+                .map_or((cpu_bytes / 4).max(64 * block_bytes), |mb| {
+                    (mb * (1u64 << 20) as f64) as u64
+                })
+                .max(1),
+            write_back_policy: self.write_back_policy.unwrap_or(if lowest {
+                WriteBackPolicy::Drop
+            } else {
+                WriteBackPolicy::Wait
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let cases = [
+            (r#"{"probe_budget_s": 0}"#, "t.probe_budget_s"),
+            (r#"{"probe_budget_s": "1"}"#, "t.probe_budget_s"),
+            (r#"{"write_back_limit_mb": -1}"#, "t.write_back_limit_mb"),
+            (r#"{"write_back_policy": "later"}"#, "t.write_back_policy"),
+        ];
+        for (json, want) in cases {
+            let mut m: Map<String, Value> = serde_json::from_str(json).unwrap();
+            match TierOptions::take_from(&mut m, "t").unwrap_err() {
+                Error::InvalidConfig { field, .. } => assert_eq!(field, want, "{json}"),
+                e => panic!("{e}"),
+            }
+        }
+        let mut m: Map<String, Value> =
+            serde_json::from_str(r#"{"root_dir": "/x", "probe_budget_s": 0.5}"#).unwrap();
+        let o = TierOptions::take_from(&mut m, "t").unwrap();
+        assert_eq!(o.probe_budget_s, Some(0.5));
+        assert!(m.contains_key("root_dir") && !m.contains_key("probe_budget_s"));
+    }
+}

@@ -1,0 +1,233 @@
+//! A slow tier never slows the engine: tiers are probed at once, a probe budget bounds the
+//! wait for a slow one, and write-back to a tier is bounded with a visible policy. Tier A is
+//! fast, tier B is held at gates; the clock is tokio's paused clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_tier_core::{
+    BlockKey, Error, EvictionPolicy, KvTierConfig, LookupResult, RequestContext, RequestId,
+    SecondaryTier, StoreJob, TierOptions, TieringManager, WriteBackPolicy,
+};
+use kv_tier_cpu::{CpuTier, CpuTierConfig};
+use kv_tier_testkit::{FaultyTier, MemoryTier, source_for, test_key};
+
+const BS: usize = 4096;
+
+fn cpu(slots: usize) -> Arc<CpuTier> {
+    Arc::new(
+        CpuTier::new(CpuTierConfig {
+            capacity_bytes: (slots * BS) as u64,
+            block_size: BS,
+            policy: EvictionPolicy::Lru,
+            prefault: false,
+        })
+        .unwrap(),
+    )
+}
+
+/// A manager over tiers A and B (in that order), with the manager's options for each.
+async fn manager(
+    slots: usize,
+    a: Arc<dyn SecondaryTier>,
+    b: Arc<dyn SecondaryTier>,
+    tune: impl FnOnce(&mut KvTierConfig, &mut [TierOptions; 2]),
+) -> TieringManager {
+    let mut cfg = KvTierConfig::new((slots * BS) as u64, BS as u64);
+    let mut opts = [TierOptions::default(); 2];
+    tune(&mut cfg, &mut opts);
+    TieringManager::builder(cfg)
+        .primary(cpu(slots))
+        .tier_with_options(a, opts[0])
+        .tier_with_options(b, opts[1])
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn seed(t: &dyn SecondaryTier, keys: &[BlockKey]) {
+    let job = StoreJob {
+        blocks: keys.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
+    };
+    assert!(t.store(job).await.is_success());
+    t.take_events();
+}
+
+fn step(m: &TieringManager, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
+    let r = keys.iter().map(|k| m.lookup(k, req)).collect();
+    m.on_schedule_end();
+    r
+}
+
+fn store(m: &TieringManager, req: RequestId, keys: &[BlockKey]) -> kv_tier_core::Result<()> {
+    let mut p = m.prepare_store(keys)?;
+    for (k, sink) in &mut p.to_store {
+        kv_tier_testkit::fill_block(k, 0, sink.as_mut_slice());
+    }
+    drop(p);
+    m.complete_store(req, keys, true);
+    Ok(())
+}
+
+fn tiers() -> (Arc<MemoryTier>, Arc<MemoryTier>, Arc<FaultyTier>) {
+    let a = Arc::new(MemoryTier::new("a", BS));
+    let b_inner = Arc::new(MemoryTier::new("b", BS));
+    let b = Arc::new(FaultyTier::new(b_inner.clone()));
+    (a, b_inner, b)
+}
+
+/// A key tier A has is served as soon as A answers, whatever B is doing.
+#[tokio::test(start_paused = true)]
+async fn a_key_in_the_fast_tier_does_not_wait_for_the_slow_one() {
+    let (a, _b_inner, b) = tiers();
+    let k = test_key(1);
+    seed(&*a, &[k]).await;
+    let b_gate = b.hold_lookups();
+    let m = manager(8, a.clone(), b.clone(), |_, _| {}).await;
+    let req = RequestContext::new(1);
+    assert_eq!(step(&m, &[k], &req), vec![LookupResult::Retry]);
+    tokio::time::sleep(Duration::from_millis(5)).await; // A has answered; B has not
+    assert_eq!(step(&m, &[k], &req), vec![LookupResult::HitPending]);
+    assert!(!b_gate.is_open());
+}
+
+/// A key absent from A and present in B is answered in the step B answers: B is probed in
+/// the same step as A, not one step later.
+#[tokio::test(start_paused = true)]
+async fn a_key_only_the_slow_tier_has_is_answered_when_it_answers() {
+    let (a, b_inner, b) = tiers();
+    let k = test_key(1);
+    seed(&*b_inner, &[k]).await;
+    let m = manager(8, a.clone(), b.clone(), |_, _| {}).await;
+    let req = RequestContext::new(1);
+    assert_eq!(step(&m, &[k], &req), vec![LookupResult::Retry]);
+    m.wait_idle().await; // both probes answered: A absent, B present
+    assert_eq!(
+        step(&m, &[k], &req),
+        vec![LookupResult::HitPending],
+        "B was not probed with A"
+    );
+    assert_eq!(b_inner.lookup_counts().1, 1);
+}
+
+/// A probe past its budget stops gating the lookup: the key is a miss there for the asking
+/// request; the late answer serves later requests.
+#[tokio::test(start_paused = true)]
+async fn the_probe_budget_bounds_the_wait_and_a_late_answer_serves_the_next_request() {
+    let (a, b_inner, b) = tiers();
+    let k = test_key(1);
+    seed(&*b_inner, &[k]).await;
+    let b_gate = b.hold_lookups();
+    let m = manager(8, a.clone(), b.clone(), |_, o| {
+        o[1].probe_budget_s = Some(0.02)
+    })
+    .await;
+    let req = RequestContext::new(1);
+    assert_eq!(step(&m, &[k], &req), vec![LookupResult::Retry]);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        step(&m, &[k], &req),
+        vec![LookupResult::Retry],
+        "within budget"
+    );
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    assert_eq!(
+        step(&m, &[k], &req),
+        vec![LookupResult::Miss],
+        "past the budget"
+    );
+    assert_eq!(m.stats().tiers[1].probes.over_budget, 1);
+    b_gate.open(); // the late answer: present
+    m.wait_idle().await;
+    let s = m.stats();
+    assert_eq!(s.tiers[1].probes.late_answers, 1);
+    assert!(s.tiers[1].probe_latency.count() >= 1);
+    // a second request: A (asked first) is probed; B's late answer is already known
+    let probes_of_b = b_inner.lookup_counts().1;
+    let r2 = RequestContext::new(2);
+    assert_eq!(step(&m, &[k], &r2), vec![LookupResult::Retry]);
+    m.wait_idle().await;
+    assert_eq!(step(&m, &[k], &r2), vec![LookupResult::HitPending]);
+    assert_eq!(b_inner.lookup_counts().1, probes_of_b, "B was probed again");
+}
+
+/// The lowest tier drops what does not fit in its write-back (counted; the blocks stay in
+/// DRAM and in the tiers above); a tier with policy `wait` takes everything and pushes back
+/// on `prepare_store` instead, until its jobs catch up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_is_bounded_under_both_policies() {
+    let (a_inner, b_inner) = (
+        Arc::new(MemoryTier::new("a", BS)),
+        Arc::new(MemoryTier::new("b", BS)),
+    );
+    let (a, b) = (
+        Arc::new(FaultyTier::new(a_inner.clone())),
+        Arc::new(FaultyTier::new(b_inner.clone())),
+    );
+    let limit = (2 * BS) as f64 / (1u64 << 20) as f64; // two blocks
+    let m = manager(64, a.clone(), b.clone(), |_, o| {
+        for t in o.iter_mut() {
+            t.write_back_limit_mb = Some(limit);
+        }
+    })
+    .await;
+    // defaults: the lowest tier drops, the one above waits
+    let (sa, sb) = (m.tier_settings(0), m.tier_settings(1));
+    assert_eq!(sa.write_back_policy, WriteBackPolicy::Wait);
+    assert_eq!(sb.write_back_policy, WriteBackPolicy::Drop);
+    let (ga, gb) = (a.hold_stores(), b.hold_stores());
+    let keys: Vec<_> = (0..5).map(test_key).collect();
+    store(&m, RequestId(1), &keys).unwrap();
+    let s = m.stats();
+    assert_eq!(
+        s.tiers[1].writes_dropped, 3,
+        "the drop tier took more than its limit"
+    );
+    assert_eq!(s.tiers[1].write_back_bytes, 2 * BS as u64);
+    assert_eq!(s.tiers[0].writes_dropped, 0, "a wait tier dropped");
+    assert_eq!(s.tiers[0].write_back_bytes, 5 * BS as u64);
+    // the wait tier is over its limit: new stores are refused, naming it
+    match store(&m, RequestId(1), &[test_key(9)]).unwrap_err() {
+        Error::WriteBackFull { tier, .. } => assert_eq!(tier, "a"),
+        e => panic!("{e}"),
+    }
+    assert_eq!(m.stats().stores_refused_for_write_back, 1);
+    ga.open();
+    gb.open();
+    m.wait_idle().await;
+    assert!(keys.iter().all(|k| a_inner.contains(k)));
+    assert_eq!(keys.iter().filter(|k| b_inner.contains(k)).count(), 2);
+    let s = m.stats();
+    assert_eq!(
+        (s.tiers[0].write_back_bytes, s.tiers[1].write_back_bytes),
+        (0, 0)
+    );
+    assert_eq!(s.tiers[0].write_back_peak_bytes, 5 * BS as u64);
+    assert_eq!(s.write_back_pinned_bytes, 0);
+    store(&m, RequestId(1), &[test_key(9)]).unwrap();
+}
+
+/// DRAM pinned by write-back stays under `write_back_max_dram_fraction` of the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dram_pinned_by_write_back_stays_under_its_fraction() {
+    let (a, b_inner, b) = tiers();
+    drop(a);
+    let other = Arc::new(MemoryTier::new("a", BS));
+    let m = manager(20, other, b.clone(), |c, o| {
+        c.write_back_max_dram_fraction = 0.2; // 4 of 20 slots
+        o[0].write_back_policy = Some(WriteBackPolicy::Drop);
+    })
+    .await;
+    let g = b.hold_stores();
+    let keys: Vec<_> = (0..10).map(test_key).collect();
+    for k in &keys {
+        store(&m, RequestId(1), &[*k]).unwrap();
+        m.on_schedule_end();
+    }
+    let s = m.stats();
+    assert!(s.write_back_pinned_peak_bytes <= 4 * BS as u64, "{s:?}");
+    assert!(s.tiers[1].writes_dropped >= 6, "{:?}", s.tiers[1]);
+    g.open();
+    m.wait_idle().await;
+    assert!(b_inner.len() <= 4);
+}
