@@ -201,6 +201,18 @@ pub struct TierReport {
     pub store_failures: u64,
     /// Why stores failed.
     pub store_failure_causes: kv_tier_core::stats::FailureCauses,
+    /// Blocks not written here because its write-back was at its limit (policy `drop`).
+    pub writes_dropped: u64,
+    /// The most bytes of write-back queued or in flight to this tier.
+    pub write_back_peak_bytes: u64,
+    /// Probe batch latency p50 and p99, ms.
+    pub probe_p50_ms: f64,
+    /// See `probe_p50_ms`.
+    pub probe_p99_ms: f64,
+    /// Lookups that stopped waiting for this tier at its probe budget.
+    pub probes_over_budget: u64,
+    /// Probe batches answered after the budget.
+    pub late_answers: u64,
     /// Probes given up at their deadline.
     pub probe_timeouts: u64,
     /// Probes that failed or panicked.
@@ -239,8 +251,12 @@ pub struct GcReport {
 /// The report: printed at the end and written by `--json`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Report {
-    /// Seconds of wall time.
+    /// Seconds of wall time of the run: until the last request finished (the final drain of
+    /// write-back is `drain_seconds`).
     pub seconds: f64,
+    /// Seconds the final drain took (jobs still queued or in flight when the last request
+    /// finished: write-back to slow tiers, mostly).
+    pub drain_seconds: f64,
     /// Requests (turns) completed.
     pub requests: u64,
     /// Requests in the workload.
@@ -277,8 +293,13 @@ pub struct Report {
     pub hit_rate: f64,
     /// DRAM evictions.
     pub dram_evictions: u64,
-    /// `prepare_store` calls refused (DRAM full of pinned blocks).
+    /// `prepare_store` calls refused because DRAM was full of pinned blocks.
     pub stores_refused: u64,
+    /// `prepare_store` calls refused because write-back was at its limit (a `wait` tier, or
+    /// the DRAM pinned by write-back).
+    pub stores_refused_write_back: u64,
+    /// DRAM bytes pinned by write-back at most.
+    pub write_back_pinned_peak_bytes: u64,
     /// Per secondary tier.
     pub tiers: Vec<TierReport>,
     /// The fs tier's GC, when bounded.
@@ -425,6 +446,7 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
     let mut active: Vec<Active> = Vec::new();
     let mut r = Report {
         seconds: 0.0,
+        drain_seconds: 0.0,
         requests: 0,
         requests_planned: planned,
         steps: 0,
@@ -444,6 +466,8 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
         hit_rate: 0.0,
         dram_evictions: 0,
         stores_refused: 0,
+        stores_refused_write_back: 0,
+        write_back_pinned_peak_bytes: 0,
         tiers: Vec::new(),
         gc: None,
         events: 0,
@@ -540,8 +564,11 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
                                     rt.block_on(manager.wait_jobs());
                                 }
                             }
-                            // DRAM full of pinned blocks: these are not offloaded (recomputed
-                            // next time), as an engine would do.
+                            // DRAM full of pinned blocks, or write-back at its limit: these
+                            // are not offloaded (recomputed next time), as an engine would do.
+                            Err(kv_tier_core::Error::WriteBackFull { .. }) => {
+                                r.stores_refused_write_back += 1
+                            }
                             Err(_) => r.stores_refused += 1,
                         }
                         for k in chunk {
@@ -591,7 +618,10 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
             break;
         }
     }
+    let run_secs = started.elapsed().as_secs_f64();
+    let drain_started = Instant::now();
     rt.block_on(manager.wait_idle());
+    r.drain_seconds = drain_started.elapsed().as_secs_f64();
     for e in manager.take_events() {
         events.0 += 1;
         if e.removed {
@@ -602,9 +632,10 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
         progress_line(&manager, &r, started.elapsed());
         eprintln!();
     }
-    let secs = started.elapsed().as_secs_f64();
+    let secs = run_secs;
     let s = manager.stats();
     r.seconds = secs;
+    r.write_back_pinned_peak_bytes = s.write_back_pinned_peak_bytes;
     r.lookups = s.lookups;
     r.lookup_hits = s.hits;
     r.lookup_hits_pending = s.hits_pending;
@@ -629,6 +660,12 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
             store_failure_causes: t.store_failure_causes,
             probe_timeouts: t.probes.probe_timeouts,
             probe_errors: t.probes.probe_errors + t.probes.probe_panics,
+            writes_dropped: t.writes_dropped,
+            write_back_peak_bytes: t.write_back_peak_bytes,
+            probe_p50_ms: t.probe_latency.quantile(0.5).as_secs_f64() * 1e3,
+            probe_p99_ms: t.probe_latency.quantile(0.99).as_secs_f64() * 1e3,
+            probes_over_budget: t.probes.over_budget,
+            late_answers: t.probes.late_answers,
         });
     }
     if let Some(g) = fs_gc() {
@@ -745,8 +782,8 @@ pub fn render(r: &Report) -> String {
     let mut o = String::new();
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     o += &format!(
-        "kv-tier serve_sim report ({:.1} s, {} steps)\n",
-        r.seconds, r.steps
+        "kv-tier serve_sim report ({:.1} s, {} steps; then {:.1} s draining write-back)\n",
+        r.seconds, r.steps, r.drain_seconds
     );
     o += &format!(
         "  requests              {} of {} planned\n",
@@ -781,7 +818,13 @@ pub fn render(r: &Report) -> String {
         "  verified blocks       {} byte for byte, {} corrupt\n",
         r.blocks_verified, r.blocks_corrupt
     );
-    o += &format!("  DRAM evictions        {}\n", r.dram_evictions);
+    o += &format!(
+        "  DRAM                  {} evictions, {} stores refused (pinned), {} refused for write-back, write-back pinned at most {:.1} MiB\n",
+        r.dram_evictions,
+        r.stores_refused,
+        r.stores_refused_write_back,
+        r.write_back_pinned_peak_bytes as f64 / (1u64 << 20) as f64
+    );
     for t in &r.tiers {
         o += &format!(
             "  tier {:<16} {} blocks promoted, read {:.2} GiB ({:.2} GB/s), wrote {:.2} GiB ({:.2} GB/s), load job p50 {:.1} ms p99 {:.1} ms\n",
@@ -803,6 +846,16 @@ pub fn render(r: &Report) -> String {
             t.store_failure_causes.summary(),
             t.probe_timeouts,
             t.probe_errors
+        );
+        o += &format!(
+            "  {:<21} probe p50 {:.1} ms p99 {:.1} ms, {} lookups past the probe budget, {} late answers; write-back peak {:.1} MiB, {} writes dropped\n",
+            "",
+            t.probe_p50_ms,
+            t.probe_p99_ms,
+            t.probes_over_budget,
+            t.late_answers,
+            t.write_back_peak_bytes as f64 / (1u64 << 20) as f64,
+            t.writes_dropped
         );
     }
     if let Some(g) = &r.gc {

@@ -243,3 +243,65 @@ fn an_obj_tier_below_fs_serves_what_fs_swept() {
     assert!(r.gc.as_ref().unwrap().swept_files > 0);
     drop(server);
 }
+
+/// The obj tier on an S3 server that takes 20 ms per request (a remote store) and a
+/// write-back limit of 4 blocks: its probes pass their budget and their late answers are
+/// counted, cascades past the limit are dropped (the default policy of the lowest tier) and
+/// counted, no DRAM store is refused for write-back, and the report shows all of it.
+#[test]
+fn a_slow_obj_tier_drops_writes_and_answers_late_without_refusing_stores() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt.block_on(s3::S3Server::start());
+    server.set_latency(std::time::Duration::from_millis(20));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small(13);
+    cfg.sync_steps = false;
+    let block = cfg.block_bytes();
+    let config = serde_json::json!({
+        "cpu_bytes_to_use": cfg.dram_bytes,
+        "block_size_bytes": block,
+        "secondary_tiers": [
+            {"type": "fs", "root_dir": dir.path()},
+            {"type": "obj", "bucket": s3::BUCKET, "endpoint_override": server.endpoint,
+             "access_key": s3::AK, "secret_key": s3::SK, "region": "us-east-1",
+             "scheme": "http", "prefix": "slow",
+             "write_back_limit_mb": 4.0 * block as f64 / (1u64 << 20) as f64}]
+    });
+    cfg.config_json = Some(config.to_string());
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    let obj = &r.tiers[1];
+    assert_eq!(obj.name, "obj");
+    assert_eq!(r.stores_refused_write_back, 0, "{r:?}");
+    assert!(
+        obj.writes_dropped > 0,
+        "nothing dropped past the limit: {obj:?}"
+    );
+    assert!(
+        obj.blocks_stored > 0,
+        "nothing written within the limit: {obj:?}"
+    );
+    assert!(
+        obj.write_back_peak_bytes <= 4 * block as u64,
+        "write-back past its limit: {obj:?}"
+    );
+    assert!(
+        obj.probes_over_budget > 0,
+        "no lookup passed the budget: {obj:?}"
+    );
+    assert!(obj.late_answers > 0, "no late answer counted: {obj:?}");
+    let text = kv_tier_examples::sim::render(&r);
+    for want in [
+        "writes dropped",
+        "past the probe budget",
+        "late answers",
+        "draining",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from\n{text}");
+    }
+    drop(server);
+}

@@ -159,7 +159,7 @@ struct RawConfig {
 }
 
 fn default_write_back_fraction() -> f64 {
-    0.5
+    0.75
 }
 
 fn default_probe_timeout() -> f64 {
@@ -208,7 +208,8 @@ pub struct KvTierConfig {
     /// is probed again.
     pub lease_s: f64,
     /// At most this fraction of the DRAM pool stays pinned by store jobs to secondary tiers
-    /// (`write_back_max_dram_fraction`, default 0.5, range 0.01 to 1). Past it, cascades to
+    /// (`write_back_max_dram_fraction`, default 0.75, range 0.01 to 1). Pinned blocks still
+    /// serve hits; the rest of the pool takes new stores and promotions. Past it, cascades to
     /// `drop` tiers are dropped and, where a tier's policy is `wait`, `prepare_store` refuses.
     pub write_back_max_dram_fraction: f64,
 }
@@ -296,14 +297,19 @@ impl KvTierConfig {
         Duration::from_secs_f64(self.lease_s)
     }
 
-    /// The settings of the `i`-th configured secondary tier (the lowest of them gets the
-    /// lowest tier's defaults).
+    /// The DRAM bytes all write-back may pin (`cpu_bytes_to_use x
+    /// write_back_max_dram_fraction`): also each tier's default write-back limit.
+    pub fn write_back_budget(&self) -> u64 {
+        (self.cpu_bytes_to_use as f64 * self.write_back_max_dram_fraction) as u64
+    }
+
+    /// The settings of the `i`-th configured secondary tier, were it a local one (a remote
+    /// tier's default probe budget is shorter: see [`TierOptions::probe_budget_s`]).
     pub fn tier_settings(&self, i: usize) -> TierSettings {
-        let n = self.secondary_tiers.len();
         self.secondary_tiers
             .get(i)
             .map_or_else(TierOptions::default, |t| t.tiering)
-            .resolve(i + 1 >= n, self.cpu_bytes_to_use, self.block_size_bytes)
+            .resolve(false, self.write_back_budget(), self.block_size_bytes)
     }
 
     /// Parses and validates the JSON text.

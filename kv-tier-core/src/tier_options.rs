@@ -14,8 +14,8 @@
 //! let slow = cfg.tier_settings(1);
 //! assert_eq!(slow.write_back_limit_bytes, 262144);
 //! assert_eq!(slow.write_back_policy, WriteBackPolicy::Drop);
-//! // defaults: the lowest tier drops, the others push back
-//! assert_eq!(cfg.tier_settings(0).write_back_policy, WriteBackPolicy::Wait);
+//! // by default a tier drops what its write-back cannot take; `wait` is asked for
+//! assert_eq!(cfg.tier_settings(0).write_back_policy, WriteBackPolicy::Drop);
 //! # Ok::<(), kv_tier_core::Error>(())
 //! ```
 
@@ -32,11 +32,13 @@ use crate::error::Result;
 #[serde(rename_all = "lowercase")]
 pub enum WriteBackPolicy {
     /// The blocks are not written to this tier (they stay in the tiers above), counted as
-    /// dropped writes. The default for the lowest tier.
+    /// dropped writes. The default.
     Drop,
-    /// Nothing is dropped; instead `prepare_store` refuses new blocks (an
-    /// [`crate::Error::WriteBackFull`]) while the tier's write-back is at its limit. The default for
-    /// the tiers above the lowest.
+    /// Nothing is dropped; instead `prepare_store` refuses (an [`crate::Error::WriteBackFull`])
+    /// a store that would take the tier's write-back, or the DRAM pinned by write-back, past
+    /// its limit, counting the stores prepared and not yet completed. Neither ever passes its
+    /// limit, except by a single store larger than the limit, taken alone when nothing else
+    /// is queued. Asked for explicitly: the engine sees the backpressure.
     Wait,
 }
 
@@ -45,15 +47,18 @@ pub enum WriteBackPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct TierOptions {
     /// `probe_budget_s`: how long a lookup waits for this tier's probe before it counts the
-    /// key as absent here for the asking request (default 0.05, range 0.0001 to 600). The
-    /// probe goes on until `probe_timeout_s`; a late answer still serves later lookups.
+    /// key as absent here for the asking request (default: the whole `probe_timeout_s` for a
+    /// local tier, 0.005 for a remote one; range 0.0001 to 600). The probe goes on until
+    /// `probe_timeout_s`; a late answer still serves later lookups. A remote tier's short
+    /// default keeps a slow store from gating admission: its answers serve the next requests
+    /// instead. A local tier's probes wait behind its own stores, and a lookup that gives up
+    /// on one recomputes the rest of its prefix, so by default it waits.
     pub probe_budget_s: Option<f64>,
     /// `write_back_limit_mb`: bytes of store jobs queued or in flight to this tier, in MiB
-    /// (default a quarter of `cpu_bytes_to_use`, but at least 64 blocks; range 0.000001 to
-    /// 1e9).
+    /// (default: as much as all write-back may pin, `cpu_bytes_to_use x
+    /// write_back_max_dram_fraction`, but at least 64 blocks; range 0.000001 to 1e9).
     pub write_back_limit_mb: Option<f64>,
-    /// `write_back_policy`: `"drop"` or `"wait"` (default: `drop` for the lowest tier,
-    /// `wait` for the others).
+    /// `write_back_policy`: `"drop"` (the default) or `"wait"`.
     pub write_back_policy: Option<WriteBackPolicy>,
 }
 
@@ -71,8 +76,8 @@ pub struct TierSettings {
     pub write_back_policy: WriteBackPolicy,
 }
 
-/// The default probe budget.
-pub const DEFAULT_PROBE_BUDGET: Duration = Duration::from_millis(50);
+/// The default probe budget of a remote tier.
+pub const DEFAULT_PROBE_BUDGET_REMOTE: Duration = Duration::from_millis(5);
 
 impl TierOptions {
     /// Takes the manager's keys out of a tier entry's options (`field`: the entry's path,
@@ -119,25 +124,26 @@ impl TierOptions {
         Ok(())
     }
 
-    /// The settings, defaults applied: `lowest` says whether the tier is the last in order,
-    /// `cpu_bytes` is the DRAM pool's size and `block_bytes` a block's.
-    pub fn resolve(&self, lowest: bool, cpu_bytes: u64, block_bytes: u64) -> TierSettings {
+    /// The settings, defaults applied: `remote` says whether the tier is reached over a
+    /// network, `write_back_budget` is what all write-back may pin (the default limit) and
+    /// `block_bytes` a block's size.
+    pub fn resolve(&self, remote: bool, write_back_budget: u64, block_bytes: u64) -> TierSettings {
         TierSettings {
             probe_budget: self
                 .probe_budget_s
                 .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                .unwrap_or(DEFAULT_PROBE_BUDGET),
+                .unwrap_or(if remote {
+                    DEFAULT_PROBE_BUDGET_REMOTE
+                } else {
+                    Duration::MAX // the manager caps it at the probe deadline
+                }),
             write_back_limit_bytes: self
                 .write_back_limit_mb
-                .map_or((cpu_bytes / 4).max(64 * block_bytes), |mb| {
+                .map_or(write_back_budget.max(64 * block_bytes), |mb| {
                     (mb * (1u64 << 20) as f64) as u64
                 })
                 .max(1),
-            write_back_policy: self.write_back_policy.unwrap_or(if lowest {
-                WriteBackPolicy::Drop
-            } else {
-                WriteBackPolicy::Wait
-            }),
+            write_back_policy: self.write_back_policy.unwrap_or(WriteBackPolicy::Drop),
         }
     }
 }

@@ -151,9 +151,10 @@ async fn the_probe_budget_bounds_the_wait_and_a_late_answer_serves_the_next_requ
     assert_eq!(b_inner.lookup_counts().1, probes_of_b, "B was probed again");
 }
 
-/// The lowest tier drops what does not fit in its write-back (counted; the blocks stay in
-/// DRAM and in the tiers above); a tier with policy `wait` takes everything and pushes back
-/// on `prepare_store` instead, until its jobs catch up.
+/// A tier with the default policy drops what does not fit in its write-back (counted; the
+/// blocks stay in DRAM and in the tiers above); a tier with policy `wait` drops nothing and
+/// pushes back on `prepare_store` instead, until its jobs catch up. A store larger than the
+/// limit is taken when nothing else is queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_back_is_bounded_under_both_policies() {
     let (a_inner, b_inner) = (
@@ -169,12 +170,12 @@ async fn write_back_is_bounded_under_both_policies() {
         for t in o.iter_mut() {
             t.write_back_limit_mb = Some(limit);
         }
+        o[0].write_back_policy = Some(WriteBackPolicy::Wait);
     })
     .await;
-    // defaults: the lowest tier drops, the one above waits
     let (sa, sb) = (m.tier_settings(0), m.tier_settings(1));
     assert_eq!(sa.write_back_policy, WriteBackPolicy::Wait);
-    assert_eq!(sb.write_back_policy, WriteBackPolicy::Drop);
+    assert_eq!(sb.write_back_policy, WriteBackPolicy::Drop, "the default");
     let (ga, gb) = (a.hold_stores(), b.hold_stores());
     let keys: Vec<_> = (0..5).map(test_key).collect();
     store(&m, RequestId(1), &keys).unwrap();
@@ -230,4 +231,125 @@ async fn dram_pinned_by_write_back_stays_under_its_fraction() {
     g.open();
     m.wait_idle().await;
     assert!(b_inner.len() <= 4);
+}
+
+/// Under `wait`, stores prepared and not yet completed count against the limits: a second
+/// prepared store that would take the tier past its limit is refused before the first one
+/// completes, and nothing passes the limit once both land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_tier_counts_stores_prepared_and_not_completed() {
+    let (a_inner, b_inner, b) = tiers();
+    let m = manager(64, a_inner.clone(), b.clone(), |_, o| {
+        o[1].write_back_limit_mb = Some((4 * BS) as f64 / (1u64 << 20) as f64);
+        o[1].write_back_policy = Some(WriteBackPolicy::Wait);
+    })
+    .await;
+    let g = b.hold_stores();
+    let first: Vec<_> = (0..3).map(test_key).collect();
+    let p1 = m.prepare_store(&first).unwrap();
+    match m.prepare_store(&[test_key(10), test_key(11)]) {
+        Err(Error::WriteBackFull { tier, .. }) => assert_eq!(tier, "b"),
+        other => panic!("a store past the limit was prepared: {other:?}"),
+    }
+    // a key already in DRAM adds nothing: only the new one counts
+    let p2 = m.prepare_store(&[test_key(0), test_key(12)]).unwrap();
+    assert_eq!(p2.to_store.len(), 1);
+    drop((p1, p2));
+    m.complete_store(RequestId(1), &first, true);
+    m.complete_store(RequestId(1), &[test_key(12)], true);
+    assert_eq!(m.stats().tiers[1].write_back_bytes, 4 * BS as u64);
+    g.open();
+    m.wait_idle().await;
+    let s = m.stats();
+    assert_eq!(s.tiers[1].write_back_peak_bytes, 4 * BS as u64);
+    assert_eq!(s.tiers[1].writes_dropped, 0);
+    assert_eq!(b_inner.len(), 4);
+    // a failed store releases what it reserved
+    let p = m
+        .prepare_store(&[test_key(20), test_key(21), test_key(22)])
+        .unwrap();
+    drop(p);
+    m.complete_store(
+        RequestId(1),
+        &[test_key(20), test_key(21), test_key(22)],
+        false,
+    );
+    store(
+        &m,
+        RequestId(1),
+        &(30..34).map(test_key).collect::<Vec<_>>(),
+    )
+    .unwrap();
+}
+
+/// Many stores of mixed sizes, some prepared together, while a `wait` tier's jobs are held
+/// and released at random: its write-back and the DRAM pinned by write-back never pass
+/// their limits, nothing is dropped, and every stored block reaches the tier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_wait_the_limits_hold_through_any_interleaving() {
+    let (a_inner, b_inner, b) = tiers();
+    let m = manager(64, a_inner.clone(), b.clone(), |c, o| {
+        c.write_back_max_dram_fraction = 0.125; // 8 of 64 slots
+        o[1].write_back_limit_mb = Some((6 * BS) as f64 / (1u64 << 20) as f64);
+        o[1].write_back_policy = Some(WriteBackPolicy::Wait);
+    })
+    .await;
+    let mut gate = b.hold_stores();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let (mut key, mut stored, mut refused) = (0u64, Vec::new(), 0);
+    for _ in 0..400 {
+        // one or two stores prepared before either completes
+        let mut open = Vec::new();
+        for _ in 0..1 + next(2) {
+            let keys: Vec<_> = (0..1 + next(4)).map(|i| test_key(key + i)).collect();
+            key += keys.len() as u64;
+            match m.prepare_store(&keys) {
+                Ok(p) => open.push((p, keys)),
+                Err(Error::WriteBackFull { .. }) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        for (mut p, keys) in open {
+            for (k, sink) in &mut p.to_store {
+                kv_tier_testkit::fill_block(k, 0, sink.as_mut_slice());
+            }
+            drop(p);
+            m.complete_store(RequestId(1), &keys, true);
+            stored.extend(keys);
+        }
+        let s = m.stats();
+        assert!(
+            s.tiers[1].write_back_bytes <= 6 * BS as u64,
+            "{:?}",
+            s.tiers[1]
+        );
+        assert!(s.write_back_pinned_bytes <= 8 * BS as u64, "{s:?}");
+        if next(3) == 0 {
+            gate.open();
+            gate = b.hold_stores();
+        }
+        m.on_schedule_end();
+        tokio::task::yield_now().await;
+    }
+    gate.open();
+    m.wait_idle().await;
+    let s = m.stats();
+    assert!(refused > 0, "the limits were never reached");
+    assert_eq!(s.tiers[1].writes_dropped, 0);
+    assert!(
+        s.tiers[1].write_back_peak_bytes <= 6 * BS as u64,
+        "{:?}",
+        s.tiers[1]
+    );
+    assert!(s.write_back_pinned_peak_bytes <= 8 * BS as u64, "{s:?}");
+    assert!(
+        stored.iter().all(|k| b_inner.contains(k)),
+        "a stored block never reached the wait tier"
+    );
 }

@@ -28,6 +28,7 @@ pub struct S3Server {
     /// `http://127.0.0.1:<port>`.
     pub endpoint: String,
     fail_next: Arc<AtomicUsize>,
+    latency_us: Arc<std::sync::atomic::AtomicU64>,
     /// Requests received so far.
     pub requests: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
@@ -47,7 +48,8 @@ impl S3Server {
         let endpoint = format!("http://{}", listener.local_addr().unwrap());
         let fail_next = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
-        let (f, r) = (fail_next.clone(), requests.clone());
+        let latency_us = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (f, r, lat) = (fail_next.clone(), requests.clone(), latency_us.clone());
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             loop {
@@ -56,12 +58,16 @@ impl S3Server {
                 };
                 // Without TCP_NODELAY every small request waits ~40 ms for a delayed ACK.
                 socket.set_nodelay(true).unwrap();
-                let (svc, f, r) = (service.clone(), f.clone(), r.clone());
+                let (svc, f, r, lat) = (service.clone(), f.clone(), r.clone(), lat.clone());
                 let handler = hyper::service::service_fn(
                     move |req: http::Request<hyper::body::Incoming>| {
-                        let (svc, f, r) = (svc.clone(), f.clone(), r.clone());
+                        let (svc, f, r, lat) = (svc.clone(), f.clone(), r.clone(), lat.clone());
                         async move {
                             r.fetch_add(1, Ordering::SeqCst);
+                            let us = lat.load(Ordering::Relaxed);
+                            if us > 0 {
+                                tokio::time::sleep(std::time::Duration::from_micros(us)).await;
+                            }
                             let fail = f
                                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                                     n.checked_sub(1)
@@ -88,10 +94,19 @@ impl S3Server {
         S3Server {
             endpoint,
             fail_next,
+            latency_us,
             requests,
             task,
             _dir: dir,
         }
+    }
+
+    /// Every request waits `d` before it is served, as over a network to a remote store.
+    pub fn set_latency(&self, d: std::time::Duration) {
+        self.latency_us.store(
+            d.as_micros().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// The next `n` requests are answered 503 Service Unavailable.

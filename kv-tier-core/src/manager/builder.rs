@@ -201,14 +201,13 @@ impl TieringManagerBuilder {
         }
         check_timers(&handle).await?;
         let notify = Arc::new(Notify::new());
-        let n = tiers.len();
         let settings: Vec<_> = options
             .iter()
-            .enumerate()
-            .map(|(i, o)| {
+            .zip(&tiers)
+            .map(|(o, t)| {
                 o.resolve(
-                    i + 1 == n,
-                    self.config.cpu_bytes_to_use,
+                    t.info().locality == crate::event::Locality::Remote,
+                    self.config.write_back_budget(),
                     self.config.block_size_bytes,
                 )
             })

@@ -293,16 +293,28 @@ impl TieringManager {
     /// Reserves DRAM slots for `keys` (evicting least-recently-used unpinned blocks). Fill the
     /// returned sinks, drop them, then call [`TieringManager::complete_store`].
     ///
-    /// Refused with [`Error::WriteBackFull`] (changing nothing) while a tier whose
-    /// write-back policy is `wait` has its write-back at its limit, or the DRAM pinned by
-    /// write-back is at `write_back_max_dram_fraction`: ask again after the next step.
+    /// Where a tier's write-back policy is `wait`, refused with [`Error::WriteBackFull`]
+    /// (changing nothing) when the new blocks would take its write-back past its limit, or
+    /// the DRAM pinned by write-back past `write_back_max_dram_fraction`, counting the stores
+    /// prepared and not yet completed: ask again after the next step.
     pub fn prepare_store(&self, keys: &[BlockKey]) -> Result<PreparedStore> {
         let mut st = self.begin();
-        if let Some(e) = st.write_back.refusal(&self.names) {
+        let per_block = self.primary.block_size() as u64;
+        let new: FxHashSet<&BlockKey> = keys
+            .iter()
+            .filter(|k| self.primary.lookup(k) == LookupResult::Miss)
+            .collect();
+        if let Some(e) = st
+            .write_back
+            .refusal(&self.names, new.len() as u64 * per_block)
+        {
             st.stats.stores_refused_for_write_back += 1;
             return Err(e);
         }
-        self.primary.prepare_store(keys)
+        let prepared = self.primary.prepare_store(keys)?;
+        st.write_back
+            .reserve(prepared.to_store.iter().map(|(k, _)| *k), per_block);
+        Ok(prepared)
     }
 
     /// Ends a store begun by `prepare_store`. On success the blocks become `Hit` in DRAM and
@@ -321,6 +333,8 @@ impl TieringManager {
         } else {
             keys
         };
+        st.write_back
+            .unreserve(keys, self.primary.block_size() as u64);
         let stored = self.primary.complete_store(keys, success);
         if !success || stored.is_empty() || self.tiers.is_empty() || st.shut_down {
             return;

@@ -37,17 +37,27 @@ pub(super) struct WriteBack {
     pinned_bytes: u64,
     pinned_peak: u64,
     max_pinned_bytes: u64,
+    /// Keys of stores prepared and not yet completed, while a tier's policy is `wait`: they
+    /// will be admitted to it, so they count against its limit (and the pinned limit) now.
+    reserved: FxHashSet<BlockKey>,
+    reserved_bytes: u64,
+    any_wait: bool,
 }
 
 impl WriteBack {
     pub(super) fn new(settings: Vec<TierSettings>, max_pinned_bytes: u64) -> Self {
         Self {
             queues: settings.iter().map(|_| Queue::default()).collect(),
+            any_wait: settings
+                .iter()
+                .any(|s| s.write_back_policy == WriteBackPolicy::Wait),
             settings,
             pinned: FxHashMap::default(),
             pinned_bytes: 0,
             pinned_peak: 0,
             max_pinned_bytes,
+            reserved: FxHashSet::default(),
+            reserved_bytes: 0,
         }
     }
 
@@ -72,7 +82,8 @@ impl WriteBack {
             }
             let new_pin = !self.pinned.contains_key(&k);
             let fits = q.bytes + len <= limit
-                && (!new_pin || self.pinned_bytes + len <= self.max_pinned_bytes);
+                && (!new_pin
+                    || self.pinned_bytes + self.reserved_bytes + len <= self.max_pinned_bytes);
             if !fits && policy == WriteBackPolicy::Drop {
                 a.dropped += 1;
                 continue;
@@ -109,31 +120,60 @@ impl WriteBack {
         }
     }
 
-    /// Why new stores are refused now, if they are: a `wait` tier at its limit, or the DRAM
-    /// pinned by write-back at its limit.
-    pub(super) fn refusal(&self, names: &[String]) -> Option<Error> {
+    /// Why a store of `incoming` new bytes is refused now, if it is: it would take a `wait`
+    /// tier's write-back, or the DRAM pinned by write-back, past its limit (counting the
+    /// stores prepared and not completed). A store is never refused when nothing is queued
+    /// or reserved: one larger than a limit is taken alone.
+    pub(super) fn refusal(&self, names: &[String], incoming: u64) -> Option<Error> {
+        if !self.any_wait || incoming == 0 {
+            return None;
+        }
+        let past = |held: u64, limit: u64| held > 0 && held + incoming > limit;
         for (i, (s, q)) in self.settings.iter().zip(&self.queues).enumerate() {
-            if s.write_back_policy == WriteBackPolicy::Wait && q.bytes >= s.write_back_limit_bytes {
+            let held = q.bytes + self.reserved_bytes;
+            if s.write_back_policy == WriteBackPolicy::Wait && past(held, s.write_back_limit_bytes)
+            {
                 return Some(Error::WriteBackFull {
                     tier: names[i].clone(),
-                    queued_bytes: q.bytes,
+                    queued_bytes: held,
                     limit_bytes: s.write_back_limit_bytes,
                 });
             }
         }
-        if self.pinned_bytes >= self.max_pinned_bytes
-            && self
-                .settings
-                .iter()
-                .any(|s| s.write_back_policy == WriteBackPolicy::Wait)
-        {
+        let held = self.pinned_bytes + self.reserved_bytes;
+        if past(held, self.max_pinned_bytes) {
             return Some(Error::WriteBackFull {
                 tier: "dram".into(),
-                queued_bytes: self.pinned_bytes,
+                queued_bytes: held,
                 limit_bytes: self.max_pinned_bytes,
             });
         }
         None
+    }
+
+    /// A store of `keys` was prepared: while a tier waits, they count against the limits
+    /// until [`WriteBack::unreserve`].
+    pub(super) fn reserve(&mut self, keys: impl IntoIterator<Item = BlockKey>, per_block: u64) {
+        if !self.any_wait {
+            return;
+        }
+        for k in keys {
+            if self.reserved.insert(k) {
+                self.reserved_bytes += per_block;
+            }
+        }
+    }
+
+    /// The store of `keys` was completed (or failed): they no longer count as reserved.
+    pub(super) fn unreserve(&mut self, keys: &[BlockKey], per_block: u64) {
+        if self.reserved.is_empty() {
+            return;
+        }
+        for k in keys {
+            if self.reserved.remove(k) {
+                self.reserved_bytes = self.reserved_bytes.saturating_sub(per_block);
+            }
+        }
     }
 
     /// (queued bytes, peak) of `tier`.
