@@ -7,7 +7,10 @@
 //!
 //! `cargo bench -p kv-tier-examples --bench slow_tier` (`KV_TIER_SLOW_ROUNDS`, default 2;
 //! `KV_TIER_SLOW_LATENCY_MS`, default 20; `KV_TIER_SLOW_SECONDS`, the admission window,
-//! default 25).
+//! default 25; `KV_TIER_SLOW_ONLY=fs` or `fs+obj` runs one side, for a profiler;
+//! `KV_TIER_SLOW_SERVER_DIR`, where the server keeps its objects, default `/dev/shm` (a
+//! remote store's disk work is not the engine's; point it at a disk directory to charge the
+//! server's work to the same two cores)).
 
 use std::time::Duration;
 
@@ -21,6 +24,16 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// CPU seconds (user + system) this process has used so far.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // after the command name's closing parenthesis: fields 14 and 15 are utime and stime
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -30,6 +43,9 @@ fn main() {
     let rounds: usize = env("KV_TIER_SLOW_ROUNDS", 2);
     let latency_ms: u64 = env("KV_TIER_SLOW_LATENCY_MS", 20);
     let window: u64 = env("KV_TIER_SLOW_SECONDS", 25);
+    let only: Option<String> = std::env::var("KV_TIER_SLOW_ONLY").ok();
+    let server_dir =
+        std::path::PathBuf::from(env("KV_TIER_SLOW_SERVER_DIR", "/dev/shm".to_string()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -42,11 +58,13 @@ fn main() {
         ..SimConfig::default()
     };
     println!(
-        "serve_sim, {} streams, {} s admission window: fs only vs fs + obj (S3 answering {latency_ms} ms late, bucket empty), {rounds} rounds interleaved",
-        base.streams, window
+        "serve_sim, {} streams, {} s admission window: fs only vs fs + obj (S3 answering {latency_ms} ms late, bucket empty, objects in {}), {rounds} rounds interleaved",
+        base.streams,
+        window,
+        server_dir.display()
     );
     println!(
-        "{:>5} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9}",
+        "{:>5} {:>9} {:>8} {:>8} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9} {:>7} {:>9}",
         "round",
         "tiers",
         "run s",
@@ -57,8 +75,14 @@ fn main() {
         "hit %",
         "dropped",
         "refused",
-        "wb refus"
+        "wb refus",
+        "cpu s",
+        "s3 reqs"
     );
+    let runs = tempfile::Builder::new()
+        .prefix("kv-tier-slow-tier-")
+        .tempdir()
+        .expect("a temp dir");
     let mut fs = (vec![], vec![]);
     let mut both = (vec![], vec![]);
     for round in 0..rounds {
@@ -67,9 +91,27 @@ fn main() {
         } else {
             [true, false]
         } {
+            if only
+                .as_deref()
+                .is_some_and(|o| o != if with_obj { "fs+obj" } else { "fs" })
+            {
+                continue;
+            }
             let mut cfg = base.clone();
+            // every run in a fresh directory, all removed at the end: a run that follows the
+            // removal of 100k files would pay for it (ext4 skips recently freed inodes)
+            cfg.root_dir = Some(runs.path().join(format!(
+                "{round}-{}",
+                if with_obj { "fs+obj" } else { "fs" }
+            )));
             let server = with_obj.then(|| {
-                let s = rt.block_on(S3Server::start());
+                // the server stands for a remote store: its objects live in memory where
+                // possible, so its disk work does not take the engine's two cores
+                let s = if server_dir.is_dir() {
+                    rt.block_on(S3Server::start_in(&server_dir))
+                } else {
+                    rt.block_on(S3Server::start())
+                };
                 s.set_latency(Duration::from_millis(latency_ms));
                 cfg.s3_endpoint = Some(s.endpoint.clone());
                 cfg.s3_bucket = BUCKET.into();
@@ -77,11 +119,16 @@ fn main() {
                 cfg.s3_secret_key = SK.into();
                 s
             });
+            let cpu0 = cpu_seconds();
             let r: Report = run(&cfg).expect("serve_sim");
+            let cpu = cpu_seconds() - cpu0;
+            let reqs = server
+                .as_ref()
+                .map_or(0, |s| s.requests.load(std::sync::atomic::Ordering::Relaxed));
             assert_eq!(r.blocks_corrupt, 0);
             let dropped: u64 = r.tiers.iter().map(|t| t.writes_dropped).sum();
             println!(
-                "{:>5} {:>9} {:>8.1} {:>8.1} {:>8} {:>10} {:>10} {:>7.1} {:>9} {:>9} {:>9}",
+                "{:>5} {:>9} {:>8.1} {:>8.1} {:>8} {:>10} {:>10} {:>7.1} {:>9} {:>9} {:>9} {:>7.1} {:>9}",
                 round,
                 if with_obj { "fs+obj" } else { "fs" },
                 r.seconds,
@@ -92,13 +139,18 @@ fn main() {
                 100.0 * r.hit_rate,
                 dropped,
                 r.stores_refused,
-                r.stores_refused_write_back
+                r.stores_refused_write_back,
+                cpu,
+                reqs
             );
             let into = if with_obj { &mut both } else { &mut fs };
             into.0.push(r.seconds);
             into.1.push(r.steps as f64);
             drop(server);
         }
+    }
+    if fs.0.is_empty() || both.0.is_empty() {
+        return;
     }
     let (t_fs, t_both) = (median(fs.0), median(both.0));
     let (s_fs, s_both) = (median(fs.1), median(both.1));

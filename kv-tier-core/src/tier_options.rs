@@ -56,7 +56,10 @@ pub struct TierOptions {
     pub probe_budget_s: Option<f64>,
     /// `write_back_limit_mb`: bytes of store jobs queued or in flight to this tier, in MiB
     /// (default: as much as all write-back may pin, `cpu_bytes_to_use x
-    /// write_back_max_dram_fraction`, but at least 64 blocks; range 0.000001 to 1e9).
+    /// write_back_max_dram_fraction`, for a local tier; at most
+    /// [`REMOTE_WRITE_BACK_BLOCKS`] blocks of it for a remote one, whose uploads would
+    /// otherwise queue for minutes and drain long after the engine stops; at least 64
+    /// blocks; range 0.000001 to 1e9).
     pub write_back_limit_mb: Option<f64>,
     /// `write_back_policy`: `"drop"` (the default) or `"wait"`.
     pub write_back_policy: Option<WriteBackPolicy>,
@@ -75,6 +78,10 @@ pub struct TierSettings {
     /// See [`TierOptions::write_back_policy`].
     pub write_back_policy: WriteBackPolicy,
 }
+
+/// A remote tier's default write-back limit, in blocks: a queue its `io_threads` drain in
+/// well under a second at tens of milliseconds per request.
+pub const REMOTE_WRITE_BACK_BLOCKS: u64 = 256;
 
 /// The default probe budget of a remote tier.
 pub const DEFAULT_PROBE_BUDGET_REMOTE: Duration = Duration::from_millis(5);
@@ -139,9 +146,15 @@ impl TierOptions {
                 }),
             write_back_limit_bytes: self
                 .write_back_limit_mb
-                .map_or(write_back_budget.max(64 * block_bytes), |mb| {
-                    (mb * (1u64 << 20) as f64) as u64
-                })
+                .map_or(
+                    if remote {
+                        write_back_budget.min(REMOTE_WRITE_BACK_BLOCKS * block_bytes)
+                    } else {
+                        write_back_budget
+                    }
+                    .max(64 * block_bytes),
+                    |mb| (mb * (1u64 << 20) as f64) as u64,
+                )
                 .max(1),
             write_back_policy: self.write_back_policy.unwrap_or(WriteBackPolicy::Drop),
         }
@@ -173,5 +186,37 @@ mod tests {
         let o = TierOptions::take_from(&mut m, "t").unwrap();
         assert_eq!(o.probe_budget_s, Some(0.5));
         assert!(m.contains_key("root_dir") && !m.contains_key("probe_budget_s"));
+    }
+
+    #[test]
+    fn defaults_depend_on_locality_and_explicit_values_win() {
+        let (budget, block) = (100 << 20, 8192);
+        let local = TierOptions::default().resolve(false, budget, block);
+        assert_eq!(local.write_back_limit_bytes, budget);
+        assert_eq!(local.probe_budget, Duration::MAX, "capped by the manager");
+        assert_eq!(local.write_back_policy, WriteBackPolicy::Drop);
+        let remote = TierOptions::default().resolve(true, budget, block);
+        assert_eq!(
+            remote.write_back_limit_bytes,
+            REMOTE_WRITE_BACK_BLOCKS * block
+        );
+        assert_eq!(remote.probe_budget, DEFAULT_PROBE_BUDGET_REMOTE);
+        // never below 64 blocks, whatever the budget
+        let tiny = TierOptions::default().resolve(true, 1, block);
+        assert_eq!(tiny.write_back_limit_bytes, 64 * block);
+        let set = TierOptions {
+            probe_budget_s: Some(0.25),
+            write_back_limit_mb: Some(1.0),
+            write_back_policy: Some(WriteBackPolicy::Wait),
+        }
+        .resolve(true, budget, block);
+        assert_eq!(
+            set,
+            TierSettings {
+                probe_budget: Duration::from_millis(250),
+                write_back_limit_bytes: 1 << 20,
+                write_back_policy: WriteBackPolicy::Wait,
+            }
+        );
     }
 }

@@ -38,7 +38,21 @@ pub struct S3Server {
 impl S3Server {
     /// Starts a server with the bucket [`BUCKET`] and the credentials [`AK`] / [`SK`].
     pub async fn start() -> S3Server {
-        let dir = crate::util::temp_root();
+        Self::start_with(crate::util::temp_root()).await
+    }
+
+    /// As [`S3Server::start`], keeping the objects in a fresh directory under `parent` (say
+    /// a tmpfs, so that a benchmark's server, which stands for a remote store, does not
+    /// spend the local disk and CPU a remote one would not).
+    pub async fn start_in(parent: &std::path::Path) -> S3Server {
+        let dir = tempfile::Builder::new()
+            .prefix("kv-tier-s3-")
+            .tempdir_in(parent)
+            .expect("create the server's directory");
+        Self::start_with(dir).await
+    }
+
+    async fn start_with(dir: tempfile::TempDir) -> S3Server {
         std::fs::create_dir(dir.path().join(BUCKET)).unwrap();
         let fs = s3s_fs::FileSystem::new(dir.path()).unwrap();
         let mut b = s3s::service::S3ServiceBuilder::new(fs);
