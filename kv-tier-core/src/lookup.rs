@@ -162,7 +162,8 @@ pub struct AsyncLookupStats {
     /// Lookups that stopped waiting for this tier's probe at the probe budget (the key
     /// counted as absent here for that request).
     pub over_budget: u64,
-    /// Probe batches answered after the budget (their answers serve later lookups).
+    /// Probe batches that answered after the budget (their answers serve later lookups);
+    /// batches that timed out, failed or panicked are not answers and count elsewhere.
     pub late_answers: u64,
 }
 
@@ -197,6 +198,9 @@ pub struct AsyncLookup {
     probe_timeout: Duration,
     /// How long a lookup waits for a probe before counting the key absent for its request.
     budget: Duration,
+    /// When answers were last applied (the step's start): the budget is judged against it,
+    /// so a verdict changes only where answers are applied, never in the middle of a step.
+    applied_at: Instant,
     lease_for: Duration,
     /// Latency of the probe batches.
     latency: crate::stats::LatencyHistogram,
@@ -256,6 +260,7 @@ impl AsyncLookup {
             expiries: VecDeque::new(),
             leases: Arc::new(Mutex::new(FxHashMap::default())),
             reaper: None,
+            applied_at: Instant::now(),
             stats: AsyncLookupStats::default(),
         }
     }
@@ -273,6 +278,12 @@ impl AsyncLookup {
     /// Sets the probe budget: how long a lookup waits for a probe before it counts the key as
     /// absent in this tier for its request (default: the whole probe deadline). The probe
     /// itself goes on until its deadline, and a late answer serves later lookups.
+    ///
+    /// The wait is judged where answers are applied ([`AsyncLookup::apply_results`], at the
+    /// start of a scheduling step): a key whose probe was sent at least the budget before
+    /// that moment and had not answered by then is absent for its asking requests until the
+    /// next application. An answer that arrived in the meantime is not discarded: it is
+    /// applied there and serves from then on.
     pub fn with_budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
         self
@@ -330,11 +341,13 @@ impl AsyncLookup {
         if expired {
             self.stats.leases_expired += 1;
         }
-        // a probe sent longer ago than the budget: this request goes on without it
-        let budget = self.budget;
+        // a probe sent at least the budget before answers were last applied, and unanswered
+        // then: this request goes on without it
+        let (budget, applied_at) = (self.budget, self.applied_at);
         if let Some(e) = self.keys.get_mut(key)
             && e.pending.is_some()
-            && e.sent.is_some_and(|t| t.elapsed() >= budget)
+            && e.sent
+                .is_some_and(|t| applied_at.saturating_duration_since(t) >= budget)
         {
             e.waiters.retain(|r| *r != req);
             if !e.missed_by.contains(&req) {
@@ -497,12 +510,13 @@ impl AsyncLookup {
     /// Applies the probe answers that have arrived, and ends expired leases. Returns how many
     /// batches were applied.
     pub fn apply_results(&mut self) -> usize {
+        self.applied_at = Instant::now();
         let batches = std::mem::take(&mut *lock(&self.inbox));
         let n = batches.len();
         for batch in batches {
             self.in_flight -= 1;
             self.latency.record(batch.took);
-            if batch.took > self.budget {
+            if batch.took > self.budget && matches!(batch.outcome, Outcome::Answered(_)) {
                 self.stats.late_answers += 1;
             }
             let answers = self.answers(batch.keys.len(), batch.outcome);

@@ -353,3 +353,87 @@ async fn under_wait_the_limits_hold_through_any_interleaving() {
         "a stored block never reached the wait tier"
     );
 }
+
+/// The budget is judged at the step's start, where answers are applied: an answer that came
+/// within the budget is not thrown away because the step that applies it runs long, and a
+/// verdict never changes in the middle of a step.
+#[tokio::test(start_paused = true)]
+async fn an_answer_within_the_budget_serves_however_long_the_step_runs() {
+    let (a, b_inner, b) = tiers();
+    let k = test_key(1);
+    seed(&*b_inner, &[k]).await;
+    let b_gate = b.hold_lookups();
+    let m = manager(8, a.clone(), b.clone(), |_, o| {
+        o[1].probe_budget_s = Some(0.005)
+    })
+    .await;
+    let req = RequestContext::new(1);
+    assert_eq!(step(&m, &[k], &req), vec![LookupResult::Retry]); // probe sent at t=0
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    // the next step starts at t=2 (its first call applies what has arrived: nothing)
+    assert_eq!(
+        m.lookup(&test_key(99), &RequestContext::new(7)),
+        LookupResult::Retry
+    );
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    b_gate.open(); // B answers at t=4, within the 5 ms budget
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    tokio::time::sleep(Duration::from_millis(5)).await; // a long step: t=10
+    assert_eq!(
+        m.lookup(&k, &req),
+        LookupResult::Retry,
+        "the verdict changed in the middle of the step, or an answer within budget was dropped"
+    );
+    m.on_schedule_end();
+    assert_eq!(
+        step(&m, &[k], &req),
+        vec![LookupResult::HitPending],
+        "the answer that came within the budget did not serve"
+    );
+    let p = m.stats().tiers[1].probes;
+    assert_eq!((p.over_budget, p.late_answers), (0, 0));
+}
+
+/// A probe that never answers (it times out) is not a late answer: it serves nobody.
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_probe_is_not_counted_as_a_late_answer() {
+    let (a, _b_inner, b) = tiers();
+    let _gate = b.hold_lookups();
+    let m = manager(8, a.clone(), b.clone(), |c, o| {
+        c.probe_timeout_s = 0.05;
+        o[1].probe_budget_s = Some(0.01);
+    })
+    .await;
+    let req = RequestContext::new(1);
+    assert_eq!(step(&m, &[test_key(1)], &req), vec![LookupResult::Retry]);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    m.wait_idle().await;
+    let p = m.stats().tiers[1].probes;
+    assert_eq!(p.probe_timeouts, 1);
+    assert_eq!(p.late_answers, 0, "a timeout was counted as a late answer");
+}
+
+/// A key both tiers have is served by A; the lease B took on it (probed at the same time)
+/// ends with A's promotion instead of pinning B's copy until the request ends.
+#[tokio::test(start_paused = true)]
+async fn the_slow_tier_lets_go_of_a_key_the_fast_one_promoted() {
+    let (a, b_inner, b) = tiers();
+    let k = test_key(1);
+    seed(&*a, &[k]).await;
+    seed(&*b_inner, &[k]).await;
+    let m = manager(8, a.clone(), b.clone(), |_, _| {}).await;
+    let req = RequestContext::new(1);
+    assert_eq!(step(&m, &[k], &req), vec![LookupResult::Retry]);
+    m.wait_idle().await;
+    assert_eq!(step(&m, &[k], &req), vec![LookupResult::HitPending]);
+    m.wait_idle().await;
+    assert_eq!(step(&m, &[k], &req), vec![LookupResult::Hit]);
+    let s = m.stats();
+    assert_eq!(s.tiers[0].hits, 1);
+    assert_eq!(
+        (s.tiers[0].leased_keys, s.tiers[1].leased_keys),
+        (0, 0),
+        "a tier keeps a lease on a key another tier promoted"
+    );
+    assert!(!b.is_protected(&k));
+}

@@ -239,8 +239,15 @@ impl TieringManager {
                     }
                     ts.load_latency.record(elapsed);
                     self.primary.complete_store(&ok_keys, true);
-                    // the promotion ended: its keys' leases in the tier end with it
+                    // the promotion ended: its keys' leases in the tier end with it, and so
+                    // do the leases other tiers (probed at the same time) took on the keys
+                    // it promoted, which no promotion will read now
                     st.lookups[info.tier].release(&info.keys);
+                    for (i, l) in st.lookups.iter_mut().enumerate() {
+                        if i != info.tier {
+                            l.release(&ok_keys);
+                        }
+                    }
                     if !failed.is_empty() {
                         self.primary.complete_store(&failed, false);
                         st.lookups[info.tier].mark_miss(&failed, info.req);
