@@ -197,5 +197,11 @@ mod tests {
     use super::*;
     kv_tier_testkit::conformance_tests!(|| async {
         kv_tier_testkit::TierFixture::new(Arc::new(CappedMap::new("mine", 4096, 10_000)), 4096)
+            .registered(
+                CappedMap::register,
+                serde_json::json!({"secondary_tiers": [
+                    {"type": "capped-map", "name": "mine", "capacity": 1000}
+                ]}),
+            )
     });
 }

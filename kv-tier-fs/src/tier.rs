@@ -451,7 +451,7 @@ impl SecondaryTier for FsTier {
             locality: Locality::Local,
             capability: Capability {
                 persistent: true,
-                bounded: false,
+                bounded: self.files.gc.is_some(),
                 checksums: self.files.checksum == Checksum::Crc32c,
                 shared: true,
             },

@@ -23,7 +23,22 @@ use crate::cap::Cap;
 use crate::config::ObjChecksum;
 use crate::error::{classify, closed, not_found, timed_out};
 
-/// The user-metadata key of a block's CRC32C (8 hex digits).
+/// The checksum of `key`'s block `data`: CRC32C over the key (its hash, then its group,
+/// big-endian) and then the data, so an object copied to another key's path fails there.
+pub fn block_crc(key: &BlockKey, data: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(key.hash_bytes());
+    let crc = crc32c::crc32c_append(crc, &key.group().to_be_bytes());
+    crc32c::crc32c_append(crc, data)
+}
+
+/// A stored checksum: exactly 8 hex digits.
+fn parse_crc(text: &str) -> Option<u32> {
+    (text.len() == 8 && text.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| u32::from_str_radix(text, 16).ok())
+        .flatten()
+}
+
+/// The user-metadata key of a block's CRC32C (8 hex digits; see [`block_crc`]).
 pub const CRC_METADATA_KEY: &str = "kv-tier-crc32c";
 
 #[derive(Default)]
@@ -41,6 +56,8 @@ pub(crate) struct Counters {
     pub(crate) load_failures: AtomicU64,
     pub(crate) corrupt_deleted: AtomicU64,
     pub(crate) checksum_mismatches: AtomicU64,
+    pub(crate) unverified_loads: AtomicU64,
+    pub(crate) unverified_refused: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) sweeps: AtomicU64,
     pub(crate) skipped_in_flight: AtomicU64,
@@ -72,6 +89,7 @@ pub(crate) struct Inner {
     pub(crate) prefix: String,
     pub(crate) block_size: usize,
     pub(crate) checksum: ObjChecksum,
+    pub(crate) accept_unverified: bool,
     pub(crate) sem: Semaphore,
     pub(crate) io_threads: usize,
     pub(crate) in_flight: AtomicUsize,
@@ -130,7 +148,8 @@ impl Drop for PutClaim<'_> {
 /// What a GET brought.
 struct Fetched {
     size: u64,
-    want_crc: Option<u32>,
+    /// The checksum metadata, as stored (absent, or text that may not parse).
+    crc: Option<String>,
     filled: usize,
     overflow: bool,
 }
@@ -195,6 +214,11 @@ impl Inner {
         } else {
             ObjPath::from(format!("{}/{rank}", self.prefix))
         }
+    }
+
+    /// Where a bounded tier saves its recency order at shutdown (not a block path).
+    pub(crate) fn recency_path(&self) -> ObjPath {
+        ObjPath::from(format!("{}/kv-tier-recency.v1", self.rank_prefix()))
     }
 
     /// The key of an object path under the rank prefix, if it is a block of this layout.
@@ -298,29 +322,50 @@ impl Inner {
         // deleting it; write only after that
         self.wait_not_deleting(&key).await;
         self.check_open()?;
+        let path = self.path(&key);
         if self.exists.contains_key(&key) {
             // The cache may save the upload, never the confirmation: ask the backend.
             bump(&self.counters.exists_cache_hits, 1);
             if self.head(&key, false).await? {
-                return Ok(self.confirmed(key));
+                if !self.existing_is_unverifiable(&path).await? {
+                    return Ok(self.confirmed(key));
+                }
+                tracing::warn!(tier = %self.name, %key, "an object without a valid checksum is in the way; replacing it");
+                self.delete_corrupt(&key, &path).await;
             }
         }
-        let bytes: Bytes = src.bytes(); // zero-copy view of the DRAM slot
+        // A copy, not a view of the DRAM slot: the store may keep what it is given (an
+        // in-memory store keeps it for good, a client may hold a dropped request's body), and
+        // a view would keep the slot pinned. The copy costs far less than the upload.
+        let bytes = Bytes::copy_from_slice(src.as_slice());
+        drop(src);
         let mut attributes = Attributes::new();
         if self.checksum == ObjChecksum::Crc32c {
-            let crc = crc32c::crc32c(&bytes);
+            let crc = block_crc(&key, &bytes);
             attributes.insert(
                 Attribute::Metadata(CRC_METADATA_KEY.into()),
                 AttributeValue::from(format!("{crc:08x}")),
             );
         }
-        let path = self.path(&key);
+        let mut replaced = false;
+        let in_the_way = |path: &ObjPath| Error::Backend {
+            tier: self.name.clone(),
+            message: format!("an object without a valid checksum at {path} could not be replaced"),
+            transient: true,
+        };
         loop {
             let create = self.create_only.load(Ordering::Relaxed);
             if !create && self.head(&key, false).await? {
                 // No conditional writes here: look first (a race may still replace a block
                 // with an identical one: blocks are content-addressed).
-                return Ok(self.confirmed(key));
+                if !self.existing_is_unverifiable(&path).await? {
+                    return Ok(self.confirmed(key));
+                }
+                if std::mem::replace(&mut replaced, true) {
+                    return Err(in_the_way(&path));
+                }
+                self.delete_corrupt(&key, &path).await;
+                continue;
             }
             let opts = PutOptions {
                 mode: if create {
@@ -349,7 +394,21 @@ impl Inner {
                 Err(ReqError::Store(
                     object_store::Error::AlreadyExists { .. }
                     | object_store::Error::Precondition { .. },
-                )) => return Ok(self.confirmed(key)),
+                )) => {
+                    if self.existing_is_unverifiable(&path).await? {
+                        if std::mem::replace(&mut replaced, true) {
+                            self.uncount(&key);
+                            return Err(in_the_way(&path));
+                        }
+                        // a foreign or half-written object (a store whose PUT is not atomic
+                        // can keep the body of a cancelled PUT without its metadata): it
+                        // would fail every load, so it goes and this store writes the block
+                        tracing::warn!(tier = %self.name, %key, "an object without a valid checksum is in the way; replacing it");
+                        self.delete_corrupt(&key, &path).await;
+                        continue;
+                    }
+                    return Ok(self.confirmed(key));
+                }
                 Err(ReqError::Store(object_store::Error::NotImplemented)) if create => {
                     self.uncount(&key);
                     tracing::warn!(tier = %self.name, "the store has no create-only writes; checking before writing instead");
@@ -381,6 +440,28 @@ impl Inner {
     }
 
     /// Deletes a damaged object (reported as removed).
+    /// With checksums on (and unverified objects not accepted), whether the object at `path`
+    /// carries no well-formed checksum, so a load would refuse it (its metadata only: a HEAD).
+    async fn existing_is_unverifiable(&self, path: &ObjPath) -> Result<bool> {
+        if self.checksum != ObjChecksum::Crc32c || self.accept_unverified {
+            return Ok(false);
+        }
+        let opts = object_store::GetOptions {
+            head: true,
+            ..Default::default()
+        };
+        match self.request(self.store.get_opts(path, opts)).await {
+            Ok(got) => Ok(got
+                .attributes
+                .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
+                .and_then(|v| parse_crc(v.as_ref()))
+                .is_none()),
+            // gone meanwhile: it is not in the way (deleting it again is harmless)
+            Err(ReqError::Store(object_store::Error::NotFound { .. })) => Ok(true),
+            Err(e) => Err(self.err(&format!("HEAD {path}"), e)),
+        }
+    }
+
     async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath) {
         self.delete_epoch.fetch_add(1, Ordering::SeqCst);
         self.exists.invalidate(key);
@@ -399,14 +480,14 @@ impl Inner {
     ) -> std::result::Result<Fetched, ReqError> {
         self.request(async {
             let got = self.store.get(path).await?;
-            let want_crc = got
+            let crc = got
                 .attributes
                 .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
-                .and_then(|v| u32::from_str_radix(v.as_ref(), 16).ok());
+                .map(|v| v.to_string());
             let size = got.meta.size;
             let mut f = Fetched {
                 size,
-                want_crc,
+                crc,
                 filled: 0,
                 overflow: size != buf.len() as u64,
             };
@@ -462,18 +543,38 @@ impl Inner {
                 reason,
             });
         }
-        if self.checksum == ObjChecksum::Crc32c
-            && let Some(want) = f.want_crc
-        {
-            let crc = crc32c::crc32c(buf);
-            if crc != want {
-                bump(&self.counters.checksum_mismatches, 1);
-                tracing::warn!(tier = %self.name, %key, "checksum mismatch; the object is deleted");
+        if self.checksum == ObjChecksum::Crc32c {
+            let crc = block_crc(&key, buf);
+            let refused = match f.crc.as_deref() {
+                Some(text) => match parse_crc(text) {
+                    Some(want) if want == crc => None,
+                    Some(want) => {
+                        bump(&self.counters.checksum_mismatches, 1);
+                        Some(format!("crc32c is {crc:08x}, stored {want:08x} ({path})"))
+                    }
+                    None => {
+                        bump(&self.counters.checksum_mismatches, 1);
+                        Some(format!("malformed checksum metadata {text:?} ({path})"))
+                    }
+                },
+                None if self.accept_unverified => {
+                    bump(&self.counters.unverified_loads, 1);
+                    None
+                }
+                None => {
+                    bump(&self.counters.unverified_refused, 1);
+                    Some(format!(
+                        "no checksum (written without one; accept_unverified serves such objects) ({path})"
+                    ))
+                }
+            };
+            if let Some(reason) = refused {
+                tracing::warn!(tier = %self.name, %key, %reason, "unverifiable block; the object is deleted");
                 self.delete_corrupt(&key, &path).await;
                 return Err(Error::Corrupt {
                     key,
                     tier: self.name.clone(),
-                    reason: format!("crc32c is {crc:08x}, stored {want:08x} ({path})"),
+                    reason,
                 });
             }
         }

@@ -69,6 +69,70 @@ impl CapIndex {
     pub(crate) fn is_deleting(&self, key: &BlockKey) -> bool {
         self.deleting.contains(key)
     }
+
+    /// The indexed keys, least recently used first.
+    pub(crate) fn keys_by_recency(&self) -> Vec<BlockKey> {
+        self.order.values().copied().collect()
+    }
+}
+
+/// The recency snapshot's format: a header line, then 36 bytes per key (hash, then group
+/// little-endian), least recently used first.
+const SNAPSHOT_HEADER: &[u8] = b"kv-tier recency v1\n";
+
+/// Encodes `keys` (least recent first) as a recency snapshot.
+pub(crate) fn encode_recency(keys: &[BlockKey]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SNAPSHOT_HEADER.len() + keys.len() * 36);
+    out.extend_from_slice(SNAPSHOT_HEADER);
+    for k in keys {
+        out.extend_from_slice(k.hash_bytes());
+        out.extend_from_slice(&k.group().to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a recency snapshot into each key's position (0: least recent); `None` when it is
+/// not one (damaged or foreign: then recency falls back to the objects' ages).
+pub(crate) fn decode_recency(bytes: &[u8]) -> Option<FxHashMap<BlockKey, u64>> {
+    let body = bytes.strip_prefix(SNAPSHOT_HEADER)?;
+    if body.len() % 36 != 0 {
+        return None;
+    }
+    let mut pos = FxHashMap::default();
+    for (i, rec) in body.chunks_exact(36).enumerate() {
+        let hash: [u8; 32] = rec[..32].try_into().ok()?;
+        let group = u32::from_le_bytes(rec[32..].try_into().ok()?);
+        pos.insert(BlockKey::from_hash32(hash, group), i as u64);
+    }
+    Some(pos)
+}
+
+/// Orders objects found by a LIST (`(last_modified, key, size)`) by recency: the keys of the
+/// snapshot (taken at `snapshot_time`) in its order; objects it does not name are older
+/// than all of them if modified before it, newer if after (written since), by their ages.
+/// Returns them with their rank as the time, least recent first.
+pub(crate) fn order_by_snapshot(
+    found: Vec<(u64, BlockKey, u64)>,
+    snapshot: &FxHashMap<BlockKey, u64>,
+    snapshot_time: u64,
+) -> Vec<(u64, BlockKey, u64)> {
+    let mut ranked: Vec<((u8, u64), BlockKey, u64)> = found
+        .into_iter()
+        .map(|(t, k, size)| {
+            let rank = match snapshot.get(&k) {
+                Some(p) => (1, *p),
+                None if t <= snapshot_time => (0, t),
+                None => (2, t),
+            };
+            (rank, k, size)
+        })
+        .collect();
+    ranked.sort_unstable_by_key(|(rank, k, _)| (*rank, *k));
+    ranked
+        .into_iter()
+        .enumerate()
+        .map(|(i, (_, k, size))| (i as u64, k, size))
+        .collect()
 }
 
 /// The bound, its index, and the sweep's coordination.

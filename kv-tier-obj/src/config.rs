@@ -107,9 +107,18 @@ pub struct ObjTierConfig {
     /// Bound on concurrent requests (default 4, range 1 to 1,024).
     #[serde(default = "four")]
     pub io_threads: usize,
-    /// Integrity checking: `"none"` (default) or `"crc32c"`.
+    /// Integrity checking: `"none"` (default) or `"crc32c"`. The checksum covers the block's
+    /// key and its bytes (an object copied to another key's path fails there) and is kept
+    /// in the object's metadata.
     #[serde(default)]
     pub checksum: ObjChecksum,
+    /// With checksums on, also serve objects that carry no checksum (written by another
+    /// program, e.g. vLLM's obj tier, or before checksums were turned on): served
+    /// UNVERIFIED, and counted. Off by default: such an object is a miss, and is deleted so
+    /// the next store rewrites it with a checksum. A malformed or mismatching checksum is
+    /// refused either way.
+    #[serde(default)]
+    pub accept_unverified: bool,
     /// Per-attempt timeout in seconds (default 5, range 0.01 to 3,600). Every request (HEAD,
     /// PUT, GET with its body, DELETE, LIST page) ends within its deadline,
     /// [`ObjTierConfig::request_deadline`]: `request_timeout_s x (max_retries + 1)` plus the
@@ -160,6 +169,7 @@ impl ObjTierConfig {
             prefix: String::new(),
             io_threads: 4,
             checksum: ObjChecksum::None,
+            accept_unverified: false,
             request_timeout_s: timeout(),
             max_retries: retries(),
             exists_ttl_s: ttl(),

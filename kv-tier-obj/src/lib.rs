@@ -7,6 +7,6 @@ mod error;
 mod sweep;
 mod tier;
 
-pub use block::CRC_METADATA_KEY;
+pub use block::{CRC_METADATA_KEY, block_crc};
 pub use config::{ObjChecksum, ObjTierConfig, RANGES, Scheme};
 pub use tier::{ObjStats, ObjTier};

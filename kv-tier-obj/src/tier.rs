@@ -50,8 +50,12 @@ pub struct ObjStats {
     pub load_failures: u64,
     /// Objects deleted because they were short or failed their checksum.
     pub corrupt_deleted: u64,
-    /// Loads whose checksum did not match.
+    /// Loads whose checksum did not match, or was malformed.
     pub checksum_mismatches: u64,
+    /// Objects without a checksum served unverified (`accept_unverified`).
+    pub unverified_loads: u64,
+    /// Objects without a checksum refused (and deleted).
+    pub unverified_refused: u64,
     /// Objects deleted to keep the tier under `max_size_gb`.
     pub evicted: u64,
     /// Capacity sweeps run.
@@ -133,6 +137,7 @@ impl ObjTier {
             ns,
             block_size,
             checksum: cfg.checksum,
+            accept_unverified: cfg.accept_unverified,
             sem: Semaphore::new(cfg.io_threads),
             io_threads: cfg.io_threads,
             in_flight: AtomicUsize::new(0),
@@ -205,6 +210,8 @@ impl ObjTier {
             load_failures: g(&c.load_failures),
             corrupt_deleted: g(&c.corrupt_deleted),
             checksum_mismatches: g(&c.checksum_mismatches),
+            unverified_loads: g(&c.unverified_loads),
+            unverified_refused: g(&c.unverified_refused),
             evicted: g(&c.evicted),
             sweeps: g(&c.sweeps),
             skipped_in_flight: g(&c.skipped_in_flight),
@@ -300,24 +307,66 @@ impl ObjTier {
             return Ok(());
         };
         let prefix = inner.rank_prefix();
+        let snapshot = inner.recency_path();
         let mut listing = inner.store.list(Some(&prefix));
         let mut found = Vec::new();
+        let mut snapshot_time = None;
         loop {
             // one page at most per request deadline
             let next = inner.request(listing.try_next()).await;
             match next {
                 Ok(Some(meta)) => {
+                    let t = meta.last_modified.timestamp_micros().max(0) as u64;
                     if let Some(k) = inner.key_of(&meta.location) {
-                        let t = meta.last_modified.timestamp_micros().max(0) as u64;
                         found.push((t, k, meta.size));
+                    } else if meta.location == snapshot {
+                        snapshot_time = Some(t);
                     }
                 }
                 Ok(None) => break,
                 Err(e) => return Err(inner.err("LIST", e)),
             }
         }
+        // the recency the last shutdown saved, if any (touches are not in the objects' ages)
+        let order = match snapshot_time {
+            Some(at) => match inner
+                .request(async { inner.store.get(&snapshot).await?.bytes().await })
+                .await
+            {
+                Ok(bytes) => crate::cap::decode_recency(&bytes).map(|pos| (pos, at)),
+                Err(e) => {
+                    tracing::warn!(tier = %inner.name, error = %inner.err("GET recency", e), "the recency snapshot is unreadable; objects are ordered by age");
+                    None
+                }
+            },
+            None => None,
+        };
+        if let Some((pos, at)) = order {
+            found = crate::cap::order_by_snapshot(found, &pos, at);
+        }
         cap.seed(found);
         Ok(())
+    }
+
+    /// Saves the bounded index's recency order (touches included) for the next open.
+    async fn save_recency(&self) {
+        let inner = &self.inner;
+        let Some(cap) = &inner.cap else {
+            return;
+        };
+        let bytes = crate::cap::encode_recency(&cap.lock().keys_by_recency());
+        let path = inner.recency_path();
+        let put = inner
+            .request(async {
+                inner
+                    .store
+                    .put(&path, object_store::PutPayload::from(bytes))
+                    .await
+            })
+            .await;
+        if let Err(e) = put {
+            tracing::warn!(tier = %inner.name, error = %inner.err("PUT recency", e), "the recency order is not saved; the next open orders objects by age");
+        }
     }
 
     async fn run_store(&self, job: StoreJob) -> JobResult {
@@ -565,6 +614,7 @@ impl SecondaryTier for ObjTier {
             set.abort_all();
             while set.join_next().await.is_some() {}
         }
+        self.save_recency().await;
         tracing::debug!(tier = %self.inner.name, took_ms = started.elapsed().as_millis() as u64, "obj tier shut down");
         Ok(())
     }

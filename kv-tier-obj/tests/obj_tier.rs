@@ -12,6 +12,7 @@ use common::{BS, BUCKET, S3Server, ns};
 use kv_tier_core::{BlockKey, Error, SecondaryTier};
 use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig};
 use kv_tier_testkit::{block_bytes, test_key, verify_block};
+use object_store::ObjectStore as _;
 
 async fn store(t: &dyn SecondaryTier, keys: &[BlockKey], salt: u64) -> kv_tier_core::JobResult {
     kv_tier_testkit::store_keys(t, keys, salt, BS).await
@@ -221,6 +222,68 @@ async fn a_checksum_mismatch_is_a_miss_and_the_object_goes() {
             .iter()
             .any(|e| e.removed && e.keys == vec![keys[2]])
     );
+}
+
+/// With checksums on, an object that carries no checksum (written by another program) is a
+/// miss and goes, unless `accept_unverified` asks for it to be served (and counted); an
+/// object copied from another key's path, checksum and all, is a miss at its new path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_checksums_unverified_and_moved_objects_are_misses() {
+    for accept in [false, true] {
+        let store_ = Arc::new(object_store::memory::InMemory::new());
+        let mut cfg = ObjTierConfig::new("m");
+        cfg.checksum = ObjChecksum::Crc32c;
+        cfg.accept_unverified = accept;
+        let tier = ObjTier::with_store("obj", store_.clone(), cfg, ns(), BS)
+            .await
+            .unwrap();
+        let (a, b, c) = (test_key(1), test_key(2), test_key(3));
+        assert!(store(&tier, &[a], 0).await.is_success());
+        // b: bytes without a checksum; c: a's object (bytes and checksum) copied to c's path
+        let plain = object_store::path::Path::from(tier.object_path(&b));
+        store_
+            .put(&plain, block_bytes(&b, 0, BS).into())
+            .await
+            .unwrap();
+        store_
+            .copy(
+                &object_store::path::Path::from(tier.object_path(&a)),
+                &object_store::path::Path::from(tier.object_path(&c)),
+            )
+            .await
+            .unwrap();
+        let (res, data) = load(&tier, &[a, b, c]).await;
+        let ok: Vec<_> = data.iter().map(|(k, _)| *k).collect();
+        if accept {
+            assert_eq!(ok, vec![a, b], "{:?}", res.failed);
+            assert_eq!(tier.stats().unverified_loads, 1);
+        } else {
+            assert_eq!(ok, vec![a], "{:?}", res.failed);
+            assert_eq!(tier.stats().unverified_refused, 1);
+            assert!(
+                store_.head(&plain).await.is_err(),
+                "the unverifiable object stays"
+            );
+        }
+        assert!(data.iter().all(|(k, d)| verify_block(k, 0, d)));
+        assert!(
+            res.failed
+                .iter()
+                .any(|(k, e)| *k == c && matches!(e, Error::Corrupt { .. })),
+            "a copied object was served as another key"
+        );
+        if !accept {
+            // a store finds an object without a checksum in its way (a half-written PUT of a
+            // store without atomic writes) and replaces it: its success means a readable block
+            let d = test_key(4);
+            let p = object_store::path::Path::from(tier.object_path(&d));
+            store_.put(&p, block_bytes(&d, 0, BS).into()).await.unwrap();
+            assert!(store(&tier, &[d], 0).await.is_success());
+            let (res, data) = load(&tier, &[d]).await;
+            assert!(res.is_success(), "{:?}", res.failed);
+            assert!(verify_block(&d, 0, &data[0].1));
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

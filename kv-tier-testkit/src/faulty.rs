@@ -32,6 +32,7 @@ struct Plan {
     store_gate: Option<Gate>,
     load_gate: Option<Gate>,
     load_result_gate: Option<Gate>,
+    retain_sources: bool,
 }
 
 /// A wrapper tier that injects faults. All knobs can change while jobs run.
@@ -46,6 +47,8 @@ struct Plan {
 /// - `delay`: every job and probe sleeps first.
 /// - `hold_lookups`: probes run, then wait at a [`Gate`] before answering (a late probe).
 /// - `hold_stores` / `hold_loads`: jobs wait at a gate before running.
+/// - `retain_sources`: stores keep their jobs' buffers after returning (a zero-copy cache
+///   holding DRAM slots), until `heal`.
 #[derive(Debug)]
 pub struct FaultyTier {
     inner: Arc<dyn SecondaryTier>,
@@ -54,6 +57,7 @@ pub struct FaultyTier {
     stores_seen: AtomicU64,
     injected: AtomicU64,
     shutdowns: AtomicU64,
+    retained: Mutex<Vec<kv_tier_core::BlockSource>>,
 }
 
 fn injected(key: &BlockKey, what: &str) -> Error {
@@ -74,6 +78,7 @@ impl FaultyTier {
             stores_seen: AtomicU64::new(0),
             injected: AtomicU64::new(0),
             shutdowns: AtomicU64::new(0),
+            retained: Mutex::new(Vec::new()),
         }
     }
 
@@ -185,8 +190,18 @@ impl FaultyTier {
         g
     }
 
+    /// Stores keep a view of their jobs' buffers after returning (`false` and `heal` let them
+    /// go): the DRAM slots stay pinned.
+    pub fn retain_sources(&self, on: bool) {
+        self.plan().retain_sources = on;
+        if !on {
+            self.retained.lock().expect("retained").clear();
+        }
+    }
+
     /// Removes every planned fault and opens every gate.
     pub fn heal(&self) {
+        self.retained.lock().expect("retained").clear();
         let mut p = self.plan();
         for g in [&p.lookup_gate, &p.store_gate, &p.load_gate]
             .into_iter()
@@ -253,6 +268,10 @@ impl SecondaryTier for FaultyTier {
         let mut pass = StoreJob::default();
         {
             let p = self.plan();
+            if p.retain_sources {
+                let mut kept = self.retained.lock().expect("retained");
+                kept.extend(job.blocks.iter().map(|(_, s)| s.clone()));
+            }
             for (key, src) in job.blocks {
                 let n = self.stores_seen.fetch_add(1, Ordering::Relaxed) + 1;
                 let nth = p.fail_every_nth_store.is_some_and(|m| n.is_multiple_of(m));

@@ -8,7 +8,7 @@ pub mod s3;
 pub mod util;
 pub mod workload;
 
-pub use conformance::TierFixture;
+pub use conformance::{Bound, Damage, TierFixture};
 pub use faulty::FaultyTier;
 pub use memory::MemoryTier;
 pub use util::{

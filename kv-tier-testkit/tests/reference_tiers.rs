@@ -5,7 +5,10 @@ use std::sync::Arc;
 use kv_tier_testkit::{FaultyTier, MemoryTier, TierFixture};
 
 kv_tier_testkit::conformance_tests!(|| async {
-    TierFixture::new(Arc::new(MemoryTier::new("memory", 8192)), 8192)
+    TierFixture::new(Arc::new(MemoryTier::new("memory", 8192)), 8192).registered(
+        MemoryTier::register,
+        serde_json::json!({"secondary_tiers": [{"type": "memory", "name": "reference"}]}),
+    )
 });
 
 mod wrapped {
@@ -47,10 +50,66 @@ mod suite_catches_broken_tiers {
     }
 
     #[tokio::test]
+    #[should_panic(expected = "zero-copy retention")]
+    async fn a_tier_keeping_its_buffers_is_caught() {
+        let (t, fx) = faulty();
+        t.retain_sources(true);
+        conformance::stores_and_loads_give_their_buffers_back(&fx).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "DRAM buffers for good")]
+    async fn a_tier_keeping_the_buffers_of_dropped_stores_is_caught() {
+        let (t, fx) = faulty();
+        t.retain_sources(true);
+        conformance::dropped_calls_leave_no_trace(&fx).await;
+    }
+
+    #[tokio::test]
     #[should_panic(expected = "store failed")]
     async fn failing_stores_are_caught() {
         let (t, fx) = faulty();
         t.fail_every_nth_store(Some(2));
         conformance::store_then_lookup_hits(&fx).await;
     }
+}
+
+/// Why the suite checks buffers: under a manager, a tier that keeps its stores' buffers pins
+/// DRAM slot after slot until the pool refuses stores; the same tier without the fault never
+/// does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_keeping_buffers_starves_the_dram_pool() {
+    async fn refusals(retain: bool) -> u64 {
+        let t = Arc::new(FaultyTier::new(Arc::new(MemoryTier::new("m", 4096))));
+        t.retain_sources(retain);
+        let cfg = kv_tier_core::KvTierConfig::new(8 * 4096, 4096);
+        let m = kv_tier_cpu::manager_builder(cfg)
+            .unwrap()
+            .tier(t.clone())
+            .build()
+            .await
+            .unwrap();
+        let mut refused = 0;
+        for i in 0..32u64 {
+            let k = kv_tier_testkit::test_key(i);
+            match m.prepare_store(&[k]) {
+                Ok(mut p) => {
+                    for (k, s) in &mut p.to_store {
+                        kv_tier_testkit::fill_block(k, 0, s.as_mut_slice());
+                    }
+                    drop(p);
+                    m.complete_store(kv_tier_core::RequestId(1), &[k], true);
+                }
+                Err(_) => refused += 1,
+            }
+            m.wait_idle().await;
+        }
+        m.shutdown().await.unwrap();
+        refused
+    }
+    assert_eq!(refusals(false).await, 0);
+    assert!(
+        refusals(true).await > 0,
+        "a retaining tier never starved the pool"
+    );
 }

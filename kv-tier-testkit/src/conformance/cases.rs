@@ -1,79 +1,36 @@
-//! The conformance suite: what every [`SecondaryTier`] must do, as documented `pub async fn`
-//! cases. Run them all in your crate with [`crate::conformance_tests!`], one `#[tokio::test]`
-//! per case, so a failure is named by its case.
-//!
-//! ```ignore
-//! // tests/conformance.rs of a tier crate (needs tokio with "macros" and "rt-multi-thread")
-//! kv_tier_testkit::conformance_tests!(|| async {
-//!     kv_tier_testkit::TierFixture::new(std::sync::Arc::new(MyTier::new()), 4096)
-//! });
-//! ```
+//! The cases every tier runs, whatever it declares.
 
-use std::any::Any;
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
-use kv_tier_core::{BlockKey, LoadJob, SecondaryTier, StoreJob};
+use kv_tier_core::{BlockKey, BlockSource, JobResult, LoadJob, StoreJob};
 
-use crate::util::{sink, source_for, test_key, verify_block};
-
-/// A tier under test, its block size, and whatever must live as long as it (a temp dir, a
-/// server).
-pub struct TierFixture {
-    /// The tier.
-    pub tier: Arc<dyn SecondaryTier>,
-    /// The block size it was built for.
-    pub block_size: usize,
-    _keep: Vec<Box<dyn Any + Send + Sync>>,
-}
-
-impl std::fmt::Debug for TierFixture {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TierFixture")
-            .field("tier", &self.tier)
-            .field("block_size", &self.block_size)
-            .finish()
-    }
-}
-
-impl TierFixture {
-    /// A fixture for `tier` built for blocks of `block_size` bytes.
-    pub fn new(tier: Arc<dyn SecondaryTier>, block_size: usize) -> Self {
-        Self {
-            tier,
-            block_size,
-            _keep: Vec::new(),
-        }
-    }
-
-    /// Keeps `guard` alive as long as the fixture (dropped after the tier's last use).
-    pub fn keep<T: Any + Send + Sync>(mut self, guard: T) -> Self {
-        self._keep.push(Box::new(guard));
-        self
-    }
-}
+use super::TierFixture;
+use crate::util::{fill_block, sink, source_for, test_key, verify_block};
 
 /// Keys reserved for one case so cases never collide, even on a shared backend.
-fn keys(case: u64, n: usize) -> Vec<BlockKey> {
+pub(crate) fn keys(case: u64, n: usize) -> Vec<BlockKey> {
     (0..n as u64).map(|i| test_key(case << 32 | i)).collect()
 }
 
-async fn store(fx: &TierFixture, keys: &[BlockKey], salt: u64) -> kv_tier_core::JobResult {
+pub(crate) async fn store(fx: &TierFixture, keys: &[BlockKey], salt: u64) -> JobResult {
     crate::util::store_keys(&*fx.tier, keys, salt, fx.block_size).await
 }
 
-async fn load(
+pub(crate) async fn load(
     fx: &TierFixture,
     keys: &[BlockKey],
-) -> (kv_tier_core::JobResult, Vec<(BlockKey, bytes::Bytes)>) {
+) -> (JobResult, Vec<(BlockKey, bytes::Bytes)>) {
     crate::util::load_keys(&*fx.tier, keys, fx.block_size).await
 }
 
-fn set(keys: &[BlockKey]) -> BTreeSet<BlockKey> {
+pub(crate) fn set(keys: &[BlockKey]) -> BTreeSet<BlockKey> {
     keys.iter().copied().collect()
 }
 
-fn assert_partition(res: &kv_tier_core::JobResult, keys: &[BlockKey]) {
+pub(crate) fn assert_partition(res: &JobResult, keys: &[BlockKey]) {
     let mut all: Vec<BlockKey> = res.ok.clone();
     all.extend(res.failed_keys());
     all.sort();
@@ -276,7 +233,7 @@ pub async fn wrong_sizes_are_refused_per_key(fx: &TierFixture) {
 
 /// Polls `fut` `polls` times (yielding to the runtime between polls, so background work
 /// moves on), then drops it unless it finished.
-async fn drop_after<F: Future>(polls: usize, fut: F) {
+pub(crate) async fn drop_after<F: Future>(polls: usize, fut: F) {
     let mut fut = std::pin::pin!(fut);
     for _ in 0..polls {
         if futures::poll!(fut.as_mut()).is_ready() {
@@ -288,7 +245,7 @@ async fn drop_after<F: Future>(polls: usize, fut: F) {
 
 /// Waits (bounded) until no key of `keys` is protected: protections a dropped call's I/O
 /// still holds end when that I/O ends.
-async fn wait_unprotected(fx: &TierFixture, keys: &[BlockKey]) {
+pub(crate) async fn wait_unprotected(fx: &TierFixture, keys: &[BlockKey]) {
     let done = tokio::time::timeout(std::time::Duration::from_secs(60), async {
         while keys.iter().any(|k| fx.tier.is_protected(k)) {
             tokio::task::yield_now().await;
@@ -304,18 +261,91 @@ async fn wait_unprotected(fx: &TierFixture, keys: &[BlockKey]) {
     );
 }
 
+/// A source of [`crate::block_bytes`] whose buffer counts itself in `live` until dropped: the
+/// suite's view of a DRAM slot a tier keeps pinned.
+pub(crate) fn tracked_source(
+    key: &BlockKey,
+    salt: u64,
+    len: usize,
+    live: &Arc<AtomicUsize>,
+) -> BlockSource {
+    struct Tracked {
+        buf: kv_tier_core::AlignedBuf,
+        live: Arc<AtomicUsize>,
+    }
+    impl AsRef<[u8]> for Tracked {
+        fn as_ref(&self) -> &[u8] {
+            self.buf.as_slice()
+        }
+    }
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let mut buf = kv_tier_core::AlignedBuf::zeroed(len);
+    fill_block(key, salt, buf.as_mut_slice());
+    live.fetch_add(1, Ordering::SeqCst);
+    BlockSource::from_owner(Tracked {
+        buf,
+        live: live.clone(),
+    })
+}
+
+pub(crate) async fn store_tracked(
+    fx: &TierFixture,
+    keys: &[BlockKey],
+    salt: u64,
+    live: &Arc<AtomicUsize>,
+) -> JobResult {
+    let blocks = keys
+        .iter()
+        .map(|k| (*k, tracked_source(k, salt, fx.block_size, live)))
+        .collect();
+    fx.tier.store(StoreJob { blocks }).await
+}
+
+/// How long the suite waits for something that must happen before it calls a tier hung.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(60);
+
+/// `fut`, or a panic saying `what` hung.
+pub(crate) async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(PATIENCE, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what} did not end within {PATIENCE:?}"),
+    }
+}
+
+/// Waits (bounded) until every tracked source is dropped: buffers a dropped call's I/O still
+/// holds are given back when that I/O ends.
+pub(crate) async fn wait_released(live: &Arc<AtomicUsize>, what: &str) {
+    let done = tokio::time::timeout(PATIENCE, async {
+        while live.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    assert!(
+        done.is_ok(),
+        "{what}: the tier kept {} DRAM buffers for good",
+        live.load(Ordering::SeqCst)
+    );
+}
+
 /// Cancellation safety: a `store`, `load` or `lookup` future dropped at any await point (here
 /// after 0 to 15 polls, with the runtime running in between) leaves the tier consistent: no
-/// protection outlives the call's own work, and the same keys then store, load and look up
-/// normally.
+/// protection and no buffer outlives the call's own work, and the same keys then store, load
+/// and look up normally.
 pub async fn dropped_calls_leave_no_trace(fx: &TierFixture) {
     let ks = keys(11, 4);
+    let live = Arc::new(AtomicUsize::new(0));
     for polls in 0..16 {
-        drop_after(polls, store(fx, &ks, 0)).await;
+        drop_after(polls, store_tracked(fx, &ks, 0, &live)).await;
         drop_after(polls, load(fx, &ks)).await;
         drop_after(polls, fx.tier.lookup(&ks)).await;
     }
     wait_unprotected(fx, &ks).await;
+    wait_released(&live, "after dropped stores").await;
     let res = store(fx, &ks, 0).await;
     assert!(
         res.is_success(),
@@ -338,58 +368,153 @@ pub async fn dropped_calls_leave_no_trace(fx: &TierFixture) {
     wait_unprotected(fx, &ks).await;
 }
 
-/// Runs every case in order against fixtures from `make` (for tiers that prefer one test).
-pub async fn run_all<F, Fut>(make: F)
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = TierFixture>,
-{
-    lookups_on_empty_tier_miss(&make().await).await;
-    store_then_lookup_hits(&make().await).await;
-    round_trip_preserves_bytes(&make().await).await;
-    load_missing_key_fails_only_that_key(&make().await).await;
-    storing_existing_key_is_noop_success(&make().await).await;
-    concurrent_stores_of_one_key_leave_one_copy(&make().await).await;
-    touch_and_protect_missing_keys_are_harmless(&make().await).await;
-    protect_refcounts_nest(&make().await).await;
-    events_for_successful_stores_only(&make().await).await;
-    wrong_sizes_are_refused_per_key(&make().await).await;
-    dropped_calls_leave_no_trace(&make().await).await;
+/// A job naming one key twice (with different bytes) stores it once, whole: one of the two
+/// copies, never a mix; the key is not reported both stored and failed. A load job naming a
+/// key twice fills every sink it reports loaded.
+pub async fn a_job_holding_a_key_twice_stores_one_whole_copy(fx: &TierFixture) {
+    let ks = keys(12, 2);
+    let bs = fx.block_size;
+    let job = StoreJob {
+        blocks: vec![
+            (ks[0], source_for(&ks[0], 1, bs)),
+            (ks[1], source_for(&ks[1], 0, bs)),
+            (ks[0], source_for(&ks[0], 2, bs)),
+        ],
+    };
+    let res = within("a store with a key twice", fx.tier.store(job)).await;
+    assert!(
+        res.is_success(),
+        "a store naming a key twice failed: {:?}",
+        res.failed
+    );
+    assert_eq!(set(&res.ok), set(&ks), "every key of the job is reported");
+    let (res, data) = load(fx, &ks[..1]).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    let copies = [1u64, 2]
+        .iter()
+        .filter(|s| verify_block(&ks[0], **s, &data[0].1))
+        .count();
+    assert_eq!(
+        copies, 1,
+        "the key's block is not one whole copy of a writer's bytes"
+    );
+    let salt = if verify_block(&ks[0], 1, &data[0].1) {
+        1
+    } else {
+        2
+    };
+    let (s1, r1) = sink(bs);
+    let (s2, r2) = sink(bs);
+    let res = within(
+        "a load with a key twice",
+        fx.tier.load(LoadJob {
+            blocks: vec![(ks[0], s1), (ks[0], s2)],
+        }),
+    )
+    .await;
+    assert!(
+        !res.ok.is_empty(),
+        "a load naming a stored key twice loaded nothing: {:?}",
+        res.failed
+    );
+    let filled = [r1, r2]
+        .into_iter()
+        .map(|r| {
+            r.into_bytes()
+                .expect("the tier kept a sink after its load returned")
+        })
+        .filter(|b| verify_block(&ks[0], salt, b))
+        .count();
+    assert!(
+        filled >= res.ok.len().min(2),
+        "{} sinks reported loaded, {filled} hold the block",
+        res.ok.len()
+    );
 }
 
-/// Expands into one `#[tokio::test]` per conformance case, inside a module `conformance`.
-///
-/// The argument is an expression callable with no arguments that returns a future of a
-/// [`TierFixture`] (a fresh tier per case). The calling crate needs `tokio` (features
-/// `macros`, `rt-multi-thread`) as a dev-dependency.
-#[macro_export]
-macro_rules! conformance_tests {
-    ($make:expr) => {
-        $crate::conformance_tests!(@cases $make;
-            lookups_on_empty_tier_miss,
-            store_then_lookup_hits,
-            round_trip_preserves_bytes,
-            load_missing_key_fails_only_that_key,
-            storing_existing_key_is_noop_success,
-            concurrent_stores_of_one_key_leave_one_copy,
-            touch_and_protect_missing_keys_are_harmless,
-            protect_refcounts_nest,
-            events_for_successful_stores_only,
-            wrong_sizes_are_refused_per_key,
-            dropped_calls_leave_no_trace
-        );
-    };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
-        mod conformance {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let fixture: $crate::TierFixture = ($make)().await;
-                    $crate::conformance::$case(&fixture).await;
-                }
-            )*
-        }
-    };
+/// A store gives every DRAM buffer of its job back by the time it returns, and a load every
+/// sink: a tier that kept them (a zero-copy `Bytes` held by a cache or a client) would pin
+/// DRAM slots under a manager until the pool refuses stores.
+pub async fn stores_and_loads_give_their_buffers_back(fx: &TierFixture) {
+    let ks = keys(13, 8);
+    let live = Arc::new(AtomicUsize::new(0));
+    let res = within("a store", store_tracked(fx, &ks, 4, &live)).await;
+    assert!(res.is_success(), "store failed: {:?}", res.failed);
+    assert_eq!(
+        live.load(Ordering::SeqCst),
+        0,
+        "the store returned and the tier still holds its job's buffers (zero-copy retention)"
+    );
+    // stores of keys that are present, too
+    let res = within("a store", store_tracked(fx, &ks, 4, &live)).await;
+    assert!(res.is_success(), "store failed: {:?}", res.failed);
+    assert_eq!(
+        live.load(Ordering::SeqCst),
+        0,
+        "a store of present keys kept its job's buffers"
+    );
+    // load_keys panics if a sink is kept after the load returns
+    let (res, data) = load(fx, &ks).await;
+    assert!(res.is_success(), "load failed: {:?}", res.failed);
+    assert!(data.iter().all(|(k, b)| verify_block(k, 4, b)));
+}
+
+/// Shutdown with work in flight: the store, load and lookup running end (each key reported
+/// once, loaded bytes whole), shutdown returns, and later calls return too, failing cleanly
+/// (per key, or with an error) or succeeding; a second shutdown, `touch`, `protect` and
+/// `take_events` never hang or panic, and every buffer comes back.
+pub async fn shutdown_ends_work_in_flight_and_later_calls_fail_cleanly(fx: &TierFixture) {
+    let stored = keys(14, 16);
+    let fresh = keys(14 << 8 | 1, 32);
+    let later = keys(14 << 8 | 2, 4);
+    assert!(store(fx, &stored, 0).await.is_success());
+    let live = Arc::new(AtomicUsize::new(0));
+    let blocks: Vec<_> = fresh
+        .iter()
+        .map(|k| (*k, tracked_source(k, 1, fx.block_size, &live)))
+        .collect();
+    let t = fx.tier.clone();
+    let storing = tokio::spawn(async move { t.store(StoreJob { blocks }).await });
+    let t = fx.tier.clone();
+    let bs = fx.block_size;
+    let ks = stored.clone();
+    let loading = tokio::spawn(async move { crate::util::load_keys(&*t, &ks, bs).await });
+    let t = fx.tier.clone();
+    let ks = stored.clone();
+    let probing = tokio::spawn(async move { t.lookup(&ks).await });
+    tokio::task::yield_now().await;
+    let _ = within("shutdown with work in flight", fx.tier.shutdown()).await;
+
+    let res = within("a store in flight at shutdown", storing)
+        .await
+        .expect("the store panicked");
+    assert_partition(&res, &fresh);
+    let (res, data) = within("a load in flight at shutdown", loading)
+        .await
+        .expect("the load panicked");
+    assert_partition(&res, &stored);
+    assert!(
+        data.iter().all(|(k, b)| verify_block(k, 0, b)),
+        "a load in flight at shutdown returned wrong bytes"
+    );
+    if let Ok(v) = within("a lookup in flight at shutdown", probing)
+        .await
+        .expect("the lookup panicked")
+    {
+        assert_eq!(v.len(), stored.len());
+    }
+
+    let res = within("a store after shutdown", store(fx, &later, 0)).await;
+    assert_partition(&res, &later);
+    let (res, data) = within("a load after shutdown", load(fx, &stored)).await;
+    assert_partition(&res, &stored);
+    assert!(data.iter().all(|(k, b)| verify_block(k, 0, b)));
+    if let Ok(v) = within("a lookup after shutdown", fx.tier.lookup(&stored)).await {
+        assert_eq!(v.len(), stored.len());
+    }
+    fx.tier.touch(&stored);
+    drop(fx.tier.protect(&stored));
+    let _ = fx.tier.take_events();
+    let _ = within("a second shutdown", fx.tier.shutdown()).await;
+    wait_released(&live, "after shutdown").await;
 }

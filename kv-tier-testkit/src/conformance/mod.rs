@@ -1,0 +1,344 @@
+//! The conformance suite: what every [`SecondaryTier`] must do, as documented `pub async fn`
+//! cases, gated by the tier's declared [`Capability`](kv_tier_core::Capability). Run them all
+//! in your crate with [`crate::conformance_tests!`], one `#[tokio::test]` per case, so a
+//! failure is named by its case; or run them in one test with [`run_all`].
+//!
+//! The cases every tier runs ([`cases`]) cover lookups, round trips, publish-if-absent,
+//! concurrent and duplicate stores, protection, events, wrong sizes, cancellation at every
+//! await point, shutdown with work in flight, and that a store gives its DRAM buffers back.
+//! Cases for a capability ([`gated`]) run when the tier declares it, and need a hook from the
+//! fixture (a tier that declares a capability without its hook fails the case, naming it):
+//!
+//! | capability | hook | cases |
+//! |---|---|---|
+//! | `bounded` | [`TierFixture::bounded`] | stays within its bound; protected keys survive; eviction follows `touch` |
+//! | `persistent` | [`TierFixture::reopen`] | blocks and their recency survive a reopen |
+//! | `checksums` | [`TierFixture::damage`] | each kind of [`Damage`] is a miss, never bytes |
+//!
+//! [`manager`] drives the tier under a [`kv_tier_core::TieringManager`], built from a JSON
+//! config by type name when the fixture says how ([`TierFixture::registered`]).
+//!
+//! ```ignore
+//! // tests/conformance.rs of a tier crate (needs tokio with "macros" and "rt-multi-thread")
+//! kv_tier_testkit::conformance_tests!(|| async {
+//!     kv_tier_testkit::TierFixture::new(std::sync::Arc::new(MyTier::new()), 4096)
+//! });
+//! ```
+
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use kv_tier_core::registry::TierRegistry;
+use kv_tier_core::{BlockKey, SecondaryTier};
+
+pub mod cases;
+pub mod gated;
+pub mod manager;
+
+pub use cases::*;
+pub use gated::*;
+pub use manager::*;
+
+/// A boxed, sendable future (what fixture hooks return).
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+type Hook<T> = Arc<dyn Fn() -> BoxFuture<T> + Send + Sync>;
+type DamageHook = Arc<dyn Fn(BlockKey, Damage) -> BoxFuture<bool> + Send + Sync>;
+
+/// How a bounded tier is driven and measured by the `bounded` cases.
+#[derive(Clone)]
+pub struct Bound {
+    /// About how many blocks fit within the bound (what the tier's own overhead per block
+    /// allows): the cases store up to three times as many and expect evictions, and protect
+    /// or touch up to a quarter of it at a time.
+    pub capacity_blocks: usize,
+    sweep: Hook<()>,
+    settle: Hook<()>,
+    usage: Arc<dyn Fn() -> (u64, u64) + Send + Sync>,
+}
+
+impl std::fmt::Debug for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bound")
+            .field("capacity_blocks", &self.capacity_blocks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bound {
+    /// `capacity_blocks`: about how many blocks fit. `sweep`: evicts now, as the tier's own
+    /// background work would, and returns when done. `settle`: applies recency the tier
+    /// queued (`touch`) and ends grace windows, so the next sweep may evict any unprotected
+    /// key and orders keys by their last store or touch. `usage`: what the tier counts against
+    /// its bound, and the bound, in the same unit.
+    pub fn new<S, SF, T, TF, U>(capacity_blocks: usize, sweep: S, settle: T, usage: U) -> Self
+    where
+        S: Fn() -> SF + Send + Sync + 'static,
+        SF: Future<Output = ()> + Send + 'static,
+        T: Fn() -> TF + Send + Sync + 'static,
+        TF: Future<Output = ()> + Send + 'static,
+        U: Fn() -> (u64, u64) + Send + Sync + 'static,
+    {
+        Self {
+            capacity_blocks,
+            sweep: Arc::new(move || Box::pin(sweep())),
+            settle: Arc::new(move || Box::pin(settle())),
+            usage: Arc::new(usage),
+        }
+    }
+
+    /// Runs an eviction pass now.
+    pub async fn sweep(&self) {
+        (self.sweep)().await
+    }
+
+    /// Applies queued recency and ends grace windows.
+    pub async fn settle(&self) {
+        (self.settle)().await
+    }
+
+    /// `(used, bound)`.
+    pub fn usage(&self) -> (u64, u64) {
+        (self.usage)()
+    }
+}
+
+/// A kind of damage done to a stored block behind the tier's back, for the `checksums` cases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Damage {
+    /// One byte of the block's data flipped (size unchanged).
+    FlipByte,
+    /// The block's data cut short.
+    Truncate,
+    /// The block's data emptied.
+    Empty,
+    /// The block replaced by another key's stored block, checksum and all.
+    ReplacedBy(BlockKey),
+    /// The stored checksum changed to a wrong value.
+    WrongChecksum,
+    /// The stored checksum removed.
+    NoChecksum,
+}
+
+impl Damage {
+    /// Every kind, `ReplacedBy` naming `other`.
+    pub fn all(other: BlockKey) -> [Damage; 6] {
+        [
+            Damage::FlipByte,
+            Damage::Truncate,
+            Damage::Empty,
+            Damage::ReplacedBy(other),
+            Damage::WrongChecksum,
+            Damage::NoChecksum,
+        ]
+    }
+}
+
+/// How to build the tier by type name from a config JSON, for the [`manager`] section.
+#[derive(Clone)]
+struct Registration {
+    register: Arc<dyn Fn(&mut TierRegistry) + Send + Sync>,
+    config: serde_json::Value,
+}
+
+/// A tier under test, its block size, the hooks its capabilities need, and whatever must live
+/// as long as it (a temp dir, a server).
+pub struct TierFixture {
+    /// The tier.
+    pub tier: Arc<dyn SecondaryTier>,
+    /// The block size it was built for.
+    pub block_size: usize,
+    bound: Option<Bound>,
+    reopen: Option<Hook<TierFixture>>,
+    damage: Option<DamageHook>,
+    registration: Option<Registration>,
+    keep: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for TierFixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TierFixture")
+            .field("tier", &self.tier)
+            .field("block_size", &self.block_size)
+            .field("bounded", &self.bound.as_ref().map(|b| b.capacity_blocks))
+            .field("reopen", &self.reopen.is_some())
+            .field("damage", &self.damage.is_some())
+            .field(
+                "registration",
+                &self.registration.as_ref().map(|r| &r.config),
+            )
+            .finish()
+    }
+}
+
+impl TierFixture {
+    /// A fixture for `tier` built for blocks of `block_size` bytes.
+    pub fn new(tier: Arc<dyn SecondaryTier>, block_size: usize) -> Self {
+        Self {
+            tier,
+            block_size,
+            bound: None,
+            reopen: None,
+            damage: None,
+            registration: None,
+            keep: Vec::new(),
+        }
+    }
+
+    /// Keeps `guard` alive as long as the fixture (dropped after the tier's last use).
+    pub fn keep<T: Any + Send + Sync>(mut self, guard: T) -> Self {
+        self.keep.push(Box::new(guard));
+        self
+    }
+
+    /// For a tier that declares `bounded`: how the suite drives and measures its bound.
+    pub fn bounded(mut self, bound: Bound) -> Self {
+        self.bound = Some(bound);
+        self
+    }
+
+    /// For a tier that declares `persistent`: opens a new instance of the tier on the same
+    /// storage (the suite shuts the old one down first; the old fixture outlives the new one,
+    /// so what it keeps alive stays).
+    pub fn reopen<F, Fut>(mut self, reopen: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = TierFixture> + Send + 'static,
+    {
+        self.reopen = Some(Arc::new(move || Box::pin(reopen())));
+        self
+    }
+
+    /// For a tier that declares `checksums`: does `Damage` to a stored key's block behind the
+    /// tier's back; answers `false` when that kind does not apply to the tier's format.
+    pub fn damage<F, Fut>(mut self, damage: F) -> Self
+    where
+        F: Fn(BlockKey, Damage) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = bool> + Send + 'static,
+    {
+        self.damage = Some(Arc::new(move |k, d| Box::pin(damage(k, d))));
+        self
+    }
+
+    /// How the tier is built from a config: `register` adds its type to a registry, and
+    /// `config` is a whole `KvTierConfig` JSON with the tier as its only `secondary_tiers`
+    /// entry (the suite sets `cpu_bytes_to_use` and `block_size_bytes`). The tier built
+    /// must use the same storage as [`TierFixture::tier`].
+    pub fn registered<R>(mut self, register: R, config: serde_json::Value) -> Self
+    where
+        R: Fn(&mut TierRegistry) + Send + Sync + 'static,
+    {
+        self.registration = Some(Registration {
+            register: Arc::new(register),
+            config,
+        });
+        self
+    }
+
+    /// The bound hooks; panics, naming the case, when a bounded tier's fixture has none.
+    fn require_bound(&self, case: &str) -> &Bound {
+        self.bound.as_ref().unwrap_or_else(|| {
+            panic!(
+                "{case}: the tier declares `bounded` but its fixture has no bound hooks (TierFixture::bounded)"
+            )
+        })
+    }
+
+    async fn reopened(&self, case: &str) -> TierFixture {
+        let reopen = self.reopen.as_ref().unwrap_or_else(|| {
+            panic!(
+                "{case}: the tier declares `persistent` but its fixture has no reopen hook (TierFixture::reopen)"
+            )
+        });
+        reopen().await
+    }
+
+    async fn do_damage(&self, case: &str, key: BlockKey, d: Damage) -> bool {
+        let damage = self.damage.as_ref().unwrap_or_else(|| {
+            panic!(
+                "{case}: the tier declares `checksums` but its fixture has no damage hook (TierFixture::damage)"
+            )
+        });
+        damage(key, d).await
+    }
+}
+
+/// Calls `$callback!($($args)*; case, case, ...)` with every case of the suite: the one list
+/// [`run_all`] and [`crate::conformance_tests!`] both expand.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_cases {
+    ($callback:path; $($args:tt)*) => {
+        $callback!($($args)*;
+            lookups_on_empty_tier_miss,
+            store_then_lookup_hits,
+            round_trip_preserves_bytes,
+            load_missing_key_fails_only_that_key,
+            storing_existing_key_is_noop_success,
+            concurrent_stores_of_one_key_leave_one_copy,
+            a_job_holding_a_key_twice_stores_one_whole_copy,
+            touch_and_protect_missing_keys_are_harmless,
+            protect_refcounts_nest,
+            events_for_successful_stores_only,
+            wrong_sizes_are_refused_per_key,
+            stores_and_loads_give_their_buffers_back,
+            dropped_calls_leave_no_trace,
+            shutdown_ends_work_in_flight_and_later_calls_fail_cleanly,
+            bounded_tier_stays_within_its_bound,
+            bounded_tier_never_evicts_a_protected_key,
+            bounded_eviction_follows_touch,
+            persistent_blocks_and_recency_survive_a_reopen,
+            checksums_turn_every_damage_into_a_miss,
+            manager_drives_the_tier_from_its_config
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_run_each {
+    ($make:expr; $($case:ident),* $(,)?) => {
+        $( $crate::conformance::$case(&($make)().await).await; )*
+    };
+}
+
+/// Runs every case in order against fixtures from `make` (for tiers that prefer one test).
+pub async fn run_all<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = TierFixture>,
+{
+    crate::__conformance_cases!(crate::__conformance_run_each; make);
+}
+
+/// Expands into one `#[tokio::test]` per conformance case, inside a module `conformance`.
+///
+/// The argument is an expression callable with no arguments that returns a future of a
+/// [`TierFixture`] (a fresh tier per case). The calling crate needs `tokio` (features
+/// `macros`, `rt-multi-thread`) as a dev-dependency.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::__conformance_cases!($crate::__conformance_test_fns; $make);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_test_fns {
+    ($make:expr; $($case:ident),* $(,)?) => {
+        mod conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let fixture: $crate::TierFixture = ($make)().await;
+                    $crate::conformance::$case(&fixture).await;
+                }
+            )*
+        }
+    };
+}
