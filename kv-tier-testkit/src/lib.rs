@@ -5,6 +5,7 @@ pub mod faulty;
 pub mod memory;
 #[cfg(feature = "s3-server")]
 pub mod s3;
+pub mod sim;
 pub mod util;
 pub mod workload;
 
