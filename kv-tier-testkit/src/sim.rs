@@ -58,6 +58,10 @@ pub enum Tamper {
     Truncate,
     /// One byte of the block is flipped.
     FlipByte,
+    /// The block is replaced by other bytes of the same size, written without a checksum.
+    Replace,
+    /// The block is replaced by another key's stored block, checksum and all.
+    CopyOf(BlockKey),
 }
 
 /// The real tiers a simulation runs over, and what it may do to them behind their backs.
@@ -245,6 +249,8 @@ struct Driver<'w> {
     waited: bool,
     /// Per tier: keys it reported stored and not removed, not tampered with.
     durable: Vec<BTreeSet<BlockKey>>,
+    /// Per tier: keys deleted behind its back (an audit stores them again directly).
+    deleted: Vec<BTreeSet<BlockKey>>,
     trace: Arc<Mutex<VecDeque<String>>>,
     report: SimReport,
     op: u64,
@@ -298,6 +304,7 @@ impl<'w> Driver<'w> {
         self.manager = Some(b.build().await.expect("manager"));
         if self.durable.len() != self.tiers.len() {
             self.durable = vec![BTreeSet::new(); self.tiers.len()];
+            self.deleted = vec![BTreeSet::new(); self.tiers.len()];
         }
     }
 
@@ -486,13 +493,27 @@ impl<'w> Driver<'w> {
         }
         let i = self.rng.below(self.durable[t].len() as u64) as usize;
         let key = *self.durable[t].iter().nth(i).expect("in range");
-        let how = [Tamper::Delete, Tamper::Truncate, Tamper::FlipByte][self.rng.below(3) as usize];
+        let other = *self.durable[t]
+            .iter()
+            .nth(self.rng.below(self.durable[t].len() as u64) as usize)
+            .expect("in range");
+        let how = match self.rng.below(5) {
+            0 => Tamper::Delete,
+            1 => Tamper::Truncate,
+            2 => Tamper::FlipByte,
+            3 => Tamper::Replace,
+            _ if other != key => Tamper::CopyOf(other),
+            _ => Tamper::Delete,
+        };
         let done = self.world.tamper(t, key, how).await;
         self.note(format!(
             "tamper tier {} {key} {how:?}: {done}",
             self.names[t]
         ));
         self.durable[t].remove(&key);
+        if how == Tamper::Delete && done {
+            self.deleted[t].insert(key);
+        }
         self.report.faults_injected += 1;
     }
 
@@ -544,7 +565,50 @@ impl<'w> Driver<'w> {
                 ));
             }
         }
+        self.restore_deleted().await?;
         self.note("audit".into());
+        Ok(())
+    }
+
+    /// Keys deleted behind a tier's back are stored again directly (with faults healed): a
+    /// store that reports success leaves a block that loads whole.
+    async fn restore_deleted(&mut self) -> Check {
+        for t in 0..self.tiers.len() {
+            let keys: Vec<BlockKey> = self.deleted[t].iter().take(4).copied().collect();
+            if keys.is_empty() {
+                continue;
+            }
+            for k in &keys {
+                self.deleted[t].remove(k);
+            }
+            let tier = self.tiers[t].faulty.clone();
+            let res = bounded(
+                "a direct store",
+                crate::util::store_keys(&*tier, &keys, 0, BLOCK_SIZE),
+            )
+            .await?;
+            if res.ok.is_empty() {
+                continue;
+            }
+            let (loaded, data) = bounded(
+                "a direct load",
+                crate::util::load_keys(&*tier, &res.ok, BLOCK_SIZE),
+            )
+            .await?;
+            if let Some((k, e)) = loaded.failed.first() {
+                return Err(format!(
+                    "tier {} reported {k} stored (it had been deleted behind its back) and it does not load: {e}",
+                    self.names[t]
+                ));
+            }
+            if let Some((k, _)) = data.iter().find(|(k, d)| !verify_block(k, 0, d)) {
+                return Err(format!(
+                    "tier {}: {k} stored again loads wrong bytes",
+                    self.names[t]
+                ));
+            }
+            self.take_events();
+        }
         Ok(())
     }
 
@@ -743,6 +807,7 @@ pub async fn run(world: Box<dyn World>, opts: SimOptions) -> SimReport {
             next_req: 0,
             waited: false,
             durable: Vec::new(),
+            deleted: Vec::new(),
             trace: shared,
             report: SimReport::default(),
             op: 0,

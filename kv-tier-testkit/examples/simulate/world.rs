@@ -137,23 +137,45 @@ impl World for RealWorld {
                         f.read_exact_at(&mut b, 100).is_ok()
                             && f.write_all_at(&[b[0] ^ 0x10], 100).is_ok()
                     }
+                    Tamper::Replace => {
+                        let tmp = p.with_extension("tampered");
+                        let other = kv_tier_testkit::block_bytes(&key, 99, BLOCK_SIZE);
+                        std::fs::write(&tmp, other).is_ok() && std::fs::rename(&tmp, &p).is_ok()
+                    }
+                    Tamper::CopyOf(other) => {
+                        // a hard link moves the other key's file here, checksum and all
+                        let src = self.fs.as_ref().expect("open").block_path(&other);
+                        let tmp = p.with_extension("tampered");
+                        std::fs::hard_link(&src, &tmp).is_ok() && std::fs::rename(&tmp, &p).is_ok()
+                    }
                 }
             } else {
                 let path = ObjPath::from(self.obj.as_ref().expect("open").object_path(&key));
                 if how == Tamper::Delete {
                     return self.store.delete(&path).await.is_ok();
                 }
-                let Ok(got) = self.store.get(&path).await else {
+                let source = match how {
+                    Tamper::CopyOf(other) => {
+                        ObjPath::from(self.obj.as_ref().expect("open").object_path(&other))
+                    }
+                    _ => path.clone(),
+                };
+                let Ok(got) = self.store.get(&source).await else {
                     return false;
                 };
-                let attributes = got.attributes.clone();
+                let mut attributes = got.attributes.clone();
                 let Ok(bytes) = got.bytes().await else {
                     return false;
                 };
                 let mut bytes = bytes.to_vec();
                 match how {
                     Tamper::Truncate => bytes.truncate(bytes.len() / 2),
-                    _ => bytes[100] ^= 0x10,
+                    Tamper::FlipByte => bytes[100] ^= 0x10,
+                    Tamper::Replace => {
+                        bytes = kv_tier_testkit::block_bytes(&key, 99, BLOCK_SIZE);
+                        attributes = Default::default();
+                    }
+                    Tamper::Delete | Tamper::CopyOf(_) => {}
                 }
                 let opts = PutOptions {
                     mode: PutMode::Overwrite,
