@@ -330,7 +330,7 @@ impl Inner {
                 if !self.existing_is_unverifiable(&path).await? {
                     return Ok(self.confirmed(key));
                 }
-                tracing::warn!(tier = %self.name, %key, "an object without a valid checksum is in the way; replacing it");
+                tracing::warn!(tier = %self.name, %key, "an object that is not a whole block with a valid checksum is in the way; replacing it");
                 self.delete_corrupt(&key, &path).await;
             }
         }
@@ -403,7 +403,7 @@ impl Inner {
                         // a foreign or half-written object (a store whose PUT is not atomic
                         // can keep the body of a cancelled PUT without its metadata): it
                         // would fail every load, so it goes and this store writes the block
-                        tracing::warn!(tier = %self.name, %key, "an object without a valid checksum is in the way; replacing it");
+                        tracing::warn!(tier = %self.name, %key, "an object that is not a whole block with a valid checksum is in the way; replacing it");
                         self.delete_corrupt(&key, &path).await;
                         continue;
                     }
@@ -441,7 +441,8 @@ impl Inner {
 
     /// Deletes a damaged object (reported as removed).
     /// With checksums on (and unverified objects not accepted), whether the object at `path`
-    /// carries no well-formed checksum, so a load would refuse it (its metadata only: a HEAD).
+    /// is not the size of a block or carries no well-formed checksum, so a load would refuse
+    /// it (its metadata only: a HEAD).
     async fn existing_is_unverifiable(&self, path: &ObjPath) -> Result<bool> {
         if self.checksum != ObjChecksum::Crc32c || self.accept_unverified {
             return Ok(false);
@@ -451,11 +452,12 @@ impl Inner {
             ..Default::default()
         };
         match self.request(self.store.get_opts(path, opts)).await {
-            Ok(got) => Ok(got
-                .attributes
-                .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
-                .and_then(|v| parse_crc(v.as_ref()))
-                .is_none()),
+            Ok(got) => Ok(got.meta.size != self.block_size as u64
+                || got
+                    .attributes
+                    .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
+                    .and_then(|v| parse_crc(v.as_ref()))
+                    .is_none()),
             // gone meanwhile: it is not in the way (deleting it again is harmless)
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => Ok(true),
             Err(e) => Err(self.err(&format!("HEAD {path}"), e)),

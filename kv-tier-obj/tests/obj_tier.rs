@@ -282,6 +282,26 @@ async fn with_checksums_unverified_and_moved_objects_are_misses() {
             let (res, data) = load(&tier, &[d]).await;
             assert!(res.is_success(), "{:?}", res.failed);
             assert!(verify_block(&d, 0, &data[0].1));
+            // so does a short object, even one whose checksum metadata looks right
+            let e = test_key(5);
+            assert!(store(&tier, &[e], 0).await.is_success());
+            let p = object_store::path::Path::from(tier.object_path(&e));
+            let got = store_.get(&p).await.unwrap();
+            let attributes = got.attributes.clone();
+            let half = got.bytes().await.unwrap().slice(..BS / 2);
+            let opts = object_store::PutOptions {
+                attributes,
+                ..Default::default()
+            };
+            store_.put_opts(&p, half.into(), opts).await.unwrap();
+            assert!(store(&tier, &[e], 0).await.is_success());
+            let (res, data) = load(&tier, &[e]).await;
+            assert!(
+                res.is_success(),
+                "a short object stayed in the way: {:?}",
+                res.failed
+            );
+            assert!(verify_block(&e, 0, &data[0].1));
         }
     }
 }

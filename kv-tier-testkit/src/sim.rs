@@ -12,7 +12,10 @@
 //! - a block served from DRAM is exactly the bytes stored for its key (every writer of a key
 //!   writes the same bytes, as prefix caching does);
 //! - a key a tier reported stored (an event) and never reported removed, and not damaged
-//!   behind its back, is found there (checked in audits, with faults healed);
+//!   behind its back, is found there (checked in audits, with faults healed); a key deleted
+//!   behind a tier's back and stored again loads whole;
+//! - a promotion finds its key missing only where one was deleted behind the tier's back
+//!   (a key a probe found is leased until its promotion ends);
 //! - no key of a request stays `Retry`/`HitPending` for more than [`STUCK_AFTER`] steps
 //!   that follow a wait for all in-flight work;
 //! - at checkpoints (every [`CHECKPOINT_EVERY`] operations and at the end), once every request
@@ -251,6 +254,8 @@ struct Driver<'w> {
     durable: Vec<BTreeSet<BlockKey>>,
     /// Per tier: keys deleted behind its back (an audit stores them again directly).
     deleted: Vec<BTreeSet<BlockKey>>,
+    /// Per tier: deletes behind its back since the manager was opened.
+    deletes_since_open: Vec<u64>,
     trace: Arc<Mutex<VecDeque<String>>>,
     report: SimReport,
     op: u64,
@@ -302,6 +307,7 @@ impl<'w> Driver<'w> {
             });
         }
         self.manager = Some(b.build().await.expect("manager"));
+        self.deletes_since_open = vec![0; self.tiers.len()];
         if self.durable.len() != self.tiers.len() {
             self.durable = vec![BTreeSet::new(); self.tiers.len()];
             self.deleted = vec![BTreeSet::new(); self.tiers.len()];
@@ -333,6 +339,8 @@ impl<'w> Driver<'w> {
                     self.durable[t].remove(&k);
                 } else {
                     self.durable[t].insert(k);
+                    // written again: no longer a key deleted behind the tier's back
+                    self.deleted[t].remove(&k);
                 }
             }
         }
@@ -511,8 +519,10 @@ impl<'w> Driver<'w> {
             self.names[t]
         ));
         self.durable[t].remove(&key);
+        self.deleted[t].remove(&key);
         if how == Tamper::Delete && done {
             self.deleted[t].insert(key);
+            self.deletes_since_open[t] += 1;
         }
         self.report.faults_injected += 1;
     }
@@ -566,7 +576,24 @@ impl<'w> Driver<'w> {
             }
         }
         self.restore_deleted().await?;
+        self.check_promotions()?;
         self.note("audit".into());
+        Ok(())
+    }
+
+    /// A key a probe found is leased in its tier until its promotion ends, so a promotion
+    /// finds its key missing only where the simulation deleted one behind the tier's back.
+    fn check_promotions(&self) -> Check {
+        let s = self.m().stats();
+        for (t, ts) in s.tiers.iter().enumerate() {
+            let missing = ts.load_failure_causes.missing;
+            if missing > self.deletes_since_open[t] {
+                return Err(format!(
+                    "tier {}: {missing} promotions found their key missing, and only {} keys were deleted behind its back: a key found by a probe was evicted before its promotion",
+                    self.names[t], self.deletes_since_open[t]
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -647,6 +674,7 @@ impl<'w> Driver<'w> {
                 s.write_back_pinned_bytes, s.primary.writing_blocks
             ));
         }
+        self.check_promotions()?;
         let pinned = self.m().primary().reset();
         if pinned != 0 {
             return Err(format!("{pinned} DRAM slots still pinned after the drain"));
@@ -735,14 +763,16 @@ impl<'w> Driver<'w> {
             830..=859 if self.enabled(fault::TAMPER) => self.tamper().await,
             860..=889 if self.enabled(fault::SWEEPS) => {
                 let t = self.rng.below(self.tiers.len() as u64) as usize;
-                if self.rng.chance(300) {
-                    self.world.clock_jump(t, Duration::from_secs(120));
-                    self.note(format!("clock jump tier {}", self.names[t]));
-                } else {
+                // a jump past every grace window, then (mostly) a sweep at once: the worst
+                // moment for keys that probes found and promotions have not read yet
+                self.world.clock_jump(t, Duration::from_secs(120));
+                if self.rng.chance(700) {
                     tokio::time::timeout(HANG_AFTER, self.world.sweep(t))
                         .await
                         .map_err(|_| "a forced sweep hung".to_string())?;
-                    self.note(format!("sweep tier {}", self.names[t]));
+                    self.note(format!("clock jump and sweep, tier {}", self.names[t]));
+                } else {
+                    self.note(format!("clock jump tier {}", self.names[t]));
                 }
                 self.take_events();
             }
@@ -808,6 +838,7 @@ pub async fn run(world: Box<dyn World>, opts: SimOptions) -> SimReport {
             waited: false,
             durable: Vec::new(),
             deleted: Vec::new(),
+            deletes_since_open: Vec::new(),
             trace: shared,
             report: SimReport::default(),
             op: 0,

@@ -63,6 +63,8 @@ impl RealWorld {
         c.checksum = Checksum::Crc32c;
         c.gc_max_size_gb = Some((FS_CAP_BLOCKS * (BLOCK_SIZE + 8192)) as f64 / (1u64 << 30) as f64);
         c.gc_grace_s = Some(2.0);
+        // a sweep takes half of what the tier holds: evictions are frequent and large
+        c.gc_low_watermark = Some(0.5);
         c.gc_stamp_interval_s = Some(1.0);
         c.gc_interval_s = Some(0.5);
         c
@@ -72,6 +74,7 @@ impl RealWorld {
         let mut c = ObjTierConfig::new("sim");
         c.checksum = ObjChecksum::Crc32c;
         c.max_size_gb = Some((OBJ_CAP_BLOCKS * BLOCK_SIZE) as f64 / (1u64 << 30) as f64);
+        c.low_watermark = 0.5;
         c.request_timeout_s = 0.02;
         c.max_retries = 0;
         c.lookup_timeout_s = 0.015;
