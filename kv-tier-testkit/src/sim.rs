@@ -20,7 +20,8 @@
 //!   that follow a wait for all in-flight work;
 //! - at checkpoints (every [`CHECKPOINT_EVERY`] operations and at the end), once every request
 //!   has ended and the work has drained: no lookup state, lease, write-back byte, DRAM pin or
-//!   tier protection remains, and every bounded tier is within its hard bound;
+//!   tier protection remains;
+//! - every bounded tier is within its hard bound after every operation;
 //! - nothing panics, and no wait hangs.
 
 use std::collections::{BTreeSet, VecDeque};
@@ -84,6 +85,12 @@ pub trait World: Send {
     fn clock_jump(&mut self, tier: usize, by: Duration);
     /// `(used, hard bound)` of a bounded tier, `None` for an unbounded one.
     fn usage(&self, tier: usize) -> Option<(u64, u64)>;
+    /// What tier `tier` occupies on its storage as measured there (for a file tier: what `du`
+    /// counts), when the world can measure it: checked against the hard bound at checkpoints,
+    /// so a tier that miscounts is caught.
+    fn measured_usage(&self, _tier: usize) -> Option<u64> {
+        None
+    }
     /// What the storage holds for `key` in tier `tier`, for a violation's report.
     fn describe(&self, tier: usize, key: BlockKey) -> BoxFuture<'_, String>;
 }
@@ -581,6 +588,21 @@ impl<'w> Driver<'w> {
         Ok(())
     }
 
+    /// Every bounded tier is within its hard bound, at every operation.
+    fn check_bounds(&self) -> Check {
+        for t in 0..self.tiers.len() {
+            if let Some((used, bound)) = self.world.usage(t)
+                && used > bound
+            {
+                return Err(format!(
+                    "tier {} uses {used} bytes, over its hard bound {bound}",
+                    self.names[t]
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// A key a probe found is leased in its tier until its promotion ends, so a promotion
     /// finds its key missing only where the simulation deleted one behind the tier's back.
     fn check_promotions(&self) -> Check {
@@ -695,6 +717,15 @@ impl<'w> Driver<'w> {
                     self.names[t]
                 ));
             }
+            if let (Some(measured), Some((used, bound))) =
+                (self.world.measured_usage(t), self.world.usage(t))
+                && measured > bound
+            {
+                return Err(format!(
+                    "tier {} occupies {measured} bytes as measured on its storage, over its hard bound {bound} (it counts {used})",
+                    self.names[t]
+                ));
+            }
         }
         self.note("checkpoint".into());
         Ok(())
@@ -801,6 +832,7 @@ impl<'w> Driver<'w> {
         self.open().await;
         while self.op < self.opts.ops {
             self.one().await?;
+            self.check_bounds()?;
             self.op += 1;
             self.report.ops = self.op;
             if self.op.is_multiple_of(CHECKPOINT_EVERY) {
