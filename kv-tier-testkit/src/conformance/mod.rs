@@ -18,6 +18,9 @@
 //! [`manager`] drives the tier under a [`kv_tier_core::TieringManager`], built from a JSON
 //! config by type name when the fixture says how ([`TierFixture::registered`]).
 //!
+//! [`primary`] holds the cases of the DRAM pool's synchronous contract
+//! ([`kv_tier_core::PrimaryTier`]), run with [`crate::primary_conformance_tests!`].
+//!
 //! ```ignore
 //! // tests/conformance.rs of a tier crate (needs tokio with "macros" and "rt-multi-thread")
 //! kv_tier_testkit::conformance_tests!(|| async {
@@ -36,10 +39,12 @@ use kv_tier_core::{BlockKey, SecondaryTier};
 pub mod cases;
 pub mod gated;
 pub mod manager;
+pub mod primary;
 
 pub use cases::*;
 pub use gated::*;
 pub use manager::*;
+pub use primary::*;
 
 /// A boxed, sendable future (what fixture hooks return).
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
