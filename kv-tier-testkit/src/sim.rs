@@ -16,6 +16,9 @@
 //!   behind a tier's back and stored again loads whole;
 //! - a promotion finds its key missing only where one was deleted behind the tier's back
 //!   (a key a probe found is leased until its promotion ends);
+//! - no `Miss` for a key a tier holds when nothing since the key settled there (a full wait
+//!   after its store) could make a probe or promotion fail: no fault, failed or late probe,
+//!   failed load or refused promotion;
 //! - no key of a request stays `Retry`/`HitPending` for more than [`STUCK_AFTER`] steps
 //!   that follow a wait for all in-flight work;
 //! - at checkpoints (every [`CHECKPOINT_EVERY`] operations and at the end), once every request
@@ -263,6 +266,16 @@ struct Driver<'w> {
     deleted: Vec<BTreeSet<BlockKey>>,
     /// Per tier: deletes behind its back since the manager was opened.
     deletes_since_open: Vec<u64>,
+    /// Per tier: durable keys, with the operation of the first full wait after they became
+    /// durable (from then on the manager has applied their store).
+    settled: Vec<std::collections::BTreeMap<BlockKey, u64>>,
+    /// Per tier: the last operation at which something made a probe or promotion of it fail
+    /// (a probe error, timeout, panic or late answer, a failed or abandoned job, a refused or
+    /// cancelled promotion), and the counters that say so.
+    noise: Vec<(u64, [u64; 6])>,
+    /// Per tier: keys stored there behind the manager's back (audits): a request may keep an
+    /// honest `Miss` for them, as the manager never saw the store.
+    outside: Vec<BTreeSet<BlockKey>>,
     trace: Arc<Mutex<VecDeque<String>>>,
     report: SimReport,
     op: u64,
@@ -315,9 +328,12 @@ impl<'w> Driver<'w> {
         }
         self.manager = Some(b.build().await.expect("manager"));
         self.deletes_since_open = vec![0; self.tiers.len()];
+        self.noise = vec![(0, [0; 6]); self.tiers.len()];
         if self.durable.len() != self.tiers.len() {
             self.durable = vec![BTreeSet::new(); self.tiers.len()];
             self.deleted = vec![BTreeSet::new(); self.tiers.len()];
+            self.settled = vec![std::collections::BTreeMap::new(); self.tiers.len()];
+            self.outside = vec![BTreeSet::new(); self.tiers.len()];
         }
     }
 
@@ -344,6 +360,7 @@ impl<'w> Driver<'w> {
             for k in e.keys {
                 if e.removed {
                     self.durable[t].remove(&k);
+                    self.settled[t].remove(&k);
                 } else {
                     self.durable[t].insert(k);
                     // written again: no longer a key deleted behind the tier's back
@@ -360,7 +377,37 @@ impl<'w> Driver<'w> {
             .map_err(|_| format!("wait_idle hung for {HANG_AFTER:?}"))?;
         self.waited = true;
         self.take_events();
+        self.note_noise();
+        for t in 0..self.tiers.len() {
+            for k in &self.durable[t] {
+                if !self.outside[t].contains(k) {
+                    self.settled[t].entry(*k).or_insert(self.op);
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Records, per tier, whether anything happened that may make a probe or a promotion of
+    /// it fail (so a `Miss` may be honest).
+    fn note_noise(&mut self) {
+        let s = self.m().stats();
+        for t in 0..self.tiers.len() {
+            let ts = &s.tiers[t];
+            let sig = [
+                ts.probes.probe_errors + ts.probes.probe_timeouts + ts.probes.probe_panics,
+                ts.probes.over_budget,
+                ts.load_failures,
+                ts.jobs_timed_out + ts.jobs_panicked,
+                s.promotions_refused,
+                ts.promotions_cancelled,
+            ];
+            // the faults act through these counters: a delay or a hang that ends before the
+            // deadlines fails nothing (and is where a stale answer would show)
+            if sig != self.noise[t].1 {
+                self.noise[t] = (self.op, sig);
+            }
+        }
     }
 
     fn new_request(&mut self) {
@@ -378,8 +425,9 @@ impl<'w> Driver<'w> {
 
     /// One scheduling step: every request looks its prefix up; a decided one loads its hits
     /// (verified), stores the rest, and ends.
-    fn step(&mut self) -> Check {
+    fn step(&mut self) -> Result<Vec<(u64, BlockKey, usize)>, String> {
         let waited = std::mem::take(&mut self.waited);
+        let mut suspects = Vec::new();
         let mut done = Vec::new();
         let mut line = String::from("step");
         for (i, r) in self.requests.iter_mut().enumerate() {
@@ -401,6 +449,17 @@ impl<'w> Driver<'w> {
                     }
                 } else {
                     r.stuck[i] = 0;
+                }
+            }
+            if let Some(LookupResult::Miss) = v.last() {
+                // a key settled in a tier with no noise since: the Miss has no reason
+                let k = r.keys[v.len() - 1];
+                for (t, settled) in self.settled.iter().enumerate() {
+                    if let Some(at) = settled.get(&k)
+                        && self.noise[t].0 < *at
+                    {
+                        suspects.push((r.ctx.id.0, k, t));
+                    }
                 }
             }
             if undecided {
@@ -436,6 +495,31 @@ impl<'w> Driver<'w> {
         self.m().on_schedule_end();
         self.note(line);
         self.take_events();
+        self.note_noise();
+        Ok(suspects)
+    }
+
+    /// A step, then a check of its `Miss` answers: a key a tier holds (settled, found there
+    /// now), with nothing since it settled that could make its probe or promotion fail, is
+    /// not a miss. (A stale probe answer applied over a completed store would be one.)
+    async fn step_checked(&mut self) -> Check {
+        let suspects = self.step()?;
+        for (req, k, t) in suspects {
+            if !self.durable[t].contains(&k)
+                || self.noise[t].0 >= self.settled[t].get(&k).copied().unwrap_or(0)
+            {
+                continue;
+            }
+            let tier = self.tiers[t].faulty.clone();
+            let found = bounded("a check lookup", tier.lookup(&[k])).await?;
+            self.take_events();
+            if found.is_ok_and(|f| f == vec![true]) && self.durable[t].contains(&k) {
+                return Err(format!(
+                    "r{req}: {k} answered Miss while tier {} holds it (settled at operation {}, no fault, failed probe or promotion since)",
+                    self.names[t], self.settled[t][&k]
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -526,7 +610,9 @@ impl<'w> Driver<'w> {
             self.names[t]
         ));
         self.durable[t].remove(&key);
+        self.settled[t].remove(&key);
         self.deleted[t].remove(&key);
+        self.noise[t].0 = self.op;
         if how == Tamper::Delete && done {
             self.deleted[t].insert(key);
             self.deletes_since_open[t] += 1;
@@ -636,6 +722,10 @@ impl<'w> Driver<'w> {
                 crate::util::store_keys(&*tier, &keys, 0, BLOCK_SIZE),
             )
             .await?;
+            self.outside[t].extend(res.ok.iter().copied());
+            for k in &res.ok {
+                self.settled[t].remove(k);
+            }
             if res.ok.is_empty() {
                 continue;
             }
@@ -761,6 +851,8 @@ impl<'w> Driver<'w> {
             } else {
                 self.durable[t].clear();
             }
+            self.settled[t].clear();
+            self.outside[t].clear();
         }
         self.report.crashes += 1;
     }
@@ -768,12 +860,12 @@ impl<'w> Driver<'w> {
     async fn one(&mut self) -> Check {
         let roll = self.rng.below(1000);
         match roll {
-            0..=449 => self.step()?,
+            0..=449 => self.step_checked().await?,
             450..=599 => {
                 if self.requests.len() < MAX_ACTIVE {
                     self.new_request();
                 } else {
-                    self.step()?;
+                    self.step_checked().await?;
                 }
             }
             600..=689 => {
@@ -823,7 +915,7 @@ impl<'w> Driver<'w> {
             }
             920 if self.enabled(fault::CRASHES) => self.crash().await,
             921..=939 => self.audit().await?,
-            _ => self.step()?,
+            _ => self.step_checked().await?,
         }
         Ok(())
     }
@@ -871,6 +963,9 @@ pub async fn run(world: Box<dyn World>, opts: SimOptions) -> SimReport {
             durable: Vec::new(),
             deleted: Vec::new(),
             deletes_since_open: Vec::new(),
+            settled: Vec::new(),
+            noise: Vec::new(),
+            outside: Vec::new(),
             trace: shared,
             report: SimReport::default(),
             op: 0,
