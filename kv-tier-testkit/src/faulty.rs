@@ -212,29 +212,6 @@ impl FaultyTier {
         *p = Plan::default();
     }
 
-    /// Whether any fault is planned (a gate, a failure, a delay, a panic, kept buffers).
-    pub fn is_faulted(&self) -> bool {
-        let p = self.plan();
-        !(p.fail_store.is_empty()
-            && p.fail_load.is_empty()
-            && p.tear_load.is_empty()
-            && p.short_store.is_empty()
-            && p.fail_every_nth_load.is_none()
-            && p.fail_every_nth_store.is_none()
-            && !p.fail_lookups
-            && !p.panic_on_lookup
-            && !p.panic_on_load
-            && !p.panic_on_protect
-            && !p.panic_on_shutdown
-            && !p.hang_shutdown
-            && p.delay.is_none()
-            && p.lookup_gate.is_none()
-            && p.store_gate.is_none()
-            && p.load_gate.is_none()
-            && p.load_result_gate.is_none()
-            && !p.retain_sources)
-    }
-
     /// Faults injected so far (failed or torn blocks, failed probes).
     pub fn injected(&self) -> u64 {
         self.injected.load(Ordering::Relaxed)
