@@ -72,6 +72,8 @@ pub enum Tamper {
 }
 
 /// The real tiers a simulation runs over, and what it may do to them behind their backs.
+/// Only `open` is required: a world that cannot tamper, sweep or measure keeps the defaults
+/// (no damage, no sweeps, no bounds to check).
 pub trait World: Send {
     /// Opens every tier (again on the same storage after a crash), in order, with the
     /// manager's options for each.
@@ -79,15 +81,24 @@ pub trait World: Send {
     /// A crash: drops every handle to the tiers opened last, without shutdown, and returns
     /// once they are gone (their last users, work the dropped manager had in flight, end at
     /// their deadlines), as a killed process's tiers would be.
-    fn crash(&mut self) -> BoxFuture<'_, ()>;
-    /// Damages `key`'s stored block in tier `tier`; `false` when it has none there.
-    fn tamper(&mut self, tier: usize, key: BlockKey, how: Tamper) -> BoxFuture<'_, bool>;
+    fn crash(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+    /// Damages `key`'s stored block in tier `tier`; `false` when it has none there (or the
+    /// world cannot).
+    fn tamper(&mut self, _tier: usize, _key: BlockKey, _how: Tamper) -> BoxFuture<'_, bool> {
+        Box::pin(async { false })
+    }
     /// Runs an eviction pass of tier `tier` now (nothing for unbounded tiers).
-    fn sweep(&mut self, tier: usize) -> BoxFuture<'_, ()>;
+    fn sweep(&mut self, _tier: usize) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
     /// Moves tier `tier`'s clock forward (grace windows, stamp limits).
-    fn clock_jump(&mut self, tier: usize, by: Duration);
+    fn clock_jump(&mut self, _tier: usize, _by: Duration) {}
     /// `(used, hard bound)` of a bounded tier, `None` for an unbounded one.
-    fn usage(&self, tier: usize) -> Option<(u64, u64)>;
+    fn usage(&self, _tier: usize) -> Option<(u64, u64)> {
+        None
+    }
     /// What tier `tier` occupies on its storage as measured there (for a file tier: what `du`
     /// counts), when the world can measure it: checked against the hard bound at checkpoints,
     /// so a tier that miscounts is caught.
@@ -95,7 +106,9 @@ pub trait World: Send {
         None
     }
     /// What the storage holds for `key` in tier `tier`, for a violation's report.
-    fn describe(&self, tier: usize, key: BlockKey) -> BoxFuture<'_, String>;
+    fn describe(&self, _tier: usize, key: BlockKey) -> BoxFuture<'_, String> {
+        Box::pin(async move { format!("{key}: the world cannot look") })
+    }
 }
 
 /// Kinds of fault, as bits of [`SimOptions::faults`].

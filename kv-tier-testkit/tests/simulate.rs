@@ -67,13 +67,6 @@ mod teeth {
             }
             Box::pin(async {})
         }
-        fn clock_jump(&mut self, _: usize, _: std::time::Duration) {}
-        fn usage(&self, _: usize) -> Option<(u64, u64)> {
-            None
-        }
-        fn describe(&self, _: usize, key: BlockKey) -> BoxFuture<'_, String> {
-            Box::pin(async move { format!("{key}") })
-        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,22 +105,6 @@ mod teeth {
                     TierOptions::default(),
                 )]
             })
-        }
-        fn crash(&mut self) -> BoxFuture<'_, ()> {
-            Box::pin(async {})
-        }
-        fn tamper(&mut self, _: usize, _: BlockKey, _: Tamper) -> BoxFuture<'_, bool> {
-            Box::pin(async { false })
-        }
-        fn sweep(&mut self, _: usize) -> BoxFuture<'_, ()> {
-            Box::pin(async {})
-        }
-        fn clock_jump(&mut self, _: usize, _: std::time::Duration) {}
-        fn usage(&self, _: usize) -> Option<(u64, u64)> {
-            None
-        }
-        fn describe(&self, _: usize, key: BlockKey) -> BoxFuture<'_, String> {
-            Box::pin(async move { format!("{key}") })
         }
     }
 
