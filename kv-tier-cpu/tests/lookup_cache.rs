@@ -1,0 +1,238 @@
+//! The async lookup cache on its own: counters, lease expiry, budgets with several waiting
+//! requests, misses per request and request ends. Written against the mutants that survived
+//! the rest of the suite; every wait has a deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_tier_core::{
+    AsyncLookup, BlockKey, JobResult, LoadJob, Presence, ProtectGuard, RequestId, SecondaryTier,
+    StoreJob, TierEvent, TierInfo, async_trait,
+};
+use kv_tier_testkit::{FaultyTier, MemoryTier, source_for, test_key};
+use tokio::sync::Notify;
+
+const BS: usize = 4096;
+
+fn cache(t: Arc<dyn SecondaryTier>) -> (AsyncLookup, Arc<Notify>) {
+    let notify = Arc::new(Notify::new());
+    let al = AsyncLookup::new(t, tokio::runtime::Handle::current(), notify.clone());
+    (al, notify)
+}
+
+/// Waits (at most 10 s of the runtime's clock) until every probe sent has reported, then
+/// applies the answers.
+async fn settle(al: &mut AsyncLookup, notify: &Notify) {
+    let done = tokio::time::timeout(Duration::from_secs(10), async {
+        while !al.all_arrived() {
+            notify.notified().await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "probes never reported");
+    al.apply_results();
+}
+
+async fn seed(t: &MemoryTier, keys: &[BlockKey]) {
+    let job = StoreJob {
+        blocks: keys.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
+    };
+    assert!(t.store(job).await.is_success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_are_counted_by_batch_key_and_failure() {
+    let inner = Arc::new(MemoryTier::new("m", BS));
+    let t = Arc::new(FaultyTier::new(inner.clone()));
+    let (mut al, notify) = cache(t.clone());
+    let ks: Vec<BlockKey> = (0..3).map(test_key).collect();
+    seed(&inner, &ks[..1]).await;
+    let r = RequestId(1);
+    for k in &ks {
+        assert_eq!(al.lookup(k, r), Presence::Retry);
+    }
+    assert_eq!(al.queued(), 3);
+    assert_eq!(al.flush(), 3, "flush reports the keys it sent");
+    assert_eq!((al.queued(), al.in_flight()), (0, 1));
+    settle(&mut al, &notify).await;
+    assert_eq!(al.in_flight(), 0);
+    let s = al.stats();
+    assert_eq!((s.probes, s.probed_keys, s.probe_errors), (1, 3, 0));
+    assert_eq!(al.lookup(&ks[0], r), Presence::Present);
+    assert_eq!(al.lookup(&ks[1], r), Presence::Absent);
+    // a failing probe: its keys are absent, and it is counted once
+    t.fail_lookups(true);
+    let k = test_key(10);
+    seed(&inner, &[k]).await;
+    assert_eq!(al.lookup(&k, r), Presence::Retry);
+    assert_eq!(al.flush(), 1);
+    settle(&mut al, &notify).await;
+    let s = al.stats();
+    assert_eq!((s.probes, s.probed_keys, s.probe_errors), (2, 4, 1));
+    assert_eq!(al.lookup(&k, r), Presence::Absent);
+    assert!(!al.has_results());
+}
+
+/// A tier that answers one `true` whatever it is asked.
+#[derive(Debug)]
+struct OneAnswer(MemoryTier);
+
+#[async_trait]
+impl SecondaryTier for OneAnswer {
+    fn info(&self) -> TierInfo {
+        self.0.info()
+    }
+    async fn lookup(&self, _keys: &[BlockKey]) -> kv_tier_core::Result<Vec<bool>> {
+        Ok(vec![true])
+    }
+    async fn store(&self, job: StoreJob) -> JobResult {
+        self.0.store(job).await
+    }
+    async fn load(&self, job: LoadJob) -> JobResult {
+        self.0.load(job).await
+    }
+    fn touch(&self, keys: &[BlockKey]) {
+        self.0.touch(keys)
+    }
+    fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
+        self.0.protect(keys)
+    }
+    fn is_protected(&self, key: &BlockKey) -> bool {
+        self.0.is_protected(key)
+    }
+    fn take_events(&self) -> Vec<TierEvent> {
+        self.0.take_events()
+    }
+    async fn shutdown(&self) -> kv_tier_core::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_with_the_wrong_number_of_answers_counts_every_key_absent() {
+    let (mut al, notify) = cache(Arc::new(OneAnswer(MemoryTier::new("m", BS))));
+    let r = RequestId(1);
+    let (a, b) = (test_key(1), test_key(2));
+    al.lookup(&a, r);
+    al.lookup(&b, r);
+    al.flush();
+    settle(&mut al, &notify).await;
+    assert_eq!(al.stats().probe_errors, 1);
+    assert_eq!(
+        al.lookup(&a, r),
+        Presence::Absent,
+        "one answer for two keys was believed"
+    );
+    assert_eq!(al.lookup(&b, r), Presence::Absent);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_is_counted_and_the_key_probed_again() {
+    let inner = Arc::new(MemoryTier::new("m", BS));
+    let k = test_key(1);
+    seed(&inner, &[k]).await;
+    let (al, notify) = cache(inner.clone());
+    let mut al = al.with_timeouts(Duration::from_secs(1), Duration::from_millis(50));
+    let r = RequestId(1);
+    assert_eq!(al.lookup(&k, r), Presence::Retry);
+    al.flush();
+    settle(&mut al, &notify).await;
+    assert_eq!(al.lookup(&k, r), Presence::Present);
+    assert!(inner.is_protected(&k), "a found key is leased");
+    tokio::time::sleep(Duration::from_millis(49)).await;
+    assert_eq!(al.lookup(&k, r), Presence::Present, "the lease ended early");
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    assert_eq!(
+        al.lookup(&k, r),
+        Presence::Retry,
+        "an expired lease still answered present"
+    );
+    assert_eq!(al.stats().leases_expired, 1);
+    assert_eq!(al.queued(), 1, "the key is probed again");
+}
+
+/// Two requests wait on one probe of a key the tier does not have. The first gives up at the
+/// budget; the second keeps waiting. When the answer (absent) comes, both are misses, for good.
+#[tokio::test(start_paused = true)]
+async fn a_request_past_the_budget_leaves_the_others_waiting_and_stays_a_miss() {
+    let t = Arc::new(FaultyTier::new(Arc::new(MemoryTier::new("m", BS))));
+    let (al, notify) = cache(t.clone());
+    let mut al = al.with_budget(Duration::from_millis(10));
+    let k = test_key(1);
+    let (r1, r2) = (RequestId(1), RequestId(2));
+    let gate = t.hold_lookups();
+    assert_eq!(al.lookup(&k, r1), Presence::Retry);
+    assert_eq!(al.lookup(&k, r2), Presence::Retry);
+    al.flush();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    al.apply_results(); // a new step: nothing has answered
+    assert_eq!(al.lookup(&k, r1), Presence::Absent, "past the budget");
+    assert_eq!(al.lookup(&k, r1), Presence::Absent);
+    assert_eq!(
+        al.stats().over_budget,
+        1,
+        "counted once per request and key"
+    );
+    gate.open();
+    settle(&mut al, &notify).await;
+    assert_eq!(al.lookup(&k, r1), Presence::Absent, "r1 forgot its miss");
+    assert_eq!(
+        al.lookup(&k, r2),
+        Presence::Absent,
+        "r2 stopped waiting when r1 gave up"
+    );
+    assert_eq!(al.queued(), 0, "a miss sent another probe");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_load_is_a_miss_for_its_request_until_it_ends() {
+    let inner = Arc::new(MemoryTier::new("m", BS));
+    let (mut al, notify) = cache(inner.clone());
+    let (k0, k1) = (test_key(1), test_key(2));
+    let r = RequestId(1);
+    assert_eq!(al.lookup(&k0, r), Presence::Retry); // r is known
+    al.mark_miss(&[k1], r);
+    assert_eq!(al.lookup(&k1, r), Presence::Absent);
+    assert_eq!(al.lookup(&k1, RequestId(2)), Presence::Retry);
+    al.flush();
+    settle(&mut al, &notify).await;
+    al.finish_request(r);
+    al.finish_request(RequestId(2));
+    assert_eq!((al.tracked_keys(), al.tracked_requests()), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn ending_one_request_keeps_the_misses_and_waits_of_the_others() {
+    let t = Arc::new(FaultyTier::new(Arc::new(MemoryTier::new("m", BS))));
+    let (mut al, notify) = cache(t.clone());
+    let (k, j) = (test_key(1), test_key(2));
+    let (r1, r2) = (RequestId(1), RequestId(2));
+    // both missed k
+    al.lookup(&k, r1);
+    al.lookup(&k, r2);
+    al.flush();
+    settle(&mut al, &notify).await;
+    assert_eq!(al.lookup(&k, r2), Presence::Absent);
+    al.finish_request(r1);
+    assert_eq!(
+        al.lookup(&k, r2),
+        Presence::Absent,
+        "r1's end cleared r2's miss"
+    );
+    // both wait on a probe of j; r1 ends before the answer (absent)
+    let gate = t.hold_lookups();
+    al.lookup(&j, r1);
+    al.lookup(&j, r2);
+    al.flush();
+    al.finish_request(r1);
+    gate.open();
+    settle(&mut al, &notify).await;
+    assert_eq!(
+        al.lookup(&j, r2),
+        Presence::Absent,
+        "r1's end dropped r2's wait"
+    );
+    al.finish_request(r1);
+    al.finish_request(r2);
+    assert_eq!(al.tracked_keys(), 0);
+}
