@@ -194,6 +194,7 @@ async fn a_failed_load_is_a_miss_for_its_request_until_it_ends() {
     al.mark_miss(&[k1], r);
     assert_eq!(al.lookup(&k1, r), Presence::Absent);
     assert_eq!(al.lookup(&k1, RequestId(2)), Presence::Retry);
+    assert_eq!((al.tracked_keys(), al.tracked_requests()), (2, 2));
     al.flush();
     settle(&mut al, &notify).await;
     al.finish_request(r);
