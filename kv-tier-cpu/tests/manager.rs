@@ -297,7 +297,7 @@ async fn mark_miss_on_a_pending_probe_is_not_overwritten() {
     gate.wait_arrived(1).await; // the probe saw "present" and is held
     al.mark_miss(&[k], r1); // a failed load for r1 while the probe is pending: no panic
     gate.open();
-    wait_results(&al, &notify).await;
+    kv_tier_testkit::util::wait_probe_results(&al, &notify).await;
     al.apply_results();
     assert_eq!(al.stats().stale_answers, 1);
     assert_eq!(
@@ -308,7 +308,7 @@ async fn mark_miss_on_a_pending_probe_is_not_overwritten() {
     // another request probes afresh and sees the block
     assert_eq!(al.lookup(&k, r2), Presence::Retry);
     al.flush();
-    wait_results(&al, &notify).await;
+    kv_tier_testkit::util::wait_probe_results(&al, &notify).await;
     al.apply_results();
     assert_eq!(al.lookup(&k, r2), Presence::Present);
     // mark_stored clears r1's miss (a later store makes it a hit again)
@@ -334,13 +334,13 @@ async fn late_probe_after_mark_stored_is_ignored_in_async_lookup() {
     seed(&*inner, &[k]).await; // the store landed
     al.mark_stored(&[k]);
     gate.open();
-    wait_results(&al, &notify).await;
+    kv_tier_testkit::util::wait_probe_results(&al, &notify).await;
     al.apply_results();
     assert_eq!(al.stats().stale_answers, 1);
     // the stale "absent" is ignored; the key is probed again, found and leased
     assert_eq!(al.lookup(&k, RequestId(1)), Presence::Retry);
     al.flush();
-    wait_results(&al, &notify).await;
+    kv_tier_testkit::util::wait_probe_results(&al, &notify).await;
     al.apply_results();
     assert_eq!(al.lookup(&k, RequestId(1)), Presence::Present);
     assert!(inner.is_protected(&k), "a found key is leased");
@@ -707,16 +707,4 @@ async fn a_full_dram_refuses_a_promotion_rather_than_evict_a_hit_of_the_same_loo
         "a block answered Hit was evicted"
     );
     assert_eq!(fx.m.stats().promotions_refused, 1);
-}
-
-/// Waits (at most 10 s) until a probe has reported: a wait without a deadline turns a failure
-/// into a hang.
-async fn wait_results(al: &AsyncLookup, notify: &Notify) {
-    let done = tokio::time::timeout(std::time::Duration::from_secs(10), async {
-        while !al.has_results() {
-            notify.notified().await;
-        }
-    })
-    .await;
-    assert!(done.is_ok(), "no probe reported within 10 s");
 }

@@ -257,7 +257,7 @@ async fn a_probe_older_than_a_store_never_marks_the_key_absent_after_its_state_w
     al.flush(); // P2
     gate2.wait_arrived(1).await; // P2 saw "present" and is held
     gate1.open();
-    wait_results(&al, &notify).await;
+    kv_tier_testkit::util::wait_probe_results(&al, &notify).await;
     al.apply_results(); // P1's stale "absent"
     assert_eq!(al.stats().stale_answers, 1);
     assert_ne!(
@@ -267,7 +267,7 @@ async fn a_probe_older_than_a_store_never_marks_the_key_absent_after_its_state_w
     );
     gate2.open();
     while al.in_flight() > 0 {
-        wait_results(&al, &notify).await;
+        kv_tier_testkit::util::wait_probe_results(&al, &notify).await;
         al.apply_results();
     }
     assert_eq!(al.lookup(&k, r2), Presence::Present);
@@ -502,16 +502,4 @@ async fn an_expired_lease_is_dropped_while_the_scheduler_is_idle() {
         "an expired lease still protects its key"
     );
     assert_eq!(fx.m.stats().tiers[0].leased_keys, 0);
-}
-
-/// Waits (at most 10 s) until a probe has reported: a wait without a deadline turns a failure
-/// into a hang.
-async fn wait_results(al: &AsyncLookup, notify: &Notify) {
-    let done = tokio::time::timeout(std::time::Duration::from_secs(10), async {
-        while !al.has_results() {
-            notify.notified().await;
-        }
-    })
-    .await;
-    assert!(done.is_ok(), "no probe reported within 10 s");
 }

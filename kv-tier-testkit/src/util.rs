@@ -183,6 +183,18 @@ impl Gate {
     }
 }
 
+/// Waits (at most 10 s) until one of `lookup`'s probes has reported (`notify` is the one the
+/// lookup was made with). A wait without a deadline would turn a failure into a hang.
+pub async fn wait_probe_results(lookup: &kv_tier_core::AsyncLookup, notify: &Notify) {
+    let done = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while !lookup.has_results() {
+            notify.notified().await;
+        }
+    })
+    .await;
+    assert!(done.is_ok(), "no probe reported within 10 s");
+}
+
 /// Stores `keys` in `tier` as one job, each block [`block_bytes`] of its key and `salt`.
 pub async fn store_keys(
     tier: &dyn kv_tier_core::SecondaryTier,
