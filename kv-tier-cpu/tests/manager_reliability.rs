@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kv_tier_core::{
-    AsyncLookup, BlockKey, EvictionPolicy, KvTierConfig, LookupResult, Presence, PrimaryTier,
-    RequestContext, RequestId, SecondaryTier, StoreJob, TieringManager,
+    AsyncLookup, BlockKey, KvTierConfig, LookupResult, Presence, PrimaryTier, RequestContext,
+    RequestId, SecondaryTier, StoreJob, TieringManager,
 };
-use kv_tier_cpu::{CpuTier, CpuTierConfig};
+use kv_tier_cpu::CpuTier;
 use kv_tier_testkit::{FaultyTier, MemoryTier, source_for, test_key};
 use tokio::sync::Notify;
 
@@ -21,15 +21,7 @@ struct Fx {
 }
 
 fn cpu(slots: usize) -> Arc<CpuTier> {
-    Arc::new(
-        CpuTier::new(CpuTierConfig {
-            capacity_bytes: (slots * BS) as u64,
-            block_size: BS,
-            policy: EvictionPolicy::Lru,
-            prefault: false,
-        })
-        .unwrap(),
-    )
+    kv_tier_testkit::util::lru_dram(slots, BS)
 }
 
 async fn manager_with(

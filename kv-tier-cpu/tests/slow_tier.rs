@@ -6,24 +6,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kv_tier_core::{
-    BlockKey, Error, EvictionPolicy, KvTierConfig, LookupResult, RequestContext, RequestId,
-    SecondaryTier, StoreJob, TierOptions, TieringManager, WriteBackPolicy,
+    BlockKey, Error, KvTierConfig, LookupResult, RequestContext, RequestId, SecondaryTier,
+    StoreJob, TierOptions, TieringManager, WriteBackPolicy,
 };
-use kv_tier_cpu::{CpuTier, CpuTierConfig};
+use kv_tier_cpu::CpuTier;
 use kv_tier_testkit::{FaultyTier, MemoryTier, source_for, test_key};
 
 const BS: usize = 4096;
 
 fn cpu(slots: usize) -> Arc<CpuTier> {
-    Arc::new(
-        CpuTier::new(CpuTierConfig {
-            capacity_bytes: (slots * BS) as u64,
-            block_size: BS,
-            policy: EvictionPolicy::Lru,
-            prefault: false,
-        })
-        .unwrap(),
-    )
+    kv_tier_testkit::util::lru_dram(slots, BS)
 }
 
 /// A manager over tiers A and B (in that order), with the manager's options for each.

@@ -38,6 +38,16 @@ fn parse_crc(text: &str) -> Option<u32> {
         .flatten()
 }
 
+/// What a store finds at a block's path before it writes.
+enum Existing {
+    /// No object.
+    Absent,
+    /// An object a load accepts (or, without checksums, any object).
+    Usable,
+    /// An object a load would refuse: deleted, then written over.
+    InTheWay,
+}
+
 /// The user-metadata key of a block's CRC32C (8 hex digits; see [`block_crc`]).
 pub const CRC_METADATA_KEY: &str = "kv-tier-crc32c";
 
@@ -326,12 +336,10 @@ impl Inner {
         if self.exists.contains_key(&key) {
             // The cache may save the upload, never the confirmation: ask the backend.
             bump(&self.counters.exists_cache_hits, 1);
-            if self.head(&key, false).await? {
-                if !self.existing_is_unverifiable(&path).await? {
-                    return Ok(self.confirmed(key));
-                }
-                tracing::warn!(tier = %self.name, %key, "an object that is not a whole block with a valid checksum is in the way; replacing it");
-                self.delete_corrupt(&key, &path).await;
+            match self.existing(&key, &path).await? {
+                Existing::Usable => return Ok(self.confirmed(key)),
+                Existing::InTheWay => self.delete_corrupt(&key, &path).await,
+                Existing::Absent => {}
             }
         }
         // A copy, not a view of the DRAM slot: the store may keep what it is given (an
@@ -355,17 +363,20 @@ impl Inner {
         };
         loop {
             let create = self.create_only.load(Ordering::Relaxed);
-            if !create && self.head(&key, false).await? {
+            if !create {
                 // No conditional writes here: look first (a race may still replace a block
                 // with an identical one: blocks are content-addressed).
-                if !self.existing_is_unverifiable(&path).await? {
-                    return Ok(self.confirmed(key));
+                match self.existing(&key, &path).await? {
+                    Existing::Usable => return Ok(self.confirmed(key)),
+                    Existing::InTheWay if std::mem::replace(&mut replaced, true) => {
+                        return Err(in_the_way(&path));
+                    }
+                    Existing::InTheWay => {
+                        self.delete_corrupt(&key, &path).await;
+                        continue;
+                    }
+                    Existing::Absent => {}
                 }
-                if std::mem::replace(&mut replaced, true) {
-                    return Err(in_the_way(&path));
-                }
-                self.delete_corrupt(&key, &path).await;
-                continue;
             }
             let opts = PutOptions {
                 mode: if create {
@@ -400,10 +411,7 @@ impl Inner {
                             self.uncount(&key);
                             return Err(in_the_way(&path));
                         }
-                        // a foreign or half-written object (a store whose PUT is not atomic
-                        // can keep the body of a cancelled PUT without its metadata): it
-                        // would fail every load, so it goes and this store writes the block
-                        tracing::warn!(tier = %self.name, %key, "an object that is not a whole block with a valid checksum is in the way; replacing it");
+                        self.warn_in_the_way(&key);
                         self.delete_corrupt(&key, &path).await;
                         continue;
                     }
@@ -440,6 +448,26 @@ impl Inner {
     }
 
     /// Deletes a damaged object (reported as removed).
+    /// What is at `key`'s path: nothing, a block a load will accept, or an object in the way
+    /// (see [`Inner::existing_is_unverifiable`]), which is reported here.
+    async fn existing(&self, key: &BlockKey, path: &ObjPath) -> Result<Existing> {
+        if !self.head(key, false).await? {
+            return Ok(Existing::Absent);
+        }
+        if self.existing_is_unverifiable(path).await? {
+            self.warn_in_the_way(key);
+            return Ok(Existing::InTheWay);
+        }
+        Ok(Existing::Usable)
+    }
+
+    /// A foreign or half-written object (a store whose PUT is not atomic can keep the body of
+    /// a cancelled PUT without its metadata) would fail every load: it goes, and the store
+    /// writes the block.
+    fn warn_in_the_way(&self, key: &BlockKey) {
+        tracing::warn!(tier = %self.name, %key, "an object that is not a whole block with a valid checksum is in the way; replacing it");
+    }
+
     /// With checksums on (and unverified objects not accepted), whether the object at `path`
     /// is not the size of a block or carries no well-formed checksum, so a load would refuse
     /// it (its metadata only: a HEAD).

@@ -195,6 +195,19 @@ pub async fn wait_probe_results(lookup: &kv_tier_core::AsyncLookup, notify: &Not
     assert!(done.is_ok(), "no probe reported within 10 s");
 }
 
+/// An LRU DRAM tier of `slots` blocks of `block_size` bytes, not prefaulted (for tests).
+pub fn lru_dram(slots: usize, block_size: usize) -> Arc<kv_tier_cpu::CpuTier> {
+    Arc::new(
+        kv_tier_cpu::CpuTier::new(kv_tier_cpu::CpuTierConfig {
+            capacity_bytes: (slots * block_size) as u64,
+            block_size,
+            policy: kv_tier_core::EvictionPolicy::Lru,
+            prefault: false,
+        })
+        .expect("a valid DRAM tier"),
+    )
+}
+
 /// Stores `keys` in `tier` as one job, each block [`block_bytes`] of its key and `salt`.
 pub async fn store_keys(
     tier: &dyn kv_tier_core::SecondaryTier,
