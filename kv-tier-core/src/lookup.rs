@@ -2,7 +2,6 @@
 //! that have a deadline, a generation per probe so that a completed store is authoritative
 //! over a late probe, and leases that keep a found key in its tier until it is promoted.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -155,7 +154,8 @@ pub struct AsyncLookupStats {
     pub probe_timeouts: u64,
     /// Probe batches whose tier panicked (their keys count as absent).
     pub probe_panics: u64,
-    /// Leases that expired before anything ended them (the key is probed again if asked).
+    /// Asks that found their key's lease expired (the key is probed again). An expired lease
+    /// stops protecting its key within a quarter lease whether or not the key is asked again.
     pub leases_expired: u64,
     /// Failed-load answers for requests this lookup does not know (finished): ignored.
     pub ignored_answers: u64,
@@ -204,8 +204,8 @@ pub struct AsyncLookup {
     lease_for: Duration,
     /// Latency of the probe batches.
     latency: crate::stats::LatencyHistogram,
-    /// Leases in order of expiry (one lease duration for all, so insertion order).
-    expiries: VecDeque<(Instant, BlockKey, u64)>,
+    /// Every live lease's protection, by lease id; the reaper ends expired ones, an ask that
+    /// finds its key's lease expired forgets it (see [`AsyncLookup::lookup`]).
     leases: LeaseTable,
     reaper: Option<tokio::task::JoinHandle<()>>,
     stats: AsyncLookupStats,
@@ -257,7 +257,6 @@ impl AsyncLookup {
             budget: DEFAULT_PROBE_TIMEOUT,
             lease_for: DEFAULT_LEASE,
             latency: crate::stats::LatencyHistogram::default(),
-            expiries: VecDeque::new(),
             leases: Arc::new(Mutex::new(FxHashMap::default())),
             reaper: None,
             applied_at: Instant::now(),
@@ -302,7 +301,6 @@ impl AsyncLookup {
     fn lease(&mut self, key: &BlockKey) -> Lease {
         let id = self.generation();
         let expires = Instant::now() + self.lease_for;
-        self.expiries.push_back((expires, *key, id));
         let guard = protect_caught(&*self.tier, std::slice::from_ref(key));
         lock(&self.leases).insert(id, (expires, guard));
         if self.reaper.is_none() {
@@ -507,8 +505,7 @@ impl AsyncLookup {
         n
     }
 
-    /// Applies the probe answers that have arrived, and ends expired leases. Returns how many
-    /// batches were applied.
+    /// Applies the probe answers that have arrived. Returns how many batches were applied.
     pub fn apply_results(&mut self) -> usize {
         self.applied_at = Instant::now();
         let batches = std::mem::take(&mut *lock(&self.inbox));
@@ -549,7 +546,6 @@ impl AsyncLookup {
             }
             // the batch's guard drops here
         }
-        self.expire_leases(Instant::now());
         n
     }
 
@@ -579,31 +575,6 @@ impl AsyncLookup {
             }
         }
         vec![false; n]
-    }
-
-    fn expire_leases(&mut self, now: Instant) {
-        while let Some(&(at, key, id)) = self.expiries.front() {
-            if at > now {
-                break;
-            }
-            self.expiries.pop_front();
-            if let Some(e) = self.keys.get_mut(&key)
-                && e.present.as_ref().is_some_and(|l| l.id == id)
-            {
-                e.present = None;
-                self.stats.leases_expired += 1;
-            }
-        }
-        // Entries of leases that ended early stay queued until their time; keep the queue
-        // from growing past the live leases by more than a constant factor.
-        if self.expiries.len() > 64 && self.expiries.len() > 4 * self.keys.len() {
-            let keys = &self.keys;
-            self.expiries.retain(|(_, k, id)| {
-                keys.get(k)
-                    .and_then(|e| e.present.as_ref())
-                    .is_some_and(|l| l.id == *id)
-            });
-        }
     }
 
     /// Probe batches sent and not yet applied.

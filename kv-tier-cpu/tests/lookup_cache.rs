@@ -237,3 +237,69 @@ async fn ending_one_request_keeps_the_misses_and_waits_of_the_others() {
     al.finish_request(r2);
     assert_eq!(al.tracked_keys(), 0);
 }
+
+/// A probe whose runtime shuts down before it answers is reported (dropped: its keys absent),
+/// never lost: the lookup does not wait for it forever and the keys' protection ends.
+#[test]
+fn a_probe_dropped_with_its_runtime_reports_its_keys_absent() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let inner = Arc::new(MemoryTier::new("m", BS));
+    let faulty = Arc::new(FaultyTier::new(inner.clone()));
+    let _held = faulty.hold_lookups(); // the probe never answers
+    let notify = Arc::new(Notify::new());
+    let mut al = AsyncLookup::new(faulty.clone(), rt.handle().clone(), notify);
+    let (k, r) = (test_key(1), RequestId(1));
+    rt.block_on(seed(&inner, &[k]));
+    assert_eq!(al.lookup(&k, r), Presence::Retry);
+    assert_eq!(al.flush(), 1);
+    assert!(faulty.is_protected(&k), "a key is protected while probed");
+    assert!(!al.all_arrived());
+    drop(rt); // drops the probe's task mid-way
+    assert!(al.all_arrived(), "a dropped probe never reported");
+    assert_eq!(al.apply_results(), 1);
+    assert_eq!(al.in_flight(), 0);
+    assert_eq!(al.stats().probe_errors, 1);
+    assert_eq!(al.lookup(&k, r), Presence::Absent);
+    assert!(!faulty.is_protected(&k), "a dropped probe still protects");
+}
+
+/// Dropping the lookup ends its lease reaper at once (no task left on the engine's runtime
+/// until the next tick) and every lease's protection with it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn dropping_the_lookup_leaves_no_task_and_no_protection() {
+    let inner = Arc::new(MemoryTier::new("m", BS));
+    let k = test_key(1);
+    seed(&inner, &[k]).await;
+    let (al, notify) = cache(inner.clone());
+    let mut al = al.with_timeouts(Duration::from_secs(1), Duration::from_secs(60));
+    let r = RequestId(1);
+    al.lookup(&k, r);
+    al.flush();
+    settle(&mut al, &notify).await;
+    assert_eq!(al.lookup(&k, r), Presence::Present);
+    // a lease lives past several reaper ticks (a quarter lease each)
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    assert!(inner.is_protected(&k), "the reaper ended a live lease");
+    assert_eq!(al.leased_keys(), 1);
+    let text = format!("{al:?}");
+    assert!(
+        text.contains("AsyncLookup") && text.contains("tracked_keys: 1") && text.contains("\"m\""),
+        "{text}"
+    );
+    let metrics = tokio::runtime::Handle::current().metrics();
+    assert_eq!(metrics.num_alive_tasks(), 1, "the reaper runs");
+    drop(al);
+    tokio::task::yield_now().await;
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        0,
+        "the reaper outlived its lookup"
+    );
+    assert!(
+        !inner.is_protected(&k),
+        "a dropped lookup's lease still protects"
+    );
+}
