@@ -383,6 +383,15 @@ impl FsTier {
         Ok(self.files.sweep(crate::gc::Goal::Cap))
     }
 
+    /// Runs one sweep now as when the filesystem reports `ENOSPC`: whatever the cap, down to
+    /// `gc_low_watermark` of the current total, oldest first, grace window or not; protected
+    /// keys and files with a job in flight are spared. Returns the files deleted. For tests
+    /// and tools (the tier does this on its own when a write finds the disk full).
+    pub fn gc_sweep_for_space_now(&self) -> Result<usize> {
+        self.gc()?;
+        Ok(self.files.sweep(crate::gc::Goal::Space))
+    }
+
     /// Applies the queued mtime stamps now, on the caller's thread.
     pub fn gc_apply_stamps_now(&self) -> Result<()> {
         self.gc()?;

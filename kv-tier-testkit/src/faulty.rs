@@ -28,6 +28,7 @@ struct Plan {
     panic_on_shutdown: bool,
     hang_shutdown: bool,
     delay: Option<Duration>,
+    answer_delay: Option<Duration>,
     lookup_gate: Option<Gate>,
     store_gate: Option<Gate>,
     load_gate: Option<Gate>,
@@ -45,6 +46,8 @@ struct Plan {
 /// - `panic_on_lookup` / `panic_on_load` / `panic_on_protect` / `panic_on_shutdown`: those
 ///   calls panic; `hang_shutdown`: `shutdown()` never returns.
 /// - `delay`: every job and probe sleeps first.
+/// - `delay_answers`: probes look, then sleep before answering (an answer that may arrive
+///   after a store of its keys completed: a stale one).
 /// - `hold_lookups`: probes run, then wait at a [`Gate`] before answering (a late probe).
 /// - `hold_stores` / `hold_loads`: jobs wait at a gate before running.
 /// - `retain_sources`: stores keep their jobs' buffers after returning (a zero-copy cache
@@ -199,6 +202,11 @@ impl FaultyTier {
         }
     }
 
+    /// Probes look, then sleep `d` before answering (`None`: answer at once).
+    pub fn delay_answers(&self, d: Option<Duration>) {
+        self.plan().answer_delay = d;
+    }
+
     /// Removes every planned fault and opens every gate.
     pub fn heal(&self) {
         self.retained.lock().expect("retained").clear();
@@ -243,10 +251,13 @@ impl SecondaryTier for FaultyTier {
             panic!("injected panic in FaultyTier::lookup");
         }
         let answer = self.inner.lookup(keys).await;
-        let (gate, fail) = {
+        let (gate, fail, answer_delay) = {
             let p = self.plan();
-            (p.lookup_gate.clone(), p.fail_lookups)
+            (p.lookup_gate.clone(), p.fail_lookups, p.answer_delay)
         };
+        if let Some(d) = answer_delay {
+            tokio::time::sleep(d).await;
+        }
         if let Some(g) = gate {
             g.pass().await;
         }

@@ -93,6 +93,11 @@ pub trait World: Send {
     fn sweep(&mut self, _tier: usize) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+    /// Runs an eviction pass of tier `tier` that goes below its bound (as when its storage
+    /// runs out of space): only protected keys are spared. Defaults to [`World::sweep`].
+    fn sweep_deep(&mut self, tier: usize) -> BoxFuture<'_, ()> {
+        self.sweep(tier)
+    }
     /// Moves tier `tier`'s clock forward (grace windows, stamp limits).
     fn clock_jump(&mut self, _tier: usize, _by: Duration) {}
     /// `(used, hard bound)` of a bounded tier, `None` for an unbounded one.
@@ -401,6 +406,29 @@ impl<'w> Driver<'w> {
         Ok(())
     }
 
+    /// Waits for the jobs in flight only (probes may still be out): the stores whose events
+    /// were seen before the wait have been applied by the manager when it returns, so their
+    /// keys settle now, while a slow probe of them may still be on its way.
+    async fn wait_jobs(&mut self) -> Check {
+        self.take_events();
+        let before: Vec<BTreeSet<BlockKey>> = self.durable.clone();
+        let m = self.manager.as_ref().expect("manager open");
+        tokio::time::timeout(HANG_AFTER, m.wait_jobs())
+            .await
+            .map_err(|_| format!("wait_jobs hung for {HANG_AFTER:?}"))?;
+        self.take_events();
+        self.note_noise();
+        for (t, keys) in before.iter().enumerate() {
+            for k in keys {
+                if self.durable[t].contains(k) && !self.outside[t].contains(k) {
+                    self.settled[t].entry(*k).or_insert(self.op);
+                }
+            }
+        }
+        self.note("wait_jobs".into());
+        Ok(())
+    }
+
     /// Records, per tier, whether anything happened that may make a probe or a promotion of
     /// it fail (so a `Miss` may be honest).
     fn note_noise(&mut self) {
@@ -570,6 +598,12 @@ impl<'w> Driver<'w> {
                     f.fail_every_nth_load(Some(n));
                     "every n-th load fails"
                 }
+            }
+            fault::DELAYS if variant == 0 => {
+                // probes look, then answer late but within their deadline: an answer that
+                // may land after a store of its key was applied (a stale answer)
+                f.delay_answers(Some(Duration::from_millis(4 + self.rng.below(12))));
+                "probe answers late"
             }
             fault::DELAYS => {
                 f.delay(Some(Duration::from_millis(1 + self.rng.below(3))));
@@ -881,10 +915,11 @@ impl<'w> Driver<'w> {
                     self.step_checked().await?;
                 }
             }
-            600..=689 => {
+            600..=659 => {
                 self.wait_idle().await?;
                 self.note("wait_idle".into());
             }
+            660..=689 => self.wait_jobs().await?,
             690..=719 => {
                 let k = key_of(self.rng.below(CONVERSATIONS), self.rng.below(CHAIN));
                 self.m().touch(&[k]);
@@ -903,10 +938,19 @@ impl<'w> Driver<'w> {
                 // moment for keys that probes found and promotions have not read yet
                 self.world.clock_jump(t, Duration::from_secs(120));
                 if self.rng.chance(700) {
-                    tokio::time::timeout(HANG_AFTER, self.world.sweep(t))
+                    // a deep pass reaches the keys a probe found recently: only their
+                    // protection keeps them
+                    let deep = self.rng.chance(300);
+                    let sweep = if deep {
+                        self.world.sweep_deep(t)
+                    } else {
+                        self.world.sweep(t)
+                    };
+                    tokio::time::timeout(HANG_AFTER, sweep)
                         .await
                         .map_err(|_| "a forced sweep hung".to_string())?;
-                    self.note(format!("clock jump and sweep, tier {}", self.names[t]));
+                    let kind = if deep { "deep sweep" } else { "sweep" };
+                    self.note(format!("clock jump and {kind}, tier {}", self.names[t]));
                 } else {
                     self.note(format!("clock jump tier {}", self.names[t]));
                 }

@@ -203,6 +203,16 @@ impl World for RealWorld {
         })
     }
 
+    fn sweep_deep(&mut self, tier: usize) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if tier == 0 {
+                let _ = self.fs.as_ref().expect("open").gc_sweep_for_space_now();
+            } else {
+                self.obj.as_ref().expect("open").sweep_now().await;
+            }
+        })
+    }
+
     fn clock_jump(&mut self, tier: usize, by: Duration) {
         if tier == 0 {
             let _ = self.fs.as_ref().expect("open").advance_gc_clock(by);
