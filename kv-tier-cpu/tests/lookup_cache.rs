@@ -302,3 +302,35 @@ async fn dropping_the_lookup_leaves_no_task_and_no_protection() {
         "a dropped lookup's lease still protects"
     );
 }
+
+/// The boundaries, on a paused clock where durations are exact: an answer that takes exactly
+/// the budget is not late, and a lease ends at its expiry instant (not one tick after).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_answer_at_the_budget_is_not_late_and_a_lease_ends_at_its_expiry() {
+    let inner = Arc::new(MemoryTier::new("m", BS));
+    let faulty = Arc::new(FaultyTier::new(inner.clone()));
+    let (k, r) = (test_key(1), RequestId(1));
+    seed(&inner, &[k]).await;
+    faulty.delay_answers(Some(Duration::from_millis(100)));
+    let (al, notify) = cache(faulty.clone());
+    let mut al = al
+        .with_timeouts(Duration::from_secs(1), Duration::from_secs(5))
+        .with_budget(Duration::from_millis(100));
+    assert_eq!(al.lookup(&k, r), Presence::Retry);
+    al.flush();
+    settle(&mut al, &notify).await;
+    assert_eq!(
+        al.stats().late_answers,
+        0,
+        "an answer at the budget was late"
+    );
+    assert_eq!(al.lookup(&k, r), Presence::Present);
+    tokio::time::advance(Duration::from_millis(4_900)).await;
+    assert_eq!(al.lookup(&k, r), Presence::Present, "the lease ended early");
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert_eq!(
+        al.lookup(&k, r),
+        Presence::Retry,
+        "a lease outlived its expiry instant"
+    );
+}
