@@ -7,10 +7,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::controlled::{ControlledStore, Op};
 use common::{BS, ns};
 use kv_tier_core::{BlockKey, Error, JobResult, SecondaryTier};
 use kv_tier_obj::{ObjTier, ObjTierConfig};
+use kv_tier_testkit::controlled_store::{ControlledStore, Op};
 use kv_tier_testkit::{load_keys, store_keys, test_key, verify_block};
 use object_store::ObjectStore;
 

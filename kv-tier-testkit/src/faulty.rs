@@ -61,6 +61,22 @@ pub struct FaultyTier {
     injected: AtomicU64,
     shutdowns: AtomicU64,
     retained: Mutex<Vec<kv_tier_core::BlockSource>>,
+    abandoned: Mutex<Vec<BlockKey>>,
+}
+
+/// Records a store job's keys if the job is dropped while the inner tier works on them.
+struct Abandoned<'a> {
+    keys: Vec<BlockKey>,
+    into: &'a Mutex<Vec<BlockKey>>,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.keys.is_empty() {
+            let mut a = self.into.lock().unwrap_or_else(|p| p.into_inner());
+            a.append(&mut self.keys);
+        }
+    }
 }
 
 fn injected(key: &BlockKey, what: &str) -> Error {
@@ -82,6 +98,7 @@ impl FaultyTier {
             injected: AtomicU64::new(0),
             shutdowns: AtomicU64::new(0),
             retained: Mutex::new(Vec::new()),
+            abandoned: Mutex::new(Vec::new()),
         }
     }
 
@@ -207,6 +224,12 @@ impl FaultyTier {
         self.plan().answer_delay = d;
     }
 
+    /// Takes the keys of store jobs dropped (cancelled, or abandoned at a deadline) while the
+    /// inner tier was storing them: each may or may not have landed, unknown to the caller.
+    pub fn take_abandoned_stores(&self) -> Vec<BlockKey> {
+        std::mem::take(&mut *self.abandoned.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// Removes every planned fault and opens every gate.
     pub fn heal(&self) {
         self.retained.lock().expect("retained").clear();
@@ -298,7 +321,14 @@ impl SecondaryTier for FaultyTier {
                 }
             }
         }
+        // a job dropped while the inner tier works (its deadline passed) may still land in
+        // the tier: the caller never learns of it
+        let mut watch = Abandoned {
+            keys: pass.blocks.iter().map(|(k, _)| *k).collect(),
+            into: &self.abandoned,
+        };
         let inner = self.inner.store(pass).await;
+        watch.keys.clear();
         res.ok.extend(inner.ok);
         res.failed.extend(inner.failed);
         res

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod conformance;
+pub mod controlled_store;
 pub mod faulty;
 pub mod memory;
 #[cfg(feature = "s3-server")]

@@ -98,6 +98,13 @@ pub trait World: Send {
     fn sweep_deep(&mut self, tier: usize) -> BoxFuture<'_, ()> {
         self.sweep(tier)
     }
+    /// Makes tier `tier`'s backend stop answering (requests hang inside the tier, past its
+    /// deadlines) until [`World::heal_backend`]; `false` where the world cannot.
+    fn hang_backend(&mut self, _tier: usize) -> bool {
+        false
+    }
+    /// Lets tier `tier`'s backend answer again.
+    fn heal_backend(&mut self, _tier: usize) {}
     /// Moves tier `tier`'s clock forward (grace windows, stamp limits).
     fn clock_jump(&mut self, _tier: usize, _by: Duration) {}
     /// `(used, hard bound)` of a bounded tier, `None` for an unbounded one.
@@ -294,6 +301,10 @@ struct Driver<'w> {
     /// Per tier: keys stored there behind the manager's back (audits): a request may keep an
     /// honest `Miss` for them, as the manager never saw the store.
     outside: Vec<BTreeSet<BlockKey>>,
+    /// Per tier: keys stored through the manager since it opened (it applied those stores,
+    /// which ended every request's negative answer for them). Keys held from before a crash
+    /// are not: a request may keep a `Miss` for them from a probe that failed.
+    stored_here: Vec<BTreeSet<BlockKey>>,
     trace: Arc<Mutex<VecDeque<String>>>,
     report: SimReport,
     op: u64,
@@ -346,6 +357,7 @@ impl<'w> Driver<'w> {
         }
         self.manager = Some(b.build().await.expect("manager"));
         self.deletes_since_open = vec![0; self.tiers.len()];
+        self.stored_here = vec![BTreeSet::new(); self.tiers.len()];
         self.noise = vec![(0, [0; 6]); self.tiers.len()];
         if self.durable.len() != self.tiers.len() {
             self.durable = vec![BTreeSet::new(); self.tiers.len()];
@@ -356,6 +368,7 @@ impl<'w> Driver<'w> {
     }
 
     fn heal(&mut self, t: usize) {
+        self.world.heal_backend(t);
         let tier = &mut self.tiers[t];
         tier.faulty.heal();
         for g in tier.gates.drain(..) {
@@ -371,6 +384,14 @@ impl<'w> Driver<'w> {
 
     /// Applies the manager's events to the model.
     fn take_events(&mut self) {
+        // a store the manager abandoned may land without the manager knowing: such a key is
+        // held there as if stored behind its back
+        for t in 0..self.tiers.len() {
+            for k in self.tiers[t].faulty.take_abandoned_stores() {
+                self.outside[t].insert(k);
+                self.settled[t].remove(&k);
+            }
+        }
         for e in self.m().take_events() {
             let Some(t) = self.names.iter().position(|n| *n == e.tier) else {
                 continue;
@@ -379,8 +400,10 @@ impl<'w> Driver<'w> {
                 if e.removed {
                     self.durable[t].remove(&k);
                     self.settled[t].remove(&k);
+                    self.stored_here[t].remove(&k);
                 } else {
                     self.durable[t].insert(k);
+                    self.stored_here[t].insert(k);
                     // written again: no longer a key deleted behind the tier's back
                     self.deleted[t].remove(&k);
                 }
@@ -398,7 +421,7 @@ impl<'w> Driver<'w> {
         self.note_noise();
         for t in 0..self.tiers.len() {
             for k in &self.durable[t] {
-                if !self.outside[t].contains(k) {
+                if !self.outside[t].contains(k) && self.stored_here[t].contains(k) {
                     self.settled[t].entry(*k).or_insert(self.op);
                 }
             }
@@ -420,7 +443,10 @@ impl<'w> Driver<'w> {
         self.note_noise();
         for (t, keys) in before.iter().enumerate() {
             for k in keys {
-                if self.durable[t].contains(k) && !self.outside[t].contains(k) {
+                if self.durable[t].contains(k)
+                    && !self.outside[t].contains(k)
+                    && self.stored_here[t].contains(k)
+                {
                     self.settled[t].entry(*k).or_insert(self.op);
                 }
             }
@@ -551,7 +577,8 @@ impl<'w> Driver<'w> {
             {
                 continue;
             }
-            let tier = self.tiers[t].faulty.clone();
+            // the driver's own look at the storage: past the fault wrapper
+            let tier = self.tiers[t].faulty.inner().clone();
             let found = bounded("a check lookup", tier.lookup(&[k])).await?;
             self.take_events();
             if found.is_ok_and(|f| f == vec![true]) && self.durable[t].contains(&k) {
@@ -608,6 +635,11 @@ impl<'w> Driver<'w> {
             fault::DELAYS => {
                 f.delay(Some(Duration::from_millis(1 + self.rng.below(3))));
                 "delays"
+            }
+            fault::HANGS if self.rng.chance(250) && self.world.hang_backend(t) => {
+                // inside the tier, with its uploads and claims in flight: the manager's
+                // deadline drops the tier's futures mid-request
+                "backend hangs"
             }
             fault::HANGS => {
                 let g = match variant {
@@ -716,6 +748,7 @@ impl<'w> Driver<'w> {
             }
         }
         self.restore_deleted().await?;
+        self.check_stores_live().await?;
         self.check_promotions()?;
         self.note("audit".into());
         Ok(())
@@ -748,6 +781,43 @@ impl<'w> Driver<'w> {
                     self.names[t], self.deletes_since_open[t]
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// With faults healed, a store of any key ends, in every tier: nothing a cancelled or
+    /// failed job left behind (a claim, a lock, a "being written" mark) keeps a key from being
+    /// stored again.
+    async fn check_stores_live(&mut self) -> Check {
+        let keys = all_keys();
+        for t in 0..self.tiers.len() {
+            let sample: Vec<BlockKey> = (0..4)
+                .map(|_| keys[self.rng.below(keys.len() as u64) as usize])
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let fresh: Vec<BlockKey> = sample
+                .iter()
+                .filter(|k| !self.durable[t].contains(k))
+                .copied()
+                .collect();
+            let tier = self.tiers[t].faulty.clone();
+            let res = tokio::time::timeout(
+                HANG_AFTER,
+                crate::util::store_keys(&*tier, &sample, 0, BLOCK_SIZE),
+            )
+            .await
+            .map_err(|_| {
+                format!(
+                    "tier {}: a store of {sample:?} did not end within {HANG_AFTER:?} with every fault healed (a key wedged by an earlier job?)",
+                    self.names[t]
+                )
+            })?;
+            for k in res.ok.iter().filter(|k| fresh.contains(k)) {
+                self.outside[t].insert(*k);
+                self.settled[t].remove(k);
+            }
+            self.take_events();
         }
         Ok(())
     }
@@ -876,6 +946,11 @@ impl<'w> Driver<'w> {
             for g in t.gates.drain(..) {
                 g.open();
             }
+        }
+        // the restarted process finds its backends answering (an open against a hung
+        // backend fails, naming it: tested with the tiers)
+        for t in 0..self.tiers.len() {
+            self.world.heal_backend(t);
         }
         self.manager = None;
         self.tiers.clear();
@@ -1023,6 +1098,7 @@ pub async fn run(world: Box<dyn World>, opts: SimOptions) -> SimReport {
             settled: Vec::new(),
             noise: Vec::new(),
             outside: Vec::new(),
+            stored_here: Vec::new(),
             trace: shared,
             report: SimReport::default(),
             op: 0,

@@ -1,8 +1,6 @@
 //! Helpers of the obj tier's tests: the testkit's S3 server, configured for `ObjTier`.
 #![allow(dead_code, unreachable_pub)]
 
-pub mod controlled;
-
 use kv_tier_core::{Namespace, RunFields};
 use kv_tier_obj::{ObjTier, ObjTierConfig, Scheme};
 pub use kv_tier_testkit::s3::{AK, BUCKET, S3Server, SK};

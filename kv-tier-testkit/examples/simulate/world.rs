@@ -9,8 +9,8 @@ use std::time::Duration;
 use kv_tier_core::{BlockKey, Namespace, RunFields, SecondaryTier, TierOptions};
 use kv_tier_fs::{Checksum, FsTier, FsTierConfig};
 use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig};
+use kv_tier_testkit::controlled_store::ControlledStore;
 use kv_tier_testkit::sim::{BLOCK_SIZE, BoxFuture, Tamper, World};
-use object_store::memory::InMemory;
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 
@@ -24,10 +24,11 @@ fn ns() -> Namespace {
     Namespace::new(RunFields::new("sim/model", "torch.float16", 16), 0).unwrap()
 }
 
-/// A fresh world: an empty temp dir and an empty in-memory store.
+/// A fresh world: an empty temp dir and an empty in-memory store (behind a wrapper that can
+/// stop answering, as a backend does when it hangs).
 pub(crate) struct RealWorld {
     root: tempfile::TempDir,
-    store: Arc<InMemory>,
+    store: Arc<ControlledStore>,
     fs: Option<Arc<FsTier>>,
     obj: Option<Arc<ObjTier>>,
 }
@@ -50,7 +51,7 @@ impl RealWorld {
                 .prefix("kv-tier-sim-")
                 .tempdir_in(&parent)
                 .unwrap_or_else(|e| panic!("a temp dir under {}: {e}", parent.display())),
-            store: Arc::new(InMemory::new()),
+            store: Arc::new(ControlledStore::new()),
             fs: None,
             obj: None,
         }
@@ -155,7 +156,7 @@ impl World for RealWorld {
             } else {
                 let path = ObjPath::from(self.obj.as_ref().expect("open").object_path(&key));
                 if how == Tamper::Delete {
-                    return self.store.delete(&path).await.is_ok();
+                    return self.store.inner.delete(&path).await.is_ok();
                 }
                 let source = match how {
                     Tamper::CopyOf(other) => {
@@ -163,7 +164,7 @@ impl World for RealWorld {
                     }
                     _ => path.clone(),
                 };
-                let Ok(got) = self.store.get(&source).await else {
+                let Ok(got) = self.store.inner.get(&source).await else {
                     return false;
                 };
                 let mut attributes = got.attributes.clone();
@@ -186,6 +187,7 @@ impl World for RealWorld {
                     ..Default::default()
                 };
                 self.store
+                    .inner
                     .put_opts(&path, PutPayload::from(bytes), opts)
                     .await
                     .is_ok()
@@ -213,6 +215,19 @@ impl World for RealWorld {
         })
     }
 
+    fn hang_backend(&mut self, tier: usize) -> bool {
+        if tier == 1 {
+            self.store.hold_all();
+        }
+        tier == 1
+    }
+
+    fn heal_backend(&mut self, tier: usize) {
+        if tier == 1 {
+            self.store.release_all();
+        }
+    }
+
     fn clock_jump(&mut self, tier: usize, by: Duration) {
         if tier == 0 {
             let _ = self.fs.as_ref().expect("open").advance_gc_clock(by);
@@ -229,7 +244,7 @@ impl World for RealWorld {
                 }
             } else {
                 let path = ObjPath::from(self.obj.as_ref().expect("open").object_path(&key));
-                match self.store.head(&path).await {
+                match self.store.inner.head(&path).await {
                     Ok(m) => format!("{path} is an object of {} bytes", m.size),
                     Err(e) => format!("{path}: {e}"),
                 }

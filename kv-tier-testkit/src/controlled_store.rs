@@ -1,6 +1,7 @@
-//! An `ObjectStore` wrapper (over `InMemory`) whose requests can be held at a gate or slowed,
-//! per kind of request, to drive deadlines and interleavings deterministically (with tokio's
-//! paused clock, a held request lasts exactly until a deadline fires).
+//! [`ControlledStore`]: an `ObjectStore` wrapper (over `InMemory`) whose requests can be held
+//! at a gate or slowed, per kind of request, to drive deadlines and interleavings
+//! deterministically (with tokio's paused clock, a held request lasts exactly until a
+//! deadline fires), or to play a backend that stops answering.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -8,8 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::Gate;
 use futures::stream::BoxStream;
-use kv_tier_testkit::Gate;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
@@ -20,10 +21,19 @@ use object_store::{
 /// A kind of request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
+    /// `head`, or `get_opts` with `head: true`.
     Head,
+    /// `put_opts`.
     Put,
+    /// `get_opts`.
     Get,
+    /// `delete`.
     Delete,
+}
+
+impl Op {
+    /// Every kind.
+    pub const ALL: [Op; 4] = [Op::Head, Op::Put, Op::Get, Op::Delete];
 }
 
 #[derive(Default)]
@@ -33,11 +43,31 @@ struct Plan {
     delays: HashMap<Op, Duration>,
 }
 
-/// See the module docs.
+/// An `ObjectStore` over [`InMemory`] whose requests can be held or slowed per kind (see the
+/// module docs). Listing, copies and multipart uploads pass straight through.
+///
+/// ```
+/// # async fn demo() {
+/// use kv_tier_testkit::controlled_store::{ControlledStore, Op};
+/// use object_store::{ObjectStore, path::Path};
+/// let store = ControlledStore::new();
+/// let path = Path::from("a");
+/// store.hold(Op::Put); // PUTs wait from now on
+/// let (put, ()) = futures::join!(store.put(&path, vec![1u8].into()), async {
+///     // the PUT is in flight and has not landed
+///     assert!(!store.exists("a").await);
+///     store.release(Op::Put);
+/// });
+/// put.unwrap();
+/// assert!(store.exists("a").await);
+/// # }
+/// ```
 pub struct ControlledStore {
+    /// The store requests reach once they pass.
     pub inner: InMemory,
     plan: Mutex<Plan>,
     counts: Mutex<HashMap<Op, usize>>,
+    /// Requests that entered (held or not), all kinds.
     pub started: AtomicUsize,
 }
 
@@ -60,6 +90,7 @@ impl Default for ControlledStore {
 }
 
 impl ControlledStore {
+    /// An empty store that lets every request through.
     pub fn new() -> Self {
         Self {
             inner: InMemory::new(),
@@ -85,6 +116,22 @@ impl ControlledStore {
             .path_gates
             .push((op, path.to_string(), g.clone()));
         g
+    }
+
+    /// Holds every kind of request (a backend that stops answering) until [`Self::release_all`].
+    pub fn hold_all(&self) {
+        for op in Op::ALL {
+            if !self.plan.lock().unwrap().gates.contains_key(&op) {
+                self.hold(op);
+            }
+        }
+    }
+
+    /// Opens every gate and lets every later request through.
+    pub fn release_all(&self) {
+        for op in Op::ALL {
+            self.release(op);
+        }
     }
 
     /// Opens `op`'s gates and lets later requests through.
