@@ -48,15 +48,7 @@ fn faulty(inner: &Arc<MemoryTier>) -> Arc<FaultyTier> {
     Arc::new(FaultyTier::new(inner.clone()))
 }
 
-/// The engine's store path: prepare, copy "GPU -> DRAM", complete.
-fn store(m: &TieringManager, req: RequestId, keys: &[BlockKey]) {
-    let mut p = m.prepare_store(keys).unwrap();
-    for (k, sink) in &mut p.to_store {
-        kv_tier_testkit::fill_block(k, 0, sink.as_mut_slice());
-    }
-    drop(p);
-    m.complete_store(req, keys, true);
-}
+use kv_tier_testkit::util::engine_store as store;
 
 /// Puts blocks straight into a secondary tier (as if stored by an earlier process).
 async fn seed(t: &dyn SecondaryTier, keys: &[BlockKey]) {
@@ -367,7 +359,11 @@ async fn reset_cache_empties_dram_and_secondaries_keep_data() {
     let fx = manager(8, vec![t.clone()]).await;
     let keys: Vec<_> = (0..3).map(test_key).collect();
     store(&fx.m, RequestId(1), &keys);
-    fx.m.reset_cache().await;
+    let view = fx.m.prepare_load(&keys[..1]).unwrap();
+    assert_eq!(fx.m.reset_cache().await, 1, "a block a reader pins stays");
+    assert_eq!(fx.cpu.lookup(&keys[0]), LookupResult::Hit);
+    drop(view);
+    assert_eq!(fx.m.reset_cache().await, 0);
     assert_eq!(t.len(), 3, "the store jobs finished before the reset");
     for k in &keys {
         assert_eq!(fx.cpu.lookup(k), LookupResult::Miss);

@@ -58,14 +58,7 @@ async fn seed(t: &dyn SecondaryTier, keys: &[BlockKey]) {
     t.take_events();
 }
 
-fn store(m: &TieringManager, req: RequestId, keys: &[BlockKey]) {
-    let mut p = m.prepare_store(keys).unwrap();
-    for (k, sink) in &mut p.to_store {
-        kv_tier_testkit::fill_block(k, 0, sink.as_mut_slice());
-    }
-    drop(p);
-    m.complete_store(req, keys, true);
-}
+use kv_tier_testkit::util::engine_store as store;
 
 fn step(m: &TieringManager, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
     let r = keys.iter().map(|k| m.lookup(k, req)).collect();

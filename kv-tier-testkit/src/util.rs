@@ -208,6 +208,22 @@ pub fn lru_dram(slots: usize, block_size: usize) -> Arc<kv_tier_cpu::CpuTier> {
     )
 }
 
+/// The engine's store path through a manager: prepare `keys`, write each new block's
+/// [`block_bytes`] (salt 0) as the GPU -> DRAM copy would, complete the store for `req`.
+/// Panics if the manager refuses the store.
+pub fn engine_store(
+    m: &kv_tier_core::TieringManager,
+    req: kv_tier_core::RequestId,
+    keys: &[BlockKey],
+) {
+    let mut p = m.prepare_store(keys).expect("the manager refused a store");
+    for (k, sink) in &mut p.to_store {
+        fill_block(k, 0, sink.as_mut_slice());
+    }
+    drop(p);
+    m.complete_store(req, keys, true);
+}
+
 /// Stores `keys` in `tier` as one job, each block [`block_bytes`] of its key and `salt`.
 pub async fn store_keys(
     tier: &dyn kv_tier_core::SecondaryTier,

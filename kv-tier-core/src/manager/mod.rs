@@ -479,17 +479,12 @@ impl TieringManager {
     }
 
     /// Cancels queued promotions, waits for the jobs in flight, then empties DRAM.
-    /// Secondary tiers keep their data.
-    pub async fn reset_cache(&self) {
+    /// Secondary tiers keep their data. Returns how many blocks stay in DRAM because readers
+    /// still pin them (views from [`TieringManager::prepare_load`] not yet dropped).
+    pub async fn reset_cache(&self) -> usize {
         self.cancel_promotions();
         self.wait_idle().await;
-        let pinned = self.primary.reset();
-        if pinned > 0 {
-            tracing::warn!(
-                pinned,
-                "reset_cache left blocks that are still pinned by readers"
-            );
-        }
+        self.primary.reset()
     }
     /// Cancels queued promotions, waits for jobs in flight, and shuts every tier down.
     /// Afterwards the manager serves DRAM only: lookups past DRAM answer `Miss` and stores

@@ -220,6 +220,32 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_tier_refuses_only_past_its_limit() {
+        let names = vec!["t".to_string()];
+        let mut wb = WriteBack::new(vec![settings(WriteBackPolicy::Wait, 300)], 10_000);
+        assert!(
+            wb.refusal(&names, 500).is_none(),
+            "alone, one past the limit"
+        );
+        let k = BlockKey::from_hash32([1; 32], 0);
+        assert_eq!(wb.admit(0, vec![(k, src())]).blocks.len(), 1);
+        assert!(wb.refusal(&names, 0).is_none(), "nothing incoming");
+        assert!(
+            wb.refusal(&names, 200).is_none(),
+            "100 held + 200 is the limit"
+        );
+        let Some(Error::WriteBackFull {
+            tier,
+            queued_bytes,
+            limit_bytes,
+        }) = wb.refusal(&names, 201)
+        else {
+            panic!("past the limit and not refused");
+        };
+        assert_eq!((tier.as_str(), queued_bytes, limit_bytes), ("t", 100, 300));
+    }
+
+    #[test]
     fn a_key_pinned_by_two_tiers_counts_once() {
         let k = BlockKey::from_hash32([1; 32], 0);
         let s = settings(WriteBackPolicy::Drop, 1000);
