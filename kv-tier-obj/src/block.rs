@@ -624,3 +624,24 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_crc;
+
+    #[test]
+    fn a_stored_checksum_is_exactly_eight_hex_digits() {
+        assert_eq!(parse_crc("deadBEEF"), Some(0xdead_beef));
+        assert_eq!(parse_crc("0000000a"), Some(10));
+        for bad in [
+            "",
+            "abcdef",
+            "0deadbeef",
+            "0000000g",
+            "+0000001",
+            " 0000001",
+        ] {
+            assert_eq!(parse_crc(bad), None, "{bad:?} was accepted");
+        }
+    }
+}

@@ -343,4 +343,62 @@ mod tests {
         assert!(!cap.lock().is_deleting(&k(2)));
         assert_eq!(cap.lock().total(), 60);
     }
+
+    #[test]
+    fn a_decision_at_the_low_watermark_or_out_of_candidates_is_done() {
+        let cap = Cap::new(100, 0.5);
+        for i in 0..5 {
+            cap.lock().insert(k(i), 10);
+        }
+        let prot = ProtectionSet::new();
+        let d = cap.decide(&prot, &mut None, 3);
+        assert!(d.done && d.victims.is_empty(), "50 is the low watermark");
+        assert!(!cap.over());
+        for i in 5..10 {
+            cap.lock().insert(k(i), 10);
+        }
+        assert!(!cap.over(), "at the cap is not over it");
+        cap.lock().insert(k(10), 10);
+        assert!(cap.over());
+        let _g = prot.protect(&(0..11).map(k).collect::<Vec<_>>());
+        let mut cursor = None;
+        let d = cap.decide(&prot, &mut cursor, 8);
+        assert_eq!((d.victims.len(), d.protected, d.done), (0, 8, false));
+        let d = cap.decide(&prot, &mut cursor, 8);
+        assert_eq!(
+            (d.victims.len(), d.protected, d.done),
+            (0, 3, true),
+            "fewer candidates than the batch: nothing more to decide"
+        );
+    }
+
+    #[test]
+    fn a_snapshot_orders_what_it_names_between_older_and_newer_objects() {
+        let snap: FxHashMap<BlockKey, u64> = [(k(3), 0), (k(1), 1)].into_iter().collect();
+        let found = vec![
+            (5, k(1), 10),
+            (50, k(2), 10),
+            (20, k(3), 10),
+            (100, k(4), 10),
+            (10, k(5), 10),
+            (30, k(6), 10),
+        ];
+        let order: Vec<(u64, BlockKey)> = order_by_snapshot(found, &snap, 30)
+            .into_iter()
+            .map(|(rank, key, _)| (rank, key))
+            .collect();
+        // unnamed and not newer than the snapshot (by age), the snapshot's order, then
+        // unnamed and written since (by age)
+        assert_eq!(
+            order,
+            vec![
+                (0, k(5)),
+                (1, k(6)),
+                (2, k(3)),
+                (3, k(1)),
+                (4, k(2)),
+                (5, k(4))
+            ]
+        );
+    }
 }

@@ -10,11 +10,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::Gate;
+use futures::StreamExt;
 use futures::stream::BoxStream;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
-    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
@@ -41,6 +42,12 @@ struct Plan {
     gates: HashMap<Op, Gate>,
     path_gates: Vec<(Op, String, Gate)>,
     delays: HashMap<Op, Duration>,
+    /// GET bodies arrive in chunks of this many bytes.
+    chunk: Option<usize>,
+    /// GET bodies lose this many bytes at their end (the metadata still says whole).
+    cut: usize,
+    /// Create-only PUTs are refused as not implemented.
+    no_create: bool,
 }
 
 /// An `ObjectStore` over [`InMemory`] whose requests can be held or slowed per kind (see the
@@ -153,6 +160,24 @@ impl ControlledStore {
         self.plan.lock().unwrap().delays.insert(op, d);
     }
 
+    /// GET bodies arrive in chunks of `n` bytes from now on (`None`: as the inner store
+    /// sends them), as a network client's body stream does.
+    pub fn chunk_gets(&self, n: Option<usize>) {
+        self.plan.lock().unwrap().chunk = n.map(|n| n.max(1));
+    }
+
+    /// GET bodies end `n` bytes early from now on while their metadata still gives the
+    /// whole size: a body cut short without the client noticing (0: whole).
+    pub fn cut_gets(&self, n: usize) {
+        self.plan.lock().unwrap().cut = n;
+    }
+
+    /// Refuses create-only PUTs (`PutMode::Create`) as not implemented from now on, as a
+    /// store without conditional writes does.
+    pub fn refuse_create(&self, on: bool) {
+        self.plan.lock().unwrap().no_create = on;
+    }
+
     /// Requests of `op` received so far.
     pub fn count(&self, op: Op) -> usize {
         self.counts.lock().unwrap().get(&op).copied().unwrap_or(0)
@@ -195,6 +220,10 @@ impl ObjectStore for ControlledStore {
         opts: PutOptions,
     ) -> Result<PutResult> {
         self.enter(Op::Put, location).await;
+        if matches!(opts.mode, object_store::PutMode::Create) && self.plan.lock().unwrap().no_create
+        {
+            return Err(object_store::Error::NotImplemented);
+        }
         self.inner.put_opts(location, payload, opts).await
     }
 
@@ -209,7 +238,29 @@ impl ObjectStore for ControlledStore {
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         let op = if options.head { Op::Head } else { Op::Get };
         self.enter(op, location).await;
-        self.inner.get_opts(location, options).await
+        let got = self.inner.get_opts(location, options).await?;
+        let (chunk, cut) = {
+            let p = self.plan.lock().unwrap();
+            (p.chunk, p.cut)
+        };
+        if op == Op::Head || (chunk.is_none() && cut == 0) {
+            return Ok(got);
+        }
+        let (meta, range, attributes) =
+            (got.meta.clone(), got.range.clone(), got.attributes.clone());
+        let body = got.bytes().await?;
+        let body = body.slice(..body.len().saturating_sub(cut));
+        let n = chunk.unwrap_or(body.len().max(1));
+        let chunks: Vec<Result<bytes::Bytes>> = (0..body.len())
+            .step_by(n)
+            .map(|at| Ok(body.slice(at..(at + n).min(body.len()))))
+            .collect();
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(futures::stream::iter(chunks).boxed()),
+            meta,
+            range,
+            attributes,
+        })
     }
 
     async fn head(&self, location: &Path) -> Result<ObjectMeta> {
