@@ -84,7 +84,7 @@ pub(crate) struct Files {
     pub(crate) top_dirs_ready: AtomicBool,
     pub(crate) protection: ProtectionSet,
     /// Unbounded mode: when each key was last stamped (rate limit of `touch`; bounded).
-    pub(crate) stamped: std::sync::Mutex<rustc_hash::FxHashMap<BlockKey, i64>>,
+    pub(crate) stamped: std::sync::Mutex<StampMemo>,
     pub(crate) events: Arc<EventLog>,
     pub(crate) gc: Option<Gc>,
 }
@@ -120,6 +120,59 @@ pub(crate) const SIDECAR_GRACE: Duration = Duration::from_secs(2);
 const UNBOUNDED_STAMP_NS: i64 = 60_000_000_000;
 const UNBOUNDED_STAMP_KEYS: usize = 200_000;
 
+/// Unbounded mode: when each key was last stamped, for at most `limit` keys; a key is due
+/// for a stamp at most once per `interval_ns`.
+#[derive(Debug)]
+pub(crate) struct StampMemo {
+    at: rustc_hash::FxHashMap<BlockKey, i64>,
+    limit: usize,
+    interval_ns: i64,
+}
+
+impl Default for StampMemo {
+    fn default() -> Self {
+        Self::new(UNBOUNDED_STAMP_KEYS, UNBOUNDED_STAMP_NS)
+    }
+}
+
+impl StampMemo {
+    pub(crate) fn new(limit: usize, interval_ns: i64) -> Self {
+        Self {
+            at: Default::default(),
+            limit,
+            interval_ns,
+        }
+    }
+
+    /// The keys of `keys` due for a stamp at `now` (never stamped, or not within the
+    /// interval), marked as stamped. When the memo is full of keys stamped within the
+    /// interval, a key it does not know is not stamped (nor remembered).
+    pub(crate) fn due(&mut self, now: i64, keys: &[BlockKey]) -> Vec<BlockKey> {
+        if self.at.len() + keys.len() > self.limit {
+            let interval = self.interval_ns;
+            self.at.retain(|_, at| now - *at < interval);
+        }
+        let mut due = Vec::new();
+        for k in keys {
+            let room = self.at.len() < self.limit;
+            match self.at.get_mut(k) {
+                Some(last) if now - *last >= self.interval_ns => *last = now,
+                Some(_) => continue,
+                None if room => {
+                    self.at.insert(*k, now);
+                }
+                None => continue,
+            }
+            due.push(*k);
+        }
+        due
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.at.len()
+    }
+}
+
 impl Files {
     /// Unbounded mode: the keys of `keys` due for an mtime stamp (at most one per key per
     /// minute), marked as stamped now. An unbounded tier keeps no index, but its reads are
@@ -127,20 +180,7 @@ impl Files {
     pub(crate) fn due_for_stamp(&self, keys: &[BlockKey]) -> Vec<BlockKey> {
         let now = crate::gc::to_ns(SystemTime::now());
         let mut m = self.stamped.lock().unwrap_or_else(|p| p.into_inner());
-        if m.len() + keys.len() > UNBOUNDED_STAMP_KEYS {
-            m.retain(|_, at| now - *at < UNBOUNDED_STAMP_NS);
-        }
-        keys.iter()
-            .filter(|k| {
-                let last = m.entry(**k).or_insert(i64::MIN);
-                let due = *last == i64::MIN || now - *last >= UNBOUNDED_STAMP_NS;
-                if due {
-                    *last = now;
-                }
-                due && m.len() <= UNBOUNDED_STAMP_KEYS
-            })
-            .copied()
-            .collect()
+        m.due(now, keys)
     }
 
     pub(crate) fn fault(&self, op: FsOp, path: &Path) -> io::Result<()> {
@@ -228,5 +268,44 @@ impl Files {
             gc.wait_not_deleting(key);
         }
         std::fs::symlink_metadata(self.ns.block_path(&self.root, key)).is_ok_and(|m| m.is_file())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StampMemo;
+    use kv_tier_core::BlockKey;
+
+    fn k(i: u8) -> BlockKey {
+        BlockKey::from_hash32([i; 32], 0)
+    }
+
+    #[test]
+    fn a_key_is_due_once_per_interval() {
+        let mut m = StampMemo::new(10, 100);
+        assert_eq!(m.due(1_000, &[k(1), k(2)]), vec![k(1), k(2)]);
+        assert_eq!(
+            m.due(1_099, &[k(1)]),
+            vec![],
+            "stamped again within the interval"
+        );
+        assert_eq!(m.due(1_100, &[k(1), k(2)]), vec![k(1), k(2)]);
+        assert_eq!(m.due(1_150, &[k(1), k(3)]), vec![k(3)]);
+    }
+
+    #[test]
+    fn the_memo_never_holds_more_than_its_limit() {
+        let mut m = StampMemo::new(3, 100);
+        assert_eq!(m.due(0, &[k(1), k(2)]).len(), 2);
+        assert_eq!(
+            m.due(50, &[k(3), k(4)]),
+            vec![k(3)],
+            "full of recent stamps"
+        );
+        assert_eq!(m.len(), 3);
+        // k(1) and k(2) are past the interval at 120: forgotten to make room
+        assert_eq!(m.due(120, &[k(4), k(5)]), vec![k(4), k(5)]);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.due(120, &[k(3)]), vec![], "k(3) was kept");
     }
 }
