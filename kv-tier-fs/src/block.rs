@@ -168,7 +168,8 @@ impl StampMemo {
         due
     }
 
-    pub(crate) fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.at.len()
     }
 }
