@@ -107,11 +107,16 @@ impl ControlledStore {
         }
     }
 
-    /// Requests of `op` from now on wait at the returned gate (until `release`).
+    /// Requests of `op` from now on wait at the returned gate (until `release`). Holding a
+    /// kind already held returns its gate.
     pub fn hold(&self, op: Op) -> Gate {
-        let g = Gate::new();
-        self.plan.lock().unwrap().gates.insert(op, g.clone());
-        g
+        self.plan
+            .lock()
+            .unwrap()
+            .gates
+            .entry(op)
+            .or_default()
+            .clone()
     }
 
     /// Requests of `op` on `path` from now on wait at the returned gate (until `release`).
@@ -126,11 +131,10 @@ impl ControlledStore {
     }
 
     /// Holds every kind of request (a backend that stops answering) until [`Self::release_all`].
+    /// Listing, copies and multipart uploads are not held.
     pub fn hold_all(&self) {
         for op in Op::ALL {
-            if !self.plan.lock().unwrap().gates.contains_key(&op) {
-                self.hold(op);
-            }
+            self.hold(op);
         }
     }
 

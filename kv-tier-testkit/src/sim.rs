@@ -40,6 +40,7 @@ use kv_tier_core::{
 
 use crate::faulty::FaultyTier;
 use crate::util::{Gate, fill_block, test_key_in_group, verify_block};
+use kv_tier_core::RequestId;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -105,6 +106,12 @@ pub trait World: Send {
     }
     /// Lets tier `tier`'s backend answer again.
     fn heal_backend(&mut self, _tier: usize) {}
+    /// A count that grows whenever tier `tier` answers a probe "absent" without knowing (its
+    /// own lookup deadline passed, a request failed) while reporting no error; such an answer
+    /// excuses a `Miss`. 0 for tiers that report every such case as an error.
+    fn quiet_absences(&self, _tier: usize) -> u64 {
+        0
+    }
     /// Moves tier `tier`'s clock forward (grace windows, stamp limits).
     fn clock_jump(&mut self, _tier: usize, _by: Duration) {}
     /// `(used, hard bound)` of a bounded tier, `None` for an unbounded one.
@@ -266,6 +273,8 @@ struct Request {
     /// Per key of the prefix: steps after a full wait that its answer has stayed `Retry` or
     /// `HitPending` in a row.
     stuck: Vec<u32>,
+    /// The operation that made it.
+    created: u64,
 }
 
 /// A tier as the driver holds it: the fault wrapper and the gates it closed.
@@ -295,22 +304,42 @@ struct Driver<'w> {
     /// durable (from then on the manager has applied their store).
     settled: Vec<std::collections::BTreeMap<BlockKey, u64>>,
     /// Per tier: the last operation at which something made a probe or promotion of it fail
-    /// (a probe error, timeout, panic or late answer, a failed or abandoned job, a refused or
-    /// cancelled promotion), and the counters that say so.
-    noise: Vec<(u64, [u64; 6])>,
+    /// for the requests asking (a probe error, timeout, panic or late answer, a failed or
+    /// abandoned job, an absence the tier reported without knowing), and the counters that say
+    /// so.
+    noise: Vec<(u64, [u64; 5])>,
+    /// Per tier: the last operation at which a promotion was refused (no DRAM room) or
+    /// cancelled, and the counters. Such a `Miss` holds for that lookup only (the next one
+    /// probes again), so it excuses the `Miss` answers of its own step alone.
+    transient: Vec<(u64, [u64; 2])>,
     /// Per tier: keys stored there behind the manager's back (audits): a request may keep an
     /// honest `Miss` for them, as the manager never saw the store.
     outside: Vec<BTreeSet<BlockKey>>,
-    /// Per tier: keys stored through the manager since it opened (it applied those stores,
-    /// which ended every request's negative answer for them). Keys held from before a crash
-    /// are not: a request may keep a `Miss` for them from a probe that failed.
-    stored_here: Vec<BTreeSet<BlockKey>>,
+    /// Per tier: keys stored through the manager since it opened, with the operation at which
+    /// the store was first seen (the manager applies it then or at its next drain, and that
+    /// ends every request's negative answer for the key). Keys held from before a crash are
+    /// not here: a request may keep a `Miss` for them from a probe that failed.
+    stored_here: Vec<std::collections::BTreeMap<BlockKey, u64>>,
     trace: Arc<Mutex<VecDeque<String>>>,
     report: SimReport,
     op: u64,
 }
 
 type Check = Result<(), String>;
+
+/// For a `Miss` of `key` to a request made at operation `created`: if the manager applied the
+/// key's store in the tier (`settled`, from `stored_here`) before this step, the operation
+/// from which any noise of the tier would excuse the `Miss` (the store's, or the request's if
+/// later).
+fn quiet_since(
+    settled: &std::collections::BTreeMap<BlockKey, u64>,
+    stored_here: &std::collections::BTreeMap<BlockKey, u64>,
+    key: &BlockKey,
+    created: u64,
+) -> Option<u64> {
+    settled.get(key)?;
+    Some((*stored_here.get(key)?).max(created))
+}
 
 async fn bounded<F: Future>(what: &str, fut: F) -> Result<F::Output, String> {
     tokio::time::timeout(HANG_AFTER, fut)
@@ -357,8 +386,9 @@ impl<'w> Driver<'w> {
         }
         self.manager = Some(b.build().await.expect("manager"));
         self.deletes_since_open = vec![0; self.tiers.len()];
-        self.stored_here = vec![BTreeSet::new(); self.tiers.len()];
-        self.noise = vec![(0, [0; 6]); self.tiers.len()];
+        self.stored_here = vec![std::collections::BTreeMap::new(); self.tiers.len()];
+        self.noise = vec![(0, [0; 5]); self.tiers.len()];
+        self.transient = vec![(0, [0; 2]); self.tiers.len()];
         if self.durable.len() != self.tiers.len() {
             self.durable = vec![BTreeSet::new(); self.tiers.len()];
             self.deleted = vec![BTreeSet::new(); self.tiers.len()];
@@ -403,7 +433,7 @@ impl<'w> Driver<'w> {
                     self.stored_here[t].remove(&k);
                 } else {
                     self.durable[t].insert(k);
-                    self.stored_here[t].insert(k);
+                    self.stored_here[t].entry(k).or_insert(self.op);
                     // written again: no longer a key deleted behind the tier's back
                     self.deleted[t].remove(&k);
                 }
@@ -421,7 +451,7 @@ impl<'w> Driver<'w> {
         self.note_noise();
         for t in 0..self.tiers.len() {
             for k in &self.durable[t] {
-                if !self.outside[t].contains(k) && self.stored_here[t].contains(k) {
+                if !self.outside[t].contains(k) && self.stored_here[t].contains_key(k) {
                     self.settled[t].entry(*k).or_insert(self.op);
                 }
             }
@@ -445,7 +475,7 @@ impl<'w> Driver<'w> {
             for k in keys {
                 if self.durable[t].contains(k)
                     && !self.outside[t].contains(k)
-                    && self.stored_here[t].contains(k)
+                    && self.stored_here[t].contains_key(k)
                 {
                     self.settled[t].entry(*k).or_insert(self.op);
                 }
@@ -453,6 +483,77 @@ impl<'w> Driver<'w> {
         }
         self.note("wait_jobs".into());
         Ok(())
+    }
+
+    /// A directed interleaving: a probe of a key looks (absent) and holds its answer; the key
+    /// is stored through the manager and applied; DRAM lets go of it; the request asks again
+    /// (a new probe); only then does the old answer arrive. The old answer is stale and must
+    /// not make the key a miss for the request (the manager's generation guard). The race
+    /// needs every step within the probe deadline; when one is late the op ends as noise.
+    async fn stale_probe_race(&mut self) -> Check {
+        let m = self.manager.as_ref().expect("manager open");
+        let keys = all_keys();
+        let start = self.rng.below(keys.len() as u64) as usize;
+        let Some(k) = keys
+            .iter()
+            .cycle()
+            .skip(start)
+            .take(keys.len())
+            .copied()
+            .find(|k| {
+                m.primary().lookup(k) == LookupResult::Miss
+                    && self.durable.iter().all(|d| !d.contains(k))
+            })
+        else {
+            return Ok(());
+        };
+        self.next_req += 1;
+        let r = Request {
+            created: self.op,
+            ctx: RequestContext::new(self.next_req),
+            keys: vec![k],
+            stuck: vec![0],
+        };
+        self.note(format!("stale-probe race on {k} for r{}", r.ctx.id.0));
+        let gates: Vec<Gate> = self.tiers.iter().map(|t| t.faulty.hold_lookups()).collect();
+        let m = self.manager.as_ref().expect("manager open");
+        m.lookup(&k, &r.ctx); // Retry: the probes look (absent) and wait at the gates
+        m.on_schedule_end();
+        // the store, through the manager, applied
+        self.next_req += 1;
+        let writer = RequestId(self.next_req);
+        let Ok(mut p) = m.prepare_store(&[k]) else {
+            // no DRAM room: no race this time
+            for g in gates {
+                g.open();
+            }
+            self.requests.push(r);
+            return Ok(());
+        };
+        for (key, sink) in &mut p.to_store {
+            fill_block(key, 0, sink.as_mut_slice());
+        }
+        drop(p);
+        m.complete_store(writer, &[k], true);
+        m.on_request_finished(writer);
+        m.on_schedule_end();
+        bounded("wait_jobs", m.wait_jobs()).await?;
+        // DRAM lets go of it: fillers outside the simulation's keys take every free slot
+        let fillers: Vec<BlockKey> = (0..DRAM_SLOTS as u64)
+            .map(|i| test_key_in_group(1_000_000 + i, 0))
+            .collect();
+        if let Ok(p) = m.prepare_store(&fillers) {
+            drop(p);
+            m.complete_store(writer, &fillers, false);
+        }
+        m.lookup(&k, &r.ctx); // a new probe, queued
+        for g in gates {
+            g.open(); // the old answers arrive first
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        m.on_schedule_end();
+        self.requests.push(r);
+        self.wait_idle().await
     }
 
     /// Records, per tier, whether anything happened that may make a probe or a promotion of
@@ -466,13 +567,16 @@ impl<'w> Driver<'w> {
                 ts.probes.over_budget,
                 ts.load_failures,
                 ts.jobs_timed_out + ts.jobs_panicked,
-                s.promotions_refused,
-                ts.promotions_cancelled,
+                self.world.quiet_absences(t),
             ];
             // the faults act through these counters: a delay or a hang that ends before the
             // deadlines fails nothing (and is where a stale answer would show)
             if sig != self.noise[t].1 {
                 self.noise[t] = (self.op, sig);
+            }
+            let sig = [s.promotions_refused, ts.promotions_cancelled];
+            if sig != self.transient[t].1 {
+                self.transient[t] = (self.op, sig);
             }
         }
     }
@@ -484,6 +588,7 @@ impl<'w> Driver<'w> {
         let keys: Vec<BlockKey> = (0..len).map(|i| key_of(conv, i)).collect();
         self.note(format!("request r{} conv {conv} len {len}", self.next_req));
         self.requests.push(Request {
+            created: self.op,
             ctx: RequestContext::new(self.next_req),
             stuck: vec![0; keys.len()],
             keys,
@@ -492,7 +597,7 @@ impl<'w> Driver<'w> {
 
     /// One scheduling step: every request looks its prefix up; a decided one loads its hits
     /// (verified), stores the rest, and ends.
-    fn step(&mut self) -> Result<Vec<(u64, BlockKey, usize)>, String> {
+    fn step(&mut self) -> Result<Vec<(u64, BlockKey, usize, u64)>, String> {
         let waited = std::mem::take(&mut self.waited);
         let mut suspects = Vec::new();
         let mut done = Vec::new();
@@ -519,13 +624,16 @@ impl<'w> Driver<'w> {
                 }
             }
             if let Some(LookupResult::Miss) = v.last() {
-                // a key settled in a tier with no noise since: the Miss has no reason
+                // a key whose store the manager applied (settled), with no noise in its tier
+                // since that store was seen or since the request began, whichever is later:
+                // the Miss has no reason
                 let k = r.keys[v.len() - 1];
-                for (t, settled) in self.settled.iter().enumerate() {
-                    if let Some(at) = settled.get(&k)
-                        && self.noise[t].0 < *at
+                for t in 0..self.settled.len() {
+                    if let Some(since) =
+                        quiet_since(&self.settled[t], &self.stored_here[t], &k, r.created)
+                        && self.noise[t].0 < since
                     {
-                        suspects.push((r.ctx.id.0, k, t));
+                        suspects.push((r.ctx.id.0, k, t, since));
                     }
                 }
             }
@@ -571,9 +679,10 @@ impl<'w> Driver<'w> {
     /// not a miss. (A stale probe answer applied over a completed store would be one.)
     async fn step_checked(&mut self) -> Check {
         let suspects = self.step()?;
-        for (req, k, t) in suspects {
+        for (req, k, t, since) in suspects {
             if !self.durable[t].contains(&k)
-                || self.noise[t].0 >= self.settled[t].get(&k).copied().unwrap_or(0)
+                || self.noise[t].0 >= since
+                || self.transient[t].0 == self.op
             {
                 continue;
             }
@@ -583,7 +692,7 @@ impl<'w> Driver<'w> {
             self.take_events();
             if found.is_ok_and(|f| f == vec![true]) && self.durable[t].contains(&k) {
                 return Err(format!(
-                    "r{req}: {k} answered Miss while tier {} holds it (settled at operation {}, no fault, failed probe or promotion since)",
+                    "r{req}: {k} answered Miss while tier {} holds it (stored through the manager, applied by operation {}, and no fault, failed probe or promotion since operation {since})",
                     self.names[t], self.settled[t][&k]
                 ));
             }
@@ -628,9 +737,13 @@ impl<'w> Driver<'w> {
             }
             fault::DELAYS if variant == 0 => {
                 // probes look, then answer late but within their deadline: an answer that
-                // may land after a store of its key was applied (a stale answer)
-                f.delay_answers(Some(Duration::from_millis(4 + self.rng.below(12))));
-                "probe answers late"
+                // may land after a store of its key was applied (a stale answer). In every
+                // tier at once: a key is a miss only if every tier answers absent.
+                let d = Duration::from_millis(4 + self.rng.below(12));
+                for t in &self.tiers {
+                    t.faulty.delay_answers(Some(d));
+                }
+                "probe answers late (every tier)"
             }
             fault::DELAYS => {
                 f.delay(Some(Duration::from_millis(1 + self.rng.below(3))));
@@ -818,6 +931,12 @@ impl<'w> Driver<'w> {
                 self.settled[t].remove(k);
             }
             self.take_events();
+            if let Some((k, e)) = res.failed.first() {
+                return Err(format!(
+                    "tier {}: with every fault healed, a store of {k} failed: {e}",
+                    self.names[t]
+                ));
+            }
         }
         Ok(())
     }
@@ -1047,6 +1166,7 @@ impl<'w> Driver<'w> {
             }
             920 if self.enabled(fault::CRASHES) => self.crash().await,
             921..=939 => self.audit().await?,
+            940..=954 if self.enabled(fault::DELAYS) => self.stale_probe_race().await?,
             _ => self.step_checked().await?,
         }
         Ok(())
@@ -1097,6 +1217,7 @@ pub async fn run(world: Box<dyn World>, opts: SimOptions) -> SimReport {
             deletes_since_open: Vec::new(),
             settled: Vec::new(),
             noise: Vec::new(),
+            transient: Vec::new(),
             outside: Vec::new(),
             stored_here: Vec::new(),
             trace: shared,

@@ -228,6 +228,18 @@ impl World for RealWorld {
         }
     }
 
+    fn quiet_absences(&self, tier: usize) -> u64 {
+        // the obj tier answers the keys its lookup deadline cut off, or whose request failed,
+        // as absent
+        match (tier, &self.obj) {
+            (1, Some(o)) => {
+                let s = o.stats();
+                s.lookup_timeouts + s.request_timeouts
+            }
+            _ => 0,
+        }
+    }
+
     fn clock_jump(&mut self, tier: usize, by: Duration) {
         if tier == 0 {
             let _ = self.fs.as_ref().expect("open").advance_gc_clock(by);
