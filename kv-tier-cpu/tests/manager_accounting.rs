@@ -103,6 +103,33 @@ async fn only_new_blocks_of_a_successful_store_cascade() {
     assert!(m.is_idle(), "a store after shutdown cascaded");
     assert_eq!(m.stats().cascades, 1);
     assert!(!inner.contains(&c));
+    // past DRAM, a shut-down manager answers Miss, counted
+    let misses = m.stats().misses;
+    let req = RequestContext::new(5);
+    assert_eq!(m.lookup(&test_key(9), &req), LookupResult::Miss);
+    assert_eq!(m.stats().misses, misses + 1);
+}
+
+/// A key a tier has, with no DRAM slot to promote it into: `Miss`, counted as a miss and as a
+/// refused promotion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_without_dram_room_is_a_counted_miss() {
+    let inner = Arc::new(MemoryTier::new("m", BS));
+    let k = test_key(1);
+    seed(&*inner, &[k]).await;
+    let (m, _cpu) = manager(1, inner.clone()).await;
+    let pinned = test_key(2);
+    store(&m, RequestId(9), &[pinned]);
+    bounded("wait_idle", m.wait_idle()).await;
+    let view = m.prepare_load(&[pinned]).unwrap(); // the only slot, pinned by a reader
+    let req = RequestContext::new(1);
+    assert_eq!(m.lookup(&k, &req), LookupResult::Retry);
+    m.on_schedule_end();
+    bounded("wait_idle", m.wait_idle()).await;
+    assert_eq!(m.lookup(&k, &req), LookupResult::Miss);
+    let s = m.stats();
+    assert_eq!((s.promotions_refused, s.misses), (1, 1));
+    drop(view);
 }
 
 /// `is_idle` is false while anything is queued or in flight: a store job, a queued probe, a
