@@ -246,6 +246,30 @@ mod tests {
     }
 
     #[test]
+    fn the_dram_limit_counts_pinned_and_reserved_bytes() {
+        let names = vec!["t".to_string()];
+        let mut wb = WriteBack::new(vec![settings(WriteBackPolicy::Wait, 100_000)], 250);
+        assert_eq!(
+            wb.admit(0, vec![(BlockKey::from_hash32([1; 32], 0), src())])
+                .blocks
+                .len(),
+            1
+        );
+        wb.reserve([BlockKey::from_hash32([2; 32], 0)], 100);
+        assert!(
+            wb.refusal(&names, 50).is_none(),
+            "100 pinned + 100 reserved + 50"
+        );
+        let Some(Error::WriteBackFull {
+            tier, queued_bytes, ..
+        }) = wb.refusal(&names, 51)
+        else {
+            panic!("past the DRAM limit and not refused");
+        };
+        assert_eq!((tier.as_str(), queued_bytes), ("dram", 200));
+    }
+
+    #[test]
     fn a_key_pinned_by_two_tiers_counts_once() {
         let k = BlockKey::from_hash32([1; 32], 0);
         let s = settings(WriteBackPolicy::Drop, 1000);
