@@ -7,8 +7,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{BS, ns};
-use kv_tier_core::{BlockKey, Error, JobResult, SecondaryTier};
+use common::{BS, ns, store, tier_on};
+use kv_tier_core::{BlockKey, Error, SecondaryTier};
 use kv_tier_obj::{ObjTier, ObjTierConfig};
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
 use kv_tier_testkit::{load_keys, store_keys, test_key, verify_block};
@@ -19,18 +19,6 @@ fn cfg() -> ObjTierConfig {
     c.request_timeout_s = 1.0;
     c.max_retries = 0;
     c
-}
-
-async fn tier_on(store: &Arc<ControlledStore>, cfg: ObjTierConfig) -> Arc<ObjTier> {
-    Arc::new(
-        ObjTier::with_store("obj", store.clone(), cfg, ns(), BS)
-            .await
-            .unwrap(),
-    )
-}
-
-async fn store(t: &ObjTier, keys: &[BlockKey]) -> JobResult {
-    store_keys(t, keys, 0, BS).await
 }
 
 fn is_timeout(e: &Error) -> bool {

@@ -7,27 +7,15 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{BS, ns};
-use kv_tier_core::{BlockKey, JobResult, Namespace, RunFields, SecondaryTier};
+use common::{BS, store, tier_on};
+use kv_tier_core::{Namespace, RunFields, SecondaryTier};
 use kv_tier_obj::{CRC_METADATA_KEY, ObjChecksum, ObjTier, ObjTierConfig, block_crc};
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
-use kv_tier_testkit::{block_bytes, load_keys, store_keys, test_key, verify_block};
+use kv_tier_testkit::{block_bytes, load_keys, test_key, verify_block};
 use object_store::path::Path;
 use object_store::{
     Attribute, AttributeValue, Attributes, ObjectStore, PutMode, PutOptions, PutPayload,
 };
-
-async fn tier_on(store: &Arc<ControlledStore>, cfg: ObjTierConfig) -> Arc<ObjTier> {
-    Arc::new(
-        ObjTier::with_store("obj", store.clone(), cfg, ns(), BS)
-            .await
-            .unwrap(),
-    )
-}
-
-async fn store(t: &ObjTier, keys: &[BlockKey]) -> JobResult {
-    store_keys(t, keys, 0, BS).await
-}
 
 fn checked() -> ObjTierConfig {
     let mut c = ObjTierConfig::new("mem");

@@ -51,3 +51,20 @@ impl S3ServerExt for S3Server {
         aws_sdk_s3::Client::from_conf(conf)
     }
 }
+
+/// An obj tier named "obj" over a controlled in-memory store.
+pub async fn tier_on(
+    store: &std::sync::Arc<kv_tier_testkit::controlled_store::ControlledStore>,
+    cfg: ObjTierConfig,
+) -> std::sync::Arc<ObjTier> {
+    std::sync::Arc::new(
+        ObjTier::with_store("obj", store.clone(), cfg, ns(), BS)
+            .await
+            .unwrap(),
+    )
+}
+
+/// Stores `keys` (salt 0) as one job.
+pub async fn store(t: &ObjTier, keys: &[kv_tier_core::BlockKey]) -> kv_tier_core::JobResult {
+    kv_tier_testkit::store_keys(t, keys, 0, BS).await
+}

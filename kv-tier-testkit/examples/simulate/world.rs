@@ -83,6 +83,25 @@ impl RealWorld {
     }
 }
 
+impl RealWorld {
+    /// One eviction pass; `deep`: the fs tier sweeps as on a full disk (the obj tier has one
+    /// kind of pass).
+    fn sweep_with(&mut self, tier: usize, deep: bool) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if tier == 0 {
+                let fs = self.fs.as_ref().expect("open");
+                let _ = if deep {
+                    fs.gc_sweep_for_space_now()
+                } else {
+                    fs.gc_sweep_now()
+                };
+            } else {
+                self.obj.as_ref().expect("open").sweep_now().await;
+            }
+        })
+    }
+}
+
 impl Default for RealWorld {
     fn default() -> Self {
         Self::new()
@@ -196,23 +215,11 @@ impl World for RealWorld {
     }
 
     fn sweep(&mut self, tier: usize) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            if tier == 0 {
-                let _ = self.fs.as_ref().expect("open").gc_sweep_now();
-            } else {
-                self.obj.as_ref().expect("open").sweep_now().await;
-            }
-        })
+        self.sweep_with(tier, false)
     }
 
     fn sweep_deep(&mut self, tier: usize) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            if tier == 0 {
-                let _ = self.fs.as_ref().expect("open").gc_sweep_for_space_now();
-            } else {
-                self.obj.as_ref().expect("open").sweep_now().await;
-            }
-        })
+        self.sweep_with(tier, true)
     }
 
     fn hang_backend(&mut self, tier: usize) -> bool {
