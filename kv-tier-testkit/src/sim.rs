@@ -527,19 +527,14 @@ impl<'w> Driver<'w> {
         // the store, through the manager, applied
         self.next_req += 1;
         let writer = RequestId(self.next_req);
-        let Ok(mut p) = m.prepare_store(&[k]) else {
+        if crate::util::try_engine_store(m, writer, &[k]).is_err() {
             // no DRAM room: no race this time
             for g in gates {
                 g.open();
             }
             self.requests.push(r);
             return Ok(());
-        };
-        for (key, sink) in &mut p.to_store {
-            fill_block(key, 0, sink.as_mut_slice());
         }
-        drop(p);
-        m.complete_store(writer, &[k], true);
         m.on_request_finished(writer);
         m.on_schedule_end();
         bounded("wait_jobs", m.wait_jobs()).await?;

@@ -210,18 +210,28 @@ pub fn lru_dram(slots: usize, block_size: usize) -> Arc<kv_tier_cpu::CpuTier> {
 
 /// The engine's store path through a manager: prepare `keys`, write each new block's
 /// [`block_bytes`] (salt 0) as the GPU -> DRAM copy would, complete the store for `req`.
-/// Panics if the manager refuses the store.
-pub fn engine_store(
+/// Fails, storing nothing, if the manager refuses the store (no DRAM room, write-back full).
+pub fn try_engine_store(
     m: &kv_tier_core::TieringManager,
     req: kv_tier_core::RequestId,
     keys: &[BlockKey],
-) {
-    let mut p = m.prepare_store(keys).expect("the manager refused a store");
+) -> kv_tier_core::Result<()> {
+    let mut p = m.prepare_store(keys)?;
     for (k, sink) in &mut p.to_store {
         fill_block(k, 0, sink.as_mut_slice());
     }
     drop(p);
     m.complete_store(req, keys, true);
+    Ok(())
+}
+
+/// [`try_engine_store`] that panics if the manager refuses the store.
+pub fn engine_store(
+    m: &kv_tier_core::TieringManager,
+    req: kv_tier_core::RequestId,
+    keys: &[BlockKey],
+) {
+    try_engine_store(m, req, keys).expect("the manager refused a store");
 }
 
 /// Stores `keys` in `tier` as one job, each block [`block_bytes`] of its key and `salt`.
