@@ -151,9 +151,8 @@ pub mod fault {
     pub const CRASHES: u32 = 1 << 7;
     /// Requests aborted mid-flight, DRAM reset while work runs.
     pub const ABORTS: u32 = 1 << 8;
-    /// Directed interleavings (a stale probe answer raced against a store). Known open
-    /// issue: runs with these see keys stuck in `Retry`/`HitPending` in about 5% of
-    /// 10,000-operation seeds, not yet diagnosed; CI's fixed seeds leave them out.
+    /// Directed interleavings (a stale probe answer raced against a store, with stores that
+    /// fill DRAM in between).
     pub const RACES: u32 = 1 << 9;
     /// Every kind.
     pub const ALL: u32 = (1 << 10) - 1;
@@ -336,6 +335,20 @@ type Check = Result<(), String>;
 /// key's store in the tier (`settled`, from `stored_here`) before this step, the operation
 /// from which any noise of the tier would excuse the `Miss` (the store's, or the request's if
 /// later).
+/// A step's verdicts, one letter each: `[HHPRM]` for Hit, Hit, HitPending, Retry, Miss.
+fn verdicts(v: &[LookupResult]) -> String {
+    let letters: String = v
+        .iter()
+        .map(|x| match x {
+            LookupResult::Hit => 'H',
+            LookupResult::HitPending => 'P',
+            LookupResult::Retry => 'R',
+            LookupResult::Miss => 'M',
+        })
+        .collect();
+    format!("[{letters}]")
+}
+
 fn quiet_since(
     settled: &std::collections::BTreeMap<BlockKey, u64>,
     stored_here: &std::collections::BTreeMap<BlockKey, u64>,
@@ -610,6 +623,7 @@ impl<'w> Driver<'w> {
                 .any(|v| matches!(v, LookupResult::Retry | LookupResult::HitPending));
             let hits = v.iter().take_while(|v| **v == LookupResult::Hit).count();
             line.push_str(&format!(" r{}:{hits}/{}", r.ctx.id.0, r.keys.len()));
+            line.push_str(&verdicts(&v));
             for (i, answer) in v.iter().enumerate() {
                 if matches!(answer, LookupResult::Retry | LookupResult::HitPending) {
                     r.stuck[i] += u32::from(waited);
@@ -1016,10 +1030,11 @@ impl<'w> Driver<'w> {
                 ));
             }
         }
-        if s.write_back_pinned_bytes != 0 || s.primary.writing_blocks != 0 {
+        if s.write_back_pinned_bytes != 0 || s.primary.writing_blocks != 0 || s.held_blocks != 0 {
             return Err(format!(
-                "DRAM: {} bytes pinned by write-back and {} slots being written after the drain",
-                s.write_back_pinned_bytes, s.primary.writing_blocks
+                "DRAM: {} bytes pinned by write-back, {} slots being written and {} promoted \
+                 blocks held for requests after the drain",
+                s.write_back_pinned_bytes, s.primary.writing_blocks, s.held_blocks
             ));
         }
         self.check_promotions()?;

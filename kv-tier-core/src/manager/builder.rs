@@ -241,6 +241,8 @@ impl TieringManagerBuilder {
                 lookups,
                 promotions: BTreeMap::new(),
                 promoting: FxHashSet::default(),
+                held: FxHashMap::default(),
+                held_this_step: Vec::new(),
                 jobs: FxHashMap::default(),
                 next_job: 0,
                 pending_stores: FxHashMap::default(),

@@ -34,7 +34,18 @@ pub(super) struct JobInfo {
     keys: Vec<BlockKey>,
     bytes: u64,
     started: Instant,
+    /// A promotion whose blocks are held for its request when it lands (false once the
+    /// request has finished).
+    hold: bool,
     _protect: ProtectGuard,
+}
+
+impl JobInfo {
+    pub(super) fn request_finished(&mut self, req: RequestId) {
+        if self.req == req {
+            self.hold = false;
+        }
+    }
 }
 
 pub(super) struct Completion {
@@ -116,6 +127,7 @@ impl TieringManager {
                 tier,
                 req,
                 _protect: protect,
+                hold: kind == JobKind::Load,
                 keys,
                 bytes,
                 started: Instant::now(),
@@ -238,7 +250,16 @@ impl TieringManager {
                         ts.load_failure_causes.record(errors.get(k).copied());
                     }
                     ts.load_latency.record(elapsed);
-                    self.primary.complete_store(&ok_keys, true);
+                    let landed = self.primary.complete_store(&ok_keys, true);
+                    if info.hold && !landed.is_empty() {
+                        let pins = self.primary.sources(&landed);
+                        let held = st.held.entry(info.req).or_default();
+                        for (k, pin) in landed.iter().zip(pins) {
+                            if let Some(pin) = pin {
+                                held.insert(*k, pin);
+                            }
+                        }
+                    }
                     // the promotion ended: its keys' leases in the tier end with it, and so
                     // do the leases other tiers (probed at the same time) took on the keys
                     // it promoted, which no promotion will read now

@@ -41,6 +41,14 @@ struct State {
     /// promotion completes them: an engine's `complete_store` of the same key must not mark a
     /// slot readable before (or although) its load ended.
     promoting: FxHashSet<BlockKey>,
+    /// Promoted blocks pinned for the request that asked for them, until that request's
+    /// lookup answers `Hit` for them (then until the step ends, for its `prepare_load`) or it
+    /// finishes. Without this, DRAM pressure between a promotion landing and the request's
+    /// next step evicts the blocks unread, and a request under sustained pressure promotes
+    /// its prefix again and again without ever reading it.
+    held: FxHashMap<RequestId, FxHashMap<BlockKey, BlockSource>>,
+    /// Holds released by a `Hit` this step: dropped when the step ends.
+    held_this_step: Vec<BlockSource>,
     jobs: FxHashMap<u64, JobInfo>,
     next_job: u64,
     pending_stores: FxHashMap<RequestId, usize>,
@@ -149,6 +157,8 @@ impl TieringManager {
     /// DRAM answers first. Otherwise the secondary tiers the request may load from are asked
     /// in order through their async lookups; a hit reserves a DRAM slot and queues a promotion
     /// (one load job per tier and request, sent at [`TieringManager::on_schedule_end`]).
+    /// The promoted block is then held in DRAM for `req` (not evicted) until a lookup of it
+    /// by `req` answers `Hit` and that step ends, or `req` finishes.
     pub fn lookup(&self, key: &BlockKey, req: &RequestContext) -> LookupResult {
         let mut st = self.begin();
         self.lookup_inner(&mut st, key, req, || {})
@@ -207,6 +217,14 @@ impl TieringManager {
         match self.primary.lookup(key) {
             LookupResult::Hit => {
                 st.stats.hits += 1;
+                if let Some(held) = st.held.get_mut(&req.id) {
+                    if let Some(pin) = held.remove(key) {
+                        st.held_this_step.push(pin);
+                    }
+                    if held.is_empty() {
+                        st.held.remove(&req.id);
+                    }
+                }
                 return LookupResult::Hit;
             }
             LookupResult::HitPending => {
@@ -365,6 +383,7 @@ impl TieringManager {
         // next step applies, all together).
         self.drain(&mut st);
         self.flush(&mut st);
+        st.held_this_step.clear();
         st.in_step = false;
     }
     /// Refreshes recency of `keys` in DRAM (the first key ends most recent) and in every
@@ -379,10 +398,13 @@ impl TieringManager {
 
     /// The request is done. Its queued promotions are not sent (their DRAM reservations and
     /// leases are released); promotions in flight land for others to use, and a failure of
-    /// one is ignored. Its per-request lookup state is dropped in every tier, but only once
-    /// its pending store jobs have finished.
+    /// one is ignored. The blocks promoted for it and not yet read are no longer held. Its
+    /// per-request lookup state is dropped in every tier, but only once its pending store
+    /// jobs have finished.
     pub fn on_request_finished(&self, req: RequestId) {
         let mut st = self.begin();
+        st.held.remove(&req);
+        st.jobs.values_mut().for_each(|j| j.request_finished(req));
         let queued: Vec<(usize, RequestId)> = st
             .promotions
             .keys()
@@ -484,6 +506,7 @@ impl TieringManager {
     pub async fn reset_cache(&self) -> usize {
         self.cancel_promotions();
         self.wait_idle().await;
+        self.release_held();
         self.primary.reset()
     }
     /// Cancels queued promotions, waits for jobs in flight, and shuts every tier down.
@@ -492,6 +515,7 @@ impl TieringManager {
     pub async fn shutdown(&self) -> Result<()> {
         self.cancel_promotions();
         self.wait_idle().await;
+        self.release_held();
         lock(&self.state).shut_down = true;
         // Each tier's shutdown runs on the manager's runtime, within a job deadline; one that
         // hangs or panics is reported and the others are still shut down.
@@ -548,6 +572,15 @@ impl TieringManager {
             t.tracked_requests = l.tracked_requests();
             t.leased_keys = l.leased_keys();
         }
+        s.held_blocks = st.held.values().map(|h| h.len()).sum::<usize>() + st.held_this_step.len();
         s
+    }
+
+    /// Lets go of every promoted block held for a request (they stay in DRAM as ordinary,
+    /// evictable blocks).
+    fn release_held(&self) {
+        let mut st = lock(&self.state);
+        st.held.clear();
+        st.held_this_step.clear();
     }
 }
