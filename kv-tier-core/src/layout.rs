@@ -199,7 +199,7 @@ impl Namespace {
 
     /// Parses the `config.json` form of the run fields (a JSON object) plus a rank.
     pub fn from_json(fields: &Value, rank: u32) -> Result<Self> {
-        let fields: RunFields = crate::config::from_value(fields.clone(), "layout")?;
+        let fields: RunFields = crate::json::from_value(fields.clone(), "layout")?;
         Self::new(fields, rank)
     }
 

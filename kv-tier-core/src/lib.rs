@@ -4,6 +4,7 @@ pub mod buf;
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod json;
 pub mod key;
 pub mod layout;
 pub mod lookup;

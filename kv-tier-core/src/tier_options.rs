@@ -103,7 +103,7 @@ impl TierOptions {
             write_back_limit_mb: Option<f64>,
             write_back_policy: Option<WriteBackPolicy>,
         }
-        let raw: Raw = crate::config::from_value(Value::Object(mine), field)?;
+        let raw: Raw = crate::json::from_value(Value::Object(mine), field)?;
         let o = Self {
             probe_budget_s: raw.probe_budget_s,
             write_back_limit_mb: raw.write_back_limit_mb,
