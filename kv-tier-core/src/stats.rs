@@ -262,9 +262,11 @@ pub struct ManagerStats {
     pub write_back_pinned_bytes: u64,
     /// The most DRAM bytes store jobs have pinned at once.
     pub write_back_pinned_peak_bytes: u64,
-    /// Promoted DRAM blocks pinned now for the requests that asked for them and have not read
-    /// them yet (released by the request's `Hit`, at the end of that step, or when it ends).
+    /// Promoted DRAM blocks pinned now for requests that were told `HitPending` for them and
+    /// have not read them yet (see [`crate::TieringManager::lookup`]).
     pub held_blocks: usize,
+    /// Requests waiting for a promoted block or holding one.
+    pub holding_requests: usize,
     /// The primary tier's counters.
     pub primary: crate::tier::PrimaryStats,
     /// Per secondary tier, in order.

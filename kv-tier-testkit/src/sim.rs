@@ -1030,11 +1030,18 @@ impl<'w> Driver<'w> {
                 ));
             }
         }
-        if s.write_back_pinned_bytes != 0 || s.primary.writing_blocks != 0 || s.held_blocks != 0 {
+        if s.write_back_pinned_bytes != 0
+            || s.primary.writing_blocks != 0
+            || s.held_blocks != 0
+            || s.holding_requests != 0
+        {
             return Err(format!(
-                "DRAM: {} bytes pinned by write-back, {} slots being written and {} promoted \
-                 blocks held for requests after the drain",
-                s.write_back_pinned_bytes, s.primary.writing_blocks, s.held_blocks
+                "DRAM: {} bytes pinned by write-back, {} slots being written, {} promoted \
+                 blocks held for {} requests after the drain",
+                s.write_back_pinned_bytes,
+                s.primary.writing_blocks,
+                s.held_blocks,
+                s.holding_requests
             ));
         }
         self.check_promotions()?;

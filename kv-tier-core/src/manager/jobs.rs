@@ -34,18 +34,7 @@ pub(super) struct JobInfo {
     keys: Vec<BlockKey>,
     bytes: u64,
     started: Instant,
-    /// A promotion whose blocks are held for its request when it lands (false once the
-    /// request has finished).
-    hold: bool,
     _protect: ProtectGuard,
-}
-
-impl JobInfo {
-    pub(super) fn request_finished(&mut self, req: RequestId) {
-        if self.req == req {
-            self.hold = false;
-        }
-    }
 }
 
 pub(super) struct Completion {
@@ -127,7 +116,6 @@ impl TieringManager {
                 tier,
                 req,
                 _protect: protect,
-                hold: kind == JobKind::Load,
                 keys,
                 bytes,
                 started: Instant::now(),
@@ -251,14 +239,12 @@ impl TieringManager {
                     }
                     ts.load_latency.record(elapsed);
                     let landed = self.primary.complete_store(&ok_keys, true);
-                    if info.hold && !landed.is_empty() {
-                        let pins = self.primary.sources(&landed);
-                        let held = st.held.entry(info.req).or_default();
-                        for (k, pin) in landed.iter().zip(pins) {
-                            if let Some(pin) = pin {
-                                held.insert(*k, pin);
-                            }
-                        }
+                    // held for the requests promised them (readable views pin them)
+                    for (k, pin) in landed.iter().zip(self.primary.sources(&landed)) {
+                        st.holds.landed(*k, pin);
+                    }
+                    for k in &info.keys {
+                        st.holds.failed(*k);
                     }
                     // the promotion ended: its keys' leases in the tier end with it, and so
                     // do the leases other tiers (probed at the same time) took on the keys
@@ -301,6 +287,7 @@ impl TieringManager {
         drop(blocks);
         for k in &keys {
             st.promoting.remove(k);
+            st.holds.failed(*k);
         }
         self.primary.complete_store(&keys, false);
         st.lookups[tier].release(&keys);

@@ -17,6 +17,7 @@ use crate::lookup::{AsyncLookup, Presence};
 use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count_prefix};
 use crate::stats::ManagerStats;
 mod builder;
+mod holds;
 mod jobs;
 mod write_back;
 
@@ -41,14 +42,8 @@ struct State {
     /// promotion completes them: an engine's `complete_store` of the same key must not mark a
     /// slot readable before (or although) its load ended.
     promoting: FxHashSet<BlockKey>,
-    /// Promoted blocks pinned for the request that asked for them, until that request's
-    /// lookup answers `Hit` for them (then until the step ends, for its `prepare_load`) or it
-    /// finishes. Without this, DRAM pressure between a promotion landing and the request's
-    /// next step evicts the blocks unread, and a request under sustained pressure promotes
-    /// its prefix again and again without ever reading it.
-    held: FxHashMap<RequestId, FxHashMap<BlockKey, BlockSource>>,
-    /// Holds released by a `Hit` this step: dropped when the step ends.
-    held_this_step: Vec<BlockSource>,
+    /// Promoted blocks held for the requests promised them (see `holds`).
+    holds: holds::Holds,
     jobs: FxHashMap<u64, JobInfo>,
     next_job: u64,
     pending_stores: FxHashMap<RequestId, usize>,
@@ -199,6 +194,10 @@ impl TieringManager {
             }
             results.push(r);
             if r == LookupResult::Miss {
+                // the request's prefix stops here: what comes after is not read
+                for k in &keys[i + 1..] {
+                    st.holds.release(req.id, *k);
+                }
                 break;
             }
         }
@@ -217,18 +216,15 @@ impl TieringManager {
         match self.primary.lookup(key) {
             LookupResult::Hit => {
                 st.stats.hits += 1;
-                if let Some(held) = st.held.get_mut(&req.id) {
-                    if let Some(pin) = held.remove(key) {
-                        st.held_this_step.push(pin);
-                    }
-                    if held.is_empty() {
-                        st.held.remove(&req.id);
-                    }
-                }
+                st.holds.hit(req.id, *key);
                 return LookupResult::Hit;
             }
             LookupResult::HitPending => {
                 st.stats.hits_pending += 1;
+                if st.promoting.contains(key) {
+                    // riding on another request's promotion: promised the block too
+                    st.holds.wait(req.id, *key);
+                }
                 return LookupResult::HitPending;
             }
             _ => {}
@@ -261,6 +257,7 @@ impl TieringManager {
             return LookupResult::Retry;
         }
         st.stats.misses += 1;
+        st.holds.release(req.id, *key);
         LookupResult::Miss
     }
 
@@ -276,6 +273,7 @@ impl TieringManager {
         match self.primary.prepare_store(std::slice::from_ref(key)) {
             Ok(PreparedStore { mut to_store, .. }) => {
                 if let Some(block) = to_store.pop() {
+                    st.holds.wait(req, block.0);
                     st.promoting.insert(block.0);
                     st.promotions.entry((i, req)).or_default().push(block);
                     st.stats.tiers[i].hits += 1;
@@ -286,6 +284,7 @@ impl TieringManager {
             Err(err) => {
                 tracing::debug!(%key, error = %err, "no DRAM slot to promote into; answering Miss");
                 st.lookups[i].release(std::slice::from_ref(key));
+                st.holds.release(req, *key);
                 st.stats.promotions_refused += 1;
                 st.stats.misses += 1;
                 LookupResult::Miss
@@ -296,8 +295,9 @@ impl TieringManager {
     /// Pins readable DRAM blocks for the engine's DRAM -> GPU copy; each view pins its slot
     /// until dropped. Fails, pinning nothing, if a key is not readable (`Hit`).
     pub fn prepare_load(&self, keys: &[BlockKey]) -> Result<Vec<BlockSource>> {
-        let _st = self.begin();
-        keys.iter()
+        let mut st = self.begin();
+        let views = keys
+            .iter()
             .zip(self.primary.sources(keys))
             .map(|(k, s)| {
                 s.ok_or_else(|| Error::NotFound {
@@ -305,7 +305,9 @@ impl TieringManager {
                     tier: "cpu".into(),
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        st.holds.read(keys);
+        Ok(views)
     }
 
     /// Reserves DRAM slots for `keys` (evicting least-recently-used unpinned blocks). Fill the
@@ -383,7 +385,7 @@ impl TieringManager {
         // next step applies, all together).
         self.drain(&mut st);
         self.flush(&mut st);
-        st.held_this_step.clear();
+        st.holds.end_step();
         st.in_step = false;
     }
     /// Refreshes recency of `keys` in DRAM (the first key ends most recent) and in every
@@ -403,8 +405,7 @@ impl TieringManager {
     /// jobs have finished.
     pub fn on_request_finished(&self, req: RequestId) {
         let mut st = self.begin();
-        st.held.remove(&req);
-        st.jobs.values_mut().for_each(|j| j.request_finished(req));
+        st.holds.finish(req);
         let queued: Vec<(usize, RequestId)> = st
             .promotions
             .keys()
@@ -572,15 +573,14 @@ impl TieringManager {
             t.tracked_requests = l.tracked_requests();
             t.leased_keys = l.leased_keys();
         }
-        s.held_blocks = st.held.values().map(|h| h.len()).sum::<usize>() + st.held_this_step.len();
+        s.held_blocks = st.holds.held_blocks();
+        s.holding_requests = st.holds.requests();
         s
     }
 
     /// Lets go of every promoted block held for a request (they stay in DRAM as ordinary,
     /// evictable blocks).
     fn release_held(&self) {
-        let mut st = lock(&self.state);
-        st.held.clear();
-        st.held_this_step.clear();
+        lock(&self.state).holds.clear();
     }
 }
