@@ -107,6 +107,12 @@ pub(crate) fn random_salt() -> u64 {
     );
     h.finish()
 }
+/// The temp-file suffix of the `n`-th write of a tier whose salt is `salt`: a different one for
+/// every write of a tier, and unrelated between tiers (processes) with different salts.
+fn tmp_suffix(salt: u64, n: u64) -> u64 {
+    (salt ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).rotate_left((n % 63) as u32)
+}
+
 /// Rescans reap temp files at least this old, whatever `tmp_reap_age_s` says: they run while
 /// the tier's own writes are in flight.
 pub(crate) const RESCAN_TMP_FLOOR: Duration = Duration::from_secs(60);
@@ -203,10 +209,8 @@ impl Files {
 
     pub(crate) fn tmp_path(&self, dest: &Path) -> PathBuf {
         let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
-        let r =
-            (self.tmp_salt ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).rotate_left((n % 63) as u32);
         let mut s = dest.as_os_str().to_os_string();
-        s.push(format!("_{r:016x}.tmp"));
+        s.push(format!("_{:016x}.tmp", tmp_suffix(self.tmp_salt, n)));
         s.into()
     }
     pub(crate) fn rank_dir(&self) -> PathBuf {
@@ -274,8 +278,36 @@ impl Files {
 
 #[cfg(test)]
 mod tests {
-    use super::StampMemo;
+    use super::{StampMemo, random_salt, tmp_suffix};
     use kv_tier_core::BlockKey;
+    use rustc_hash::FxHashSet;
+
+    #[test]
+    fn temp_names_differ_between_writes_and_between_processes() {
+        let (a, b) = (random_salt(), random_salt());
+        assert_ne!(a, b, "two tiers drew the same salt");
+        let mine: FxHashSet<u64> = (0..100_000).map(|n| tmp_suffix(a, n)).collect();
+        assert_eq!(
+            mine.len(),
+            100_000,
+            "two writes of one tier share a temp name"
+        );
+        let theirs: FxHashSet<u64> = (0..100_000).map(|n| tmp_suffix(b, n)).collect();
+        assert!(
+            mine.is_disjoint(&theirs),
+            "two processes writing one block would share a temp file"
+        );
+    }
+
+    #[test]
+    fn a_memo_full_of_stamps_one_interval_old_makes_room() {
+        let mut m = StampMemo::new(2, 100);
+        assert_eq!(m.due(0, &[k(1), k(2)]).len(), 2);
+        // exactly one interval later both are due again, so no longer "within the interval":
+        // they give way to a key the memo does not know
+        assert_eq!(m.due(100, &[k(3)]), vec![k(3)]);
+        assert_eq!(m.due(100, &[k(1)]), vec![k(1)]);
+    }
 
     fn k(i: u8) -> BlockKey {
         BlockKey::from_hash32([i; 32], 0)

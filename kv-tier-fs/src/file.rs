@@ -84,17 +84,21 @@ pub(crate) fn publish_noreplace(tmp: &Path, dest: &Path) -> io::Result<bool> {
     match e.raw_os_error() {
         Some(libc::EEXIST) => Ok(false),
         // The filesystem has no RENAME_NOREPLACE: link(2) never replaces either.
-        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP) => {
-            match std::fs::hard_link(tmp, dest) {
-                Ok(()) => {
-                    let _ = std::fs::remove_file(tmp);
-                    Ok(true)
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-                Err(e) => Err(e),
-            }
-        }
+        Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP) => link_noreplace(tmp, dest),
         _ => Err(e),
+    }
+}
+
+/// [`publish_noreplace`] with link(2) and unlink(2), for filesystems without
+/// `RENAME_NOREPLACE`.
+fn link_noreplace(tmp: &Path, dest: &Path) -> io::Result<bool> {
+    match std::fs::hard_link(tmp, dest) {
+        Ok(()) => {
+            let _ = std::fs::remove_file(tmp);
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -250,5 +254,49 @@ pub(crate) fn same_file(f: &File, path: &Path) -> bool {
     match (f.metadata(), std::fs::symlink_metadata(path)) {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publishing_by_link_never_replaces_and_reports_other_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tmp, dest) = (dir.path().join("a.tmp"), dir.path().join("a.bin"));
+        std::fs::write(&tmp, b"new").unwrap();
+        std::fs::write(&dest, b"old").unwrap();
+        assert!(!link_noreplace(&tmp, &dest).unwrap(), "replaced");
+        assert_eq!(std::fs::read(&dest).unwrap(), b"old");
+        std::fs::remove_file(&dest).unwrap();
+        assert!(link_noreplace(&tmp, &dest).unwrap());
+        assert_eq!(std::fs::read(&dest).unwrap(), b"new");
+        assert!(!tmp.exists(), "the temp name stays");
+        // a failure that is not "it exists" is an error, not "someone else published"
+        std::fs::write(&tmp, b"new").unwrap();
+        let e = link_noreplace(&tmp, &dir.path().join("no-such-dir/a.bin")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn a_sidecar_that_cannot_be_opened_is_an_error_unless_it_is_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        // a path under a regular file: ENOTDIR, an I/O failure (not damage of the sidecar)
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let e = read_sidecar(&file.join("a.bin"), 1).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR));
+        // a link where the sidecar should be: damage
+        let bin = dir.path().join("b.bin");
+        std::os::unix::fs::symlink(&file, sidecar_path(&bin)).unwrap();
+        assert!(matches!(
+            read_sidecar(&bin, 1).unwrap(),
+            StoredCrc::Malformed(_)
+        ));
+        assert_eq!(
+            read_sidecar(&dir.path().join("c.bin"), 1).unwrap(),
+            StoredCrc::Missing
+        );
     }
 }

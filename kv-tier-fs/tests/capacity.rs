@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use common::{BS, Mount, age, cfg, load, ns, store};
+use common::{BS, HOOK_DEADLINE, Mount, age, cfg, load, ns, store};
 use kv_tier_core::SecondaryTier;
 use kv_tier_fs::{FsTier, FsTierConfig, GcStats, SweepPoint};
 use kv_tier_testkit::{temp_root, test_key};
@@ -166,7 +166,9 @@ async fn a_rescan_keeps_files_published_while_it_walked() {
     .unwrap();
     let t = tier.clone();
     let rescan = std::thread::spawn(move || t.gc_rescan_now().unwrap());
-    at_rx.recv().unwrap(); // the walk is done; its merge waits
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep hook was never reached"); // the walk is done; its merge waits
     let new: Vec<_> = (100..110).map(test_key).collect();
     assert!(store(&*tier, &new, 0).await.is_success());
     go_tx.send(()).unwrap();
@@ -206,7 +208,9 @@ async fn a_stamp_that_finds_no_file_keeps_a_file_published_since() {
     .unwrap();
     let t = tier.clone();
     let stamps = std::thread::spawn(move || t.gc_apply_stamps_now().unwrap());
-    at_rx.recv().unwrap(); // the stamp hit ENOENT
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep hook was never reached"); // the stamp hit ENOENT
     assert!(store(&*tier, &[k], 0).await.is_success()); // ...and published again
     go_tx.send(()).unwrap();
     stamps.join().unwrap();
@@ -262,7 +266,8 @@ async fn a_gc_loop_that_panics_outside_its_step_is_restarted() {
         }
     })))
     .unwrap();
-    rx.recv().unwrap();
+    rx.recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep hook was never reached");
     // the restart waits a second before it loops again
     for _ in 0..400 {
         if gc(&tier).thread_restarts == 1 {
@@ -358,9 +363,13 @@ async fn a_load_that_misses_keeps_a_file_stored_meanwhile() {
     })));
     let t = tier.clone();
     let loading = tokio::spawn(async move { load(&*t, &[k]).await.0 });
-    tokio::task::spawn_blocking(move || at_rx.recv().unwrap())
-        .await
-        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        at_rx
+            .recv_timeout(HOOK_DEADLINE)
+            .expect("the sweep hook was never reached")
+    })
+    .await
+    .unwrap();
     assert!(store(&*tier, &[k], 0).await.is_success()); // published again
     go_tx.send(()).unwrap();
     let res = loading.await.unwrap();
@@ -394,9 +403,13 @@ async fn a_rescan_never_reaps_the_tiers_own_temp_files() {
     let k = test_key(1);
     let t = tier.clone();
     let storing = tokio::spawn(async move { store(&*t, &[k], 0).await });
-    tokio::task::spawn_blocking(move || at_rx.recv().unwrap())
-        .await
-        .unwrap(); // the temp file is written, not yet published
+    tokio::task::spawn_blocking(move || {
+        at_rx
+            .recv_timeout(HOOK_DEADLINE)
+            .expect("the sweep hook was never reached")
+    })
+    .await
+    .unwrap(); // the temp file is written, not yet published
     tier.gc_rescan_now().unwrap();
     go_tx.send(()).unwrap();
     let res = storing.await.unwrap();

@@ -79,6 +79,7 @@ fn killed_writers_leave_only_whole_blocks() {
     let keys: Vec<_> = bins.iter().map(|p| key_of(p)).collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .enable_time()
         .build()
         .unwrap();
     for chunk in keys.chunks(256) {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
-use common::{BS, age, cfg, load, ns, store};
+use common::{BS, HOOK_DEADLINE, age, cfg, load, ns, store};
 use kv_tier_core::{BlockKey, SecondaryTier};
 use kv_tier_fs::{FsTier, FsTierConfig, SweepPoint};
 use kv_tier_testkit::{find_files, temp_root, test_key};
@@ -279,7 +279,9 @@ fn sweep_held_at(
     .unwrap();
     let t = tier.clone();
     let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
-    at_rx.recv().unwrap();
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep hook was never reached");
     (sweep, go_tx)
 }
 
@@ -579,4 +581,99 @@ async fn keys_protected_after_the_decision_are_not_deleted_while_protected() {
     tier.set_sweep_hook(None).unwrap();
     drop(guard);
     assert_eq!(tier.gc_sweep_now().unwrap(), 8);
+}
+
+/// The index follows the disk for any key, not only the first one indexed: a file gone or
+/// damaged behind the tier's back leaves the index when a load finds it so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_or_damaged_file_leaves_the_index_whichever_it_is() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = keys(0..5);
+    assert!(store(&tier, &ks, 0).await.is_success());
+    std::fs::remove_file(tier.block_path(&ks[3])).unwrap();
+    let (res, _) = load(&tier, &ks[3..4]).await;
+    assert_eq!(res.failed.len(), 1);
+    assert_eq!(gc(&tier).files, 4, "a vanished file stayed in the index");
+    std::fs::File::options()
+        .write(true)
+        .open(tier.block_path(&ks[4]))
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    let (res, _) = load(&tier, &ks[4..5]).await;
+    assert_eq!(res.failed.len(), 1);
+    let s = gc(&tier);
+    assert_eq!(
+        (s.files, s.bytes),
+        (3, held(root.path(), 3)),
+        "a damaged file stayed in the index"
+    );
+}
+
+/// A rescan takes what the disk says for a file that changed size while keeping its mtime
+/// (rewritten by another process that restored the time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_takes_a_new_size_under_an_old_mtime() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let k = leaf_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    let path = tier.block_path(&k);
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let f = std::fs::File::options().write(true).open(&path).unwrap();
+    std::io::Write::write_all(&mut &f, &vec![7u8; 4 * BS]).unwrap();
+    f.sync_all().unwrap();
+    f.set_modified(mtime).unwrap();
+    tier.gc_rescan_now().unwrap();
+    assert_eq!(gc(&tier).bytes, held(root.path(), 4));
+}
+
+/// Blocks another process wrote, found by this tier's loads, count toward the cap at once: a
+/// load that takes the total past the cap wakes the sweep (whose own interval is an hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_blocks_seen_past_the_cap_wake_the_sweep() {
+    let root = temp_root();
+    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    c.gc_background = true;
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let ks = keys(0..10);
+    assert!(store(&tier, &ks, 0).await.is_success());
+    age(&tier, &ks, |i| 5000 - i as u64);
+    let other = FsTier::open("fs", cfg(root.path()), ns(), BS).unwrap();
+    let foreign = keys(50..55);
+    assert!(store(&other, &foreign, 0).await.is_success());
+    let (res, _) = load(&tier, &foreign).await;
+    assert!(res.is_success());
+    wait_for("the woken sweep", || {
+        let s = gc(&tier);
+        s.bytes <= s.cap_bytes && s.swept_files >= 5
+    });
+}
+
+/// Where checksums live in sidecars (no user xattrs: ramfs), each block counts with its
+/// sidecar, and a sweep takes the sidecar with its block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_count_toward_the_cap_and_go_with_their_blocks() {
+    let m = common::Mount::new("ramfs", "");
+    let mut c = bounded_cfg(&m.dir, 10, 0.8);
+    c.checksum = kv_tier_fs::Checksum::Crc32c;
+    // ramfs keeps no blocks for directories; a block and its sidecar take a page each
+    let per_block = 2 * BS as u64;
+    c.gc_max_size_gb = Some((10 * per_block) as f64 / (1u64 << 30) as f64);
+    c.gc_low_watermark = Some(0.8);
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let ks = keys(0..15);
+    assert!(store(&tier, &ks, 0).await.is_success());
+    assert_eq!(gc(&tier).bytes, 15 * per_block);
+    age(&tier, &ks, |i| (15 - i as u64) * 1000);
+    assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+    let s = gc(&tier);
+    assert_eq!((s.files, s.bytes), (8, 8 * per_block));
+    assert_eq!(find_files(&m.dir, ".bin").len(), 8);
+    assert_eq!(
+        find_files(&m.dir, kv_tier_fs::CRC_SIDECAR_SUFFIX).len(),
+        8,
+        "a swept block's sidecar stayed"
+    );
 }

@@ -234,7 +234,18 @@ pub fn engine_store(
     try_engine_store(m, req, keys).expect("the manager refused a store");
 }
 
+/// How long [`store_keys`] and [`load_keys`] wait for a tier's job before the test fails: a
+/// tier that hangs fails its test instead of hanging the suite.
+pub const JOB_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+async fn within_deadline<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(JOB_DEADLINE, f)
+        .await
+        .unwrap_or_else(|_| panic!("the tier's {what} job hung past {JOB_DEADLINE:?}"))
+}
+
 /// Stores `keys` in `tier` as one job, each block [`block_bytes`] of its key and `salt`.
+/// Panics if the job does not end within [`JOB_DEADLINE`].
 pub async fn store_keys(
     tier: &dyn kv_tier_core::SecondaryTier,
     keys: &[BlockKey],
@@ -245,11 +256,11 @@ pub async fn store_keys(
         .iter()
         .map(|k| (*k, source_for(k, salt, block_size)))
         .collect();
-    tier.store(kv_tier_core::StoreJob { blocks }).await
+    within_deadline("store", tier.store(kv_tier_core::StoreJob { blocks })).await
 }
 
 /// Loads `keys` from `tier` as one job; returns the result and the bytes of each key that
-/// loaded.
+/// loaded. Panics if the job does not end within [`JOB_DEADLINE`].
 pub async fn load_keys(
     tier: &dyn kv_tier_core::SecondaryTier,
     keys: &[BlockKey],
@@ -262,7 +273,7 @@ pub async fn load_keys(
         job.blocks.push((*k, s));
         readers.push((*k, r));
     }
-    let res = tier.load(job).await;
+    let res = within_deadline("load", tier.load(job)).await;
     let ok: std::collections::HashSet<BlockKey> = res.ok.iter().copied().collect();
     let mut out = Vec::new();
     for (k, r) in readers {

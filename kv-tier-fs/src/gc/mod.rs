@@ -449,3 +449,15 @@ impl Gc {
 pub(crate) fn room_deadline() -> Instant {
     Instant::now() + Duration::from_secs(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_before_the_epoch_are_negative() {
+        let t = SystemTime::UNIX_EPOCH - Duration::from_secs(5);
+        assert_eq!(to_ns(t), -5_000_000_000);
+        assert_eq!(to_ns(SystemTime::UNIX_EPOCH + Duration::from_nanos(7)), 7);
+    }
+}

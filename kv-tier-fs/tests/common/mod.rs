@@ -9,6 +9,10 @@ use kv_tier_fs::{Checksum, FsTier, FsTierConfig};
 
 pub const BS: usize = 4096;
 
+/// How long a test waits for a sweep hook to be reached before it fails (a condition wait,
+/// not a timing assertion: a broken tier fails the test instead of hanging it).
+pub const HOOK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub fn ns() -> Namespace {
     Namespace::new(
         RunFields::new("test-org/test-model", "torch.float16", 16),
