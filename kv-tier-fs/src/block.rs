@@ -21,7 +21,8 @@ pub enum FsOp {
     OpenRead,
     /// Reading a block file.
     Read,
-    /// Creating a temp file for a store.
+    /// Creating a temp file for a store (each attempt: a missing leaf directory is made and
+    /// the create tried again, at most three times).
     CreateTmp,
     /// Writing a temp file.
     Write,

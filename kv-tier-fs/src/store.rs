@@ -165,11 +165,12 @@ impl Files {
     /// `Ok(false)` when another writer published first.
     fn write_block(&self, key: &BlockKey, dest: &Path, src: &BlockSource) -> Result<bool> {
         let tmp = self.tmp_path(dest);
-        self.fault(FsOp::CreateTmp, &tmp)
-            .map_err(|e| self.io_err("create", &tmp, e))?;
         let mut tries = 0;
         let f = loop {
-            match file::create_excl(&tmp, self.direct) {
+            let created = self
+                .fault(FsOp::CreateTmp, &tmp)
+                .and_then(|()| file::create_excl(&tmp, self.direct));
+            match created {
                 Ok(f) => break f,
                 // the leaf directory does not exist (yet, or any more: a sweep removes
                 // emptied ones)

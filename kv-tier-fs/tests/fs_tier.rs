@@ -416,6 +416,27 @@ async fn a_failed_write_or_publish_leaves_no_temp_file() {
     );
 }
 
+/// A leaf directory that vanishes again after every mkdir (a sweep emptying it each time)
+/// fails the store after a few tries instead of looping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaf_directory_that_keeps_vanishing_fails_the_store_after_a_few_tries() {
+    let root = temp_root();
+    let tier = open(root.path());
+    let tries = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = tries.clone();
+    tier.set_fault_injector(Some(Arc::new(move |o, _: &Path| {
+        (o == FsOp::CreateTmp).then(|| {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::io::Error::from_raw_os_error(libc::ENOENT)
+        })
+    })));
+    let res = store(&tier, &[test_key(1)], 0).await;
+    assert_eq!(res.failed.len(), 1);
+    assert_eq!(tries.load(std::sync::atomic::Ordering::Relaxed), 4);
+    tier.set_fault_injector(None);
+    assert!(store(&tier, &[test_key(1)], 0).await.is_success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_fails_later_jobs_cleanly() {
     let root = temp_root();

@@ -193,6 +193,26 @@ async fn without_xattrs_a_missing_stale_or_malformed_sidecar_is_a_miss() {
     );
 }
 
+/// Sidecar mode: a store that finds its block without a sidecar (past the grace a publisher
+/// has to write one) does not take it for a stored block: it writes the block again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_xattrs_a_store_rewrites_a_block_whose_sidecar_is_gone() {
+    let m = Mount::new("ramfs", "");
+    let tier = open_checksummed(&m.dir);
+    tier.set_sidecar_grace(Duration::ZERO);
+    let k = test_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    let mut side = tier.block_path(&k).into_os_string();
+    side.push(CRC_SIDECAR_SUFFIX);
+    std::fs::remove_file(&side).unwrap();
+    tier.take_events();
+    assert!(store(&tier, &[k], 5).await.is_success());
+    assert_eq!(removed(&tier), vec![k], "the unverifiable block was kept");
+    let (res, data) = load(&tier, &[k]).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    assert!(verify_block(&k, 5, &data[0].1));
+}
+
 #[test]
 fn a_damaged_config_json_is_rewritten_and_a_foreign_one_refused_naming_fields() {
     let root = temp_root();

@@ -263,6 +263,8 @@ mod tests {
             key([0xab, 0xcd, 0xef], 0),
             key([0xab, 0xcd, 0xe0], 0),
             key([0xab, 0xc0, 0x00], 0),
+            // the same top; hex[3..5] differs only in the low bits of byte 1
+            key([0xab, 0xc3, 0x00], 0),
             key([0xab, 0xcd, 0xef], 1),
             key([0xac, 0xcd, 0xef], 0),
         ];
@@ -306,5 +308,27 @@ mod tests {
         idx.set_mtime(&c, 50);
         assert_eq!(idx.order.iter().next().unwrap().0, 50);
         assert_eq!(idx.peak, 3 * 8192 + 4 * 4096 + 100);
+    }
+
+    #[test]
+    fn a_new_file_needs_the_directories_it_would_create() {
+        let mut idx = Index::new(4096, 0, true);
+        idx.insert(key([1, 2, 3], 0), 8192, 10);
+        // another leaf (hex[3..5] = "2f") under the same top ("010"): the leaf only
+        assert_eq!(idx.dirs_needed(&key([1, 2, 0xf0], 0)), 4096);
+        assert_eq!(idx.dirs_needed(&key([1, 2, 0x0f], 0)), 0, "the same leaf");
+        // top directories pre-created (not counted per use): a new leaf only
+        let idx = Index::new(4096, 4096 * 4096, false);
+        assert_eq!(idx.dirs_needed(&key([1, 2, 3], 0)), 4096);
+    }
+
+    #[test]
+    fn a_reservation_may_reach_the_limit_but_not_pass_it() {
+        let mut idx = Index::new(4096, 0, true);
+        idx.insert(key([1, 2, 3], 0), 8192, 10);
+        let limit = idx.total() + 100;
+        assert!(!idx.reserve(101, limit));
+        assert!(idx.reserve(100, limit));
+        assert_eq!(idx.total(), limit);
     }
 }
