@@ -30,15 +30,19 @@ pub(crate) struct Leaf {
     pub(crate) group: u32,
 }
 
-/// The directories of `key`'s path. Hashes shorter than 3 bytes are sliced as the layout
-/// slices them; their length is part of the number, so they never collide with longer ones.
+/// The directories of `key`'s path, as numbers. Hashes shorter than 3 bytes are sliced as
+/// the layout slices them (`hex[0..3]`, `hex[3..5]`, each as far as the hex goes): a 1-byte
+/// hash has a 2-digit top directory of its own, while a 2-byte hash shares its top with longer
+/// hashes and has a 1-digit leaf of its own. So the top's number carries whether it has 2 or 3
+/// digits, and the leaf's how many digits it has.
 pub(crate) fn leaf_of(key: &BlockKey) -> Leaf {
     let h = key.hash_bytes();
     let b = |i: usize| h.get(i).copied().unwrap_or(0) as u32;
-    let len = h.len().min(3) as u32;
+    let top_digits = if h.len() == 1 { 2 } else { 3 };
+    let leaf_digits = (h.len().min(3) - 1) as u32;
     // hex[0..3] = b0 and the high nibble of b1; hex[3..5] = low nibble of b1, high of b2
-    let top = len << 12 | b(0) << 4 | b(1) >> 4;
-    let leaf = top << 8 | (b(1) & 0xf) << 4 | b(2) >> 4;
+    let top = top_digits << 12 | b(0) << 4 | b(1) >> 4;
+    let leaf = leaf_digits << 24 | top << 8 | (b(1) & 0xf) << 4 | b(2) >> 4;
     Leaf {
         top,
         leaf,
@@ -265,6 +269,10 @@ mod tests {
             key([0xab, 0xc0, 0x00], 0),
             // the same top; hex[3..5] differs only in the low bits of byte 1
             key([0xab, 0xc3, 0x00], 0),
+            // short hashes: their directories are sliced from fewer digits
+            BlockKey::new(&[0x0a], 0).unwrap(),
+            BlockKey::new(&[0x0a, 0x00], 0).unwrap(),
+            key([0x0a, 0x00, 0x00], 0),
             key([0xab, 0xcd, 0xef], 1),
             key([0xac, 0xcd, 0xef], 0),
         ];
