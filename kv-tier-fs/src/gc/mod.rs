@@ -352,7 +352,7 @@ impl Gc {
             idx.unreserve(reserved);
             idx.insert(key, file_bytes, now);
             (
-                idx.total() > self.cfg.cap_bytes,
+                self.is_over(&idx),
                 idx.leaf_files(&key).is_multiple_of(index::MEASURE_EVERY),
             )
         };
@@ -384,7 +384,7 @@ impl Gc {
             }
             idx.foreign.remove(&key);
             idx.insert(key, size, mtime_ns(m));
-            idx.total() > self.cfg.cap_bytes
+            self.is_over(&idx)
         };
         if over {
             self.kick();
@@ -413,7 +413,12 @@ impl Gc {
     }
 
     pub(crate) fn over_cap(&self) -> bool {
-        self.lock().total() > self.cfg.cap_bytes
+        self.is_over(&self.lock())
+    }
+
+    /// Whether the index's total is past the cap (at the cap is within it).
+    fn is_over(&self, idx: &Index) -> bool {
+        idx.total() > self.cfg.cap_bytes
     }
 
     pub(crate) fn kick(&self) {
