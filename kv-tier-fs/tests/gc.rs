@@ -679,3 +679,28 @@ async fn sidecars_count_toward_the_cap_and_go_with_their_blocks() {
         "a swept block's sidecar stayed"
     );
 }
+
+/// Past halfway from the cap to the hard ceiling, a sweep no longer spares the grace window
+/// above the cap: it takes the oldest files, young or not, down to the cap. At exactly
+/// halfway it still spares them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_halfway_to_the_hard_ceiling_grace_holds_only_down_to_the_cap() {
+    let root = temp_root();
+    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    c.gc_hard_ceiling = Some(2.0); // halfway: 15 blocks' bytes and 1.5 times the directories
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    // 16 blocks (one leaf and one top directory: 2 directories) are exactly halfway
+    assert!(store(&tier, &keys(0..16), 0).await.is_success());
+    let s = gc(&tier);
+    assert_eq!(2 * s.bytes, s.cap_bytes + s.hard_ceiling_bytes, "{s:?}");
+    assert_eq!(
+        tier.gc_sweep_now().unwrap(),
+        0,
+        "young files went at halfway"
+    );
+    assert!(store(&tier, &keys(16..17), 0).await.is_success());
+    assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+    let s = gc(&tier);
+    assert_eq!((s.files, s.bytes), (10, held(root.path(), 10)));
+    assert!(s.grace_overridden > 0, "{s:?}");
+}
