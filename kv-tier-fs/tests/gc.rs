@@ -704,3 +704,29 @@ async fn past_halfway_to_the_hard_ceiling_grace_holds_only_down_to_the_cap() {
     assert_eq!((s.files, s.bytes), (10, held(root.path(), 10)));
     assert!(s.grace_overridden > 0, "{s:?}");
 }
+
+/// At the hard ceiling, a store into a new leaf and top directory makes room for the file and
+/// both directories it creates in one sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_at_the_ceiling_makes_room_for_its_new_directories_too() {
+    let root = temp_root();
+    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    c.gc_hard_ceiling = Some(1.2);
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let ks = keys(0..12); // one leaf: 12 files and 2 directories fit under the ceiling
+    assert!(store(&tier, &ks, 0).await.is_success());
+    age(&tier, &ks, |i| 5000 - i as u64);
+    let sweeps = gc(&tier).sweeps;
+    // a key in another top directory: its file and two new directories
+    let far = test_key(7);
+    assert_ne!(
+        tier.block_path(&far).parent().unwrap().parent(),
+        tier.block_path(&ks[0]).parent().unwrap().parent()
+    );
+    let res = store(&tier, &[far], 0).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    let s = gc(&tier);
+    assert_eq!(s.sweeps, sweeps + 1, "{s:?}");
+    assert!(s.bytes <= s.hard_ceiling_bytes, "{s:?}");
+    assert!(tier.block_path(&far).exists());
+}
