@@ -294,6 +294,46 @@ async fn probe_temp_files_and_orphan_sidecars_are_reaped_by_walks() {
     assert_eq!(find_files(&m.dir, CRC_SIDECAR_SUFFIX).len(), 1);
 }
 
+/// A bounded tier's opening walk reaps old temp files at every level of the tree (the rank
+/// directory, a top directory, a leaf directory) and counts them; a file that is not a block
+/// is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_opening_walk_reaps_old_temp_files_at_every_level_and_counts_them() {
+    let root = temp_root();
+    let mut c = cfg(root.path());
+    c.gc_max_size_gb = Some(1.0);
+    c.gc_background = false;
+    c.tmp_reap_age_s = 100;
+    let tier = FsTier::open("fs", c.clone(), ns(), BS).unwrap();
+    let k = test_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    drop(tier);
+    let leaf = ns()
+        .block_path(root.path(), &k)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let top = leaf.parent().unwrap().to_path_buf();
+    let tmps = [
+        tier_rank_dir(root.path()).join("x_0123456789abcdef.tmp"),
+        top.join("y_0123456789abcdef.tmp"),
+        leaf.join("z_0123456789abcdef.tmp"),
+    ];
+    for t in &tmps {
+        std::fs::write(t, b"partial").unwrap();
+        age_file(t, 1000);
+    }
+    let foreign = leaf.join("not-a-block.bin");
+    std::fs::write(&foreign, b"someone else's").unwrap();
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    for t in &tmps {
+        assert!(!t.exists(), "{} survived", t.display());
+    }
+    assert_eq!(tier.stats().tmp_reaped, 3);
+    assert!(foreign.exists(), "a file that is not a block went");
+    assert!(load(&tier, &[k]).await.0.is_success());
+}
+
 fn tier_rank_dir(root: &Path) -> std::path::PathBuf {
     root.join(ns().rank_dir_name())
 }
