@@ -128,9 +128,15 @@ async fn everything_within_the_grace_window_stays() {
     let s = gc(&tier);
     assert_eq!(s.skipped_in_grace, 15);
     assert!(s.bytes > s.cap_bytes, "knowingly left over the cap");
+    assert_eq!(s.sweeps_over_cap, 1);
     // once the grace window has passed they are fair game
     tier.advance_gc_clock(Duration::from_secs(301)).unwrap();
     assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+    assert_eq!(
+        gc(&tier).sweeps_over_cap,
+        1,
+        "a sweep that ended within the cap"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -686,11 +692,18 @@ async fn sidecars_count_toward_the_cap_and_go_with_their_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_halfway_to_the_hard_ceiling_grace_holds_only_down_to_the_cap() {
     let root = temp_root();
+    // 16 blocks (one leaf and one top directory: 2 directories) are exactly halfway; they are
+    // stored first with the ceiling out of the way (a job's first stores into a new leaf
+    // each reserve its directories)
+    let ks = keys(0..16);
+    assert!(
+        store(&bounded(root.path(), 10, 0.8), &ks, 0)
+            .await
+            .is_success()
+    );
     let mut c = bounded_cfg(root.path(), 10, 0.8);
     c.gc_hard_ceiling = Some(2.0); // halfway: 15 blocks' bytes and 1.5 times the directories
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
-    // 16 blocks (one leaf and one top directory: 2 directories) are exactly halfway
-    assert!(store(&tier, &keys(0..16), 0).await.is_success());
     let s = gc(&tier);
     assert_eq!(2 * s.bytes, s.cap_bytes + s.hard_ceiling_bytes, "{s:?}");
     assert_eq!(
@@ -710,11 +723,15 @@ async fn past_halfway_to_the_hard_ceiling_grace_holds_only_down_to_the_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_at_the_ceiling_makes_room_for_its_new_directories_too() {
     let root = temp_root();
+    let ks = keys(0..12); // one leaf: 12 files and 2 directories fit under the ceiling
+    assert!(
+        store(&bounded(root.path(), 10, 0.8), &ks, 0)
+            .await
+            .is_success()
+    );
     let mut c = bounded_cfg(root.path(), 10, 0.8);
     c.gc_hard_ceiling = Some(1.2);
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
-    let ks = keys(0..12); // one leaf: 12 files and 2 directories fit under the ceiling
-    assert!(store(&tier, &ks, 0).await.is_success());
     age(&tier, &ks, |i| 5000 - i as u64);
     let sweeps = gc(&tier).sweeps;
     // a key in another top directory: its file and two new directories
@@ -729,4 +746,26 @@ async fn a_store_at_the_ceiling_makes_room_for_its_new_directories_too() {
     assert_eq!(s.sweeps, sweeps + 1, "{s:?}");
     assert!(s.bytes <= s.hard_ceiling_bytes, "{s:?}");
     assert!(tier.block_path(&far).exists());
+}
+
+/// Files someone else deleted between the sweep's decision and its unlinks are gone, as the
+/// sweep wanted: not errors, and not put back into the index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn victims_deleted_by_someone_else_before_the_unlink_count_as_gone() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 10, 0.8));
+    let ks = fifteen_aged(&tier).await;
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::Unlinking);
+    for k in &ks[..7] {
+        std::fs::remove_file(tier.block_path(k)).unwrap();
+    }
+    go_tx.send(()).unwrap();
+    assert_eq!(sweep.join().unwrap(), 7);
+    tier.set_sweep_hook(None).unwrap();
+    let s = gc(&tier);
+    assert_eq!((s.files, s.errors), (8, 0), "{s:?}");
+    assert_eq!(
+        present(&tier, &ks),
+        (0..15).map(|i| i >= 7).collect::<Vec<_>>()
+    );
 }

@@ -325,12 +325,16 @@ async fn the_opening_walk_reaps_old_temp_files_at_every_level_and_counts_them() 
     }
     let foreign = leaf.join("not-a-block.bin");
     std::fs::write(&foreign, b"someone else's").unwrap();
+    let notes = top.join("notes.txt"); // old, but not a temp file
+    std::fs::write(&notes, b"someone else's").unwrap();
+    age_file(&notes, 1000);
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
     for t in &tmps {
         assert!(!t.exists(), "{} survived", t.display());
     }
     assert_eq!(tier.stats().tmp_reaped, 3);
     assert!(foreign.exists(), "a file that is not a block went");
+    assert!(notes.exists(), "an old file that is not a temp file went");
     assert!(load(&tier, &[k]).await.0.is_success());
 }
 
