@@ -103,6 +103,7 @@ async fn over_the_cap_exactly_the_seven_oldest_go() {
         (s.files, s.bytes, s.swept_files, s.swept_bytes),
         (8, held(root.path(), 8), 7, 7 * BS as u64)
     );
+    assert!(s.peak_bytes >= held(root.path(), 15), "{s:?}");
     let ev = tier.take_events();
     let removed: Vec<BlockKey> = ev
         .iter()
@@ -768,4 +769,21 @@ async fn victims_deleted_by_someone_else_before_the_unlink_count_as_gone() {
         present(&tier, &ks),
         (0..15).map(|i| i >= 7).collect::<Vec<_>>()
     );
+}
+
+/// A key of another process (not in this tier's index) is stamped at most once per stamp
+/// interval, however often it is touched: the memory of foreign stamps rate-limits them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_touched_twice_in_an_interval_is_stamped_once() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8); // stamp interval: a minute
+    let other = FsTier::open("fs", cfg(root.path()), ns(), BS).unwrap();
+    let k = leaf_key(1);
+    assert!(store(&other, &[k], 0).await.is_success());
+    tier.touch(&[k]);
+    tier.touch(&[k]);
+    tier.gc_apply_stamps_now().unwrap();
+    let s = gc(&tier);
+    assert_eq!((s.stamps, s.stamp_errors), (1, 0), "{s:?}");
+    assert_eq!(s.files, 1, "the stamped foreign key joins the index");
 }
