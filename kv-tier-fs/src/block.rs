@@ -83,6 +83,8 @@ pub(crate) struct Files {
     pub(crate) tmp_seq: AtomicU64,
     pub(crate) tmp_salt: u64,
     pub(crate) top_dirs_ready: AtomicBool,
+    /// Tells the thread pre-creating the top directories to stop (the tier is closing).
+    pub(crate) stop_top_dirs: AtomicBool,
     pub(crate) protection: ProtectionSet,
     /// Unbounded mode: when each key was last stamped (rate limit of `touch`; bounded).
     pub(crate) stamped: std::sync::Mutex<StampMemo>,

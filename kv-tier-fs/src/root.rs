@@ -192,12 +192,15 @@ pub(crate) fn probe_dir(dir: &Path, want_direct: bool, want_xattrs: bool) -> Res
 /// existing one costs little); doing them all once, off the I/O path, takes that cost away.
 /// Stores that arrive first create what they need themselves. Empty directories are harmless
 /// to vLLM's reader.
-pub(crate) fn spawn_top_dirs(files: Arc<Files>) {
+pub(crate) fn spawn_top_dirs(files: Arc<Files>) -> Option<std::thread::JoinHandle<()>> {
     let spawned = std::thread::Builder::new()
         .name("kv-fs-dirs".into())
         .spawn(move || {
             let rank_dir = files.root.join(files.ns.rank_dir_name());
             for i in 0..4096u32 {
+                if files.stop_top_dirs.load(Ordering::Relaxed) {
+                    return;
+                }
                 let d = rank_dir.join(format!("{i:03x}"));
                 if let Err(e) = std::fs::create_dir(&d)
                     && e.kind() != io::ErrorKind::AlreadyExists
@@ -208,8 +211,12 @@ pub(crate) fn spawn_top_dirs(files: Arc<Files>) {
             }
             files.top_dirs_ready.store(true, Ordering::Release);
         });
-    if let Err(e) = spawned {
-        tracing::debug!(error = %e, "no thread to pre-create layout directories");
+    match spawned {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::debug!(error = %e, "no thread to pre-create layout directories");
+            None
+        }
     }
 }
 

@@ -28,7 +28,8 @@ use crate::stats::{FsStats, GcStats};
 pub struct FsTier {
     files: Arc<Files>,
     engine: Engine,
-    gc_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The GC thread and the thread pre-creating top directories, joined when the tier stops.
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     shut_down: AtomicBool,
     cfg: FsTierConfig,
 }
@@ -135,6 +136,7 @@ impl FsTier {
             tmp_seq: AtomicU64::new(0),
             tmp_salt: random_salt(),
             top_dirs_ready: AtomicBool::new(false),
+            stop_top_dirs: AtomicBool::new(false),
             protection: ProtectionSet::new(),
             stamped: std::sync::Mutex::new(Default::default()),
             events: Arc::new(EventLog::new(
@@ -179,8 +181,9 @@ impl FsTier {
                 );
             }
         }
+        let mut threads = Vec::new();
         if precreate_tops {
-            spawn_top_dirs(files.clone());
+            threads.extend(spawn_top_dirs(files.clone()));
         }
         bump(&files.counters.tmp_reaped, reaped);
         if reaped > 0 {
@@ -189,22 +192,19 @@ impl FsTier {
         let engine = Engine::start(cfg.n_read_threads, cfg.n_write_threads)
             .map_err(|e| Error::io("spawn I/O threads", &root, e))?;
         tracing::debug!(root = %root.display(), direct, xattrs = probe.xattrs, "fs tier open");
-        let gc_thread = match &files.gc {
-            Some(gc) if gc.cfg.background => {
-                let f = files.clone();
-                gc.alive.store(true, Ordering::SeqCst);
-                let h = std::thread::Builder::new()
-                    .name("kv-fs-gc".into())
-                    .spawn(move || gc_loop(f))
-                    .map_err(|e| Error::io("spawn GC thread", &root, e))?;
-                Some(h)
-            }
-            _ => None,
-        };
+        if let Some(gc) = files.gc.as_ref().filter(|g| g.cfg.background) {
+            let f = files.clone();
+            gc.alive.store(true, Ordering::SeqCst);
+            let h = std::thread::Builder::new()
+                .name("kv-fs-gc".into())
+                .spawn(move || gc_loop(f))
+                .map_err(|e| Error::io("spawn GC thread", &root, e))?;
+            threads.push(h);
+        }
         Ok(Self {
             files,
             engine,
-            gc_thread: Mutex::new(gc_thread),
+            threads: Mutex::new(threads),
             shut_down: AtomicBool::new(false),
             cfg,
         })
@@ -363,7 +363,10 @@ impl FsTier {
         if let Some(gc) = &self.files.gc {
             gc.stop();
         }
-        threads.extend(self.gc_thread.lock().expect("gc thread").take());
+        self.files.stop_top_dirs.store(true, Ordering::Relaxed);
+        threads.extend(std::mem::take(
+            &mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()),
+        ));
         threads
     }
 

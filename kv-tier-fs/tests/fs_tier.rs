@@ -580,3 +580,17 @@ async fn through_the_manager_a_failed_load_misses_and_a_new_store_heals() {
     let views = m.prepare_load(&[k]).unwrap();
     assert!(verify_block(&k, 0, views[0].as_slice()));
 }
+
+/// Dropping a tier stops the thread that pre-creates its top directories: nothing is created
+/// in the root afterwards, so the root can be removed (before, each short-lived tier could
+/// leave its 4,096 directories behind in a temp dir being removed).
+#[test]
+fn a_dropped_tier_creates_nothing_afterwards() {
+    for _ in 0..20 {
+        let root = temp_root();
+        let path = root.path().to_path_buf();
+        drop(open(&path));
+        root.close().expect("the root could not be removed");
+        assert!(!path.exists());
+    }
+}
