@@ -62,13 +62,20 @@ impl Holds {
 
     fn forget(&mut self, key: BlockKey, reqs: &FxHashSet<RequestId>) {
         for r in reqs {
-            if let Some(keys) = self.by_req.get_mut(r) {
-                keys.remove(&key);
-                if keys.is_empty() {
-                    self.by_req.remove(r);
-                }
-            }
+            self.unindex(*r, key);
         }
+    }
+
+    /// Removes `key` from `req`'s keys; whether it was there.
+    fn unindex(&mut self, req: RequestId, key: BlockKey) -> bool {
+        let Some(keys) = self.by_req.get_mut(&req) else {
+            return false;
+        };
+        let had = keys.remove(&key);
+        if keys.is_empty() {
+            self.by_req.remove(&req);
+        }
+        had
     }
 
     /// `req` was answered `Hit` for `key`: its hold ends with the step if `key` is read in it.
@@ -97,16 +104,9 @@ impl Holds {
 
     /// `req` no longer waits for or holds `key` (its prefix stopped before it).
     pub(super) fn release(&mut self, req: RequestId, key: BlockKey) {
-        let Some(keys) = self.by_req.get_mut(&req) else {
-            return;
-        };
-        if !keys.remove(&key) {
-            return;
+        if self.unindex(req, key) {
+            self.drop_interest(req, key);
         }
-        if keys.is_empty() {
-            self.by_req.remove(&req);
-        }
-        self.drop_interest(req, key);
     }
 
     fn drop_interest(&mut self, req: RequestId, key: BlockKey) {

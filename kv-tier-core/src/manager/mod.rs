@@ -152,8 +152,9 @@ impl TieringManager {
     /// DRAM answers first. Otherwise the secondary tiers the request may load from are asked
     /// in order through their async lookups; a hit reserves a DRAM slot and queues a promotion
     /// (one load job per tier and request, sent at [`TieringManager::on_schedule_end`]).
-    /// The promoted block is then held in DRAM for `req` (not evicted) until a lookup of it
-    /// by `req` answers `Hit` and that step ends, or `req` finishes.
+    /// The promoted block is then held in DRAM for `req` (not evicted) until `req` reads it
+    /// (a `Hit` and `prepare_load` of it in one step), its prefix stops before it (a `Miss`
+    /// at or before it), or `req` finishes.
     pub fn lookup(&self, key: &BlockKey, req: &RequestContext) -> LookupResult {
         let mut st = self.begin();
         self.lookup_inner(&mut st, key, req, || {})
