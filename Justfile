@@ -18,4 +18,4 @@ demo:
     cargo run --release -p kv-tier-examples --bin serve_sim
 
 doc:
-    cargo doc --workspace --no-deps
+    RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps

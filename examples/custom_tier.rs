@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use kv_tier_core::{
+use kv_tier::{
     BlockKey, BuildContext, Capability, Error, JobResult, KvTierConfig, LoadJob, Locality,
     LookupResult, Medium, ProtectGuard, ProtectionSet, RequestContext, Result, SecondaryTier,
     StoreJob, TierEvent, TierInfo, TierRegistry, TierSpec, async_trait,
@@ -170,16 +170,13 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
         r#"{"cpu_bytes_to_use": 1048576, "block_size_bytes": 4096,
             "secondary_tiers": [{"type": "capped-map", "name": "mine", "capacity": 1000}]}"#,
     )?;
-    let mut registry = TierRegistry::new();
+    let mut registry = kv_tier::registry(); // the built-in tiers, and this one
     CappedMap::register(&mut registry);
-    let manager = kv_tier_cpu::manager_builder(cfg)?
-        .registry(registry)
-        .build_blocking()?;
+    let manager = kv_tier::builder(cfg)?.registry(registry).build_blocking()?;
     let (req, key) = (RequestContext::new(1), BlockKey::from_hash32([1; 32], 0));
     let mut p = manager.prepare_store(&[key])?;
-    p.to_store[0].1.as_mut_slice().fill(9);
-    drop(p);
-    manager.complete_store(req.id, &[key], true);
+    p.slots()[0].1.as_mut_slice().fill(9);
+    p.commit(req.id);
     manager.runtime().block_on(manager.reset_cache()); // DRAM emptied; "mine" keeps the block
     let mut answers = Vec::new();
     for _ in 0..3 {

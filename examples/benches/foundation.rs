@@ -46,11 +46,10 @@ async fn manager(cpu: Arc<CpuTier>, tiers: usize) -> TieringManager {
 
 fn store(m: &TieringManager, keys: &[BlockKey]) {
     let mut p = m.prepare_store(keys).unwrap();
-    for (k, s) in &mut p.to_store {
+    for (k, s) in p.slots() {
         fill_block(k, 0, s.as_mut_slice());
     }
-    drop(p);
-    m.complete_store(RequestId(0), keys, true);
+    p.commit(RequestId(0));
 }
 
 fn main() {
@@ -194,13 +193,12 @@ async fn copy_path_bench() {
         m.reset_cache().await;
         // fill DRAM (the engine's GPU -> DRAM copy; not timed)
         let mut p = m.prepare_store(&keys).unwrap();
-        for ((_, sink), s) in p.to_store.iter_mut().zip(&src) {
+        for ((_, sink), s) in p.slots().iter_mut().zip(&src) {
             sink.as_mut_slice().copy_from_slice(s.as_slice());
         }
-        drop(p);
         // store: DRAM -> tier, through a cascade job
         let t = Instant::now();
-        m.complete_store(RequestId(1), &keys, true);
+        p.commit(RequestId(1));
         m.wait_idle().await;
         let store = t.elapsed();
         assert_eq!(tier.len(), N);

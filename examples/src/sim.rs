@@ -4,14 +4,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kv_tier_core::{
-    BlockKey, BuildContext, KvTierConfig, Namespace, RequestContext, RunFields, SecondaryTier,
-    TierRegistry, TierSpec, TieringManager,
-};
-use kv_tier_fs::{FsTier, FsTierConfig};
+use kv_tier::fs::FsTier;
+use kv_tier::{BlockKey, KvTierConfig, Namespace, RequestContext, RunFields, TieringManager};
 use kv_tier_testkit::{Turn, Workload, WorkloadConfig, fill_block, verify_block};
 use serde::Serialize;
 
@@ -127,6 +124,20 @@ impl SimConfig {
     }
 
     fn tier_config(&self, root: &std::path::Path) -> Result<KvTierConfig, kv_tier_core::Error> {
+        let mut cfg = self.tier_config_as_given(root)?;
+        if self.sync_steps {
+            // the simulator runs the fs GC at the end of each step, not on its thread
+            for t in cfg.secondary_tiers.iter_mut().filter(|t| t.kind == "fs") {
+                t.options.insert("gc_background".into(), false.into());
+            }
+        }
+        Ok(cfg)
+    }
+
+    fn tier_config_as_given(
+        &self,
+        root: &std::path::Path,
+    ) -> Result<KvTierConfig, kv_tier_core::Error> {
         if let Some(text) = &self.config_json {
             return KvTierConfig::from_json_str(text);
         }
@@ -398,36 +409,20 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
         ),
         0,
     )?;
-    // The fs builder keeps a handle on the tiers it builds, for the GC figures.
-    let fs_tiers: Arc<Mutex<Vec<Arc<FsTier>>>> = Arc::default();
-    let mut registry = TierRegistry::new();
-    let slot = fs_tiers.clone();
-    let sync = cfg.sync_steps;
-    registry.register(
-        "fs",
-        move |spec: &TierSpec,
-              ctx: &BuildContext|
-              -> kv_tier_core::Result<Arc<dyn SecondaryTier>> {
-            let mut cfg = FsTierConfig::from_spec(spec)?;
-            cfg.gc_background = !sync;
-            let tier = Arc::new(FsTier::open(
-                ctx.name.clone(),
-                cfg,
-                ctx.require_namespace()?.clone(),
-                ctx.block_size,
-            )?);
-            slot.lock().expect("fs tiers").push(tier.clone());
-            Ok(tier)
-        },
-    );
+    let mut registry = kv_tier::registry();
     kv_tier_testkit::MemoryTier::register(&mut registry);
-    kv_tier_obj::ObjTier::register(&mut registry);
-    let manager = kv_tier_cpu::manager_builder(tier_cfg)?
+    let manager = kv_tier::builder(tier_cfg)?
         .registry(registry)
         .namespace(ns)
         .build_blocking()?;
     let rt = manager.runtime().clone();
-    let fs = fs_tiers.lock().expect("fs tiers").first().cloned();
+    // the first fs tier, typed, for its GC figures and (with `sync_steps`) to drive its GC
+    let fs: Option<Arc<FsTier>> = manager
+        .config()
+        .secondary_tiers
+        .iter()
+        .find(|t| t.kind == "fs")
+        .and_then(|t| manager.tier::<FsTier>(&t.name));
     let fs_gc = || fs.as_ref().and_then(|t| t.stats().gc);
 
     let bpb = cfg.tokens_per_block;
@@ -554,11 +549,10 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
                     for chunk in new.chunks(64) {
                         match manager.prepare_store(chunk) {
                             Ok(mut p) => {
-                                for (k, sink) in &mut p.to_store {
+                                for (k, sink) in p.slots() {
                                     fill_block(k, 0, sink.as_mut_slice());
                                 }
-                                drop(p);
-                                manager.complete_store(a.ctx.id, chunk, true);
+                                p.commit(a.ctx.id);
                                 if cfg.sync_steps {
                                     // the cascade lands before any probe of this step is sent
                                     rt.block_on(manager.wait_jobs());

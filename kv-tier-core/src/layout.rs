@@ -1,7 +1,8 @@
 //! The on-disk layout shared with vLLM's filesystem tier: namespace digest, directory names
 //! and block paths. The `fs` tier uses it under its `root_dir`, the `obj` tier under its prefix.
+//! [`Namespace`] reproduces the vectors of `tests/data/layout-vectors.json` byte for byte.
 //!
-//! See `spec/vllm-layout.md` of the project; [`Namespace`] reproduces its vectors byte for byte.
+#![doc = include_str!("../docs/vllm-layout.md")]
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -22,7 +22,7 @@ pub use event::{EventBatch, EventLog, Locality, Medium, TierEvent};
 pub use key::BlockKey;
 pub use layout::{Namespace, RunFields};
 pub use lookup::{AsyncLookup, Presence};
-pub use manager::{TieringManager, TieringManagerBuilder};
+pub use manager::{PendingStore, TieringManager, TieringManagerBuilder};
 pub use registry::{BuildContext, TierBuilder, TierRegistry};
 pub use request::{LookupResult, PrefixCount, RequestContext, RequestId, TierFilter, count_prefix};
 pub use stats::{FailureCauses, LatencyHistogram, ManagerStats, TierStats};

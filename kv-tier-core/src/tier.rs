@@ -130,7 +130,7 @@ pub struct TierInfo {
 /// The `kv-tier-testkit` crate's conformance suite checks every rule below; run it against
 /// your tier with its `conformance_tests!` macro.
 #[async_trait]
-pub trait SecondaryTier: Send + Sync + fmt::Debug + 'static {
+pub trait SecondaryTier: std::any::Any + Send + Sync + fmt::Debug {
     /// The tier's name, medium, locality and capabilities.
     fn info(&self) -> TierInfo;
 

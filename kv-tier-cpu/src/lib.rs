@@ -4,4 +4,4 @@ mod policy;
 mod region;
 mod tier;
 
-pub use tier::{CPU_TIER_NAME, CpuTier, CpuTierConfig, manager_builder};
+pub use tier::{CPU_TIER_NAME, CpuTier, CpuTierConfig};

@@ -5,8 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use kv_tier_core::{
     BlockKey, BlockSource, Error, EvictionPolicy, KvTierConfig, Locality, LookupResult, Medium,
-    PreparedStore, PrimaryStats, PrimaryTier, Result, TierEvent, TieringManager,
-    TieringManagerBuilder,
+    PreparedStore, PrimaryStats, PrimaryTier, Result, TierEvent,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -380,17 +379,4 @@ impl PrimaryTier for CpuTier {
             refused_stores: st.refused,
         }
     }
-}
-
-/// A [`TieringManager`] builder whose primary is the [`CpuTier`] the config describes.
-///
-/// ```no_run
-/// use kv_tier_core::KvTierConfig;
-/// let cfg = KvTierConfig::from_json_str(r#"{"cpu_bytes_to_use": 1073741824, "block_size_bytes": 2097152}"#)?;
-/// let manager = kv_tier_cpu::manager_builder(cfg)?.build_blocking()?;
-/// # Ok::<(), kv_tier_core::Error>(())
-/// ```
-pub fn manager_builder(cfg: KvTierConfig) -> Result<TieringManagerBuilder> {
-    let cpu = CpuTier::from_config(&cfg)?;
-    Ok(TieringManager::builder(cfg).primary(Arc::new(cpu)))
 }

@@ -111,7 +111,7 @@ async fn cascade_to_two_tiers() {
     assert!(ev.iter().all(|e| !e.removed && e.keys == keys));
     // slots are unpinned once the jobs ended: they can all be evicted
     let more: Vec<_> = (10..18).map(test_key).collect();
-    assert_eq!(fx.m.prepare_store(&more).unwrap().evicted.len(), 3);
+    assert_eq!(fx.m.prepare_store(&more).unwrap().evicted().len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -232,9 +232,7 @@ async fn failed_store_cascades_nothing() {
     let t = mem("fs");
     let fx = manager(4, vec![t.clone()]).await;
     let k = test_key(1);
-    let p = fx.m.prepare_store(&[k]).unwrap();
-    drop(p);
-    fx.m.complete_store(RequestId(1), &[k], false);
+    fx.m.prepare_store(&[k]).unwrap().abort();
     fx.m.wait_idle().await;
     assert!(t.is_empty());
     let s = fx.m.stats();
@@ -494,7 +492,7 @@ async fn touch_refreshes_dram_recency_through_the_manager() {
     store(&fx.m, RequestId(1), &[b]);
     fx.m.touch(&[a]);
     let p = fx.m.prepare_store(&[c]).unwrap();
-    assert_eq!(p.evicted, vec![b]);
+    assert_eq!(p.evicted(), [b]);
 }
 
 #[test]
@@ -505,7 +503,7 @@ fn build_blocking_owns_a_runtime_and_unknown_types_are_refused() {
     .unwrap();
     let mut reg = kv_tier_core::TierRegistry::new();
     MemoryTier::register(&mut reg);
-    let err = kv_tier_cpu::manager_builder(cfg.clone())
+    let err = kv_tier_testkit::dram_manager_builder(cfg.clone())
         .unwrap()
         .registry(reg.clone())
         .build_blocking()
@@ -519,7 +517,7 @@ fn build_blocking_owns_a_runtime_and_unknown_types_are_refused() {
         r#"{"cpu_bytes_to_use": 16384, "block_size_bytes": 4096, "secondary_tiers": [{"type": "memory", "size": 3}]}"#,
     )
     .unwrap();
-    let err = kv_tier_cpu::manager_builder(bad)
+    let err = kv_tier_testkit::dram_manager_builder(bad)
         .unwrap()
         .registry(reg.clone())
         .build_blocking()
@@ -527,7 +525,7 @@ fn build_blocking_owns_a_runtime_and_unknown_types_are_refused() {
     assert!(err.to_string().contains("secondary_tiers[0].size"), "{err}");
     let mut ok = cfg;
     ok.secondary_tiers.pop();
-    let m = kv_tier_cpu::manager_builder(ok)
+    let m = kv_tier_testkit::dram_manager_builder(ok)
         .unwrap()
         .registry(reg)
         .build_blocking()
@@ -644,12 +642,8 @@ async fn an_engine_store_never_completes_a_slot_reserved_by_a_promotion() {
     // same step, the engine recomputed the block and stores it
     let other = RequestContext::new(2);
     let p = fx.m.prepare_store(&[k]).unwrap();
-    assert!(
-        p.to_store.is_empty(),
-        "the slot is reserved by the promotion"
-    );
-    drop(p);
-    fx.m.complete_store(other.id, &[k], true);
+    assert!(p.keys().is_empty(), "the slot is reserved by the promotion");
+    p.commit(other.id);
     assert_ne!(
         fx.cpu.lookup(&k),
         LookupResult::Hit,

@@ -74,8 +74,7 @@ async fn every_verdict_is_counted_once_by_kind() {
         (6, 1, 2, 2, 1)
     );
     assert_eq!(s.tiers[0].hits, 1, "the promotion counted for its tier");
-    drop(prepared);
-    m.complete_store(RequestId(9), &[writing], false);
+    prepared.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,14 +82,14 @@ async fn only_new_blocks_of_a_successful_store_cascade() {
     let inner = Arc::new(MemoryTier::new("m", BS));
     let (m, _cpu) = manager(8, inner.clone()).await;
     let (a, b) = (test_key(1), test_key(2));
-    let p = m.prepare_store(&[a]).unwrap();
-    drop(p);
-    m.complete_store(RequestId(1), &[a], false);
+    m.prepare_store(&[a]).unwrap().abort();
     bounded("wait_idle", m.wait_idle()).await;
     assert_eq!(m.stats().cascades, 0, "a failed store cascaded");
     store(&m, RequestId(1), &[b]);
     bounded("wait_idle", m.wait_idle()).await;
-    m.complete_store(RequestId(1), &[b], true); // already stored: nothing new
+    let again = m.prepare_store(&[b]).unwrap(); // already stored: nothing new
+    assert!(again.keys().is_empty());
+    again.commit(RequestId(1));
     bounded("wait_idle", m.wait_idle()).await;
     let s = m.stats();
     assert_eq!(s.cascades, 1, "a store with nothing new cascaded");

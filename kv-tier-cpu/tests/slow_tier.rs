@@ -53,11 +53,10 @@ fn step(m: &TieringManager, keys: &[BlockKey], req: &RequestContext) -> Vec<Look
 
 fn store(m: &TieringManager, req: RequestId, keys: &[BlockKey]) -> kv_tier_core::Result<()> {
     let mut p = m.prepare_store(keys)?;
-    for (k, sink) in &mut p.to_store {
+    for (k, sink) in p.slots() {
         kv_tier_testkit::fill_block(k, 0, sink.as_mut_slice());
     }
-    drop(p);
-    m.complete_store(req, keys, true);
+    p.commit(req);
     Ok(())
 }
 
@@ -245,10 +244,9 @@ async fn a_wait_tier_counts_stores_prepared_and_not_completed() {
     }
     // a key already in DRAM adds nothing: only the new one counts
     let p2 = m.prepare_store(&[test_key(0), test_key(12)]).unwrap();
-    assert_eq!(p2.to_store.len(), 1);
-    drop((p1, p2));
-    m.complete_store(RequestId(1), &first, true);
-    m.complete_store(RequestId(1), &[test_key(12)], true);
+    assert_eq!(p2.keys(), vec![test_key(12)]);
+    p1.commit(RequestId(1));
+    p2.commit(RequestId(1));
     assert_eq!(m.stats().tiers[1].write_back_bytes, 4 * BS as u64);
     g.open();
     m.wait_idle().await;
@@ -257,15 +255,9 @@ async fn a_wait_tier_counts_stores_prepared_and_not_completed() {
     assert_eq!(s.tiers[1].writes_dropped, 0);
     assert_eq!(b_inner.len(), 4);
     // a failed store releases what it reserved
-    let p = m
-        .prepare_store(&[test_key(20), test_key(21), test_key(22)])
-        .unwrap();
-    drop(p);
-    m.complete_store(
-        RequestId(1),
-        &[test_key(20), test_key(21), test_key(22)],
-        false,
-    );
+    m.prepare_store(&[test_key(20), test_key(21), test_key(22)])
+        .unwrap()
+        .abort();
     store(
         &m,
         RequestId(1),
@@ -308,11 +300,10 @@ async fn under_wait_the_limits_hold_through_any_interleaving() {
             }
         }
         for (mut p, keys) in open {
-            for (k, sink) in &mut p.to_store {
+            for (k, sink) in p.slots() {
                 kv_tier_testkit::fill_block(k, 0, sink.as_mut_slice());
             }
-            drop(p);
-            m.complete_store(RequestId(1), &keys, true);
+            p.commit(RequestId(1));
             stored.extend(keys);
         }
         let s = m.stats();

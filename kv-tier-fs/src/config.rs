@@ -113,9 +113,11 @@ pub struct FsTierConfig {
     /// 31,536,000.
     #[serde(default)]
     pub gc_rescan_interval_s: Option<f64>,
-    /// Run sweeps, stamps and rescans on a background thread (default). Tests and benchmarks
-    /// turn it off and drive them with `FsTier::gc_*_now`. Not a config-file option.
-    #[serde(skip, default = "yes")]
+    /// Run sweeps, stamps and rescans on a background thread (`gc_background`, default
+    /// true). `false`: they run only when the embedder calls `FsTier::gc_*_now` (reached with
+    /// `TieringManager::tier::<FsTier>`), for engines that schedule the GC themselves, and for
+    /// deterministic tests and benchmarks.
+    #[serde(default = "yes")]
     pub gc_background: bool,
 }
 

@@ -1,6 +1,6 @@
 //! The fs tier's counters.
 
-/// Counters of an [`FsTier`].
+/// Counters of an [`FsTier`](crate::FsTier).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FsStats {
     /// Block files published by this tier.

@@ -22,7 +22,7 @@ use crate::stats::{FsStats, GcStats};
 
 /// The filesystem tier.
 ///
-/// Blocks are files in vLLM's layout under `root_dir` (see `spec/vllm-layout.md`): a cache
+/// Blocks are files in vLLM's layout under `root_dir` (see [`kv_tier_core::layout`]): a cache
 /// directory written by vLLM's fs tier is readable here and the other way round. All I/O runs
 /// on the tier's own read and write threads; the async methods only queue work and await it.
 pub struct FsTier {

@@ -524,11 +524,10 @@ async fn through_the_manager_a_failed_load_misses_and_a_new_store_heals() {
     let k = test_key(42);
     let put = |m: &TieringManager| {
         let mut p = m.prepare_store(&[k]).unwrap();
-        for (key, sink) in &mut p.to_store {
+        for (key, sink) in p.slots() {
             kv_tier_testkit::fill_block(key, 0, sink.as_mut_slice());
         }
-        drop(p);
-        m.complete_store(RequestId(1), &[k], true);
+        p.commit(RequestId(1));
     };
     put(&m);
     m.wait_idle().await;

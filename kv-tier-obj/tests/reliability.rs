@@ -446,11 +446,10 @@ async fn with_default_deadlines_the_tier_reports_before_the_manager_gives_up() {
     let keys: Vec<_> = (0..4).map(test_key).collect();
     s.hold_path(Op::Put, &tier.object_path(&keys[2]));
     let mut p = m.prepare_store(&keys).unwrap();
-    for (k, sink) in &mut p.to_store {
+    for (k, sink) in p.slots() {
         kv_tier_testkit::fill_block(k, 0, sink.as_mut_slice());
     }
-    drop(p);
-    m.complete_store(kv_tier_core::RequestId(1), &keys, true);
+    p.commit(kv_tier_core::RequestId(1));
     m.wait_idle().await;
     let ts = &m.stats().tiers[0];
     assert_eq!(

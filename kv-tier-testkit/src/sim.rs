@@ -390,7 +390,7 @@ impl<'w> Driver<'w> {
         cfg.job_timeout_s = 0.05;
         cfg.job_timeout_per_block_s = 0.002;
         cfg.lease_s = 5.0;
-        let mut b = kv_tier_cpu::manager_builder(cfg).expect("DRAM tier");
+        let mut b = crate::util::dram_manager_builder(cfg).expect("DRAM tier");
         self.tiers.clear();
         self.names.clear();
         for (t, o) in tiers {
@@ -556,8 +556,7 @@ impl<'w> Driver<'w> {
             .map(|i| test_key_in_group(1_000_000 + i, 0))
             .collect();
         if let Ok(p) = m.prepare_store(&fillers) {
-            drop(p);
-            m.complete_store(writer, &fillers, false);
+            p.abort();
         }
         m.lookup(&k, &r.ctx); // a new probe, queued
         for g in gates {
@@ -669,11 +668,10 @@ impl<'w> Driver<'w> {
             if !rest.is_empty()
                 && let Ok(mut p) = m.prepare_store(rest)
             {
-                for (k, sink) in &mut p.to_store {
+                for (k, sink) in p.slots() {
                     fill_block(k, 0, sink.as_mut_slice());
                 }
-                drop(p);
-                m.complete_store(r.ctx.id, rest, true);
+                p.commit(r.ctx.id);
             }
             m.on_request_finished(r.ctx.id);
             done.push(i);

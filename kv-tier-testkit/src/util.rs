@@ -195,6 +195,15 @@ pub async fn wait_probe_results(lookup: &kv_tier_core::AsyncLookup, notify: &Not
     assert!(done.is_ok(), "no probe reported within 10 s");
 }
 
+/// A manager builder whose primary is the DRAM tier `cfg` sizes, with an empty registry:
+/// what `kv_tier::builder` does, without the built-in tiers (tests add theirs).
+pub fn dram_manager_builder(
+    cfg: kv_tier_core::KvTierConfig,
+) -> kv_tier_core::Result<kv_tier_core::TieringManagerBuilder> {
+    let cpu = kv_tier_cpu::CpuTier::from_config(&cfg)?;
+    Ok(kv_tier_core::TieringManager::builder(cfg).primary(Arc::new(cpu)))
+}
+
 /// An LRU DRAM tier of `slots` blocks of `block_size` bytes, not prefaulted (for tests).
 pub fn lru_dram(slots: usize, block_size: usize) -> Arc<kv_tier_cpu::CpuTier> {
     Arc::new(
@@ -217,11 +226,10 @@ pub fn try_engine_store(
     keys: &[BlockKey],
 ) -> kv_tier_core::Result<()> {
     let mut p = m.prepare_store(keys)?;
-    for (k, sink) in &mut p.to_store {
+    for (k, sink) in p.slots() {
         fill_block(k, 0, sink.as_mut_slice());
     }
-    drop(p);
-    m.complete_store(req, keys, true);
+    p.commit(req);
     Ok(())
 }
 

@@ -83,7 +83,7 @@ async fn a_tier_keeping_buffers_starves_the_dram_pool() {
         let t = Arc::new(FaultyTier::new(Arc::new(MemoryTier::new("m", 4096))));
         t.retain_sources(retain);
         let cfg = kv_tier_core::KvTierConfig::new(8 * 4096, 4096);
-        let m = kv_tier_cpu::manager_builder(cfg)
+        let m = kv_tier_testkit::dram_manager_builder(cfg)
             .unwrap()
             .tier(t.clone())
             .build()
@@ -94,11 +94,10 @@ async fn a_tier_keeping_buffers_starves_the_dram_pool() {
             let k = kv_tier_testkit::test_key(i);
             match m.prepare_store(&[k]) {
                 Ok(mut p) => {
-                    for (k, s) in &mut p.to_store {
+                    for (k, s) in p.slots() {
                         kv_tier_testkit::fill_block(k, 0, s.as_mut_slice());
                     }
-                    drop(p);
-                    m.complete_store(kv_tier_core::RequestId(1), &[k], true);
+                    p.commit(kv_tier_core::RequestId(1));
                 }
                 Err(_) => refused += 1,
             }

@@ -19,11 +19,13 @@ use crate::stats::ManagerStats;
 mod builder;
 mod holds;
 mod jobs;
+mod pending;
 mod write_back;
 
 use builder::OwnedRuntime;
 pub use builder::TieringManagerBuilder;
 use jobs::{Completion, Job, JobInfo};
+pub use pending::PendingStore;
 
 use crate::tier::{
     PreparedStore, PrimaryTier, SecondaryTier, StoreJob, take_events_caught, touch_caught,
@@ -64,12 +66,11 @@ struct State {
 /// use kv_tier_core::{BlockKey, LookupResult, RequestContext};
 /// let req = RequestContext::new(1);
 /// let key = BlockKey::from_hash32([7; 32], 0);
-/// let mut prepared = manager.prepare_store(&[key])?;
-/// for (_, sink) in &mut prepared.to_store {
+/// let mut pending = manager.prepare_store(&[key])?;
+/// for (_, sink) in pending.slots() {
 ///     sink.as_mut_slice().fill(42); // the engine copies GPU -> DRAM here
 /// }
-/// drop(prepared);
-/// manager.complete_store(req.id, &[key], true);
+/// pending.commit(req.id);
 /// assert_eq!(manager.lookup(&key, &req), LookupResult::Hit);
 /// manager.on_schedule_end();
 /// # Ok(()) }
@@ -109,6 +110,23 @@ impl TieringManager {
     /// The secondary tiers, in lookup order.
     pub fn tiers(&self) -> &[Arc<dyn SecondaryTier>] {
         &self.tiers
+    }
+
+    /// The secondary tier named `name`, as its own type: how an embedder reaches a tier's
+    /// own API (its stats, its config) on a tier the manager built from the config. `None`
+    /// if no tier has that name or it is of another type.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use kv_tier_core::{TieringManager, SecondaryTier};
+    /// fn tier_of<T: SecondaryTier>(manager: &TieringManager, name: &str) -> Option<Arc<T>> {
+    ///     manager.tier::<T>(name)
+    /// }
+    /// ```
+    pub fn tier<T: SecondaryTier>(&self, name: &str) -> Option<Arc<T>> {
+        let i = self.names.iter().position(|n| n == name)?;
+        let any: Arc<dyn std::any::Any + Send + Sync> = self.tiers[i].clone();
+        any.downcast::<T>().ok()
     }
 
     /// The primary tier.
@@ -312,13 +330,14 @@ impl TieringManager {
     }
 
     /// Reserves DRAM slots for `keys` (evicting least-recently-used unpinned blocks). Fill the
-    /// returned sinks, drop them, then call [`TieringManager::complete_store`].
+    /// returned [`PendingStore`]'s slots, then commit it (or abort it, or drop it: the slots
+    /// are freed).
     ///
     /// Where a tier's write-back policy is `wait`, refused with [`Error::WriteBackFull`]
     /// (changing nothing) when the new blocks would take its write-back past its limit, or
     /// the DRAM pinned by write-back past `write_back_max_dram_fraction`, counting the stores
     /// prepared and not yet completed: ask again after the next step.
-    pub fn prepare_store(&self, keys: &[BlockKey]) -> Result<PreparedStore> {
+    pub fn prepare_store(&self, keys: &[BlockKey]) -> Result<PendingStore<'_>> {
         let mut st = self.begin();
         let per_block = self.primary.block_size() as u64;
         let new: FxHashSet<&BlockKey> = keys
@@ -335,13 +354,14 @@ impl TieringManager {
         let prepared = self.primary.prepare_store(keys)?;
         st.write_back
             .reserve(prepared.to_store.iter().map(|(k, _)| *k), per_block);
-        Ok(prepared)
+        Ok(PendingStore::new(self, prepared))
     }
 
-    /// Ends a store begun by `prepare_store`. On success the blocks become `Hit` in DRAM and
-    /// one store job per secondary tier copies them down, keeping the slots pinned until each
-    /// job ends; a failed store frees the slots and cascades nothing.
-    pub fn complete_store(&self, req: RequestId, keys: &[BlockKey], success: bool) {
+    /// Ends a store begun by `prepare_store` (its sinks are dropped). On success the blocks
+    /// become `Hit` in DRAM and one store job per secondary tier copies them down, keeping
+    /// the slots pinned until each job ends; a failed store frees the slots and cascades
+    /// nothing.
+    fn finish_store(&self, req: RequestId, keys: &[BlockKey], success: bool) {
         let mut st = self.begin();
         let own: Vec<BlockKey>;
         let keys = if keys.iter().any(|k| st.promoting.contains(k)) {

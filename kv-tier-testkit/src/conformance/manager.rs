@@ -21,7 +21,7 @@ async fn build(fx: &TierFixture) -> TieringManager {
                 .unwrap_or_else(|e| panic!("the fixture's config is refused: {e}\n{json}"));
             let mut registry = TierRegistry::new();
             (r.register)(&mut registry);
-            kv_tier_cpu::manager_builder(cfg)
+            crate::util::dram_manager_builder(cfg)
                 .expect("DRAM tier")
                 .registry(registry)
                 .build()
@@ -30,7 +30,7 @@ async fn build(fx: &TierFixture) -> TieringManager {
         }
         None => {
             let cfg = KvTierConfig::new((SLOTS * bs) as u64, bs as u64);
-            kv_tier_cpu::manager_builder(cfg)
+            crate::util::dram_manager_builder(cfg)
                 .expect("DRAM tier")
                 .tier(fx.tier.clone())
                 .build()
@@ -51,12 +51,11 @@ pub async fn manager_drives_the_tier_from_its_config(fx: &TierFixture) {
     let ks = keys(60, 6);
     let r1 = RequestContext::new(1);
     let mut p = m.prepare_store(&ks).expect("DRAM has room");
-    assert_eq!(p.to_store.len(), ks.len());
-    for (k, sink) in &mut p.to_store {
+    assert_eq!(p.keys(), ks);
+    for (k, sink) in p.slots() {
         fill_block(k, 5, sink.as_mut_slice());
     }
-    drop(p);
-    m.complete_store(r1.id, &ks, true);
+    p.commit(r1.id);
     m.on_request_finished(r1.id);
     within("the cascade", m.wait_idle()).await;
     assert_eq!(

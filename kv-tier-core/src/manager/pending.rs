@@ -1,0 +1,99 @@
+//! [`PendingStore`]: a store between [`TieringManager::prepare_store`] and its commit. The
+//! DRAM slots' sinks live inside it, and `commit`/`abort` consume it, so a completed store
+//! whose sinks are still being written cannot be expressed.
+
+use std::fmt;
+
+use super::TieringManager;
+use crate::buf::BlockSink;
+use crate::key::BlockKey;
+use crate::request::RequestId;
+use crate::tier::PreparedStore;
+
+/// DRAM slots reserved by [`TieringManager::prepare_store`], to fill with the engine's
+/// GPU -> DRAM copy and then [`commit`](PendingStore::commit) (or
+/// [`abort`](PendingStore::abort)).
+///
+/// Dropping it without either aborts: the slots are freed and nothing is stored or cascaded.
+///
+/// ```
+/// # fn demo(manager: &kv_tier_core::TieringManager) -> kv_tier_core::Result<()> {
+/// use kv_tier_core::{BlockKey, LookupResult, RequestContext};
+/// let req = RequestContext::new(1);
+/// let keys = [BlockKey::from_hash32([7; 32], 0), BlockKey::from_hash32([8; 32], 0)];
+/// let mut pending = manager.prepare_store(&keys)?;
+/// for (_key, sink) in pending.slots() {
+///     sink.as_mut_slice().fill(42); // the engine copies GPU -> DRAM here
+/// }
+/// pending.commit(req.id); // readable in DRAM now; cascades to every secondary tier
+/// assert_eq!(manager.lookup(&keys[0], &req), LookupResult::Hit);
+/// # Ok(()) }
+/// ```
+#[must_use = "the reserved DRAM slots are freed unless the store is committed"]
+pub struct PendingStore<'m> {
+    manager: &'m TieringManager,
+    prepared: PreparedStore,
+}
+
+impl<'m> PendingStore<'m> {
+    pub(super) fn new(manager: &'m TieringManager, prepared: PreparedStore) -> Self {
+        Self { manager, prepared }
+    }
+
+    /// The keys that need writing, each with its exclusive writable DRAM slot.
+    pub fn slots(&mut self) -> &mut [(BlockKey, BlockSink)] {
+        &mut self.prepared.to_store
+    }
+
+    /// The keys that need writing, in the order of [`PendingStore::slots`].
+    pub fn keys(&self) -> Vec<BlockKey> {
+        self.prepared.to_store.iter().map(|(k, _)| *k).collect()
+    }
+
+    /// Keys already present in DRAM (or being written by another store): nothing to do.
+    pub fn present(&self) -> &[BlockKey] {
+        &self.prepared.present
+    }
+
+    /// Keys evicted from DRAM to make room.
+    pub fn evicted(&self) -> &[BlockKey] {
+        &self.prepared.evicted
+    }
+
+    /// The slots hold the blocks: they become `Hit` in DRAM, and one store job per secondary
+    /// tier copies them down for `req` (keeping the slots pinned until each job ends).
+    pub fn commit(mut self, req: RequestId) {
+        let keys = self.take_keys();
+        self.manager.finish_store(req, &keys, true);
+    }
+
+    /// Frees the slots; nothing is stored or cascaded. The same as dropping it.
+    pub fn abort(self) {}
+
+    /// Drops the sinks (ending the writes) and returns their keys.
+    fn take_keys(&mut self) -> Vec<BlockKey> {
+        std::mem::take(&mut self.prepared.to_store)
+            .into_iter()
+            .map(|(k, _sink)| k)
+            .collect()
+    }
+}
+
+impl Drop for PendingStore<'_> {
+    fn drop(&mut self) {
+        if !self.prepared.to_store.is_empty() {
+            let keys = self.take_keys();
+            self.manager.finish_store(RequestId(0), &keys, false);
+        }
+    }
+}
+
+impl fmt::Debug for PendingStore<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingStore")
+            .field("to_store", &self.keys())
+            .field("present", &self.prepared.present)
+            .field("evicted", &self.prepared.evicted)
+            .finish()
+    }
+}

@@ -1,0 +1,320 @@
+//! # kv-tier: a KV-cache hierarchy for LLM serving engines
+//!
+//! Host DRAM, then local NVMe files, then object storage. The engine's scheduler asks which
+//! prefix blocks it already has; kv-tier answers without blocking, moves blocks between tiers
+//! in the background, keeps every tier within its capacity, and never returns a wrong or torn
+//! block. This crate is the one to depend on: it re-exports the public types, builds a
+//! [`TieringManager`] with the DRAM tier and the built-in secondary tiers already registered
+//! ([`builder`]), and gives typed access to the tiers a manager built
+//! ([`TieringManager::tier`]).
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `fs` | yes | the file tier, type `"fs"` ([`fs::FsTier`]) |
+//! | `obj` | yes | the object-store tier, type `"obj"` ([`obj::ObjTier`]) |
+//!
+//! ## The embedding guide
+//!
+//! ### 1. The config
+//!
+//! One JSON object in the shape of vLLM's `kv_connector_extra_config`. `cpu_bytes_to_use` and
+//! `block_size_bytes` size the DRAM tier; `secondary_tiers` lists the tiers below it in lookup
+//! order (each `{"type": ..., "name": ...}` plus the tier's own options; `name` defaults to
+//! the type). `layout` names the run the blocks belong to (model, dtype, tokens per hash and
+//! the parallel layout): tiers that persist blocks put them in a folder named after it, the
+//! same one vLLM uses, and refuse a folder of another run. Unknown keys and out-of-range
+//! numbers are refused at construction, with an error naming the field.
+//!
+//! ```
+//! let cfg = kv_tier::KvTierConfig::from_json_str(r#"{
+//!     "cpu_bytes_to_use": 67108864,
+//!     "block_size_bytes": 65536,
+//!     "layout": {
+//!         "model_name": "meta-llama/Llama-3.1-8B-Instruct",
+//!         "dtype": "torch.bfloat16",
+//!         "tokens_per_hash": 16,
+//!         "rank": 0
+//!     },
+//!     "secondary_tiers": [
+//!         {"type": "fs", "root_dir": "/tmp/kv-cache", "checksum": "crc32c", "gc_max_size_gb": 100}
+//!     ]
+//! }"#)?;
+//! assert_eq!(cfg.secondary_tiers[0].name, "fs");
+//!
+//! let err = kv_tier::KvTierConfig::from_json_str(
+//!     r#"{"cpu_bytes_to_use": 67108864, "block_size_bytes": 65536, "probe_timeout_s": -1}"#,
+//! )
+//! .unwrap_err();
+//! assert!(err.to_string().contains("probe_timeout_s"));
+//! # Ok::<(), kv_tier::Error>(())
+//! ```
+//!
+//! ### 2. Building the manager
+//!
+//! [`builder`] gives a [`TieringManagerBuilder`] whose primary is the DRAM tier the config
+//! sizes and whose registry holds the enabled built-in tiers. A synchronous engine calls
+//! `build_blocking()` (the manager then owns a small runtime for its background jobs); an
+//! async engine calls `build().await` on its own runtime.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let cfg = kv_tier::KvTierConfig::from_json_str(&format!(
+//!     r#"{{"cpu_bytes_to_use": 4194304, "block_size_bytes": 65536,
+//!         "layout": {{"model_name": "org/model", "dtype": "torch.bfloat16", "tokens_per_hash": 16}},
+//!         "secondary_tiers": [{{"type": "fs", "root_dir": {:?}}}]}}"#,
+//!     dir.path()
+//! ))?;
+//! let manager = kv_tier::builder(cfg)?.build_blocking()?;
+//! assert_eq!(manager.tier_names(), ["fs"]);
+//! // typed access to the tier the manager built: its own API, its stats
+//! let fs = manager.tier::<kv_tier::fs::FsTier>("fs").expect("an fs tier named fs");
+//! assert_eq!(fs.stats().blocks_written, 0);
+//! manager.shutdown_blocking()?;
+//! # Ok(()) }
+//! ```
+//!
+//! ### 3. The step loop
+//!
+//! All methods but the `async` ones are synchronous, cheap and never block: call them from
+//! the scheduler's loop. Answers change only at step boundaries: completed background work
+//! is applied at the first call of a step and at
+//! [`on_schedule_end`](TieringManager::on_schedule_end).
+//!
+//! - **Store after prefill**: [`prepare_store`](TieringManager::prepare_store) reserves DRAM
+//!   slots and returns a [`PendingStore`]; copy GPU -> DRAM into its slots, then
+//!   [`commit`](PendingStore::commit) it. The blocks are readable in DRAM at once and cascade
+//!   to every secondary tier in the background. Dropping a `PendingStore` (or
+//!   [`abort`](PendingStore::abort)) frees its slots; a committed store cannot have a sink
+//!   still being written, by construction.
+//! - **Prefix lookup**: [`lookup_prefix`](TieringManager::lookup_prefix) (or
+//!   [`lookup`](TieringManager::lookup) per key, in prefix order) answers per key `Hit`
+//!   (readable in DRAM), `HitPending` (being promoted from a secondary tier into DRAM, or
+//!   being stored), `Retry` (a tier's existence probe is still out) or `Miss`. Ask again next
+//!   step for `HitPending` and `Retry`; a probe has a deadline, so no key stays out of
+//!   `Hit`/`Miss` for long.
+//! - **Promotion**: a key found only in a secondary tier is promoted by a load job sent at
+//!   `on_schedule_end`; the block is held in DRAM for the requests told `HitPending` until
+//!   they read it.
+//! - **Load to GPU**: [`prepare_load`](TieringManager::prepare_load) pins the `Hit` blocks;
+//!   copy DRAM -> GPU from the views, then drop them.
+//! - **Request end**: [`on_request_finished`](TieringManager::on_request_finished) releases
+//!   what the request held.
+//! - **Shutdown**: [`shutdown`](TieringManager::shutdown) (or `shutdown_blocking`) cancels
+//!   queued promotions, waits for the jobs in flight and shuts every tier down.
+//!
+//! ```
+//! use kv_tier::{BlockKey, LookupResult, RequestContext};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let cfg = kv_tier::KvTierConfig::from_json_str(&format!(
+//! #     r#"{{"cpu_bytes_to_use": 4194304, "block_size_bytes": 65536,
+//! #         "layout": {{"model_name": "org/model", "dtype": "torch.bfloat16", "tokens_per_hash": 16}},
+//! #         "secondary_tiers": [{{"type": "fs", "root_dir": {:?}}}]}}"#,
+//! #     dir.path()
+//! # ))?;
+//! let manager = kv_tier::builder(cfg)?.build_blocking()?;
+//! let prompt: Vec<BlockKey> = (0..4u8).map(|i| BlockKey::from_hash32([i; 32], 0)).collect();
+//!
+//! // request 1: nothing cached; prefill computes every block, then offloads it
+//! let r1 = RequestContext::new(1);
+//! let found = manager.lookup_prefix(&prompt, &r1);
+//! assert_eq!(found.hit, 0);
+//! manager.on_schedule_end();
+//! let mut pending = manager.prepare_store(&prompt)?;
+//! for (key, sink) in pending.slots() {
+//!     sink.as_mut_slice().fill(key.hash_bytes()[0]); // the GPU -> DRAM copy
+//! }
+//! pending.commit(r1.id);
+//! manager.on_request_finished(r1.id);
+//!
+//! // request 2, same prompt: every block is a hit in DRAM
+//! let r2 = RequestContext::new(2);
+//! let found = manager.lookup_prefix(&prompt, &r2);
+//! assert_eq!(found.hit, prompt.len());
+//! let views = manager.prepare_load(&prompt[..found.hit])?;
+//! assert!(views[3].as_slice().iter().all(|&b| b == 3)); // the DRAM -> GPU copy
+//! drop(views);
+//! manager.on_schedule_end();
+//! manager.on_request_finished(r2.id);
+//!
+//! // DRAM emptied (say, restarted): the blocks come back from the fs tier
+//! manager.runtime().block_on(manager.reset_cache());
+//! let r3 = RequestContext::new(3);
+//! let mut steps = 0;
+//! loop {
+//!     let found = manager.lookup_prefix(&prompt, &r3);
+//!     manager.on_schedule_end(); // sends the probes and promotions of this step
+//!     if found.hit == prompt.len() {
+//!         break;
+//!     }
+//!     assert!(found.present == prompt.len() || found.retry, "{found:?}");
+//!     steps += 1;
+//!     assert!(steps < 1000, "a promotion never landed");
+//!     manager.runtime().block_on(manager.wait_idle()); // an engine would run its step here
+//! }
+//! let views = manager.prepare_load(&prompt)?;
+//! assert!(views[2].as_slice().iter().all(|&b| b == 2));
+//! drop(views);
+//! manager.on_request_finished(r3.id);
+//! manager.shutdown_blocking()?;
+//! # Ok(()) }
+//! ```
+//!
+//! An async engine does the same from a task, building with `build().await` and ending with
+//! `shutdown().await`; the step calls stay synchronous:
+//!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use kv_tier::{BlockKey, LookupResult, RequestContext};
+//! let cfg = kv_tier::KvTierConfig::from_json_str(
+//!     r#"{"cpu_bytes_to_use": 4194304, "block_size_bytes": 65536}"#,
+//! )?;
+//! let manager = kv_tier::builder(cfg)?.build().await?;
+//! let (req, key) = (RequestContext::new(1), BlockKey::from_hash32([9; 32], 0));
+//! let mut pending = manager.prepare_store(&[key])?;
+//! pending.slots()[0].1.as_mut_slice().fill(1);
+//! pending.commit(req.id);
+//! assert_eq!(manager.lookup(&key, &req), LookupResult::Hit);
+//! manager.on_schedule_end();
+//! manager.on_request_finished(req.id);
+//! manager.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ### 4. fs and obj from one config
+//!
+//! The tiers are consulted in the order given; a store cascades to each. Here an fs tier on
+//! a local directory sits above an S3 bucket (an S3 server started in-process for the
+//! example; point `endpoint_override` at MinIO, Ceph or R2, or leave it out for AWS):
+//!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let s3 = kv_tier_testkit::s3::S3Server::start().await;
+//! # let (endpoint, access_key, secret_key, bucket) =
+//! #     (&s3.endpoint, kv_tier_testkit::s3::AK, kv_tier_testkit::s3::SK, kv_tier_testkit::s3::BUCKET);
+//! let dir = tempfile::tempdir()?;
+//! let cfg = kv_tier::KvTierConfig::from_json_str(&format!(
+//!     r#"{{"cpu_bytes_to_use": 4194304, "block_size_bytes": 65536,
+//!         "layout": {{"model_name": "org/model", "dtype": "torch.bfloat16", "tokens_per_hash": 16}},
+//!         "secondary_tiers": [
+//!             {{"type": "fs", "root_dir": {dir:?}, "gc_max_size_gb": 1}},
+//!             {{"type": "obj", "bucket": "{bucket}", "endpoint_override": "{endpoint}",
+//!               "scheme": "http", "access_key": "{access_key}", "secret_key": "{secret_key}",
+//!               "checksum": "crc32c", "probe_budget_s": 0.01}}
+//!         ]}}"#,
+//!     dir = dir.path(),
+//! ))?;
+//! let manager = kv_tier::builder(cfg)?.build().await?;
+//! assert_eq!(manager.tier_names(), ["fs", "obj"]);
+//! let req = kv_tier::RequestContext::new(1);
+//! let key = kv_tier::BlockKey::from_hash32([5; 32], 0);
+//! let mut pending = manager.prepare_store(&[key])?;
+//! pending.slots()[0].1.as_mut_slice().fill(5);
+//! pending.commit(req.id);
+//! manager.on_request_finished(req.id);
+//! manager.wait_idle().await; // the cascade to both tiers
+//! let obj = manager.tier::<kv_tier::obj::ObjTier>("obj").unwrap();
+//! assert_eq!(obj.stats().blocks_written, 1);
+//! let fs = manager.tier::<kv_tier::fs::FsTier>("fs").unwrap();
+//! assert_eq!(fs.stats().blocks_written, 1);
+//! manager.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ### 5. Dropping the manager
+//!
+//! [`shutdown`](TieringManager::shutdown) is the orderly end. Dropping the manager without
+//! it is safe but abrupt: jobs still running go on, on the runtime they run on, until they
+//! end (each has a deadline); if the manager owns its runtime (`build_blocking`), that runtime
+//! is shut down in the background, and those jobs stop at their next await. No tier is left
+//! with a torn block either way: the fs tier publishes a block only whole (a temp file renamed
+//! into place, reaped at the next open if left behind) and stops its threads when the last
+//! handle to it goes; the obj tier's PUTs are whole objects. Blocks that were only in DRAM
+//! are gone, and cascades not yet sent are not sent.
+//!
+//! ### 6. Your own tier
+//!
+//! Implement [`SecondaryTier`] and register a [`TierBuilder`] under a type name in the
+//! [`registry`] before building; `kv-tier-testkit`'s conformance suite checks every rule of
+//! the trait against your tier.
+//!
+//! ```
+//! # fn demo(cfg: kv_tier::KvTierConfig, my_builder: impl kv_tier::TierBuilder) -> kv_tier::Result<()> {
+//! let mut registry = kv_tier::registry();
+//! registry.register("my-tier", my_builder);
+//! let manager = kv_tier::builder(cfg)?.registry(registry).build_blocking()?;
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+pub use kv_tier_core::{
+    AlignedBuf, AsyncLookup, BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error,
+    EventBatch, EventLog, EvictionPolicy, FailureCauses, JobResult, KvTierConfig, LatencyHistogram,
+    LoadJob, Locality, LookupResult, ManagerStats, Medium, Namespace, PAGE_SIZE, PendingStore,
+    PrefixCount, PreparedStore, Presence, PrimaryStats, PrimaryTier, ProtectGuard, ProtectionSet,
+    RequestContext, RequestId, Result, RunFields, SecondaryTier, SinkReader, StoreJob, TierBuilder,
+    TierEvent, TierFilter, TierInfo, TierOptions, TierRegistry, TierSettings, TierSpec, TierStats,
+    TieringManager, TieringManagerBuilder, WriteBackPolicy, async_trait, count_prefix,
+};
+
+/// Everything of the core crate: keys, layout, config, errors, events, the tier traits, the
+/// manager.
+pub use kv_tier_core as core;
+
+/// The DRAM primary tier.
+pub mod cpu {
+    pub use kv_tier_cpu::*;
+}
+
+/// The file tier (type `"fs"`).
+#[cfg(feature = "fs")]
+pub mod fs {
+    pub use kv_tier_fs::*;
+}
+
+/// The object-store tier (type `"obj"`).
+#[cfg(feature = "obj")]
+pub mod obj {
+    pub use kv_tier_obj::*;
+}
+
+/// A registry with the enabled built-in secondary tiers registered: `"fs"` and `"obj"`
+/// (with the features of the same names). Register your own types on it too.
+///
+/// ```
+/// let registry = kv_tier::registry();
+/// assert!(registry.contains("fs") && registry.contains("obj"));
+/// ```
+pub fn registry() -> TierRegistry {
+    #[allow(unused_mut)] // with neither feature, nothing is registered
+    let mut registry = TierRegistry::new();
+    #[cfg(feature = "fs")]
+    kv_tier_fs::FsTier::register(&mut registry);
+    #[cfg(feature = "obj")]
+    kv_tier_obj::ObjTier::register(&mut registry);
+    registry
+}
+
+/// The entry point: a manager builder whose primary is the DRAM tier `config` sizes
+/// (`cpu_bytes_to_use`, `block_size_bytes`, `eviction_policy`) and whose registry is
+/// [`registry`], so every `secondary_tiers` entry of a built-in type is built from the config.
+/// Fails if the DRAM tier cannot be made (its size, or memory).
+///
+/// ```
+/// let cfg = kv_tier::KvTierConfig::from_json_str(
+///     r#"{"cpu_bytes_to_use": 1048576, "block_size_bytes": 65536}"#,
+/// )?;
+/// let manager = kv_tier::builder(cfg)?.build_blocking()?;
+/// assert_eq!(manager.stats().tiers.len(), 0);
+/// # Ok::<(), kv_tier::Error>(())
+/// ```
+pub fn builder(config: KvTierConfig) -> Result<TieringManagerBuilder> {
+    let cpu = kv_tier_cpu::CpuTier::from_config(&config)?;
+    Ok(TieringManager::builder(config)
+        .primary(Arc::new(cpu))
+        .registry(registry()))
+}
