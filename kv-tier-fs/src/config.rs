@@ -80,11 +80,11 @@ pub struct FsTierConfig {
     #[serde(default)]
     pub gc_max_size_gb: Option<f64>,
     /// How far above the cap the tier may go, as a multiple of it (default 1.05, range 1 to
-    /// 1,000). Below this ceiling, files used within `gc_grace_s` are spared by sweeps; above
-    /// it the oldest files go even within grace (protected ones never), and a store that would
-    /// cross it first makes room (a sweep on its own thread, or a wait of at most a second for
-    /// one that runs), failing with `NoSpace` if everything left is protected or being
-    /// written.
+    /// 1,000). A store that would cross this ceiling first makes room (a sweep on its own
+    /// thread that ignores `gc_grace_s`, or a wait of at most a second for one that runs),
+    /// failing with `NoSpace` if everything left is protected or being written. Past halfway
+    /// from the cap to the ceiling, the GC's own sweeps stop sparing the grace window too
+    /// (down to the cap), so stores seldom reach the ceiling.
     #[serde(default)]
     pub gc_hard_ceiling: Option<f64>,
     /// A sweep deletes down to `gc_max_size_gb * gc_low_watermark`. In (0, 1]; default 0.9.
@@ -100,8 +100,10 @@ pub struct FsTierConfig {
     /// 86,400.
     #[serde(default)]
     pub gc_stamp_interval_s: Option<f64>,
-    /// Files used (mtime) within this many seconds are never swept, even over the cap. Must
-    /// exceed `gc_stamp_interval_s`. Default 300, range 0.000001 to 31,536,000.
+    /// Files used (mtime) within this many seconds are spared by the GC's sweeps over the cap,
+    /// while the total is within halfway from the cap to `gc_hard_ceiling`; past that, and in
+    /// the sweeps a store runs to stay under the ceiling, they go (oldest first) like any
+    /// other. Must exceed `gc_stamp_interval_s`. Default 300, range 0.000001 to 31,536,000.
     #[serde(default)]
     pub gc_grace_s: Option<f64>,
     /// At most this many stamps wait to be applied; touches beyond are dropped (counted).

@@ -569,8 +569,8 @@ impl SecondaryTier for FsTier {
         res
     }
 
-    /// Bounded: queues mtime stamps for the GC thread. Unbounded: stamps the keys' files on a
-    /// write thread (at most once per key per minute), so this process's reads count as
+    /// Bounded: queues mtime stamps for the GC thread. Unbounded: stamps the keys' files on an
+    /// I/O thread, as a task of the store queue (at most once per key per minute), so this process's reads count as
     /// recency for bounded tiers of other processes on the same root. Never blocks.
     fn touch(&self, keys: &[BlockKey]) {
         if let Some(gc) = &self.files.gc {
@@ -611,9 +611,10 @@ impl SecondaryTier for FsTier {
         self.files.events.take()
     }
 
-    /// Stops the I/O threads (after their current block; queued blocks fail with
-    /// `Shutdown`) and the GC thread, and waits for them on tokio's blocking pool, never on
-    /// an async worker.
+    /// Stops the I/O threads (after their current block) and the GC thread, and waits for them
+    /// on tokio's blocking pool, never on an async worker. A job with blocks still queued
+    /// fails whole with `Shutdown`, also for its blocks already written (they are published
+    /// files, found by later lookups; only the report is conservative).
     async fn shutdown(&self) -> Result<()> {
         if self.shut_down.swap(true, Ordering::SeqCst) {
             return Ok(());

@@ -787,3 +787,37 @@ async fn a_foreign_key_touched_twice_in_an_interval_is_stamped_once() {
     assert_eq!((s.stamps, s.stamp_errors), (1, 0), "{s:?}");
     assert_eq!(s.files, 1, "the stamped foreign key joins the index");
 }
+
+/// A sweep that panicked (here a hook; in life a bug) leaves no sweep "running": a store at
+/// the hard ceiling still sweeps for room itself, instead of waiting for a sweep that will
+/// never end and failing with `NoSpace`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicked_sweep_does_not_stop_stores_from_making_room() {
+    let root = temp_root();
+    let ks = keys(0..12);
+    assert!(
+        store(&bounded(root.path(), 10, 0.8), &ks, 0)
+            .await
+            .is_success()
+    );
+    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    c.gc_hard_ceiling = Some(1.2);
+    let tier = Arc::new(FsTier::open("fs", c, ns(), BS).unwrap());
+    age(&tier, &ks, |i| 5000 - i as u64);
+    tier.set_sweep_hook(Some(Arc::new(|p| {
+        if p == SweepPoint::Selected {
+            panic!("injected sweep panic");
+        }
+    })))
+    .unwrap();
+    let t = tier.clone();
+    let panicked = std::thread::spawn(move || t.gc_sweep_now()).join();
+    assert!(panicked.is_err(), "the hook did not panic the sweep");
+    tier.set_sweep_hook(None).unwrap();
+    let far = test_key(7);
+    let res = store(&*tier, &[far], 0).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    let s = gc(&tier);
+    assert!(s.bytes <= s.hard_ceiling_bytes, "{s:?}");
+    assert!(tier.block_path(&far).exists());
+}

@@ -447,7 +447,6 @@ impl Inner {
         }
     }
 
-    /// Deletes a damaged object (reported as removed).
     /// What is at `key`'s path: nothing, a block a load will accept, or an object in the way
     /// (see [`Inner::existing_is_unverifiable`]), which is reported here.
     async fn existing(&self, key: &BlockKey, path: &ObjPath) -> Result<Existing> {
@@ -486,12 +485,14 @@ impl Inner {
                     .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
                     .and_then(|v| parse_crc(v.as_ref()))
                     .is_none()),
-            // gone meanwhile: it is not in the way (deleting it again is harmless)
+            // gone meanwhile: treated as in the way, so the caller's delete (harmless on a
+            // missing object) runs and the PUT writes the block
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => Ok(true),
             Err(e) => Err(self.err(&format!("HEAD {path}"), e)),
         }
     }
 
+    /// Deletes a damaged object (reported as removed).
     async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath) {
         self.delete_epoch.fetch_add(1, Ordering::SeqCst);
         self.exists.invalidate(key);

@@ -357,10 +357,9 @@ impl TieringManager {
         Ok(PendingStore::new(self, prepared))
     }
 
-    /// Ends a store begun by `prepare_store` (its sinks are dropped). On success the blocks
-    /// become `Hit` in DRAM and one store job per secondary tier copies them down, keeping
-    /// the slots pinned until each job ends; a failed store frees the slots and cascades
-    /// nothing.
+    /// Ends a store begun by `prepare_store` (its sinks are dropped; see [`PendingStore`]).
+    /// On success the blocks become `Hit` in DRAM and one store job per secondary tier copies
+    /// them down; a failed store frees the slots and cascades nothing.
     fn finish_store(&self, req: RequestId, keys: &[BlockKey], success: bool) {
         let mut st = self.begin();
         let own: Vec<BlockKey>;

@@ -61,7 +61,8 @@ impl<'m> PendingStore<'m> {
     }
 
     /// The slots hold the blocks: they become `Hit` in DRAM, and one store job per secondary
-    /// tier copies them down for `req` (keeping the slots pinned until each job ends).
+    /// tier copies them down for `req`. Each job pins a slot until its tier has taken the
+    /// block's bytes, and counts against the tier's write-back limit until the job ends.
     pub fn commit(mut self, req: RequestId) {
         let keys = self.take_keys();
         self.manager.finish_store(req, &keys, true);

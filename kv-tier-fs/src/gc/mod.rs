@@ -7,11 +7,12 @@
 //! once per key per stamp interval, applied by the GC thread. So recency survives restarts and
 //! is what `du`, `find`, external reapers and other kv-tier processes on the same root see.
 //!
-//! The cap is a bound, not a wish: files used within the grace window are spared only while
-//! the total is below the hard ceiling (`gc_hard_ceiling x cap`); above it the oldest go even
-//! within grace (protected keys never), and a store that would cross the ceiling first makes
-//! room (a sweep) or waits for it, failing with `NoSpace` if none can be made. `ENOSPC` from
-//! the filesystem triggers a sweep and one retry.
+//! The cap is a bound, not a wish. A sweep over the cap spares files used within the grace
+//! window, unless the total is past halfway from the cap to the hard ceiling
+//! (`gc_hard_ceiling x cap`): then those go too, oldest first, until the total is back at the
+//! cap. A store that would cross the ceiling first makes room (a sweep that ignores the grace
+//! window) or waits for one, failing with `NoSpace` if none can be made; `ENOSPC` from the
+//! filesystem triggers such a sweep and one retry. Protected keys are never swept.
 //!
 //! The sweep decides from the index (no directory walk) and deletes oldest first. Whether a key
 //! is protected or has a pending stamp is decided under the protection lock and the index lock;
@@ -65,7 +66,7 @@ pub type SweepHook = Arc<dyn Fn(SweepPoint) + Send + Sync>;
 pub(crate) struct GcConfig {
     pub(crate) cap_bytes: u64,
     pub(crate) low_bytes: u64,
-    /// Above this the grace window no longer spares a file, and stores wait for room.
+    /// A store never takes the total above this: it makes room first (see `Goal`).
     pub(crate) hard_bytes: u64,
     pub(crate) interval: Duration,
     pub(crate) stamp_interval_ns: i64,
@@ -290,9 +291,12 @@ impl Gc {
         }
     }
 
-    /// Whether a sweep is running now.
+    /// Whether a sweep is running now (a sweep that panicked poisons the lock and is over).
     pub(crate) fn sweep_running(&self) -> bool {
-        self.sweeping.try_lock().is_err()
+        matches!(
+            self.sweeping.try_lock(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
     }
 
     /// Waits while a sweep is unlinking `key` (a store checks for the file only after it).
