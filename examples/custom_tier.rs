@@ -68,12 +68,12 @@ impl CappedMap {
 #[async_trait]
 impl SecondaryTier for CappedMap {
     fn info(&self) -> TierInfo {
-        TierInfo {
-            name: self.name.clone(),
-            medium: Medium::Storage,
-            locality: Locality::Local,
-            capability: Capability::default(),
-        }
+        TierInfo::new(
+            &self.name,
+            Medium::Storage,
+            Locality::Local,
+            Capability::new(),
+        )
     }
 
     async fn lookup(&self, keys: &[BlockKey]) -> Result<Vec<bool>> {

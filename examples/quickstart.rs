@@ -25,7 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "stored, found and read back {key}; blocks stored in the fs tier: {}, files written: {}",
         manager.stats().tiers[0].blocks_stored,
-        fs.stats().blocks_written
+        fs.stats().blocks.blocks_written
     );
     Ok(())
 }

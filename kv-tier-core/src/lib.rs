@@ -25,7 +25,9 @@ pub use lookup::{AsyncLookup, Presence};
 pub use manager::{PendingStore, TieringManager, TieringManagerBuilder};
 pub use registry::{BuildContext, TierBuilder, TierRegistry};
 pub use request::{LookupResult, PrefixCount, RequestContext, RequestId, TierFilter, count_prefix};
-pub use stats::{FailureCauses, LatencyHistogram, ManagerStats, TierStats};
+pub use stats::{
+    BlockCounters, BlockStats, FailureCauses, LatencyHistogram, ManagerStats, TierStats,
+};
 pub use tier::{
     Capability, JobResult, LoadJob, PreparedStore, PrimaryStats, PrimaryTier, ProtectGuard,
     ProtectionSet, SecondaryTier, StoreJob, TierInfo,

@@ -38,6 +38,36 @@ impl BuildContext {
             )
         })
     }
+
+    /// Runs a blocking `open` (directories, files, a capability probe) on the runtime's
+    /// blocking pool, never on an async worker. A panic in it is an error naming the tier.
+    pub async fn open_blocking<T, F>(&self, open: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
+        let task = self.runtime.spawn_blocking(open);
+        task.await.map_err(|e| self.panicked("opening", e))?
+    }
+
+    /// Runs `connect` as a task on the manager's runtime (a network client's I/O must live
+    /// on the runtime its requests will run on). A panic in it is an error naming the tier.
+    pub async fn connect_on_runtime<T, F>(&self, connect: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        let task = self.runtime.spawn(connect);
+        task.await.map_err(|e| self.panicked("connecting", e))?
+    }
+
+    fn panicked(&self, what: &str, e: tokio::task::JoinError) -> Error {
+        Error::Backend {
+            tier: self.name.clone(),
+            message: format!("{what} the tier panicked: {e}"),
+            transient: false,
+        }
+    }
 }
 
 /// Builds a tier from its spec. Implemented for plain closures

@@ -303,3 +303,62 @@ mod tests {
         }
     }
 }
+
+macro_rules! block_counters {
+    ($($(#[doc = $doc:literal])* $field:ident,)*) => {
+        /// What every block-storing tier counts, as a snapshot of its [`BlockCounters`].
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+        pub struct BlockStats {
+            $($(#[doc = $doc])* pub $field: u64,)*
+        }
+
+        /// The live counters behind [`BlockStats`], for a tier to embed and bump from any
+        /// thread (relaxed atomics: each is exact, a snapshot is not one instant).
+        #[derive(Debug, Default)]
+        pub struct BlockCounters {
+            $($(#[doc = $doc])* pub $field: std::sync::atomic::AtomicU64,)*
+        }
+
+        impl BlockCounters {
+            /// The counters now.
+            pub fn snapshot(&self) -> BlockStats {
+                BlockStats {
+                    $($field: self.$field.load(std::sync::atomic::Ordering::Relaxed),)*
+                }
+            }
+        }
+    };
+}
+
+block_counters! {
+    /// Blocks written by this tier.
+    blocks_written,
+    /// Stores that found the block present (or lost the race to another writer).
+    stores_skipped,
+    /// Blocks whose store failed.
+    store_failures,
+    /// Blocks loaded whole.
+    blocks_read,
+    /// Loads of missing blocks.
+    load_misses,
+    /// Other load failures (damage, I/O errors, deadlines).
+    load_failures,
+    /// Blocks removed as damaged: short, long, failing or lacking their checksum, or not a
+    /// block at all.
+    corrupt_deleted,
+    /// Loads whose checksum did not match (the obj tier counts malformed ones here too).
+    checksum_mismatches,
+    /// Loads of blocks that carry no checksum, served unverified (`accept_unverified`).
+    unverified_loads,
+    /// Loads of blocks without a valid checksum, refused (a miss) and the block removed.
+    unverified_refused,
+    /// Bytes of blocks written.
+    bytes_written,
+    /// Bytes of blocks read.
+    bytes_read,
+}
+
+/// Adds `n` to a counter.
+pub fn bump(counter: &std::sync::atomic::AtomicU64, n: u64) {
+    counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}

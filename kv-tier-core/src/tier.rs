@@ -79,8 +79,16 @@ impl JobResult {
     }
 }
 
-/// What a tier supports; lets callers and the conformance suite adapt.
+/// What a tier supports; lets callers and the conformance suite adapt. Built with
+/// [`Capability::new`] and its setters (new capabilities may be added):
+///
+/// ```
+/// use kv_tier_core::Capability;
+/// let cap = Capability::new().persistent(true).checksums(true);
+/// assert!(cap.persistent && cap.checksums && !cap.bounded && !cap.shared);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct Capability {
     /// Blocks survive a restart of the process.
     pub persistent: bool,
@@ -92,8 +100,9 @@ pub struct Capability {
     pub shared: bool,
 }
 
-/// A tier's self-description.
+/// A tier's self-description, built with [`TierInfo::new`] (fields may be added).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TierInfo {
     /// The tier's name (unique within a manager).
     pub name: String,
@@ -103,6 +112,59 @@ pub struct TierInfo {
     pub locality: Locality,
     /// What it supports.
     pub capability: Capability,
+}
+
+impl Capability {
+    /// Nothing supported: not persistent, not bounded, no checksums, not shared.
+    pub const fn new() -> Self {
+        Self {
+            persistent: false,
+            bounded: false,
+            checksums: false,
+            shared: false,
+        }
+    }
+
+    /// Sets [`Capability::persistent`].
+    pub const fn persistent(mut self, yes: bool) -> Self {
+        self.persistent = yes;
+        self
+    }
+
+    /// Sets [`Capability::bounded`].
+    pub const fn bounded(mut self, yes: bool) -> Self {
+        self.bounded = yes;
+        self
+    }
+
+    /// Sets [`Capability::checksums`].
+    pub const fn checksums(mut self, yes: bool) -> Self {
+        self.checksums = yes;
+        self
+    }
+
+    /// Sets [`Capability::shared`].
+    pub const fn shared(mut self, yes: bool) -> Self {
+        self.shared = yes;
+        self
+    }
+}
+
+impl TierInfo {
+    /// A tier's description.
+    pub fn new(
+        name: impl Into<String>,
+        medium: Medium,
+        locality: Locality,
+        capability: Capability,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            medium,
+            locality,
+            capability,
+        }
+    }
 }
 
 /// A storage tier below DRAM: files, object storage, or a user's own.

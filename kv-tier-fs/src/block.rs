@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use kv_tier_core::{BlockKey, Error, EventLog, Namespace, ProtectionSet};
+use kv_tier_core::{BlockCounters, BlockKey, Error, EventLog, Namespace, ProtectionSet};
 
 use crate::config::Checksum;
 use crate::gc::{Gc, Goal};
@@ -38,27 +38,14 @@ pub type FaultInjector = Arc<dyn Fn(FsOp, &Path) -> Option<io::Error> + Send + S
 
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub(crate) blocks_written: AtomicU64,
-    pub(crate) stores_skipped: AtomicU64,
-    pub(crate) store_failures: AtomicU64,
+    pub(crate) blocks: BlockCounters,
     pub(crate) no_space: AtomicU64,
-    pub(crate) blocks_read: AtomicU64,
-    pub(crate) load_misses: AtomicU64,
-    pub(crate) load_failures: AtomicU64,
-    pub(crate) corrupt_deleted: AtomicU64,
-    pub(crate) checksum_mismatches: AtomicU64,
-    pub(crate) unverified_loads: AtomicU64,
-    pub(crate) unverified_refused: AtomicU64,
-    pub(crate) bytes_written: AtomicU64,
-    pub(crate) bytes_read: AtomicU64,
     pub(crate) tmp_reaped: AtomicU64,
     pub(crate) sidecars_reaped: AtomicU64,
     pub(crate) keys_probed: AtomicU64,
 }
 
-pub(crate) fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
-}
+pub(crate) use kv_tier_core::stats::bump;
 
 /// Everything the I/O threads need, shared by reference count.
 pub(crate) struct Files {

@@ -81,7 +81,7 @@ impl Files {
         .is_ok();
         let _ = std::fs::remove_file(file::sidecar_path(path));
         if ok {
-            bump(&self.counters.corrupt_deleted, 1);
+            bump(&self.counters.blocks.corrupt_deleted, 1);
             if let (Some(gc), Some(seq)) = (&self.gc, seq) {
                 gc.forget(&[(*key, seq)]);
             }
@@ -200,13 +200,13 @@ impl Files {
                 file::StoredCrc::Crc(want) => {
                     let got = file::block_crc(key, sink.as_slice());
                     if got != want {
-                        bump(&self.counters.checksum_mismatches, 1);
+                        bump(&self.counters.blocks.checksum_mismatches, 1);
                         let reason = format!("crc32c is {got:08x}, stored {want:08x}");
                         return Err(self.damaged(key, &path, Some(&f), reason));
                     }
                 }
                 file::StoredCrc::Missing if self.accept_unverified => {
-                    bump(&self.counters.unverified_loads, 1)
+                    bump(&self.counters.blocks.unverified_loads, 1)
                 }
                 file::StoredCrc::Missing if self.sidecar_pending(&meta) => {
                     return Err(plain(Error::Backend {
@@ -219,7 +219,7 @@ impl Files {
                     }));
                 }
                 file::StoredCrc::Missing => {
-                    bump(&self.counters.unverified_refused, 1);
+                    bump(&self.counters.blocks.unverified_refused, 1);
                     let reason = "it has no checksum (checksums are required; set \
                                   accept_unverified to serve blocks of writers that keep none)"
                         .to_string();
@@ -230,8 +230,8 @@ impl Files {
                 }
             }
         }
-        bump(&self.counters.blocks_read, 1);
-        bump(&self.counters.bytes_read, self.block_size as u64);
+        bump(&self.counters.blocks.blocks_read, 1);
+        bump(&self.counters.blocks.bytes_read, self.block_size as u64);
         if let Some(gc) = &self.gc {
             gc.on_seen(*key, &meta);
             gc.touch(std::slice::from_ref(key));

@@ -1,37 +1,15 @@
 //! The fs tier's counters.
 
+use kv_tier_core::BlockStats;
+
 /// Counters of an [`FsTier`](crate::FsTier).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FsStats {
-    /// Block files published by this tier.
-    pub blocks_written: u64,
-    /// Stores skipped because the file existed (or another writer published first).
-    pub stores_skipped: u64,
-    /// Blocks whose store failed.
-    pub store_failures: u64,
+    /// What every block-storing tier counts: blocks and bytes written and read, skipped
+    /// stores, failures, damaged files removed, checksum outcomes.
+    pub blocks: BlockStats,
     /// Store failures for lack of space.
     pub no_space: u64,
-    /// Blocks loaded whole.
-    pub blocks_read: u64,
-    /// Loads of missing files.
-    pub load_misses: u64,
-    /// Other load failures (corrupt or I/O errors).
-    pub load_failures: u64,
-    /// Files (or other things at a block's path) removed as damaged: short, long, failing or
-    /// lacking their checksum, not a regular file.
-    pub corrupt_deleted: u64,
-    /// Loads whose checksum did not match.
-    pub checksum_mismatches: u64,
-    /// Loads in checksum mode of files that carry no checksum (written by another tool),
-    /// served because `accept_unverified` is on.
-    pub unverified_loads: u64,
-    /// Loads in checksum mode of files without a valid checksum, refused (a miss) and the
-    /// file removed, because `accept_unverified` is off.
-    pub unverified_refused: u64,
-    /// Bytes written to block files.
-    pub bytes_written: u64,
-    /// Bytes read from block files.
-    pub bytes_read: u64,
     /// Stray temp files deleted (at open and by rescans).
     pub tmp_reaped: u64,
     /// Checksum sidecars whose block file was gone, deleted (at open and by rescans).

@@ -71,7 +71,7 @@ impl Files {
         if let Ok(m) = std::fs::symlink_metadata(&dest) {
             match self.present_damage(&dest, &m) {
                 None => {
-                    bump(&self.counters.stores_skipped, 1);
+                    bump(&self.counters.blocks.stores_skipped, 1);
                     if let Some(gc) = &self.gc {
                         // stored again: the block is in use (and maybe written by another
                         // process)
@@ -103,11 +103,11 @@ impl Files {
         }?;
         if !written {
             // Another writer was first: its file stands.
-            bump(&self.counters.stores_skipped, 1);
+            bump(&self.counters.blocks.stores_skipped, 1);
             return Ok(false);
         }
-        bump(&self.counters.blocks_written, 1);
-        bump(&self.counters.bytes_written, self.block_size as u64);
+        bump(&self.counters.blocks.blocks_written, 1);
+        bump(&self.counters.blocks.bytes_written, self.block_size as u64);
         if let (Some(gc), Some(mut room)) = (&self.gc, room)
             && gc.on_published(*key, gc.file_bytes(self.alloc_block), room.take())
             && let Some(Ok(m)) = dest.parent().map(std::fs::symlink_metadata)

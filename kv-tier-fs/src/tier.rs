@@ -235,19 +235,8 @@ impl FsTier {
         let c = &self.files.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         FsStats {
-            blocks_written: g(&c.blocks_written),
-            stores_skipped: g(&c.stores_skipped),
-            store_failures: g(&c.store_failures),
+            blocks: c.blocks.snapshot(),
             no_space: g(&c.no_space),
-            blocks_read: g(&c.blocks_read),
-            load_misses: g(&c.load_misses),
-            load_failures: g(&c.load_failures),
-            corrupt_deleted: g(&c.corrupt_deleted),
-            checksum_mismatches: g(&c.checksum_mismatches),
-            unverified_loads: g(&c.unverified_loads),
-            unverified_refused: g(&c.unverified_refused),
-            bytes_written: g(&c.bytes_written),
-            bytes_read: g(&c.bytes_read),
             tmp_reaped: g(&c.tmp_reaped),
             sidecars_reaped: g(&c.sidecars_reaped),
             keys_probed: g(&c.keys_probed),
@@ -443,13 +432,9 @@ impl kv_tier_core::TierBuilder for FsBuilder {
         let cfg = FsTierConfig::from_spec(spec)?;
         let ns = ctx.require_namespace()?.clone();
         let (name, bs) = (ctx.name.clone(), ctx.block_size);
-        let tier = tokio::task::spawn_blocking(move || FsTier::open(name, cfg, ns, bs))
-            .await
-            .map_err(|e| Error::Backend {
-                tier: ctx.name.clone(),
-                message: format!("opening the tier panicked: {e}"),
-                transient: false,
-            })??;
+        let tier = ctx
+            .open_blocking(move || FsTier::open(name, cfg, ns, bs))
+            .await?;
         Ok(Arc::new(tier))
     }
 }
@@ -457,17 +442,13 @@ impl kv_tier_core::TierBuilder for FsBuilder {
 #[async_trait]
 impl SecondaryTier for FsTier {
     fn info(&self) -> TierInfo {
-        TierInfo {
-            name: self.files.name.clone(),
-            medium: Medium::Storage,
-            locality: Locality::Local,
-            capability: Capability {
-                persistent: true,
-                bounded: self.files.gc.is_some(),
-                checksums: self.files.checksum == Checksum::Crc32c,
-                shared: true,
-            },
-        }
+        let f = &self.files;
+        let capability = Capability::new()
+            .persistent(true)
+            .shared(true)
+            .bounded(f.gc.is_some())
+            .checksums(f.checksum == Checksum::Crc32c);
+        TierInfo::new(&f.name, Medium::Storage, Locality::Local, capability)
     }
 
     async fn lookup(&self, keys: &[BlockKey]) -> Result<Vec<bool>> {
@@ -522,7 +503,7 @@ impl SecondaryTier for FsTier {
             match r {
                 Ok(_) => res.ok.push(key),
                 Err(e) => {
-                    bump(&self.files.counters.store_failures, 1);
+                    bump(&self.files.counters.blocks.store_failures, 1);
                     if matches!(e, Error::NoSpace { .. }) {
                         bump(&self.files.counters.no_space, 1);
                     }
@@ -558,9 +539,9 @@ impl SecondaryTier for FsTier {
                 Ok(()) => res.ok.push(key),
                 Err(LoadFailure { error, .. }) => {
                     if matches!(error, Error::NotFound { .. }) {
-                        bump(&self.files.counters.load_misses, 1);
+                        bump(&self.files.counters.blocks.load_misses, 1);
                     } else {
-                        bump(&self.files.counters.load_failures, 1);
+                        bump(&self.files.counters.blocks.load_failures, 1);
                     }
                     res.failed.push((key, error));
                 }

@@ -141,7 +141,7 @@ async fn enospc_on_store_sweeps_and_retries() {
         failed <= 8,
         "{failed} of 320 stores failed on a full disk with a sweep to make room"
     );
-    assert!(tier.stats().blocks_written > 100);
+    assert!(tier.stats().blocks.blocks_written > 100);
 }
 
 /// A rescan that walked the tree before some files were published keeps them (and reports no

@@ -97,8 +97,8 @@ fn killed_writers_leave_only_whole_blocks() {
         }
     }
     let s = tier.stats();
-    assert_eq!(s.unverified_loads, 0, "a published block has no checksum");
-    assert_eq!(s.checksum_mismatches, 0);
+    assert_eq!(s.blocks.unverified_loads, 0, "a published block has no checksum");
+    assert_eq!(s.blocks.checksum_mismatches, 0);
     eprintln!(
         "crash test: 50 kills, {} blocks verified, {} temp files reaped",
         keys.len(),

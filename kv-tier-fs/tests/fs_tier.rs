@@ -85,7 +85,7 @@ async fn a_block_written_by_another_tool_is_read_and_config_json_is_written_once
     let c = FsTier::open("fs", cc, ns(), BS).unwrap();
     let (res, _) = load(&c, &[k]).await;
     assert!(res.is_success());
-    assert_eq!(c.stats().unverified_loads, 1);
+    assert_eq!(c.stats().blocks.unverified_loads, 1);
     drop(c);
     let c = open_checksummed(root.path());
     let (res, _) = load(&c, &[k]).await;
@@ -93,7 +93,7 @@ async fn a_block_written_by_another_tool_is_read_and_config_json_is_written_once
         res.failed[0].1,
         kv_tier_core::Error::Corrupt { .. }
     ));
-    assert_eq!(c.stats().unverified_refused, 1);
+    assert_eq!(c.stats().blocks.unverified_refused, 1);
     assert!(!path.exists(), "an unverified block was kept");
 }
 
@@ -119,7 +119,7 @@ async fn o_direct_falls_back_to_buffered_io_where_refused() {
     let (res, _) = load(&tier, &keys[..1]).await;
     assert!(matches!(&res.failed[0].1, Error::Corrupt { reason, .. } if reason.contains("crc32c")));
     assert!(!path.exists());
-    assert_eq!(tier.stats().unverified_loads, 0);
+    assert_eq!(tier.stats().blocks.unverified_loads, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,7 +146,7 @@ async fn a_short_file_is_deleted_and_reported() {
     let ev = tier.take_events();
     assert_eq!(ev.len(), 1);
     assert!(ev[0].removed && ev[0].keys == vec![keys[1]]);
-    assert_eq!(tier.stats().corrupt_deleted, 1);
+    assert_eq!(tier.stats().blocks.corrupt_deleted, 1);
     // and it can be stored again
     assert!(store(&tier, &keys[1..], 0).await.is_success());
     assert!(load(&tier, &keys[1..]).await.0.is_success());
@@ -184,7 +184,7 @@ async fn a_transient_error_keeps_the_file_and_its_bytes() {
     let (res, data) = load(&tier, &[k]).await;
     assert!(res.is_success());
     assert!(verify_block(&k, 0, &data[0].1));
-    assert_eq!(tier.stats().corrupt_deleted, 0);
+    assert_eq!(tier.stats().blocks.corrupt_deleted, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,7 +211,7 @@ async fn a_checksum_mismatch_in_the_last_block_keeps_the_first_two() {
     assert!(!path.exists());
     let s = tier.stats();
     assert_eq!(
-        (s.checksum_mismatches, s.corrupt_deleted, s.unverified_loads),
+        (s.blocks.checksum_mismatches, s.blocks.corrupt_deleted, s.blocks.unverified_loads),
         (1, 1, 0)
     );
 }
@@ -245,8 +245,8 @@ async fn sixteen_writers_of_one_key_leave_one_file_and_no_temp_files() {
             .count(),
         1
     );
-    let published: u64 = tiers.iter().map(|t| t.stats().blocks_written).sum();
-    let skipped: u64 = tiers.iter().map(|t| t.stats().stores_skipped).sum();
+    let published: u64 = tiers.iter().map(|t| t.stats().blocks.blocks_written).sum();
+    let skipped: u64 = tiers.iter().map(|t| t.stats().blocks.stores_skipped).sum();
     assert_eq!((published, skipped), (1, 15));
 }
 
@@ -564,7 +564,7 @@ async fn through_the_manager_a_failed_load_misses_and_a_new_store_heals() {
         probed,
         "the failed key was probed again"
     );
-    assert_eq!(fs.stats().checksum_mismatches, 1);
+    assert_eq!(fs.stats().blocks.checksum_mismatches, 1);
     // a new store (cascaded to fs) heals it, for the same request too
     put(&m);
     m.wait_idle().await;

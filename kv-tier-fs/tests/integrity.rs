@@ -52,8 +52,8 @@ async fn with_checksums_a_block_replaced_by_another_file_is_a_miss_not_unverifie
     std::fs::write(&other, block_bytes(&k, 9, BS)).unwrap();
     std::fs::rename(&other, &p).unwrap();
     assert_miss_then_heals(&tier, k, "replaced file").await;
-    assert_eq!(tier.stats().unverified_refused, 1);
-    assert_eq!(tier.stats().unverified_loads, 0);
+    assert_eq!(tier.stats().blocks.unverified_refused, 1);
+    assert_eq!(tier.stats().blocks.unverified_loads, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,8 +140,8 @@ async fn accept_unverified_serves_blocks_without_a_checksum_and_nothing_else() {
     let (res, data) = load(&tier, &[foreign, flipped]).await;
     assert_eq!(res.ok, vec![foreign]);
     assert!(verify_block(&foreign, 0, &data[0].1));
-    assert_eq!(tier.stats().unverified_loads, 1);
-    assert_eq!(tier.stats().checksum_mismatches, 1);
+    assert_eq!(tier.stats().blocks.unverified_loads, 1);
+    assert_eq!(tier.stats().blocks.checksum_mismatches, 1);
     // the option says what it does: without checksums it is refused
     let mut bad = cfg(root.path());
     bad.accept_unverified = true;

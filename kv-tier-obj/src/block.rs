@@ -10,7 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use kv_tier_core::{
-    BlockKey, BlockSink, BlockSource, Error, EventLog, Namespace, ProtectionSet, Result,
+    BlockCounters, BlockKey, BlockSink, BlockSource, Error, EventLog, Namespace, ProtectionSet,
+    Result,
 };
 use object_store::path::Path as ObjPath;
 use object_store::{
@@ -53,31 +54,18 @@ pub const CRC_METADATA_KEY: &str = "kv-tier-crc32c";
 
 #[derive(Default)]
 pub(crate) struct Counters {
+    pub(crate) blocks: BlockCounters,
     pub(crate) requests: AtomicU64,
     pub(crate) max_in_flight: AtomicU64,
     pub(crate) request_timeouts: AtomicU64,
     pub(crate) lookup_timeouts: AtomicU64,
     pub(crate) exists_cache_hits: AtomicU64,
-    pub(crate) blocks_written: AtomicU64,
-    pub(crate) stores_skipped: AtomicU64,
-    pub(crate) store_failures: AtomicU64,
-    pub(crate) blocks_read: AtomicU64,
-    pub(crate) load_misses: AtomicU64,
-    pub(crate) load_failures: AtomicU64,
-    pub(crate) corrupt_deleted: AtomicU64,
-    pub(crate) checksum_mismatches: AtomicU64,
-    pub(crate) unverified_loads: AtomicU64,
-    pub(crate) unverified_refused: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) sweeps: AtomicU64,
     pub(crate) skipped_in_flight: AtomicU64,
-    pub(crate) bytes_written: AtomicU64,
-    pub(crate) bytes_read: AtomicU64,
 }
 
-pub(crate) fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
-}
+pub(crate) use kv_tier_core::stats::bump;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Every critical section of these locks leaves its data consistent before anything can
@@ -398,8 +386,8 @@ impl Inner {
             match self.request(put).await {
                 Ok(_) => {
                     self.exists.insert(key, ());
-                    bump(&self.counters.blocks_written, 1);
-                    bump(&self.counters.bytes_written, self.block_size as u64);
+                    bump(&self.counters.blocks.blocks_written, 1);
+                    bump(&self.counters.blocks.bytes_written, self.block_size as u64);
                     return Ok(true);
                 }
                 Err(ReqError::Store(
@@ -434,7 +422,7 @@ impl Inner {
     /// The backend said the object exists: a skipped store.
     fn confirmed(&self, key: BlockKey) -> bool {
         self.exists.insert(key, ());
-        bump(&self.counters.stores_skipped, 1);
+        bump(&self.counters.blocks.stores_skipped, 1);
         if let Some(cap) = &self.cap {
             cap.lock().insert(key, self.block_size as u64);
         }
@@ -498,7 +486,7 @@ impl Inner {
         self.exists.invalidate(key);
         self.uncount(key);
         if self.request(self.store.delete(path)).await.is_ok() {
-            bump(&self.counters.corrupt_deleted, 1);
+            bump(&self.counters.blocks.corrupt_deleted, 1);
             self.events.push(vec![*key], true);
         }
     }
@@ -557,7 +545,7 @@ impl Inner {
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
                 self.exists.invalidate(&key);
                 self.uncount(&key);
-                bump(&self.counters.load_misses, 1);
+                bump(&self.counters.blocks.load_misses, 1);
                 return Err(not_found(&self.name, key));
             }
             Err(e) => return Err(self.err(&format!("GET {path}"), e)),
@@ -580,20 +568,20 @@ impl Inner {
                 Some(text) => match parse_crc(text) {
                     Some(want) if want == crc => None,
                     Some(want) => {
-                        bump(&self.counters.checksum_mismatches, 1);
+                        bump(&self.counters.blocks.checksum_mismatches, 1);
                         Some(format!("crc32c is {crc:08x}, stored {want:08x} ({path})"))
                     }
                     None => {
-                        bump(&self.counters.checksum_mismatches, 1);
+                        bump(&self.counters.blocks.checksum_mismatches, 1);
                         Some(format!("malformed checksum metadata {text:?} ({path})"))
                     }
                 },
                 None if self.accept_unverified => {
-                    bump(&self.counters.unverified_loads, 1);
+                    bump(&self.counters.blocks.unverified_loads, 1);
                     None
                 }
                 None => {
-                    bump(&self.counters.unverified_refused, 1);
+                    bump(&self.counters.blocks.unverified_refused, 1);
                     Some(format!(
                         "no checksum (written without one; accept_unverified serves such objects) ({path})"
                     ))
@@ -611,8 +599,8 @@ impl Inner {
         }
         self.exists.insert(key, ());
         self.touch_index(&[key]);
-        bump(&self.counters.blocks_read, 1);
-        bump(&self.counters.bytes_read, self.block_size as u64);
+        bump(&self.counters.blocks.blocks_read, 1);
+        bump(&self.counters.blocks.bytes_read, self.block_size as u64);
         Ok(())
     }
 

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use kv_tier_core::{
-    BlockKey, BuildContext, Capability, Error, EventBatch, EventLog, JobResult, LoadJob, Locality,
-    Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent,
-    TierInfo, TierRegistry, TierSpec, async_trait,
+    BlockKey, BlockStats, BuildContext, Capability, Error, EventBatch, EventLog, JobResult,
+    LoadJob, Locality, Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier,
+    StoreJob, TierEvent, TierInfo, TierRegistry, TierSpec, async_trait,
 };
 use object_store::ObjectStore;
 use rustc_hash::FxHashMap;
@@ -26,6 +26,10 @@ const UNREACHABLE: &str =
 /// Counters of an [`ObjTier`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ObjStats {
+    /// What every block-storing tier counts: blocks and bytes written and read, skipped
+    /// stores (the backend confirmed the object), failures, damaged objects deleted,
+    /// checksum outcomes (a malformed checksum counts as a mismatch).
+    pub blocks: BlockStats,
     /// Requests sent (HEAD, PUT, GET, DELETE, LIST).
     pub requests: u64,
     /// The most requests in flight at once (bounded by `io_threads`).
@@ -36,26 +40,6 @@ pub struct ObjStats {
     pub lookup_timeouts: u64,
     /// Existence answers served from the cache, without a request.
     pub exists_cache_hits: u64,
-    /// Objects written by this tier.
-    pub blocks_written: u64,
-    /// Stores that found the object present (confirmed by the backend).
-    pub stores_skipped: u64,
-    /// Blocks whose store failed.
-    pub store_failures: u64,
-    /// Blocks loaded whole.
-    pub blocks_read: u64,
-    /// Loads of missing objects.
-    pub load_misses: u64,
-    /// Other load failures.
-    pub load_failures: u64,
-    /// Objects deleted because they were short or failed their checksum.
-    pub corrupt_deleted: u64,
-    /// Loads whose checksum did not match, or was malformed.
-    pub checksum_mismatches: u64,
-    /// Objects without a checksum served unverified (`accept_unverified`).
-    pub unverified_loads: u64,
-    /// Objects without a checksum refused (and deleted).
-    pub unverified_refused: u64,
     /// Objects deleted to keep the tier under `max_size_gb`.
     pub evicted: u64,
     /// Capacity sweeps run.
@@ -66,10 +50,6 @@ pub struct ObjStats {
     pub bytes: u64,
     /// Objects in the capacity index (bounded mode).
     pub objects: u64,
-    /// Bytes written.
-    pub bytes_written: u64,
-    /// Bytes read.
-    pub bytes_read: u64,
 }
 
 /// The object-store tier: one object per block under `prefix/`, keyed by the fs layout's
@@ -197,28 +177,17 @@ impl ObjTier {
             (i.total(), i.len() as u64)
         });
         ObjStats {
+            blocks: c.blocks.snapshot(),
             requests: g(&c.requests),
             max_in_flight: g(&c.max_in_flight),
             request_timeouts: g(&c.request_timeouts),
             lookup_timeouts: g(&c.lookup_timeouts),
             exists_cache_hits: g(&c.exists_cache_hits),
-            blocks_written: g(&c.blocks_written),
-            stores_skipped: g(&c.stores_skipped),
-            store_failures: g(&c.store_failures),
-            blocks_read: g(&c.blocks_read),
-            load_misses: g(&c.load_misses),
-            load_failures: g(&c.load_failures),
-            corrupt_deleted: g(&c.corrupt_deleted),
-            checksum_mismatches: g(&c.checksum_mismatches),
-            unverified_loads: g(&c.unverified_loads),
-            unverified_refused: g(&c.unverified_refused),
             evicted: g(&c.evicted),
             sweeps: g(&c.sweeps),
             skipped_in_flight: g(&c.skipped_in_flight),
             bytes,
             objects,
-            bytes_written: g(&c.bytes_written),
-            bytes_read: g(&c.bytes_read),
         }
     }
 
@@ -390,7 +359,7 @@ impl ObjTier {
             match r {
                 Ok(_) => res.ok.push(k),
                 Err(e) => {
-                    bump(&inner.counters.store_failures, 1);
+                    bump(&inner.counters.blocks.store_failures, 1);
                     res.failed.push((k, e));
                 }
             }
@@ -411,7 +380,7 @@ impl ObjTier {
                 Ok(()) => res.ok.push(k),
                 Err(e) => {
                     if !matches!(e, Error::NotFound { .. }) {
-                        bump(&inner.counters.load_failures, 1);
+                        bump(&inner.counters.blocks.load_failures, 1);
                     }
                     res.failed.push((k, e));
                 }
@@ -490,14 +459,8 @@ impl kv_tier_core::TierBuilder for ObjBuilder {
         let name = ctx.name.clone();
         let bs = ctx.block_size;
         let tier = ctx
-            .runtime
-            .spawn(async move { ObjTier::connect(&name, cfg, ns, bs).await })
-            .await
-            .map_err(|e| Error::Backend {
-                tier: ctx.name.clone(),
-                message: format!("connecting panicked: {e}"),
-                transient: false,
-            })??;
+            .connect_on_runtime(async move { ObjTier::connect(&name, cfg, ns, bs).await })
+            .await?;
         Ok(Arc::new(tier))
     }
 }
@@ -505,17 +468,17 @@ impl kv_tier_core::TierBuilder for ObjBuilder {
 #[async_trait]
 impl SecondaryTier for ObjTier {
     fn info(&self) -> TierInfo {
-        TierInfo {
-            name: self.inner.name.clone(),
-            medium: Medium::Storage,
-            locality: Locality::Remote,
-            capability: Capability {
-                persistent: true,
-                bounded: self.inner.cap.is_some(),
-                checksums: self.inner.checksum == ObjChecksum::Crc32c,
-                shared: true,
-            },
-        }
+        let capability = Capability::new()
+            .persistent(true)
+            .shared(true)
+            .bounded(self.inner.cap.is_some())
+            .checksums(self.inner.checksum == ObjChecksum::Crc32c);
+        TierInfo::new(
+            &self.inner.name,
+            Medium::Storage,
+            Locality::Remote,
+            capability,
+        )
     }
 
     /// Batched HEADs (at most `io_threads` at once, cached positive answers first), answered

@@ -208,7 +208,7 @@ async fn a_checksum_mismatch_is_a_miss_and_the_object_goes() {
     assert_eq!(res.failed[0].0, keys[2]);
     assert!(matches!(&res.failed[0].1, Error::Corrupt { reason, .. } if reason.contains("crc32c")));
     assert!(data.iter().all(|(k, d)| verify_block(k, 0, d)));
-    assert_eq!(tier.stats().checksum_mismatches, 1);
+    assert_eq!(tier.stats().blocks.checksum_mismatches, 1);
     assert!(
         sdk.head_object()
             .bucket(BUCKET)
@@ -256,10 +256,10 @@ async fn with_checksums_unverified_and_moved_objects_are_misses() {
         let ok: Vec<_> = data.iter().map(|(k, _)| *k).collect();
         if accept {
             assert_eq!(ok, vec![a, b], "{:?}", res.failed);
-            assert_eq!(tier.stats().unverified_loads, 1);
+            assert_eq!(tier.stats().blocks.unverified_loads, 1);
         } else {
             assert_eq!(ok, vec![a], "{:?}", res.failed);
-            assert_eq!(tier.stats().unverified_refused, 1);
+            assert_eq!(tier.stats().blocks.unverified_refused, 1);
             assert!(
                 store_.head(&plain).await.is_err(),
                 "the unverifiable object stays"

@@ -49,7 +49,7 @@ async fn a_new_block_is_one_put_and_one_already_there_is_confirmed_not_rewritten
     );
     assert_eq!(a.take_events().len(), 1, "a new block is reported stored");
     let st = a.stats();
-    assert_eq!((st.blocks_written, st.stores_skipped), (1, 0));
+    assert_eq!((st.blocks.blocks_written, st.blocks.stores_skipped), (1, 0));
     assert!((1..=st.requests).contains(&st.max_in_flight), "{st:?}");
     let path = a.object_path(&k);
     let before = etag(&s, &path).await;
@@ -58,7 +58,7 @@ async fn a_new_block_is_one_put_and_one_already_there_is_confirmed_not_rewritten
     assert!(store(&b, &[k]).await.is_success());
     assert_eq!(etag(&s, &path).await, before, "the block was written again");
     let st = b.stats();
-    assert_eq!((st.blocks_written, st.stores_skipped), (0, 1));
+    assert_eq!((st.blocks.blocks_written, st.blocks.stores_skipped), (0, 1));
     assert_eq!(
         (st.objects, st.bytes),
         (1, BS as u64),

@@ -146,12 +146,12 @@ struct NoOptions {}
 #[async_trait]
 impl SecondaryTier for MemoryTier {
     fn info(&self) -> TierInfo {
-        TierInfo {
-            name: self.name.clone(),
-            medium: Medium::Storage,
-            locality: Locality::Local,
-            capability: Capability::default(),
-        }
+        TierInfo::new(
+            &self.name,
+            Medium::Storage,
+            Locality::Local,
+            Capability::new(),
+        )
     }
 
     async fn lookup(&self, keys: &[BlockKey]) -> Result<Vec<bool>> {

@@ -69,7 +69,7 @@
 //! assert_eq!(manager.tier_names(), ["fs"]);
 //! // typed access to the tier the manager built: its own API, its stats
 //! let fs = manager.tier::<kv_tier::fs::FsTier>("fs").expect("an fs tier named fs");
-//! assert_eq!(fs.stats().blocks_written, 0);
+//! assert_eq!(fs.stats().blocks.blocks_written, 0);
 //! manager.shutdown_blocking()?;
 //! # Ok(()) }
 //! ```
@@ -217,9 +217,9 @@
 //! manager.on_request_finished(req.id);
 //! manager.wait_idle().await; // the cascade to both tiers
 //! let obj = manager.tier::<kv_tier::obj::ObjTier>("obj").unwrap();
-//! assert_eq!(obj.stats().blocks_written, 1);
+//! assert_eq!(obj.stats().blocks.blocks_written, 1);
 //! let fs = manager.tier::<kv_tier::fs::FsTier>("fs").unwrap();
-//! assert_eq!(fs.stats().blocks_written, 1);
+//! assert_eq!(fs.stats().blocks.blocks_written, 1);
 //! manager.shutdown().await?;
 //! # Ok(()) }
 //! ```

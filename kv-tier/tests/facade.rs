@@ -45,7 +45,7 @@ fn typed_access_finds_the_tier_by_name_and_type_only() {
     store(&m, RequestId(1), &[test_key(1)]);
     m.runtime().block_on(m.wait_idle());
     assert_eq!(
-        fs.stats().blocks_written,
+        fs.stats().blocks.blocks_written,
         1,
         "the handle is the manager's own tier"
     );
@@ -97,7 +97,7 @@ fn a_pending_store_commits_aborts_or_frees_its_slots_when_dropped() {
     m.runtime().block_on(m.wait_idle());
     let fs = m.tier::<kv_tier::fs::FsTier>("disk").unwrap();
     assert_eq!(
-        fs.stats().blocks_written,
+        fs.stats().blocks.blocks_written,
         2,
         "only the committed blocks cascaded"
     );
@@ -164,8 +164,8 @@ fn dropping_a_manager_without_shutdown_leaves_no_torn_block() {
         m.runtime().block_on(m.wait_idle());
     }
     let s = fs.stats();
-    assert_eq!(s.load_failures, 0, "a torn or damaged block was found");
-    assert_eq!(s.corrupt_deleted, 0, "a torn or damaged block was found");
+    assert_eq!(s.blocks.load_failures, 0, "a torn or damaged block was found");
+    assert_eq!(s.blocks.corrupt_deleted, 0, "a torn or damaged block was found");
     assert_eq!(found + missed, keys.len(), "every key answered");
     println!("{found} of {} blocks survived the drop", keys.len());
     m.on_request_finished(req.id);
