@@ -185,16 +185,25 @@ fn the_binary_writes_its_report_as_json() {
 #[test]
 fn bad_flags_and_configs_fail_with_a_message_not_a_panic() {
     for (args, want) in [
-        (vec!["--streams"], "needs a value"),
+        (vec!["--streams"], "a value is required for '--streams"),
         (vec!["--streams", "many"], "not a valid number"),
-        (vec!["--frobnicate"], "unknown option"),
+        (vec!["--frobnicate"], "unexpected argument '--frobnicate'"),
         (vec!["--streams", "0"], "must be positive"),
+        (vec!["--max-batch", "0"], "must be positive"),
+        (vec!["--prefixes", "0"], "must be positive"),
+        (vec!["--duration", "0"], "must be positive"),
+        (vec!["--duration", "-3"], "must be positive"),
+        (vec!["--fs-cap-gb", "-1"], "must be 0 or positive"),
         (vec!["--config", "/nonexistent/kv.json"], "--config"),
     ] {
         let out = bin().args(&args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            err.contains(args[0]),
+            "the flag is not named: {args:?}: {err}"
+        );
         assert!(!err.contains("panicked"), "{err}");
     }
     let dir = tempfile::tempdir().unwrap();
@@ -208,8 +217,57 @@ fn bad_flags_and_configs_fail_with_a_message_not_a_panic() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("secondary_tiers[0].n_read_threads"), "{err}");
+}
+
+/// The defaults `--help` shows are `SimConfig::default()`'s.
+#[test]
+fn help_shows_the_defaults_of_sim_config() {
     let out = bin().arg("--help").output().unwrap();
-    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--streams"));
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let d = SimConfig::default();
+    let cap = d.fs_cap_gb.unwrap_or(0.0);
+    for (flag, default) in [
+        ("--streams", d.streams.to_string()),
+        ("--turns", d.turns.to_string()),
+        ("--max-batch", d.max_batch.to_string()),
+        ("--gpu-cache-blocks", d.gpu_cache_blocks.to_string()),
+        ("--tokens-per-block", d.tokens_per_block.to_string()),
+        ("--dram-mb", (d.dram_bytes >> 20).to_string()),
+        ("--duration", d.duration.as_secs_f64().to_string()),
+        ("--fs-cap-gb", cap.to_string()),
+        ("--prefill-tokens-per-s", d.prefill_tokens_per_s.to_string()),
+        ("--s3-region", d.s3_region.clone()),
+    ] {
+        let entry = help_entry(&help, flag);
+        assert!(
+            entry.contains(&format!("[default: {default}]")),
+            "{flag}: want the default {default}, help says {entry:?}"
+        );
+    }
+    assert_eq!(d.prefixes, 4 * d.streams, "--help says 4 x streams");
+    assert!(help_entry(&help, "--prefixes").contains("4 x streams"));
+}
+
+/// The lines of `help` that describe `flag`: its line and the lines after it up to the next
+/// flag or heading.
+fn help_entry(help: &str, flag: &str) -> String {
+    let mut lines = help
+        .lines()
+        .skip_while(|l| !l.trim_start().split([' ', ',']).any(|w| w == flag));
+    let mut entry = lines
+        .next()
+        .unwrap_or_else(|| panic!("{flag} not in\n{help}"))
+        .to_string();
+    for l in lines {
+        let t = l.trim_start();
+        if t.is_empty() || t.starts_with('-') || !l.starts_with(' ') {
+            break;
+        }
+        entry += " ";
+        entry += t;
+    }
+    entry
 }
 
 /// With an obj tier below a small fs tier, blocks the fs GC swept come back from S3 (a real

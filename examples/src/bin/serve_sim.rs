@@ -3,156 +3,229 @@
 //! and a report. Every block loaded from any tier is verified byte for byte.
 //!
 //! `cargo run --release -p kv-tier-examples --bin serve_sim -- --help`
+//!
+//! Every default `--help` shows is read from `SimConfig::default()`, so the two cannot
+//! disagree.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::{Args, Parser};
 use kv_tier_examples::sim::{SimConfig, render, run};
 
-const HELP: &str = "\
-serve_sim: a serving-workload simulator over kv-tier's tiers
+/// serve_sim: a serving-workload simulator over kv-tier's tiers
+#[derive(Debug, Parser)]
+#[command(name = "serve_sim")]
+struct Cli {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+    #[command(flatten)]
+    tiers: TierArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+}
 
-USAGE: serve_sim [OPTIONS]
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Workload")]
+struct WorkloadArgs {
+    /// Concurrent conversations
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().streams)]
+    streams: usize,
+    /// Turns per conversation
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().turns)]
+    turns: usize,
+    /// Shared prefixes in the pool [default: 4 x streams]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    prefixes: Option<usize>,
+    /// Tokens per shared prefix
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().prefix_tokens)]
+    prefix_tokens: usize,
+    /// New prompt tokens per turn
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().prompt_tokens)]
+    prompt_tokens: usize,
+    /// Output tokens per turn
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().output_tokens)]
+    output_tokens: usize,
+    /// Tokens per block
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().tokens_per_block)]
+    tokens_per_block: usize,
+    /// Workload seed
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().seed)]
+    seed: u64,
+    /// Stop admitting turns after this long
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, allow_negative_numbers = true,
+          default_value_t = SimConfig::default().duration.as_secs_f64())]
+    duration: f64,
+}
 
-Workload:
-  --streams N              concurrent conversations [64]
-  --turns N                turns per conversation [5]
-  --prefixes N             shared prefixes in the pool [4 x streams]
-  --prefix-tokens N        tokens per shared prefix [10000]
-  --prompt-tokens N        new prompt tokens per turn [4096]
-  --output-tokens N        output tokens per turn [512]
-  --tokens-per-block N     tokens per block [16]
-  --seed N                 workload seed [1]
-  --duration SECONDS       stop admitting turns after this long [70]
-Model shape (block bytes = layers x kv-heads x head-dim x dtype-bytes x 2 x tokens-per-block):
-  --layers N [1]  --kv-heads N [2]  --head-dim N [64]  --dtype-bytes N [2]
-Engine:
-  --gpu-cache-blocks N     simulated GPU prefix cache [4096]
-  --max-batch N            requests scheduled at once [16]
-  --prefill-tokens-per-s X simulated prefill speed of missed tokens [200000]
-Tiers:
-  --dram-mb N              DRAM for the primary tier [512]
-  --root-dir DIR           the fs tier's directory [a fresh temp dir]
-  --fs-cap-gb X            the fs tier's GC cap in GiB, 0 for none [0.75]
-  --s3-endpoint URL        also an obj tier below fs, on this S3 endpoint [none]
-  --s3-bucket NAME         its bucket [kv-tier]
-  --s3-access-key KEY      its access key [the AWS credential chain]
-  --s3-secret-key KEY      its secret key
-  --s3-region REGION       its region [us-east-1]
-  --config FILE            a vLLM-shaped tier config JSON instead of the flags above
-Output:
-  --json FILE              also write the report as JSON
-  --sync-steps             wait for every transfer at each step (same seed, same counts)
-  --no-progress            no progress line
-  -h, --help               this text
-";
+#[derive(Debug, Args)]
+#[command(
+    next_help_heading = "Model shape (block bytes = layers x kv-heads x head-dim x dtype-bytes x 2 x tokens-per-block)"
+)]
+struct ModelArgs {
+    /// Layers
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().layers)]
+    layers: usize,
+    /// KV heads
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().kv_heads)]
+    kv_heads: usize,
+    /// Head dimension
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().head_dim)]
+    head_dim: usize,
+    /// Bytes per element
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().dtype_bytes)]
+    dtype_bytes: usize,
+}
 
-fn parse(args: &[String]) -> Result<(SimConfig, Option<PathBuf>), String> {
-    let mut c = SimConfig::default();
-    let mut prefixes_set = false;
-    let mut json = None;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = |name: &str| -> Result<String, String> {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value (see --help)"))
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Engine")]
+struct EngineArgs {
+    /// Simulated GPU prefix cache, in blocks
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().gpu_cache_blocks)]
+    gpu_cache_blocks: usize,
+    /// Requests scheduled at once
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().max_batch)]
+    max_batch: usize,
+    /// Simulated prefill speed of missed tokens (0: none)
+    #[arg(long, value_name = "X", allow_negative_numbers = true,
+          default_value_t = SimConfig::default().prefill_tokens_per_s)]
+    prefill_tokens_per_s: f64,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Tiers")]
+struct TierArgs {
+    /// DRAM for the primary tier, in MiB
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().dram_bytes >> 20)]
+    dram_mb: u64,
+    /// The fs tier's directory [default: a fresh temp dir, removed at the end]
+    #[arg(long, value_name = "DIR")]
+    root_dir: Option<PathBuf>,
+    /// The fs tier's GC cap in GiB, 0 for none
+    #[arg(long, value_name = "X", value_parser = cap_gb, allow_negative_numbers = true,
+          default_value_t = SimConfig::default().fs_cap_gb.unwrap_or(0.0))]
+    fs_cap_gb: f64,
+    /// Also an obj tier below fs, on this S3 endpoint
+    #[arg(long, value_name = "URL")]
+    s3_endpoint: Option<String>,
+    /// Its bucket
+    #[arg(long, value_name = "NAME", default_value_t = SimConfig::default().s3_bucket)]
+    s3_bucket: String,
+    /// Its access key [default: the AWS credential chain]
+    #[arg(long, value_name = "KEY", default_value_t = SimConfig::default().s3_access_key,
+          hide_default_value = true)]
+    s3_access_key: String,
+    /// Its secret key
+    #[arg(long, value_name = "KEY", default_value_t = SimConfig::default().s3_secret_key,
+          hide_default_value = true)]
+    s3_secret_key: String,
+    /// Its region
+    #[arg(long, value_name = "REGION", default_value_t = SimConfig::default().s3_region)]
+    s3_region: String,
+    /// A vLLM-shaped tier config JSON instead of the tier flags above
+    #[arg(long = "config", value_name = "FILE", value_parser = read_file)]
+    config_json: Option<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Output")]
+struct OutputArgs {
+    /// Also write the report as JSON
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Wait for every transfer at each step and run the fs GC there (same seed, same counts)
+    #[arg(long)]
+    sync_steps: bool,
+    /// No progress line
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// A count that must be positive.
+fn positive(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(0) => Err("must be positive".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a valid number ({e})")),
+    }
+}
+
+/// A positive, finite number of seconds that fits a `Duration`.
+fn seconds(v: &str) -> Result<f64, String> {
+    let s: f64 = v.parse().map_err(|e| format!("not a valid number ({e})"))?;
+    if !(s.is_finite() && s > 0.0) {
+        return Err(format!("must be positive, got {s}"));
+    }
+    Duration::try_from_secs_f64(s).map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+/// A cap in GiB: 0 (none) or positive.
+fn cap_gb(v: &str) -> Result<f64, String> {
+    let gb: f64 = v.parse().map_err(|e| format!("not a valid number ({e})"))?;
+    if !(gb.is_finite() && gb >= 0.0) {
+        return Err(format!("must be 0 or positive, got {gb}"));
+    }
+    Ok(gb)
+}
+
+/// The text of a file.
+fn read_file(path: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
+impl Cli {
+    /// The simulator's config and the path of the JSON report, if asked for.
+    fn into_config(self) -> (SimConfig, Option<PathBuf>) {
+        let Self {
+            workload: w,
+            model: m,
+            engine: e,
+            tiers: t,
+            output: o,
+        } = self;
+        let cfg = SimConfig {
+            streams: w.streams,
+            turns: w.turns,
+            prefixes: w.prefixes.unwrap_or(4 * w.streams),
+            prefix_tokens: w.prefix_tokens,
+            prompt_tokens: w.prompt_tokens,
+            output_tokens: w.output_tokens,
+            tokens_per_block: w.tokens_per_block,
+            seed: w.seed,
+            duration: Duration::from_secs_f64(w.duration),
+            layers: m.layers,
+            kv_heads: m.kv_heads,
+            head_dim: m.head_dim,
+            dtype_bytes: m.dtype_bytes,
+            gpu_cache_blocks: e.gpu_cache_blocks,
+            max_batch: e.max_batch,
+            prefill_tokens_per_s: e.prefill_tokens_per_s,
+            dram_bytes: t.dram_mb << 20,
+            root_dir: t.root_dir,
+            fs_cap_gb: (t.fs_cap_gb > 0.0).then_some(t.fs_cap_gb),
+            config_json: t.config_json,
+            s3_endpoint: t.s3_endpoint,
+            s3_bucket: t.s3_bucket,
+            s3_access_key: t.s3_access_key,
+            s3_secret_key: t.s3_secret_key,
+            s3_region: t.s3_region,
+            sync_steps: o.sync_steps,
+            progress: !o.no_progress,
+            ..SimConfig::default()
         };
-        fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, String> {
-            v.parse()
-                .map_err(|_| format!("{name}: {v:?} is not a valid number"))
-        }
-        match flag.as_str() {
-            "-h" | "--help" => return Err(String::new()),
-            "--streams" => c.streams = num(flag, value(flag)?)?,
-            "--turns" => c.turns = num(flag, value(flag)?)?,
-            "--prefixes" => {
-                c.prefixes = num(flag, value(flag)?)?;
-                prefixes_set = true;
-            }
-            "--prefix-tokens" => c.prefix_tokens = num(flag, value(flag)?)?,
-            "--prompt-tokens" => c.prompt_tokens = num(flag, value(flag)?)?,
-            "--output-tokens" => c.output_tokens = num(flag, value(flag)?)?,
-            "--tokens-per-block" => c.tokens_per_block = num(flag, value(flag)?)?,
-            "--seed" => c.seed = num(flag, value(flag)?)?,
-            "--duration" => {
-                let s: f64 = num(flag, value(flag)?)?;
-                if !(s.is_finite() && s > 0.0) {
-                    return Err(format!("--duration must be positive, got {s}"));
-                }
-                c.duration = Duration::from_secs_f64(s);
-            }
-            "--layers" => c.layers = num(flag, value(flag)?)?,
-            "--kv-heads" => c.kv_heads = num(flag, value(flag)?)?,
-            "--head-dim" => c.head_dim = num(flag, value(flag)?)?,
-            "--dtype-bytes" => c.dtype_bytes = num(flag, value(flag)?)?,
-            "--gpu-cache-blocks" => c.gpu_cache_blocks = num(flag, value(flag)?)?,
-            "--max-batch" => c.max_batch = num(flag, value(flag)?)?,
-            "--prefill-tokens-per-s" => c.prefill_tokens_per_s = num(flag, value(flag)?)?,
-            "--dram-mb" => {
-                let mb: u64 = num(flag, value(flag)?)?;
-                c.dram_bytes = mb << 20;
-            }
-            "--root-dir" => c.root_dir = Some(PathBuf::from(value(flag)?)),
-            "--fs-cap-gb" => {
-                let gb: f64 = num(flag, value(flag)?)?;
-                if !(gb.is_finite() && gb >= 0.0) {
-                    return Err(format!("--fs-cap-gb must be 0 or positive, got {gb}"));
-                }
-                c.fs_cap_gb = (gb > 0.0).then_some(gb);
-            }
-            "--config" => {
-                let path = value(flag)?;
-                c.config_json = Some(
-                    std::fs::read_to_string(&path).map_err(|e| format!("--config {path}: {e}"))?,
-                );
-            }
-            "--json" => json = Some(PathBuf::from(value(flag)?)),
-            "--s3-endpoint" => c.s3_endpoint = Some(value(flag)?),
-            "--s3-bucket" => c.s3_bucket = value(flag)?,
-            "--s3-access-key" => c.s3_access_key = value(flag)?,
-            "--s3-secret-key" => c.s3_secret_key = value(flag)?,
-            "--s3-region" => c.s3_region = value(flag)?,
-            "--sync-steps" => c.sync_steps = true,
-            "--no-progress" => c.progress = false,
-            other => return Err(format!("unknown option {other:?} (see --help)")),
-        }
+        (cfg, o.json)
     }
-    if !prefixes_set {
-        c.prefixes = 4 * c.streams.max(1);
-    }
-    for (name, v) in [
-        ("--streams", c.streams),
-        ("--turns", c.turns),
-        ("--tokens-per-block", c.tokens_per_block),
-        ("--layers", c.layers),
-        ("--kv-heads", c.kv_heads),
-        ("--head-dim", c.head_dim),
-        ("--dtype-bytes", c.dtype_bytes),
-        ("--max-batch", c.max_batch),
-        ("--prefixes", c.prefixes),
-    ] {
-        if v == 0 {
-            return Err(format!("{name} must be positive"));
-        }
-    }
-    Ok((c, json))
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (cfg, json) = match parse(&args) {
-        Ok(v) => v,
-        Err(msg) if msg.is_empty() => {
-            print!("{HELP}");
-            return ExitCode::SUCCESS;
-        }
-        Err(msg) => {
-            eprintln!("serve_sim: {msg}");
-            return ExitCode::from(2);
-        }
-    };
+    // a usage error exits with 2, `--help` with 0
+    let (cfg, json) = Cli::parse().into_config();
     eprintln!(
         "serve_sim: {} streams x {} turns, blocks of {} KiB, DRAM {} MiB, fs cap {}",
         cfg.streams,
@@ -178,5 +251,24 @@ fn main() -> ExitCode {
             eprintln!("serve_sim: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn no_flags_give_the_default_config() {
+        let (cfg, json) = Cli::parse_from(["serve_sim"]).into_config();
+        assert_eq!(cfg, SimConfig::default());
+        assert_eq!(json, None);
     }
 }

@@ -1,0 +1,175 @@
+//! What the simulator can be told: [`SimConfig`], its defaults (the binary's `--help` shows
+//! these), and the tier config it makes of them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kv_tier::KvTierConfig;
+
+/// Everything the simulator can be told.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// Concurrent conversations.
+    pub streams: usize,
+    /// Turns per conversation.
+    pub turns: usize,
+    /// Shared prefixes in the pool (default 4 x streams).
+    pub prefixes: usize,
+    /// Tokens of a shared prefix.
+    pub prefix_tokens: usize,
+    /// New prompt tokens per turn.
+    pub prompt_tokens: usize,
+    /// Output tokens per turn.
+    pub output_tokens: usize,
+    /// Tokens per block (and per prefix hash).
+    pub tokens_per_block: usize,
+    /// Model shape: layers.
+    pub layers: usize,
+    /// Model shape: KV heads.
+    pub kv_heads: usize,
+    /// Model shape: head dimension.
+    pub head_dim: usize,
+    /// Model shape: bytes per element.
+    pub dtype_bytes: usize,
+    /// Simulated GPU prefix cache, in blocks.
+    pub gpu_cache_blocks: usize,
+    /// Requests the scheduler runs at once.
+    pub max_batch: usize,
+    /// Simulated prefill speed of missed tokens.
+    pub prefill_tokens_per_s: f64,
+    /// Stop admitting new turns after this long.
+    pub duration: Duration,
+    /// Workload seed.
+    pub seed: u64,
+    /// DRAM for the primary tier, in bytes.
+    pub dram_bytes: u64,
+    /// The fs tier's root (default: a fresh temp dir, removed at the end).
+    pub root_dir: Option<PathBuf>,
+    /// The fs tier's cap in GiB (`None`: unbounded).
+    pub fs_cap_gb: Option<f64>,
+    /// A tier config JSON (vLLM-shaped) replacing the built-in one.
+    pub config_json: Option<String>,
+    /// An S3 endpoint: adds an `obj` tier below the fs tier.
+    pub s3_endpoint: Option<String>,
+    /// The bucket of the `obj` tier.
+    pub s3_bucket: String,
+    /// Access key of the `obj` tier (empty: the AWS credential chain).
+    pub s3_access_key: String,
+    /// Secret key of the `obj` tier.
+    pub s3_secret_key: String,
+    /// Region of the `obj` tier.
+    pub s3_region: String,
+    /// The fs tier's GC timing (seconds): capacity-check interval, stamp interval, grace.
+    /// Seconds-scale by default, for a run that lasts a minute.
+    pub fs_gc_interval_s: f64,
+    /// See `fs_gc_interval_s`.
+    pub fs_gc_stamp_s: f64,
+    /// See `fs_gc_interval_s`.
+    pub fs_gc_grace_s: f64,
+    /// Wait for every job at the end of each step, and run the fs GC there (stamps, then a
+    /// sweep) instead of on its thread: same seed, same hit counts while the fs tier is under
+    /// its cap, and the cap is checked after every sweep.
+    pub sync_steps: bool,
+    /// Print a live progress line.
+    pub progress: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            streams: 64,
+            turns: 5,
+            prefixes: 256,
+            prefix_tokens: 10_000,
+            prompt_tokens: 4096,
+            output_tokens: 512,
+            tokens_per_block: 16,
+            layers: 1,
+            kv_heads: 2,
+            head_dim: 64,
+            dtype_bytes: 2,
+            gpu_cache_blocks: 4096,
+            max_batch: 8,
+            prefill_tokens_per_s: 200_000.0,
+            duration: Duration::from_secs(70),
+            seed: 1,
+            dram_bytes: 512 << 20,
+            root_dir: None,
+            fs_cap_gb: Some(0.75),
+            config_json: None,
+            s3_endpoint: None,
+            s3_bucket: "kv-tier".into(),
+            s3_access_key: String::new(),
+            s3_secret_key: String::new(),
+            s3_region: "us-east-1".into(),
+            fs_gc_interval_s: 1.0,
+            fs_gc_stamp_s: 1.0,
+            fs_gc_grace_s: 2.0,
+            sync_steps: false,
+            progress: true,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Bytes of one block: layers x KV heads x head dim x dtype x 2 (K and V) x tokens.
+    pub fn block_bytes(&self) -> usize {
+        self.layers * self.kv_heads * self.head_dim * self.dtype_bytes * 2 * self.tokens_per_block
+    }
+
+    /// The tier config of the run: `config_json` as given, or one built of the fields, the
+    /// fs tier in `root`. With `sync_steps` its fs tiers' GC runs on the simulator's steps.
+    pub(super) fn tier_config(&self, root: &Path) -> Result<KvTierConfig, kv_tier_core::Error> {
+        let mut cfg = self.tier_config_as_given(root)?;
+        if self.sync_steps {
+            // the simulator runs the fs GC at the end of each step, not on its thread
+            for t in cfg.secondary_tiers.iter_mut().filter(|t| t.kind == "fs") {
+                t.options.insert("gc_background".into(), false.into());
+            }
+        }
+        Ok(cfg)
+    }
+
+    fn tier_config_as_given(&self, root: &Path) -> Result<KvTierConfig, kv_tier_core::Error> {
+        if let Some(text) = &self.config_json {
+            return KvTierConfig::from_json_str(text);
+        }
+        let mut fs = serde_json::json!({
+            "type": "fs",
+            "root_dir": root,
+            "n_read_threads": 8,
+            "n_write_threads": 8,
+            "checksum": "crc32c",
+        });
+        if let Some(cap) = self.fs_cap_gb {
+            // Seconds-scale GC for a run that lasts a minute.
+            let o = fs.as_object_mut().expect("object");
+            o.insert("gc_max_size_gb".into(), cap.into());
+            o.insert("gc_interval_s".into(), self.fs_gc_interval_s.into());
+            o.insert("gc_stamp_interval_s".into(), self.fs_gc_stamp_s.into());
+            o.insert("gc_grace_s".into(), self.fs_gc_grace_s.into());
+        }
+        let mut tiers = vec![fs];
+        if let Some(endpoint) = &self.s3_endpoint {
+            tiers.push(serde_json::json!({
+                "type": "obj",
+                "bucket": self.s3_bucket,
+                "endpoint_override": endpoint,
+                "access_key": self.s3_access_key,
+                "secret_key": self.s3_secret_key,
+                "region": self.s3_region,
+                "scheme": if endpoint.starts_with("http://") { "http" } else { "https" },
+                "prefix": "serve-sim",
+                "io_threads": 16,
+                "checksum": "crc32c",
+            }));
+        }
+        let v = serde_json::json!({
+            "cpu_bytes_to_use": self.dram_bytes,
+            "block_size_bytes": self.block_bytes(),
+            "eviction_policy": "lru",
+            "secondary_tiers": tiers,
+        });
+        KvTierConfig::from_value(v)
+    }
+}

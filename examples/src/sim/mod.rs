@@ -1,0 +1,48 @@
+//! The serving-workload simulator: plays an inference engine's scheduler driving
+//! `TieringManager` over real tiers, with every loaded block verified byte for byte.
+//!
+//! [`run`] is the data flow, one module a stage:
+//!
+//! - `config`: [`SimConfig`], its defaults and the tier config made of it;
+//! - `setup`: the fs tier's directory, the manager, typed access to its fs tier, the workload;
+//! - `step`: the engine, one scheduler step at a time (admit, look up, load and verify,
+//!   store, finish; with `sync_steps`, the fs GC at the end of the step), counting as it goes;
+//! - `report`: the [`Report`] made of those counts and the manager's stats, [`render`]ed as
+//!   text, and the live progress line.
+
+mod config;
+mod report;
+mod setup;
+mod step;
+
+pub use config::SimConfig;
+pub use report::{GcReport, Report, TierReport, render};
+
+use report::Progress;
+use setup::Setup;
+use step::Engine;
+
+/// Runs the simulation and returns its report. Fails on a bad config, an I/O error, or a
+/// block that came back with wrong bytes.
+pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
+    let setup = Setup::new(cfg)?;
+    let manager = &setup.manager;
+    let mut engine = Engine::new(cfg, manager, setup.fs.as_deref(), setup::workload(cfg));
+    let mut progress = Progress::new(cfg.progress);
+    while !engine.done() {
+        engine.step()?;
+        progress.tick(manager, engine.tally(), engine.elapsed());
+        if engine.tally().corrupt() {
+            break;
+        }
+    }
+    let seconds = engine.elapsed();
+    let drain = engine.drain();
+    progress.finish(manager, engine.tally(), engine.elapsed());
+    let tally = engine.into_tally();
+    let gc = setup.fs.as_ref().and_then(|t| t.stats().gc);
+    let report = report::fill(cfg, &tally, &manager.stats(), gc, seconds, drain);
+    setup.teardown(cfg.progress)?;
+    tally.check_oracle()?;
+    Ok(report)
+}

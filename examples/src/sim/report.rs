@@ -1,0 +1,432 @@
+//! The report: its types, filling it from the engine's tally and the manager's stats,
+//! [`render`]ing it as text, and the live progress line.
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use kv_tier::fs::GcStats;
+use kv_tier::{ManagerStats, TierStats, TieringManager};
+use serde::Serialize;
+
+use super::SimConfig;
+use super::step::Tally;
+
+/// Per-tier figures of the report.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TierReport {
+    /// Tier name.
+    pub name: String,
+    /// Lookups that found the block in this tier (promotions queued).
+    pub hits: u64,
+    /// Blocks loaded (promoted into DRAM).
+    pub blocks_loaded: u64,
+    /// Bytes read from the tier.
+    pub bytes_read: u64,
+    /// Bytes written to the tier.
+    pub bytes_written: u64,
+    /// Blocks written.
+    pub blocks_stored: u64,
+    /// Read throughput over the run, GB/s.
+    pub read_gb_per_s: f64,
+    /// Write throughput over the run, GB/s.
+    pub write_gb_per_s: f64,
+    /// Load job latency p50, ms.
+    pub load_p50_ms: f64,
+    /// Load job latency p99, ms.
+    pub load_p99_ms: f64,
+    /// Failed block loads (misses for their request).
+    pub load_failures: u64,
+    /// Why loads failed (`missing`: the block was gone when its promotion read it).
+    pub load_failure_causes: kv_tier_core::stats::FailureCauses,
+    /// Failed block stores.
+    pub store_failures: u64,
+    /// Why stores failed.
+    pub store_failure_causes: kv_tier_core::stats::FailureCauses,
+    /// Blocks not written here because its write-back was at its limit (policy `drop`).
+    pub writes_dropped: u64,
+    /// The most bytes of write-back queued or in flight to this tier.
+    pub write_back_peak_bytes: u64,
+    /// Probe batch latency p50 and p99, ms.
+    pub probe_p50_ms: f64,
+    /// See `probe_p50_ms`.
+    pub probe_p99_ms: f64,
+    /// Lookups that stopped waiting for this tier at its probe budget.
+    pub probes_over_budget: u64,
+    /// Probe batches answered after the budget.
+    pub late_answers: u64,
+    /// Probes given up at their deadline.
+    pub probe_timeouts: u64,
+    /// Probes that failed or panicked.
+    pub probe_errors: u64,
+}
+
+/// GC figures of the fs tier.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct GcReport {
+    /// The cap, bytes.
+    pub cap_bytes: u64,
+    /// What the tier holds on disk at the end: allocated bytes of its files and directories.
+    pub bytes: u64,
+    /// The most it held at any time.
+    pub peak_bytes: u64,
+    /// The part of `bytes` that is directories.
+    pub dir_bytes: u64,
+    /// Files deleted within the grace window because the hard ceiling was near.
+    pub grace_overridden: u64,
+    /// Sweeps that ended over the cap (the rest was in flight or within the grace window).
+    pub sweeps_over_cap: u64,
+    /// With `sync_steps`: the largest size right after a step's sweep (nothing in flight).
+    pub max_bytes_after_step_sweep: Option<u64>,
+    /// Sweeps run.
+    pub sweeps: u64,
+    /// Files swept.
+    pub swept_files: u64,
+    /// Files kept because jobs had them protected.
+    pub skipped_in_flight: u64,
+    /// Files kept because they were used within the grace window.
+    pub skipped_in_grace: u64,
+    /// Stamps applied.
+    pub stamps: u64,
+}
+
+/// The report: printed at the end and written by `--json`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    /// Seconds of wall time of the run: until the last request finished (the final drain of
+    /// write-back is `drain_seconds`).
+    pub seconds: f64,
+    /// Seconds the final drain took (jobs still queued or in flight when the last request
+    /// finished: write-back to slow tiers, mostly).
+    pub drain_seconds: f64,
+    /// Requests (turns) completed.
+    pub requests: u64,
+    /// Requests in the workload.
+    pub requests_planned: u64,
+    /// Scheduler steps.
+    pub steps: u64,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// Prompt tokens in all (in whole blocks).
+    pub prompt_tokens: u64,
+    /// Tokens found in the simulated GPU prefix cache.
+    pub tokens_from_gpu_cache: u64,
+    /// Tokens served from DRAM without waiting for a promotion.
+    pub tokens_from_dram: u64,
+    /// Tokens that waited for a promotion from a secondary tier.
+    pub tokens_from_secondary: u64,
+    /// Tokens recomputed.
+    pub tokens_recomputed: u64,
+    /// `lookup` calls.
+    pub lookups: u64,
+    /// Lookups answered Hit.
+    pub lookup_hits: u64,
+    /// Lookups answered HitPending.
+    pub lookup_hits_pending: u64,
+    /// Lookups answered Retry.
+    pub lookup_retries: u64,
+    /// Lookups answered Miss.
+    pub lookup_misses: u64,
+    /// Blocks read from kv-tier and verified byte for byte.
+    pub blocks_verified: u64,
+    /// Blocks whose bytes were wrong (must be 0).
+    pub blocks_corrupt: u64,
+    /// Fraction of prompt tokens not recomputed.
+    pub hit_rate: f64,
+    /// DRAM evictions.
+    pub dram_evictions: u64,
+    /// `prepare_store` calls refused because DRAM was full of pinned blocks.
+    pub stores_refused: u64,
+    /// `prepare_store` calls refused because write-back was at its limit (a `wait` tier, or
+    /// the DRAM pinned by write-back).
+    pub stores_refused_write_back: u64,
+    /// DRAM bytes pinned by write-back at most.
+    pub write_back_pinned_peak_bytes: u64,
+    /// Per secondary tier.
+    pub tiers: Vec<TierReport>,
+    /// The fs tier's GC, when bounded.
+    pub gc: Option<GcReport>,
+    /// Events emitted (stored + removed).
+    pub events: u64,
+    /// Removal events.
+    pub removal_events: u64,
+    /// Prefill time the tiers saved at the configured rate, seconds.
+    pub prefill_seconds_saved: f64,
+}
+
+/// The report of a run: the engine's tally, the manager's stats and the fs tier's GC
+/// figures at its end; throughputs over `seconds`, the run until the last request finished.
+pub(super) fn fill(
+    cfg: &SimConfig,
+    t: &Tally,
+    s: &ManagerStats,
+    gc: Option<GcStats>,
+    seconds: Duration,
+    drain: Duration,
+) -> Report {
+    let secs = seconds.as_secs_f64();
+    let from_tiers = t.prompt_tokens - t.tokens_recomputed - t.tokens_from_gpu_cache;
+    let prefill_seconds_saved = if cfg.prefill_tokens_per_s > 0.0 {
+        from_tiers as f64 / cfg.prefill_tokens_per_s
+    } else {
+        0.0
+    };
+    Report {
+        seconds: secs,
+        drain_seconds: drain.as_secs_f64(),
+        requests: t.requests,
+        requests_planned: t.requests_planned,
+        steps: t.steps,
+        block_bytes: cfg.block_bytes() as u64,
+        prompt_tokens: t.prompt_tokens,
+        tokens_from_gpu_cache: t.tokens_from_gpu_cache,
+        tokens_from_dram: t.tokens_from_dram,
+        tokens_from_secondary: t.tokens_from_secondary,
+        tokens_recomputed: t.tokens_recomputed,
+        lookups: s.lookups,
+        lookup_hits: s.hits,
+        lookup_hits_pending: s.hits_pending,
+        lookup_retries: s.retries,
+        lookup_misses: s.misses,
+        blocks_verified: t.blocks_verified,
+        blocks_corrupt: t.corrupt_keys.len() as u64,
+        hit_rate: t.hit_rate(),
+        dram_evictions: s.primary.evictions,
+        stores_refused: t.stores_refused,
+        stores_refused_write_back: t.stores_refused_write_back,
+        write_back_pinned_peak_bytes: s.write_back_pinned_peak_bytes,
+        tiers: s.tiers.iter().map(|ts| tier_report(ts, secs)).collect(),
+        gc: gc.map(|g| gc_report(&g, t.max_bytes_after_step_sweep)),
+        events: t.events,
+        removal_events: t.removal_events,
+        prefill_seconds_saved,
+    }
+}
+
+fn tier_report(t: &TierStats, secs: f64) -> TierReport {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    TierReport {
+        name: t.name.clone(),
+        hits: t.hits,
+        blocks_loaded: t.blocks_loaded,
+        bytes_read: t.bytes_loaded,
+        bytes_written: t.bytes_stored,
+        blocks_stored: t.blocks_stored,
+        read_gb_per_s: t.bytes_loaded as f64 / secs / 1e9,
+        write_gb_per_s: t.bytes_stored as f64 / secs / 1e9,
+        load_p50_ms: ms(t.load_latency.quantile(0.5)),
+        load_p99_ms: ms(t.load_latency.quantile(0.99)),
+        load_failures: t.load_failures,
+        load_failure_causes: t.load_failure_causes,
+        store_failures: t.store_failures,
+        store_failure_causes: t.store_failure_causes,
+        writes_dropped: t.writes_dropped,
+        write_back_peak_bytes: t.write_back_peak_bytes,
+        probe_p50_ms: ms(t.probe_latency.quantile(0.5)),
+        probe_p99_ms: ms(t.probe_latency.quantile(0.99)),
+        probes_over_budget: t.probes.over_budget,
+        late_answers: t.probes.late_answers,
+        probe_timeouts: t.probes.probe_timeouts,
+        probe_errors: t.probes.probe_errors + t.probes.probe_panics,
+    }
+}
+
+fn gc_report(g: &GcStats, max_bytes_after_step_sweep: Option<u64>) -> GcReport {
+    GcReport {
+        cap_bytes: g.cap_bytes,
+        bytes: g.bytes,
+        peak_bytes: g.peak_bytes,
+        dir_bytes: g.dir_bytes,
+        grace_overridden: g.grace_overridden,
+        sweeps_over_cap: g.sweeps_over_cap,
+        max_bytes_after_step_sweep,
+        sweeps: g.sweeps,
+        swept_files: g.swept_files,
+        skipped_in_flight: g.skipped_in_flight,
+        skipped_in_grace: g.skipped_in_grace,
+        stamps: g.stamps,
+    }
+}
+
+/// The live progress line on stderr, at most every 250 ms.
+pub(super) struct Progress {
+    on: bool,
+    last: Instant,
+}
+
+impl Progress {
+    pub(super) fn new(on: bool) -> Self {
+        Self {
+            on,
+            last: Instant::now() - Duration::from_secs(1),
+        }
+    }
+
+    /// After a step: the line, if it is on and 250 ms have passed since the last one.
+    pub(super) fn tick(&mut self, m: &TieringManager, t: &Tally, elapsed: Duration) {
+        if self.on && self.last.elapsed() >= Duration::from_millis(250) {
+            self.last = Instant::now();
+            progress_line(m, t, elapsed);
+        }
+    }
+
+    /// At the end: the last line, and a newline after it.
+    pub(super) fn finish(&self, m: &TieringManager, t: &Tally, elapsed: Duration) {
+        if self.on {
+            progress_line(m, t, elapsed);
+            eprintln!();
+        }
+    }
+}
+
+fn progress_line(m: &TieringManager, r: &Tally, elapsed: Duration) {
+    let s = m.stats();
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let read: u64 = s.tiers.iter().map(|t| t.bytes_loaded).sum();
+    let wrote: u64 = s.tiers.iter().map(|t| t.bytes_stored).sum();
+    let hit = 100.0 * r.hit_rate();
+    let done = r.requests as f64 / r.requests_planned.max(1) as f64;
+    let width = 24;
+    let filled = (done * width as f64) as usize;
+    eprint!(
+        "\r[{}{}] {:>4}/{} req {:>5.1}s  hit {:>5.1}%  read {:>5.2} GB/s  write {:>5.2} GB/s  ",
+        "#".repeat(filled),
+        "-".repeat(width - filled.min(width)),
+        r.requests,
+        r.requests_planned,
+        secs,
+        hit,
+        read as f64 / secs / 1e9,
+        wrote as f64 / secs / 1e9
+    );
+    let _ = std::io::stderr().flush();
+}
+
+/// The report as text.
+pub fn render(r: &Report) -> String {
+    let mut o = String::new();
+    o += &format!(
+        "kv-tier serve_sim report ({:.1} s, {} steps; then {:.1} s draining write-back)\n",
+        r.seconds, r.steps, r.drain_seconds
+    );
+    o += &format!(
+        "  requests              {} of {} planned\n",
+        r.requests, r.requests_planned
+    );
+    o += &format!(
+        "  prompt tokens         {} (block {} KiB)\n",
+        r.prompt_tokens,
+        r.block_bytes >> 10
+    );
+    o += &format!("    from GPU cache      {}\n", r.tokens_from_gpu_cache);
+    o += &format!("    from DRAM           {}\n", r.tokens_from_dram);
+    o += &format!(
+        "    from {:<15}{} (promoted into DRAM while the request waited)\n",
+        r.tiers
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join("+"),
+        r.tokens_from_secondary
+    );
+    o += &format!("    recomputed          {}\n", r.tokens_recomputed);
+    o += &format!(
+        "  hit rate              {:.1}% of prompt tokens not recomputed\n",
+        100.0 * r.hit_rate
+    );
+    o += &format!(
+        "  lookups               {} (hit {}, pending {}, retry {}, miss {})\n",
+        r.lookups, r.lookup_hits, r.lookup_hits_pending, r.lookup_retries, r.lookup_misses
+    );
+    o += &format!(
+        "  verified blocks       {} byte for byte, {} corrupt\n",
+        r.blocks_verified, r.blocks_corrupt
+    );
+    o += &format!(
+        "  DRAM                  {} evictions, {} stores refused (pinned), {} refused for write-back, write-back pinned at most {:.1} MiB\n",
+        r.dram_evictions,
+        r.stores_refused,
+        r.stores_refused_write_back,
+        r.write_back_pinned_peak_bytes as f64 / (1u64 << 20) as f64
+    );
+    for t in &r.tiers {
+        o += &render_tier(t);
+    }
+    if let Some(g) = &r.gc {
+        o += &render_gc(g);
+    }
+    o += &format!(
+        "  events                {} ({} removals)\n",
+        r.events, r.removal_events
+    );
+    o += &format!(
+        "  prefill time saved    {:.1} s at the configured rate\n",
+        r.prefill_seconds_saved
+    );
+    o
+}
+
+/// The three lines of a tier.
+fn render_tier(t: &TierReport) -> String {
+    let mut o = String::new();
+    o += &format!(
+        "  tier {:<16} {} blocks promoted, read {:.2} GiB ({:.2} GB/s), wrote {:.2} GiB ({:.2} GB/s), load job p50 {:.1} ms p99 {:.1} ms\n",
+        t.name,
+        t.blocks_loaded,
+        gib(t.bytes_read),
+        t.read_gb_per_s,
+        gib(t.bytes_written),
+        t.write_gb_per_s,
+        t.load_p50_ms,
+        t.load_p99_ms,
+    );
+    o += &format!(
+        "  {:<21} failed loads {} ({}), failed stores {} ({}), probes timed out {} / failed {}\n",
+        "",
+        t.load_failures,
+        t.load_failure_causes.summary(),
+        t.store_failures,
+        t.store_failure_causes.summary(),
+        t.probe_timeouts,
+        t.probe_errors
+    );
+    o += &format!(
+        "  {:<21} probe p50 {:.1} ms p99 {:.1} ms, {} lookups past the probe budget, {} late answers; write-back peak {:.1} MiB, {} writes dropped\n",
+        "",
+        t.probe_p50_ms,
+        t.probe_p99_ms,
+        t.probes_over_budget,
+        t.late_answers,
+        t.write_back_peak_bytes as f64 / (1u64 << 20) as f64,
+        t.writes_dropped
+    );
+    o
+}
+
+/// The two lines of the fs GC.
+fn render_gc(g: &GcReport) -> String {
+    let mut o = String::new();
+    o += &format!(
+        "  fs GC                 {} sweeps ({} ended over the cap), {} files swept ({} within grace), {} mtime stamps, skipped {} in flight / {} in grace\n",
+        g.sweeps,
+        g.sweeps_over_cap,
+        g.swept_files,
+        g.grace_overridden,
+        g.stamps,
+        g.skipped_in_flight,
+        g.skipped_in_grace
+    );
+    o += &format!(
+        "  fs on disk            {:.3} GiB allocated at the end ({:.2}x the {:.2} GiB cap; {:.3} GiB of it directories), peak {:.3} GiB ({:.2}x)\n",
+        gib(g.bytes),
+        g.bytes as f64 / g.cap_bytes as f64,
+        gib(g.cap_bytes),
+        gib(g.dir_bytes),
+        gib(g.peak_bytes),
+        g.peak_bytes as f64 / g.cap_bytes as f64
+    );
+    o
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}

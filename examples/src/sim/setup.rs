@@ -1,0 +1,160 @@
+//! Setting up a run and taking it down: the fs tier's directory, the manager built with
+//! `kv_tier::builder`, typed access to its fs tier, and the workload.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kv_tier::fs::FsTier;
+use kv_tier::{Namespace, RunFields, TieringManager};
+use kv_tier_testkit::{Workload, WorkloadConfig};
+use tempfile::TempDir;
+
+use super::SimConfig;
+
+type BoxError = Box<dyn std::error::Error>;
+
+/// What a run starts from (with [`workload`]). Its fields drop in order: the manager and
+/// the fs tier before the directory they write to.
+pub(super) struct Setup {
+    /// The manager over the configured tiers.
+    pub(super) manager: TieringManager,
+    /// The first fs tier, typed: for its GC figures and (with `sync_steps`) to drive its GC.
+    pub(super) fs: Option<Arc<FsTier>>,
+    /// The fs tier's directory when the simulator made it (no `root_dir`): removed at the end.
+    scratch: Option<TempDir>,
+}
+
+impl Setup {
+    /// Checks the config, makes the fs tier's directory and builds the manager.
+    pub(super) fn new(cfg: &SimConfig) -> Result<Self, BoxError> {
+        if cfg.streams == 0 || cfg.turns == 0 || cfg.tokens_per_block == 0 {
+            return Err("--streams, --turns and --tokens-per-block must be positive".into());
+        }
+        let (root, scratch) = root_dir(cfg)?;
+        let manager = build_manager(cfg, &root)?;
+        let fs = first_fs_tier(&manager);
+        Ok(Self {
+            manager,
+            fs,
+            scratch,
+        })
+    }
+
+    /// Shuts the manager down, then removes the scratch directory if there is one.
+    pub(super) fn teardown(self, progress: bool) -> Result<(), BoxError> {
+        let Self {
+            manager,
+            fs,
+            scratch,
+        } = self;
+        manager.runtime().block_on(manager.shutdown())?;
+        drop(fs);
+        drop(manager);
+        if let Some(t) = scratch {
+            // The layout makes a directory per block or two: delete in parallel, it is quicker.
+            if progress {
+                eprintln!(
+                    "removing the temporary cache directory {}",
+                    t.path().display()
+                );
+            }
+            remove_tree(t.path(), 4);
+        }
+        Ok(())
+    }
+}
+
+/// The fs tier's directory: `root_dir`, or a fresh temp dir (returned too, to be removed).
+fn root_dir(cfg: &SimConfig) -> std::io::Result<(PathBuf, Option<TempDir>)> {
+    Ok(match &cfg.root_dir {
+        Some(r) => (r.clone(), None),
+        None => {
+            let t = tempfile::Builder::new().prefix("kv-tier-sim-").tempdir()?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    })
+}
+
+/// The manager over the config's tiers (the built-in ones and the testkit's memory tier),
+/// after checking that the config's block size is the model shape's.
+fn build_manager(cfg: &SimConfig, root: &Path) -> Result<TieringManager, BoxError> {
+    let tier_cfg = cfg.tier_config(root)?;
+    let block = tier_cfg.block_size_bytes as usize;
+    if block != cfg.block_bytes() {
+        return Err(format!(
+            "the config's block_size_bytes ({block}) differs from the model shape's block size ({})",
+            cfg.block_bytes()
+        )
+        .into());
+    }
+    let ns = Namespace::new(
+        RunFields::new(
+            "kv-tier/serve-sim",
+            "torch.bfloat16",
+            cfg.tokens_per_block as u64,
+        ),
+        0,
+    )?;
+    let mut registry = kv_tier::registry();
+    kv_tier_testkit::MemoryTier::register(&mut registry);
+    Ok(kv_tier::builder(tier_cfg)?
+        .registry(registry)
+        .namespace(ns)
+        .build_blocking()?)
+}
+
+/// The manager's first fs tier, typed.
+fn first_fs_tier(manager: &TieringManager) -> Option<Arc<FsTier>> {
+    manager
+        .config()
+        .secondary_tiers
+        .iter()
+        .find(|t| t.kind == "fs")
+        .and_then(|t| manager.tier::<FsTier>(&t.name))
+}
+
+/// The multi-turn, prefix-sharing workload of the config, in blocks.
+pub(super) fn workload(cfg: &SimConfig) -> Workload {
+    let bpb = cfg.tokens_per_block;
+    Workload::new(WorkloadConfig {
+        seed: cfg.seed,
+        streams: cfg.streams,
+        turns: cfg.turns,
+        prefix_pool: cfg.prefixes.max(1),
+        prefix_blocks: cfg.prefix_tokens / bpb,
+        prompt_blocks: cfg.prompt_tokens / bpb,
+        output_blocks: cfg.output_tokens / bpb,
+        group: 0,
+    })
+}
+
+/// Removes a directory tree with `threads` threads (one subtree of the second level each).
+fn remove_tree(root: &Path, threads: usize) {
+    let mut subtrees = Vec::new();
+    for top in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for sub in std::fs::read_dir(top.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            subtrees.push(sub.path());
+        }
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(p) = subtrees.get(i) else { break };
+                    if p.is_dir() {
+                        let _ = std::fs::remove_dir_all(p);
+                    } else {
+                        let _ = std::fs::remove_file(p);
+                    }
+                }
+            });
+        }
+    });
+    let _ = std::fs::remove_dir_all(root);
+}
