@@ -303,6 +303,26 @@ impl Namespace {
         )
     }
 
+    /// The key whose block lives at `rel` (a path relative to the root, `/` separators), if
+    /// `rel` is exactly where [`Namespace::block_rel_path`] puts that key in this namespace:
+    /// how a tier recognises its own blocks among what it lists (files, objects).
+    ///
+    /// ```
+    /// use kv_tier_core::{BlockKey, Namespace, RunFields};
+    /// let ns = Namespace::new(RunFields::new("org/model", "torch.bfloat16", 16), 0)?;
+    /// let key = BlockKey::from_hash32([0xab; 32], 3);
+    /// assert_eq!(ns.parse_block_rel_path(&ns.block_rel_path(&key)), Some(key));
+    /// assert_eq!(ns.parse_block_rel_path("elsewhere/abc/ab_g3/abab.bin"), None);
+    /// # Ok::<(), kv_tier_core::Error>(())
+    /// ```
+    pub fn parse_block_rel_path(&self, rel: &str) -> Option<BlockKey> {
+        let mut parts = rel.rsplit('/');
+        let hex = parts.next()?.strip_suffix(".bin")?;
+        let group: u32 = parts.next()?.rsplit_once("_g")?.1.parse().ok()?;
+        let key = BlockKey::from_hex(hex, group).ok()?;
+        (self.block_rel_path(&key) == rel).then_some(key)
+    }
+
     /// [`Namespace::block_rel_path`] under `root`.
     pub fn block_path(&self, root: &Path, key: &BlockKey) -> PathBuf {
         root.join(self.block_rel_path(key))

@@ -1,14 +1,15 @@
 #![doc = include_str!("../README.md")]
 
 pub mod buf;
+pub mod checksum;
 pub mod config;
 pub mod error;
 pub mod event;
 pub mod json;
 pub mod key;
 pub mod layout;
-pub mod lookup;
 pub mod manager;
+pub mod probe_cache;
 pub mod registry;
 pub mod request;
 pub mod stats;
@@ -16,13 +17,14 @@ pub mod tier;
 pub mod tier_options;
 
 pub use buf::{AlignedBuf, BlockSink, BlockSource, PAGE_SIZE, SinkReader};
+pub use checksum::Checksum;
 pub use config::{EvictionPolicy, KvTierConfig, TierSpec};
 pub use error::{Error, Result};
 pub use event::{EventBatch, EventLog, Locality, Medium, TierEvent};
 pub use key::BlockKey;
 pub use layout::{Namespace, RunFields};
-pub use lookup::{AsyncLookup, Presence};
 pub use manager::{PendingStore, TieringManager, TieringManagerBuilder};
+pub use probe_cache::{Presence, ProbeCache};
 pub use registry::{BuildContext, TierBuilder, TierRegistry};
 pub use request::{LookupResult, PrefixCount, RequestContext, RequestId, TierFilter, count_prefix};
 pub use stats::{

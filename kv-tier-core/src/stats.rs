@@ -158,11 +158,11 @@ pub struct TierStats {
     pub store_latency: LatencyHistogram,
     /// Load job latencies.
     pub load_latency: LatencyHistogram,
-    /// Probe counters of the tier's async lookup.
-    pub probes: crate::lookup::AsyncLookupStats,
-    /// Keys the tier's async lookup tracks (live requests' keys and probes in flight).
+    /// Probe counters of the tier's probe cache.
+    pub probes: crate::probe_cache::ProbeCacheStats,
+    /// Keys the tier's probe cache tracks (live requests' keys and probes in flight).
     pub tracked_keys: usize,
-    /// Requests the tier's async lookup tracks (asked and not finished).
+    /// Requests the tier's probe cache tracks (asked and not finished).
     pub tracked_requests: usize,
     /// Keys leased in the tier (found present, protected until promoted).
     pub leased_keys: usize,

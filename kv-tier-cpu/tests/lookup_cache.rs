@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kv_tier_core::{
-    AsyncLookup, BlockKey, JobResult, LoadJob, Presence, ProtectGuard, RequestId, SecondaryTier,
+    BlockKey, JobResult, LoadJob, Presence, ProbeCache, ProtectGuard, RequestId, SecondaryTier,
     StoreJob, TierEvent, TierInfo, async_trait,
 };
 use kv_tier_testkit::{FaultyTier, MemoryTier, source_for, test_key};
@@ -14,15 +14,15 @@ use tokio::sync::Notify;
 
 const BS: usize = 4096;
 
-fn cache(t: Arc<dyn SecondaryTier>) -> (AsyncLookup, Arc<Notify>) {
+fn cache(t: Arc<dyn SecondaryTier>) -> (ProbeCache, Arc<Notify>) {
     let notify = Arc::new(Notify::new());
-    let al = AsyncLookup::new(t, tokio::runtime::Handle::current(), notify.clone());
+    let al = ProbeCache::new(t, tokio::runtime::Handle::current(), notify.clone());
     (al, notify)
 }
 
 /// Waits (at most 10 s of the runtime's clock) until every probe sent has reported, then
 /// applies the answers.
-async fn settle(al: &mut AsyncLookup, notify: &Notify) {
+async fn settle(al: &mut ProbeCache, notify: &Notify) {
     let done = tokio::time::timeout(Duration::from_secs(10), async {
         while !al.all_arrived() {
             notify.notified().await;
@@ -49,7 +49,7 @@ async fn probes_are_counted_by_batch_key_and_failure() {
     seed(&inner, &ks[..1]).await;
     let r = RequestId(1);
     for k in &ks {
-        assert_eq!(al.lookup(k, r), Presence::Retry);
+        assert_eq!(al.ask(k, r), Presence::Retry);
     }
     assert_eq!(al.queued(), 3);
     assert_eq!(al.flush(), 3, "flush reports the keys it sent");
@@ -58,18 +58,18 @@ async fn probes_are_counted_by_batch_key_and_failure() {
     assert_eq!(al.in_flight(), 0);
     let s = al.stats();
     assert_eq!((s.probes, s.probed_keys, s.probe_errors), (1, 3, 0));
-    assert_eq!(al.lookup(&ks[0], r), Presence::Present);
-    assert_eq!(al.lookup(&ks[1], r), Presence::Absent);
+    assert_eq!(al.ask(&ks[0], r), Presence::Present);
+    assert_eq!(al.ask(&ks[1], r), Presence::Absent);
     // a failing probe: its keys are absent, and it is counted once
     t.fail_lookups(true);
     let k = test_key(10);
     seed(&inner, &[k]).await;
-    assert_eq!(al.lookup(&k, r), Presence::Retry);
+    assert_eq!(al.ask(&k, r), Presence::Retry);
     assert_eq!(al.flush(), 1);
     settle(&mut al, &notify).await;
     let s = al.stats();
     assert_eq!((s.probes, s.probed_keys, s.probe_errors), (2, 4, 1));
-    assert_eq!(al.lookup(&k, r), Presence::Absent);
+    assert_eq!(al.ask(&k, r), Presence::Absent);
     assert!(!al.has_results());
 }
 
@@ -113,17 +113,17 @@ async fn a_probe_with_the_wrong_number_of_answers_counts_every_key_absent() {
     let (mut al, notify) = cache(Arc::new(OneAnswer(MemoryTier::new("m", BS))));
     let r = RequestId(1);
     let (a, b) = (test_key(1), test_key(2));
-    al.lookup(&a, r);
-    al.lookup(&b, r);
+    al.ask(&a, r);
+    al.ask(&b, r);
     al.flush();
     settle(&mut al, &notify).await;
     assert_eq!(al.stats().probe_errors, 1);
     assert_eq!(
-        al.lookup(&a, r),
+        al.ask(&a, r),
         Presence::Absent,
         "one answer for two keys was believed"
     );
-    assert_eq!(al.lookup(&b, r), Presence::Absent);
+    assert_eq!(al.ask(&b, r), Presence::Absent);
 }
 
 #[tokio::test(start_paused = true)]
@@ -134,16 +134,16 @@ async fn an_expired_lease_is_counted_and_the_key_probed_again() {
     let (al, notify) = cache(inner.clone());
     let mut al = al.with_timeouts(Duration::from_secs(1), Duration::from_millis(50));
     let r = RequestId(1);
-    assert_eq!(al.lookup(&k, r), Presence::Retry);
+    assert_eq!(al.ask(&k, r), Presence::Retry);
     al.flush();
     settle(&mut al, &notify).await;
-    assert_eq!(al.lookup(&k, r), Presence::Present);
+    assert_eq!(al.ask(&k, r), Presence::Present);
     assert!(inner.is_protected(&k), "a found key is leased");
     tokio::time::sleep(Duration::from_millis(49)).await;
-    assert_eq!(al.lookup(&k, r), Presence::Present, "the lease ended early");
+    assert_eq!(al.ask(&k, r), Presence::Present, "the lease ended early");
     tokio::time::sleep(Duration::from_millis(2)).await;
     assert_eq!(
-        al.lookup(&k, r),
+        al.ask(&k, r),
         Presence::Retry,
         "an expired lease still answered present"
     );
@@ -161,13 +161,13 @@ async fn a_request_past_the_budget_leaves_the_others_waiting_and_stays_a_miss() 
     let k = test_key(1);
     let (r1, r2) = (RequestId(1), RequestId(2));
     let gate = t.hold_lookups();
-    assert_eq!(al.lookup(&k, r1), Presence::Retry);
-    assert_eq!(al.lookup(&k, r2), Presence::Retry);
+    assert_eq!(al.ask(&k, r1), Presence::Retry);
+    assert_eq!(al.ask(&k, r2), Presence::Retry);
     al.flush();
     tokio::time::sleep(Duration::from_millis(20)).await;
     al.apply_results(); // a new step: nothing has answered
-    assert_eq!(al.lookup(&k, r1), Presence::Absent, "past the budget");
-    assert_eq!(al.lookup(&k, r1), Presence::Absent);
+    assert_eq!(al.ask(&k, r1), Presence::Absent, "past the budget");
+    assert_eq!(al.ask(&k, r1), Presence::Absent);
     assert_eq!(
         al.stats().over_budget,
         1,
@@ -175,9 +175,9 @@ async fn a_request_past_the_budget_leaves_the_others_waiting_and_stays_a_miss() 
     );
     gate.open();
     settle(&mut al, &notify).await;
-    assert_eq!(al.lookup(&k, r1), Presence::Absent, "r1 forgot its miss");
+    assert_eq!(al.ask(&k, r1), Presence::Absent, "r1 forgot its miss");
     assert_eq!(
-        al.lookup(&k, r2),
+        al.ask(&k, r2),
         Presence::Absent,
         "r2 stopped waiting when r1 gave up"
     );
@@ -190,10 +190,10 @@ async fn a_failed_load_is_a_miss_for_its_request_until_it_ends() {
     let (mut al, notify) = cache(inner.clone());
     let (k0, k1) = (test_key(1), test_key(2));
     let r = RequestId(1);
-    assert_eq!(al.lookup(&k0, r), Presence::Retry); // r is known
+    assert_eq!(al.ask(&k0, r), Presence::Retry); // r is known
     al.mark_miss(&[k1], r);
-    assert_eq!(al.lookup(&k1, r), Presence::Absent);
-    assert_eq!(al.lookup(&k1, RequestId(2)), Presence::Retry);
+    assert_eq!(al.ask(&k1, r), Presence::Absent);
+    assert_eq!(al.ask(&k1, RequestId(2)), Presence::Retry);
     assert_eq!((al.tracked_keys(), al.tracked_requests()), (2, 2));
     al.flush();
     settle(&mut al, &notify).await;
@@ -209,27 +209,27 @@ async fn ending_one_request_keeps_the_misses_and_waits_of_the_others() {
     let (k, j) = (test_key(1), test_key(2));
     let (r1, r2) = (RequestId(1), RequestId(2));
     // both missed k
-    al.lookup(&k, r1);
-    al.lookup(&k, r2);
+    al.ask(&k, r1);
+    al.ask(&k, r2);
     al.flush();
     settle(&mut al, &notify).await;
-    assert_eq!(al.lookup(&k, r2), Presence::Absent);
+    assert_eq!(al.ask(&k, r2), Presence::Absent);
     al.finish_request(r1);
     assert_eq!(
-        al.lookup(&k, r2),
+        al.ask(&k, r2),
         Presence::Absent,
         "r1's end cleared r2's miss"
     );
     // both wait on a probe of j; r1 ends before the answer (absent)
     let gate = t.hold_lookups();
-    al.lookup(&j, r1);
-    al.lookup(&j, r2);
+    al.ask(&j, r1);
+    al.ask(&j, r2);
     al.flush();
     al.finish_request(r1);
     gate.open();
     settle(&mut al, &notify).await;
     assert_eq!(
-        al.lookup(&j, r2),
+        al.ask(&j, r2),
         Presence::Absent,
         "r1's end dropped r2's wait"
     );
@@ -250,10 +250,10 @@ fn a_probe_dropped_with_its_runtime_reports_its_keys_absent() {
     let faulty = Arc::new(FaultyTier::new(inner.clone()));
     let _held = faulty.hold_lookups(); // the probe never answers
     let notify = Arc::new(Notify::new());
-    let mut al = AsyncLookup::new(faulty.clone(), rt.handle().clone(), notify);
+    let mut al = ProbeCache::new(faulty.clone(), rt.handle().clone(), notify);
     let (k, r) = (test_key(1), RequestId(1));
     rt.block_on(seed(&inner, &[k]));
-    assert_eq!(al.lookup(&k, r), Presence::Retry);
+    assert_eq!(al.ask(&k, r), Presence::Retry);
     assert_eq!(al.flush(), 1);
     assert!(faulty.is_protected(&k), "a key is protected while probed");
     assert!(!al.all_arrived());
@@ -262,7 +262,7 @@ fn a_probe_dropped_with_its_runtime_reports_its_keys_absent() {
     assert_eq!(al.apply_results(), 1);
     assert_eq!(al.in_flight(), 0);
     assert_eq!(al.stats().probe_errors, 1);
-    assert_eq!(al.lookup(&k, r), Presence::Absent);
+    assert_eq!(al.ask(&k, r), Presence::Absent);
     assert!(!faulty.is_protected(&k), "a dropped probe still protects");
 }
 
@@ -277,15 +277,15 @@ async fn dropping_the_lookup_leaves_no_task_and_no_protection() {
     let (al, notify) = cache(inner.clone());
     let mut al = al.with_timeouts(Duration::from_secs(1), Duration::from_secs(60));
     let r = RequestId(1);
-    al.lookup(&k, r);
+    al.ask(&k, r);
     al.flush();
     settle(&mut al, &notify).await;
-    assert_eq!(al.lookup(&k, r), Presence::Present);
+    assert_eq!(al.ask(&k, r), Presence::Present);
     assert!(inner.is_protected(&k));
     assert_eq!(al.leased_keys(), 1);
     let text = format!("{al:?}");
     assert!(
-        text.contains("AsyncLookup") && text.contains("tracked_keys: 1") && text.contains("\"m\""),
+        text.contains("ProbeCache") && text.contains("tracked_keys: 1") && text.contains("\"m\""),
         "{text}"
     );
     let metrics = tokio::runtime::Handle::current().metrics();
@@ -316,7 +316,7 @@ async fn an_answer_at_the_budget_is_not_late_and_a_lease_ends_at_its_expiry() {
     let mut al = al
         .with_timeouts(Duration::from_secs(1), Duration::from_secs(5))
         .with_budget(Duration::from_millis(100));
-    assert_eq!(al.lookup(&k, r), Presence::Retry);
+    assert_eq!(al.ask(&k, r), Presence::Retry);
     al.flush();
     settle(&mut al, &notify).await;
     assert_eq!(
@@ -324,12 +324,12 @@ async fn an_answer_at_the_budget_is_not_late_and_a_lease_ends_at_its_expiry() {
         0,
         "an answer at the budget was late"
     );
-    assert_eq!(al.lookup(&k, r), Presence::Present);
+    assert_eq!(al.ask(&k, r), Presence::Present);
     tokio::time::advance(Duration::from_millis(4_900)).await;
-    assert_eq!(al.lookup(&k, r), Presence::Present, "the lease ended early");
+    assert_eq!(al.ask(&k, r), Presence::Present, "the lease ended early");
     tokio::time::advance(Duration::from_millis(100)).await;
     assert_eq!(
-        al.lookup(&k, r),
+        al.ask(&k, r),
         Presence::Retry,
         "a lease outlived its expiry instant"
     );

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use kv_tier_core::{
-    AsyncLookup, BlockKey, EvictionPolicy, KvTierConfig, LookupResult, Presence, PrimaryTier,
+    BlockKey, EvictionPolicy, KvTierConfig, LookupResult, Presence, PrimaryTier, ProbeCache,
     RequestContext, RequestId, SecondaryTier, StoreJob, TieringManager,
 };
 use kv_tier_cpu::{CpuTier, CpuTierConfig};
@@ -279,10 +279,10 @@ async fn mark_miss_on_a_pending_probe_is_not_overwritten() {
     seed(&*inner, &[k]).await;
     let t = faulty(&inner);
     let notify = Arc::new(Notify::new());
-    let mut al = AsyncLookup::new(t.clone(), tokio::runtime::Handle::current(), notify.clone());
+    let mut al = ProbeCache::new(t.clone(), tokio::runtime::Handle::current(), notify.clone());
     let (r1, r2) = (RequestId(1), RequestId(2));
     let gate = t.hold_lookups();
-    assert_eq!(al.lookup(&k, r1), Presence::Retry);
+    assert_eq!(al.ask(&k, r1), Presence::Retry);
     assert_eq!(al.flush(), 1);
     gate.wait_arrived(1).await; // the probe saw "present" and is held
     al.mark_miss(&[k], r1); // a failed load for r1 while the probe is pending: no panic
@@ -291,19 +291,19 @@ async fn mark_miss_on_a_pending_probe_is_not_overwritten() {
     al.apply_results();
     assert_eq!(al.stats().stale_answers, 1);
     assert_eq!(
-        al.lookup(&k, r1),
+        al.ask(&k, r1),
         Presence::Absent,
         "the stale probe overwrote mark_miss"
     );
     // another request probes afresh and sees the block
-    assert_eq!(al.lookup(&k, r2), Presence::Retry);
+    assert_eq!(al.ask(&k, r2), Presence::Retry);
     al.flush();
     kv_tier_testkit::util::wait_probe_results(&al, &notify).await;
     al.apply_results();
-    assert_eq!(al.lookup(&k, r2), Presence::Present);
+    assert_eq!(al.ask(&k, r2), Presence::Present);
     // mark_stored clears r1's miss (a later store makes it a hit again)
     al.mark_stored(&[k]);
-    assert_eq!(al.lookup(&k, r1), Presence::Present);
+    assert_eq!(al.ask(&k, r1), Presence::Present);
     // finishing both requests forgets the key
     al.finish_request(r1);
     al.finish_request(r2);
@@ -315,10 +315,10 @@ async fn late_probe_after_mark_stored_is_ignored_in_async_lookup() {
     let inner = mem("fs");
     let t = faulty(&inner);
     let notify = Arc::new(Notify::new());
-    let mut al = AsyncLookup::new(t.clone(), tokio::runtime::Handle::current(), notify.clone());
+    let mut al = ProbeCache::new(t.clone(), tokio::runtime::Handle::current(), notify.clone());
     let k = test_key(1);
     let gate = t.hold_lookups();
-    assert_eq!(al.lookup(&k, RequestId(1)), Presence::Retry);
+    assert_eq!(al.ask(&k, RequestId(1)), Presence::Retry);
     al.flush();
     gate.wait_arrived(1).await;
     seed(&*inner, &[k]).await; // the store landed
@@ -328,11 +328,11 @@ async fn late_probe_after_mark_stored_is_ignored_in_async_lookup() {
     al.apply_results();
     assert_eq!(al.stats().stale_answers, 1);
     // the stale "absent" is ignored; the key is probed again, found and leased
-    assert_eq!(al.lookup(&k, RequestId(1)), Presence::Retry);
+    assert_eq!(al.ask(&k, RequestId(1)), Presence::Retry);
     al.flush();
     kv_tier_testkit::util::wait_probe_results(&al, &notify).await;
     al.apply_results();
-    assert_eq!(al.lookup(&k, RequestId(1)), Presence::Present);
+    assert_eq!(al.ask(&k, RequestId(1)), Presence::Present);
     assert!(inner.is_protected(&k), "a found key is leased");
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kv_tier_core::{
-    AsyncLookup, BlockKey, KvTierConfig, LookupResult, Presence, PrimaryTier, RequestContext,
+    BlockKey, KvTierConfig, LookupResult, Presence, PrimaryTier, ProbeCache, RequestContext,
     RequestId, SecondaryTier, StoreJob, TieringManager,
 };
 use kv_tier_cpu::CpuTier;
@@ -227,18 +227,18 @@ async fn a_probe_older_than_a_store_never_marks_the_key_absent_after_its_state_w
     let inner = mem();
     let t = Arc::new(FaultyTier::new(inner.clone()));
     let notify = Arc::new(Notify::new());
-    let mut al = AsyncLookup::new(t.clone(), tokio::runtime::Handle::current(), notify.clone());
+    let mut al = ProbeCache::new(t.clone(), tokio::runtime::Handle::current(), notify.clone());
     let k = test_key(1);
     let (r1, r2) = (RequestId(1), RequestId(2));
     let gate1 = t.hold_lookups();
-    assert_eq!(al.lookup(&k, r1), Presence::Retry);
+    assert_eq!(al.ask(&k, r1), Presence::Retry);
     al.flush(); // P1
     gate1.wait_arrived(1).await; // P1 saw "absent" and is held
     seed(&*inner, &[k]).await; // the store lands...
     al.mark_stored(&[k]); // ...and completes
     al.finish_request(r1); // the key's state is dropped
     let gate2 = t.hold_lookups();
-    assert_eq!(al.lookup(&k, r2), Presence::Retry); // state re-created
+    assert_eq!(al.ask(&k, r2), Presence::Retry); // state re-created
     al.flush(); // P2
     gate2.wait_arrived(1).await; // P2 saw "present" and is held
     gate1.open();
@@ -246,7 +246,7 @@ async fn a_probe_older_than_a_store_never_marks_the_key_absent_after_its_state_w
     al.apply_results(); // P1's stale "absent"
     assert_eq!(al.stats().stale_answers, 1);
     assert_ne!(
-        al.lookup(&k, r2),
+        al.ask(&k, r2),
         Presence::Absent,
         "a probe older than the store marked the key absent"
     );
@@ -255,7 +255,7 @@ async fn a_probe_older_than_a_store_never_marks_the_key_absent_after_its_state_w
         kv_tier_testkit::util::wait_probe_results(&al, &notify).await;
         al.apply_results();
     }
-    assert_eq!(al.lookup(&k, r2), Presence::Present);
+    assert_eq!(al.ask(&k, r2), Presence::Present);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

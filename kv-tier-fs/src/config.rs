@@ -6,18 +6,10 @@ use kv_tier_core::config::{check_range, check_range_u64};
 use kv_tier_core::{Error, Result, TierSpec};
 use serde::Deserialize;
 
-/// Block integrity checking.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Checksum {
-    /// No checksum (the default; vLLM's fs tier keeps none).
-    #[default]
-    None,
-    /// CRC32C of the block, kept in the extended attribute `user.kv_tier.crc32c` (or, where
-    /// the filesystem has no user xattrs, in a sidecar file `<hex>.bin.crc32c`), verified on
-    /// every load. The `.bin` bytes are unchanged.
-    Crc32c,
-}
+/// Block integrity checking (`"checksum"`): with `crc32c`, the CRC is kept in the extended
+/// attribute `user.kv_tier.crc32c` (or, where the filesystem has no user xattrs, in a sidecar
+/// file `<hex>.bin.crc32c`) and verified on every load; the `.bin` bytes are unchanged.
+pub use kv_tier_core::Checksum;
 
 fn sixteen() -> usize {
     16

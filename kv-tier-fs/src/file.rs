@@ -115,15 +115,6 @@ pub(crate) fn set_crc_xattr(f: &File, crc: u32) -> io::Result<()> {
     }
 }
 
-/// The checksum of `key`'s block `data`: CRC32C over the key's bytes (hash, then group) and
-/// then the data, so a block file moved or linked to another key's path fails verification
-/// there instead of being served as that key.
-pub(crate) fn block_crc(key: &kv_tier_core::BlockKey, data: &[u8]) -> u32 {
-    let mut crc = crc32c::crc32c(key.hash_bytes());
-    crc = crc32c::crc32c_append(crc, &key.group().to_be_bytes());
-    crc32c::crc32c_append(crc, data)
-}
-
 /// Opens `path` for reading without blocking (a FIFO at a path would otherwise block the
 /// open until a writer came), and only if it is a regular file: `Ok(None)` otherwise.
 pub(crate) fn open_regular(path: &Path) -> io::Result<Option<File>> {
@@ -144,17 +135,7 @@ pub(crate) fn read_regular(path: &Path) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(v))
 }
 
-/// A block's stored checksum, as found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum StoredCrc {
-    /// A well-formed checksum.
-    Crc(u32),
-    /// None (the file was written by a tool that keeps none, or its sidecar is gone or
-    /// belongs to a file that was deleted since).
-    Missing,
-    /// Something that is not a checksum: damage.
-    Malformed(String),
-}
+pub(crate) use kv_tier_core::checksum::{StoredCrc, block_crc};
 
 /// The checksum in the file's xattr (`fgetxattr`, no extra path lookup).
 pub(crate) fn get_crc_xattr(f: &File) -> io::Result<StoredCrc> {

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
+use kv_tier_core::checksum::{self, Verdict};
 use kv_tier_core::{AlignedBuf, BlockKey, BlockSink, Error};
 
 use crate::block::{Files, FsOp, LoadFailure, bump};
@@ -196,19 +197,16 @@ impl Files {
                 file::read_sidecar(&path, meta.ino())
             }
             .map_err(|e| plain(self.io_err("read checksum", &path, e)))?;
-            match stored {
-                file::StoredCrc::Crc(want) => {
-                    let got = file::block_crc(key, sink.as_slice());
-                    if got != want {
-                        bump(&self.counters.blocks.checksum_mismatches, 1);
-                        let reason = format!("crc32c is {got:08x}, stored {want:08x}");
-                        return Err(self.damaged(key, &path, Some(&f), reason));
-                    }
+            let verdict = checksum::verify(&stored, key, sink.as_slice(), self.accept_unverified);
+            match verdict {
+                Verdict::Verified => {}
+                Verdict::Mismatch { got, stored } => {
+                    bump(&self.counters.blocks.checksum_mismatches, 1);
+                    let reason = format!("crc32c is {got:08x}, stored {stored:08x}");
+                    return Err(self.damaged(key, &path, Some(&f), reason));
                 }
-                file::StoredCrc::Missing if self.accept_unverified => {
-                    bump(&self.counters.blocks.unverified_loads, 1)
-                }
-                file::StoredCrc::Missing if self.sidecar_pending(&meta) => {
+                Verdict::Unverified => bump(&self.counters.blocks.unverified_loads, 1),
+                Verdict::Missing if self.sidecar_pending(&meta) => {
                     return Err(plain(Error::Backend {
                         tier: self.name.clone(),
                         message: format!(
@@ -218,14 +216,14 @@ impl Files {
                         transient: true,
                     }));
                 }
-                file::StoredCrc::Missing => {
+                Verdict::Missing => {
                     bump(&self.counters.blocks.unverified_refused, 1);
                     let reason = "it has no checksum (checksums are required; set \
                                   accept_unverified to serve blocks of writers that keep none)"
                         .to_string();
                     return Err(self.damaged(key, &path, Some(&f), reason));
                 }
-                file::StoredCrc::Malformed(reason) => {
+                Verdict::Malformed(reason) => {
                     return Err(self.damaged(key, &path, Some(&f), reason));
                 }
             }

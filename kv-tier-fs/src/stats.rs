@@ -1,6 +1,10 @@
 //! The fs tier's counters.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use kv_tier_core::BlockStats;
+
+use crate::FsTier;
 
 /// Counters of an [`FsTier`](crate::FsTier).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,4 +96,56 @@ pub struct GcStats {
     /// Sweeps that ended still over the cap (everything left was protected or within the
     /// grace window; each is logged).
     pub sweeps_over_cap: u64,
+}
+
+impl FsTier {
+    /// Counters.
+    pub fn stats(&self) -> FsStats {
+        let c = &self.files.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        FsStats {
+            blocks: c.blocks.snapshot(),
+            no_space: g(&c.no_space),
+            tmp_reaped: g(&c.tmp_reaped),
+            sidecars_reaped: g(&c.sidecars_reaped),
+            keys_probed: g(&c.keys_probed),
+            direct_io: self.files.direct,
+            top_dirs_ready: self.files.top_dirs_ready.load(Ordering::Acquire),
+            gc: self.files.gc.as_ref().map(|gc| {
+                let c = &gc.counters;
+                GcStats {
+                    cap_bytes: gc.cfg.cap_bytes,
+                    hard_ceiling_bytes: gc.cfg.hard_bytes,
+                    bytes: gc.total_bytes(),
+                    peak_bytes: gc.peak_bytes(),
+                    dir_bytes: gc.dir_bytes(),
+                    files: gc.files() as u64,
+                    sweeps: g(&c.sweeps),
+                    swept_files: g(&c.swept_files),
+                    swept_bytes: g(&c.swept_bytes),
+                    skipped_in_flight: g(&c.skipped_in_flight),
+                    skipped_in_grace: g(&c.skipped_in_grace),
+                    skipped_recent: g(&c.skipped_recent),
+                    grace_overridden: g(&c.grace_overridden),
+                    store_waits: g(&c.store_waits),
+                    no_room: g(&c.no_room),
+                    enospc_sweeps: g(&c.enospc_sweeps),
+                    dirs_removed: g(&c.dirs_removed),
+                    thread_restarts: g(&c.thread_restarts),
+                    stamps: g(&c.stamps),
+                    stamp_errors: g(&c.stamp_errors),
+                    stamps_dropped: g(&c.stamps_dropped),
+                    pending_stamps: gc.pending_stamps() as u64,
+                    external_removals: g(&c.external_removals),
+                    rescans: g(&c.rescans),
+                    errors: g(&c.errors),
+                    thread_alive: gc.alive.load(Ordering::SeqCst),
+                    last_decision_us: g(&c.last_decision_us),
+                    last_sweep_us: g(&c.last_sweep_us),
+                    adopt_ms: g(&c.adopt_ms),
+                    sweeps_over_cap: g(&c.sweeps_over_cap),
+                }
+            }),
+        }
+    }
 }

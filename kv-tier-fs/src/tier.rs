@@ -18,7 +18,6 @@ use crate::gc::{Gc, SweepHook};
 use crate::gc_thread::gc_loop;
 use crate::io::{Class, Collector, Engine, Task};
 use crate::root::{prepare_root, probe_dir, reap_tmp, spawn_top_dirs, write_or_check_config};
-use crate::stats::{FsStats, GcStats};
 
 /// The filesystem tier.
 ///
@@ -26,7 +25,7 @@ use crate::stats::{FsStats, GcStats};
 /// directory written by vLLM's fs tier is readable here and the other way round. All I/O runs
 /// on the tier's own read and write threads; the async methods only queue work and await it.
 pub struct FsTier {
-    files: Arc<Files>,
+    pub(crate) files: Arc<Files>,
     engine: Engine,
     /// The GC thread and the thread pre-creating top directories, joined when the tier stops.
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -228,56 +227,6 @@ impl FsTier {
     /// The path of `key`'s block file.
     pub fn block_path(&self, key: &BlockKey) -> PathBuf {
         self.files.ns.block_path(&self.files.root, key)
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> FsStats {
-        let c = &self.files.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        FsStats {
-            blocks: c.blocks.snapshot(),
-            no_space: g(&c.no_space),
-            tmp_reaped: g(&c.tmp_reaped),
-            sidecars_reaped: g(&c.sidecars_reaped),
-            keys_probed: g(&c.keys_probed),
-            direct_io: self.files.direct,
-            top_dirs_ready: self.files.top_dirs_ready.load(Ordering::Acquire),
-            gc: self.files.gc.as_ref().map(|gc| {
-                let c = &gc.counters;
-                GcStats {
-                    cap_bytes: gc.cfg.cap_bytes,
-                    hard_ceiling_bytes: gc.cfg.hard_bytes,
-                    bytes: gc.total_bytes(),
-                    peak_bytes: gc.peak_bytes(),
-                    dir_bytes: gc.dir_bytes(),
-                    files: gc.files() as u64,
-                    sweeps: g(&c.sweeps),
-                    swept_files: g(&c.swept_files),
-                    swept_bytes: g(&c.swept_bytes),
-                    skipped_in_flight: g(&c.skipped_in_flight),
-                    skipped_in_grace: g(&c.skipped_in_grace),
-                    skipped_recent: g(&c.skipped_recent),
-                    grace_overridden: g(&c.grace_overridden),
-                    store_waits: g(&c.store_waits),
-                    no_room: g(&c.no_room),
-                    enospc_sweeps: g(&c.enospc_sweeps),
-                    dirs_removed: g(&c.dirs_removed),
-                    thread_restarts: g(&c.thread_restarts),
-                    stamps: g(&c.stamps),
-                    stamp_errors: g(&c.stamp_errors),
-                    stamps_dropped: g(&c.stamps_dropped),
-                    pending_stamps: gc.pending_stamps() as u64,
-                    external_removals: g(&c.external_removals),
-                    rescans: g(&c.rescans),
-                    errors: g(&c.errors),
-                    thread_alive: gc.alive.load(Ordering::SeqCst),
-                    last_decision_us: g(&c.last_decision_us),
-                    last_sweep_us: g(&c.last_sweep_us),
-                    adopt_ms: g(&c.adopt_ms),
-                    sweeps_over_cap: g(&c.sweeps_over_cap),
-                }
-            }),
-        }
     }
 
     /// Sets how long after its publication a block may lack its checksum sidecar (default

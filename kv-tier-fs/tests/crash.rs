@@ -97,7 +97,10 @@ fn killed_writers_leave_only_whole_blocks() {
         }
     }
     let s = tier.stats();
-    assert_eq!(s.blocks.unverified_loads, 0, "a published block has no checksum");
+    assert_eq!(
+        s.blocks.unverified_loads, 0,
+        "a published block has no checksum"
+    );
     assert_eq!(s.blocks.checksum_mismatches, 0);
     eprintln!(
         "crash test: 50 kills, {} blocks verified, {} temp files reaped",

@@ -211,7 +211,11 @@ async fn a_checksum_mismatch_in_the_last_block_keeps_the_first_two() {
     assert!(!path.exists());
     let s = tier.stats();
     assert_eq!(
-        (s.blocks.checksum_mismatches, s.blocks.corrupt_deleted, s.blocks.unverified_loads),
+        (
+            s.blocks.checksum_mismatches,
+            s.blocks.corrupt_deleted,
+            s.blocks.unverified_loads
+        ),
         (1, 1, 0)
     );
 }

@@ -23,21 +23,9 @@ use tokio::sync::{Notify, Semaphore};
 use crate::cap::Cap;
 use crate::config::ObjChecksum;
 use crate::error::{classify, closed, not_found, timed_out};
+use kv_tier_core::checksum::{self, StoredCrc, Verdict, parse_crc_hex};
 
-/// The checksum of `key`'s block `data`: CRC32C over the key (its hash, then its group,
-/// big-endian) and then the data, so an object copied to another key's path fails there.
-pub fn block_crc(key: &BlockKey, data: &[u8]) -> u32 {
-    let crc = crc32c::crc32c(key.hash_bytes());
-    let crc = crc32c::crc32c_append(crc, &key.group().to_be_bytes());
-    crc32c::crc32c_append(crc, data)
-}
-
-/// A stored checksum: exactly 8 hex digits.
-fn parse_crc(text: &str) -> Option<u32> {
-    (text.len() == 8 && text.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| u32::from_str_radix(text, 16).ok())
-        .flatten()
-}
+pub use kv_tier_core::checksum::block_crc;
 
 /// What a store finds at a block's path before it writes.
 enum Existing {
@@ -227,12 +215,7 @@ impl Inner {
         } else {
             s.strip_prefix(&self.prefix)?.strip_prefix('/')?
         };
-        let file = rel.rsplit('/').next()?;
-        let leaf = rel.rsplit('/').nth(1)?;
-        let hex = file.strip_suffix(".bin")?;
-        let group: u32 = leaf.rsplit_once("_g")?.1.parse().ok()?;
-        let key = BlockKey::from_hex(hex, group).ok()?;
-        (self.ns.block_rel_path(&key) == rel).then_some(key)
+        self.ns.parse_block_rel_path(rel)
     }
 
     fn is_deleting(&self, key: &BlockKey) -> bool {
@@ -471,7 +454,7 @@ impl Inner {
                 || got
                     .attributes
                     .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
-                    .and_then(|v| parse_crc(v.as_ref()))
+                    .and_then(|v| parse_crc_hex(v.as_ref()))
                     .is_none()),
             // gone meanwhile: treated as in the way, so the caller's delete (harmless on a
             // missing object) runs and the PUT writes the block
@@ -563,24 +546,28 @@ impl Inner {
             });
         }
         if self.checksum == ObjChecksum::Crc32c {
-            let crc = block_crc(&key, buf);
-            let refused = match f.crc.as_deref() {
-                Some(text) => match parse_crc(text) {
-                    Some(want) if want == crc => None,
-                    Some(want) => {
-                        bump(&self.counters.blocks.checksum_mismatches, 1);
-                        Some(format!("crc32c is {crc:08x}, stored {want:08x} ({path})"))
-                    }
-                    None => {
-                        bump(&self.counters.blocks.checksum_mismatches, 1);
-                        Some(format!("malformed checksum metadata {text:?} ({path})"))
-                    }
-                },
-                None if self.accept_unverified => {
+            let stored = match f.crc.as_deref() {
+                Some(text) => parse_crc_hex(text).map_or_else(
+                    || StoredCrc::Malformed(format!("malformed checksum metadata {text:?}")),
+                    StoredCrc::Crc,
+                ),
+                None => StoredCrc::Missing,
+            };
+            let refused = match checksum::verify(&stored, &key, buf, self.accept_unverified) {
+                Verdict::Verified => None,
+                Verdict::Unverified => {
                     bump(&self.counters.blocks.unverified_loads, 1);
                     None
                 }
-                None => {
+                Verdict::Mismatch { got, stored } => {
+                    bump(&self.counters.blocks.checksum_mismatches, 1);
+                    Some(format!("crc32c is {got:08x}, stored {stored:08x} ({path})"))
+                }
+                Verdict::Malformed(why) => {
+                    bump(&self.counters.blocks.checksum_mismatches, 1);
+                    Some(format!("{why} ({path})"))
+                }
+                Verdict::Missing => {
                     bump(&self.counters.blocks.unverified_refused, 1);
                     Some(format!(
                         "no checksum (written without one; accept_unverified serves such objects) ({path})"
@@ -610,27 +597,6 @@ impl Inner {
             for k in keys {
                 idx.touch(k);
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_crc;
-
-    #[test]
-    fn a_stored_checksum_is_exactly_eight_hex_digits() {
-        assert_eq!(parse_crc("deadBEEF"), Some(0xdead_beef));
-        assert_eq!(parse_crc("0000000a"), Some(10));
-        for bad in [
-            "",
-            "abcdef",
-            "0deadbeef",
-            "0000000g",
-            "+0000001",
-            " 0000001",
-        ] {
-            assert_eq!(parse_crc(bad), None, "{bad:?} was accepted");
         }
     }
 }

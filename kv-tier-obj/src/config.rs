@@ -17,17 +17,10 @@ pub enum Scheme {
     Https,
 }
 
-/// Block integrity checking.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ObjChecksum {
-    /// None (the default).
-    #[default]
-    None,
-    /// CRC32C of the block in the object's user metadata (`x-amz-meta-kv-tier-crc32c`),
-    /// verified on every load: a mismatch is a miss, the object is deleted and it is counted.
-    Crc32c,
-}
+/// Block integrity checking (`"checksum"`): with `crc32c`, the CRC is kept in the object's
+/// user metadata (`x-amz-meta-kv-tier-crc32c`) and verified on every load; a mismatch is a
+/// miss, the object is deleted and it is counted. The same type as the fs tier's.
+pub use kv_tier_core::Checksum as ObjChecksum;
 
 fn four() -> usize {
     4

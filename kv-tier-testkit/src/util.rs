@@ -185,7 +185,7 @@ impl Gate {
 
 /// Waits (at most 10 s) until one of `lookup`'s probes has reported (`notify` is the one the
 /// lookup was made with). A wait without a deadline would turn a failure into a hang.
-pub async fn wait_probe_results(lookup: &kv_tier_core::AsyncLookup, notify: &Notify) {
+pub async fn wait_probe_results(lookup: &kv_tier_core::ProbeCache, notify: &Notify) {
     let done = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         while !lookup.has_results() {
             notify.notified().await;

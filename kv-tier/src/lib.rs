@@ -252,10 +252,10 @@
 use std::sync::Arc;
 
 pub use kv_tier_core::{
-    AlignedBuf, AsyncLookup, BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error,
-    EventBatch, EventLog, EvictionPolicy, FailureCauses, JobResult, KvTierConfig, LatencyHistogram,
-    LoadJob, Locality, LookupResult, ManagerStats, Medium, Namespace, PAGE_SIZE, PendingStore,
-    PrefixCount, PreparedStore, Presence, PrimaryStats, PrimaryTier, ProtectGuard, ProtectionSet,
+    AlignedBuf, BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error, EventBatch,
+    EventLog, EvictionPolicy, FailureCauses, JobResult, KvTierConfig, LatencyHistogram, LoadJob,
+    Locality, LookupResult, ManagerStats, Medium, Namespace, PAGE_SIZE, PendingStore, PrefixCount,
+    PreparedStore, Presence, PrimaryStats, PrimaryTier, ProbeCache, ProtectGuard, ProtectionSet,
     RequestContext, RequestId, Result, RunFields, SecondaryTier, SinkReader, StoreJob, TierBuilder,
     TierEvent, TierFilter, TierInfo, TierOptions, TierRegistry, TierSettings, TierSpec, TierStats,
     TieringManager, TieringManagerBuilder, WriteBackPolicy, async_trait, count_prefix,

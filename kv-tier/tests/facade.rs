@@ -164,8 +164,14 @@ fn dropping_a_manager_without_shutdown_leaves_no_torn_block() {
         m.runtime().block_on(m.wait_idle());
     }
     let s = fs.stats();
-    assert_eq!(s.blocks.load_failures, 0, "a torn or damaged block was found");
-    assert_eq!(s.blocks.corrupt_deleted, 0, "a torn or damaged block was found");
+    assert_eq!(
+        s.blocks.load_failures, 0,
+        "a torn or damaged block was found"
+    );
+    assert_eq!(
+        s.blocks.corrupt_deleted, 0,
+        "a torn or damaged block was found"
+    );
     assert_eq!(found + missed, keys.len(), "every key answered");
     println!("{found} of {} blocks survived the drop", keys.len());
     m.on_request_finished(req.id);

@@ -13,7 +13,7 @@ use super::{State, TieringManager};
 use crate::config::KvTierConfig;
 use crate::error::{Error, Result};
 use crate::layout::Namespace;
-use crate::lookup::AsyncLookup;
+use crate::probe_cache::ProbeCache;
 use crate::registry::{BuildContext, TierRegistry};
 use crate::stats::{ManagerStats, TierStats};
 use crate::tier::{PrimaryTier, SecondaryTier};
@@ -216,7 +216,7 @@ impl TieringManagerBuilder {
             .iter()
             .zip(&settings)
             .map(|(t, s)| {
-                AsyncLookup::new(t.clone(), handle.clone(), notify.clone())
+                ProbeCache::new(t.clone(), handle.clone(), notify.clone())
                     .with_timeouts(self.config.probe_timeout(), self.config.lease())
                     .with_budget(s.probe_budget.min(self.config.probe_timeout()))
             })

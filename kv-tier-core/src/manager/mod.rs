@@ -13,12 +13,13 @@ use crate::config::KvTierConfig;
 use crate::error::{Error, Result};
 use crate::event::TierEvent;
 use crate::key::BlockKey;
-use crate::lookup::{AsyncLookup, Presence};
+use crate::probe_cache::{Presence, ProbeCache};
 use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count_prefix};
 use crate::stats::ManagerStats;
 mod builder;
 mod holds;
 mod jobs;
+mod lifecycle;
 mod pending;
 mod write_back;
 
@@ -37,7 +38,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 struct State {
     in_step: bool,
-    lookups: Vec<AsyncLookup>,
+    lookups: Vec<ProbeCache>,
     /// Promotions queued this step: one load job per (tier, request) at schedule end.
     promotions: BTreeMap<(usize, RequestId), Vec<(BlockKey, BlockSink)>>,
     /// Keys whose DRAM slot is reserved by a promotion (queued or in flight). Only the
@@ -168,7 +169,7 @@ impl TieringManager {
     /// Whether `key` is available for request `req`; see [`LookupResult`].
     ///
     /// DRAM answers first. Otherwise the secondary tiers the request may load from are asked
-    /// in order through their async lookups; a hit reserves a DRAM slot and queues a promotion
+    /// in order through their probe caches; a hit reserves a DRAM slot and queues a promotion
     /// (one load job per tier and request, sent at [`TieringManager::on_schedule_end`]).
     /// The promoted block is then held in DRAM for `req` (not evicted) until `req` reads it
     /// (a `Hit` and `prepare_load` of it in one step), its prefix stops before it (a `Miss`
@@ -260,7 +261,7 @@ impl TieringManager {
             if !req.filter.allows(&self.names[i]) {
                 continue;
             }
-            match st.lookups[i].lookup(key, req.id) {
+            match st.lookups[i].ask(key, req.id) {
                 Presence::Absent => {}
                 Presence::Retry => pending = true,
                 Presence::Present if !pending => {
@@ -457,128 +458,6 @@ impl TieringManager {
         out
     }
 
-    /// Applies whatever has completed, without waiting (for callers outside a step loop).
-    pub fn poll(&self) {
-        let mut st = lock(&self.state);
-        self.drain(&mut st);
-    }
-
-    /// Whether no job or probe is queued or in flight.
-    pub fn is_idle(&self) -> bool {
-        let mut st = lock(&self.state);
-        self.drain(&mut st);
-        Self::idle(&st)
-    }
-
-    fn idle(st: &State) -> bool {
-        st.jobs.is_empty()
-            && st.promotions.is_empty()
-            && st
-                .lookups
-                .iter()
-                .all(|l| l.in_flight() == 0 && l.queued() == 0)
-    }
-
-    /// Sends everything queued and waits until every job and probe has completed and been
-    /// applied. For tests and shutdown.
-    pub async fn wait_idle(&self) {
-        self.wait_until(true, true).await;
-        debug_assert!(Self::idle(&lock(&self.state)));
-    }
-
-    /// Waits until no store or load job is in flight, sending nothing new (queued promotions
-    /// and probes stay queued) and applying what completes. For tests, and for callers that
-    /// need a store's cascade to have landed before anything else is asked of the tiers.
-    pub async fn wait_jobs(&self) {
-        self.wait_until(false, false).await
-    }
-
-    /// Waits until every job in flight (and, with `probes`, every probe) has reported, then
-    /// applies them all in one drain, in submission order: the result does not depend on
-    /// which finished first.
-    ///
-    /// Any number of callers may wait at once: every arrival wakes them all. Each job and probe
-    /// has a deadline, so this returns within the longest of them.
-    async fn wait_until(&self, flush: bool, probes: bool) {
-        loop {
-            // Registered before looking, so an arrival between the look and the await is seen.
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut st = lock(&self.state);
-                if flush {
-                    self.flush(&mut st);
-                }
-                let jobs_done = lock(&self.inbox).len() == st.jobs.len();
-                let probes_done = !probes || st.lookups.iter().all(|l| l.all_arrived());
-                if jobs_done && probes_done {
-                    self.drain(&mut st);
-                    return;
-                }
-            }
-            notified.await;
-        }
-    }
-
-    /// Cancels queued promotions, waits for the jobs in flight, then empties DRAM.
-    /// Secondary tiers keep their data. Returns how many blocks stay in DRAM because readers
-    /// still pin them (views from [`TieringManager::prepare_load`] not yet dropped).
-    pub async fn reset_cache(&self) -> usize {
-        self.cancel_promotions();
-        self.wait_idle().await;
-        self.release_held();
-        self.primary.reset()
-    }
-    /// Cancels queued promotions, waits for jobs in flight, and shuts every tier down.
-    /// Afterwards the manager serves DRAM only: lookups past DRAM answer `Miss` and stores
-    /// cascade nowhere.
-    pub async fn shutdown(&self) -> Result<()> {
-        self.cancel_promotions();
-        self.wait_idle().await;
-        self.release_held();
-        lock(&self.state).shut_down = true;
-        // Each tier's shutdown runs on the manager's runtime, within a job deadline; one that
-        // hangs or panics is reported and the others are still shut down.
-        let deadline = self.config.job_timeout(0);
-        let mut first_err = None;
-        for (t, name) in self.tiers.iter().zip(&self.names) {
-            let tier = t.clone();
-            let task = self
-                .runtime
-                .spawn(async move { tokio::time::timeout(deadline, tier.shutdown()).await });
-            let res = match task.await {
-                Ok(Ok(r)) => r,
-                Ok(Err(_)) => Err(Error::Timeout {
-                    op: format!("shutdown of tier `{name}`"),
-                    after: deadline,
-                }),
-                Err(_) => Err(Error::Panicked {
-                    tier: name.clone(),
-                    op: "shutdown".into(),
-                }),
-            };
-            if let Err(e) = res {
-                tracing::warn!(tier = %name, error = %e, "tier shutdown failed");
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
-    }
-
-    /// [`TieringManager::shutdown`] for synchronous code (engines that used
-    /// [`TieringManagerBuilder::build_blocking`]): blocks until it is done. Refused inside
-    /// a tokio runtime (use `shutdown().await` there).
-    pub fn shutdown_blocking(&self) -> Result<()> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(Error::config(
-                "runtime",
-                "shutdown_blocking() called inside a tokio runtime; use shutdown().await",
-            ));
-        }
-        self.runtime.block_on(self.shutdown())
-    }
-
     /// A snapshot of the counters.
     pub fn stats(&self) -> ManagerStats {
         let st = lock(&self.state);
@@ -596,11 +475,5 @@ impl TieringManager {
         s.held_blocks = st.holds.held_blocks();
         s.holding_requests = st.holds.requests();
         s
-    }
-
-    /// Lets go of every promoted block held for a request (they stay in DRAM as ordinary,
-    /// evictable blocks).
-    fn release_held(&self) {
-        lock(&self.state).holds.clear();
     }
 }

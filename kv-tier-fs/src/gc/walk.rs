@@ -31,12 +31,10 @@ pub(crate) struct Walk {
 /// Parses `<top>/<leaf>/<hex>.bin` under the rank dir into a key, checking it is where the
 /// layout puts that key.
 pub(crate) fn parse_block(ns: &Namespace, top: &str, leaf: &str, file: &str) -> Option<BlockKey> {
-    let hex = file.strip_suffix(".bin")?;
-    let group: u32 = leaf.rsplit_once("_g")?.1.parse().ok()?;
-    let key = BlockKey::from_hex(hex, group).ok()?;
-    let want = ns.block_rel_path(&key);
-    let got = format!("{}/{top}/{leaf}/{file}", ns.rank_dir_name());
-    (want == got).then_some(key)
+    if !file.ends_with(".bin") {
+        return None; // the common case of a sidecar or temp file: no path to build
+    }
+    ns.parse_block_rel_path(&format!("{}/{top}/{leaf}/{file}", ns.rank_dir_name()))
 }
 
 /// Walks the rank directory on `threads` threads: adopts every block file (with its

@@ -1,4 +1,4 @@
-//! [`AsyncLookup`]: non-blocking existence answers for one secondary tier, with batched probes
+//! [`ProbeCache`]: non-blocking existence answers for one secondary tier, with batched probes
 //! that have a deadline, a generation per probe so that a completed store is authoritative
 //! over a late probe, and leases that keep a found key in its tier until it is promoted.
 
@@ -17,7 +17,10 @@ use crate::key::BlockKey;
 use crate::request::RequestId;
 use crate::tier::{ProtectGuard, SecondaryTier, protect_caught};
 
-/// The async lookup's answer for one key and request.
+mod lease;
+use lease::{Lease, LeaseTable, reap_leases};
+
+/// The probe cache's answer for one key and request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Presence {
     /// The tier has the block (and it is leased there until its promotion ends).
@@ -26,47 +29,6 @@ pub enum Presence {
     Absent,
     /// Not known yet: a probe is queued or in flight; ask again next step.
     Retry,
-}
-
-/// The tier's protections held as leases, by lease id, with their expiry. A reaper task
-/// drops expired ones even while nobody calls the lookup (an idle scheduler).
-type LeaseTable = Arc<Mutex<FxHashMap<u64, (Instant, ProtectGuard)>>>;
-
-/// A key known present, protected in the tier until the lease drops or expires.
-struct Lease {
-    id: u64,
-    expires: Instant,
-    table: LeaseTable,
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        let guard = lock(&self.table).remove(&self.id);
-        drop(guard); // released outside the table's lock
-    }
-}
-
-/// Drops expired leases every `tick` until the lookup is gone.
-async fn reap_leases(
-    table: std::sync::Weak<Mutex<FxHashMap<u64, (Instant, ProtectGuard)>>>,
-    tick: Duration,
-) {
-    loop {
-        tokio::time::sleep(tick).await;
-        let Some(table) = table.upgrade() else { return };
-        let now = Instant::now();
-        let expired: Vec<(Instant, ProtectGuard)> = {
-            let mut t = lock(&table);
-            let ids: Vec<u64> = t
-                .iter()
-                .filter(|(_, (at, _))| *at <= now)
-                .map(|(id, _)| *id)
-                .collect();
-            ids.iter().filter_map(|id| t.remove(id)).collect()
-        };
-        // a tier whose guard panics as it drops must not stop the reaper
-        let _ = std::panic::catch_unwind(AssertUnwindSafe(|| drop(expired)));
-    }
 }
 
 #[derive(Default)]
@@ -139,9 +101,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Counters of an [`AsyncLookup`].
+/// Counters of an [`ProbeCache`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AsyncLookupStats {
+pub struct ProbeCacheStats {
     /// Probe batches sent.
     pub probes: u64,
     /// Keys probed.
@@ -170,22 +132,22 @@ pub struct AsyncLookupStats {
 
 /// Non-blocking existence answers for one secondary tier.
 ///
-/// The first [`AsyncLookup::lookup`] of a key returns [`Presence::Retry`] and queues one probe;
-/// queued probes are sent as one batch by [`AsyncLookup::flush`] (at schedule end) and run on
+/// The first [`ProbeCache::ask`] of a key returns [`Presence::Retry`] and queues one probe;
+/// queued probes are sent as one batch by [`ProbeCache::flush`] (at schedule end) and run on
 /// the runtime, off the caller's thread, within a deadline; their answers apply at
-/// [`AsyncLookup::apply_results`] (the start of the next step). A probe that errs, panics or
+/// [`ProbeCache::apply_results`] (the start of the next step). A probe that errs, panics or
 /// passes its deadline answers "absent" for its keys. Positive answers are shared by all
 /// requests; negative answers are kept per request and dropped when it finishes.
 ///
 /// Every probe carries a generation from one counter per lookup: a completed store
-/// ([`AsyncLookup::mark_stored`]) or failed load ([`AsyncLookup::mark_miss`]) makes every
+/// ([`ProbeCache::mark_stored`]) or failed load ([`ProbeCache::mark_miss`]) makes every
 /// probe in flight for its keys stale, so a late probe never overwrites it, even after the
 /// key's state was dropped and re-created.
 ///
 /// A key found present is leased: protected from eviction in the tier from the moment its
-/// probe is sent until [`AsyncLookup::release`] (the promotion ended), every request that
+/// probe is sent until [`ProbeCache::release`] (the promotion ended), every request that
 /// asked for it finished, or the lease expires (then the key is probed again if asked).
-pub struct AsyncLookup {
+pub struct ProbeCache {
     tier: Arc<dyn SecondaryTier>,
     runtime: tokio::runtime::Handle,
     keys: FxHashMap<BlockKey, KeyState>,
@@ -206,13 +168,13 @@ pub struct AsyncLookup {
     /// Latency of the probe batches.
     latency: crate::stats::LatencyHistogram,
     /// Every live lease's protection, by lease id; the reaper ends expired ones, an ask that
-    /// finds its key's lease expired forgets it (see [`AsyncLookup::lookup`]).
+    /// finds its key's lease expired forgets it (see [`ProbeCache::ask`]).
     leases: LeaseTable,
     reaper: Option<tokio::task::JoinHandle<()>>,
-    stats: AsyncLookupStats,
+    stats: ProbeCacheStats,
 }
 
-impl Drop for AsyncLookup {
+impl Drop for ProbeCache {
     fn drop(&mut self) {
         if let Some(r) = self.reaper.take() {
             r.abort();
@@ -220,9 +182,9 @@ impl Drop for AsyncLookup {
     }
 }
 
-impl fmt::Debug for AsyncLookup {
+impl fmt::Debug for ProbeCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AsyncLookup")
+        f.debug_struct("ProbeCache")
             .field("tier", &self.tier.info().name)
             .field("tracked_keys", &self.keys.len())
             .field("queued", &self.queue.len())
@@ -236,8 +198,8 @@ pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default lease (see [`crate::KvTierConfig::lease_s`]).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
-impl AsyncLookup {
-    /// An async lookup over `tier`, running probes on `runtime` (which must have timers
+impl ProbeCache {
+    /// A probe cache over `tier`, running probes on `runtime` (which must have timers
     /// enabled) and waking `notify` when a probe's answer arrives; default deadline and lease.
     pub fn new(
         tier: Arc<dyn SecondaryTier>,
@@ -261,7 +223,7 @@ impl AsyncLookup {
             leases: Arc::new(Mutex::new(FxHashMap::default())),
             reaper: None,
             applied_at: Instant::now(),
-            stats: AsyncLookupStats::default(),
+            stats: ProbeCacheStats::default(),
         }
     }
 
@@ -279,7 +241,7 @@ impl AsyncLookup {
     /// absent in this tier for its request (default: the whole probe deadline). The probe
     /// itself goes on until its deadline, and a late answer serves later lookups.
     ///
-    /// The wait is judged where answers are applied ([`AsyncLookup::apply_results`], at the
+    /// The wait is judged where answers are applied ([`ProbeCache::apply_results`], at the
     /// start of a scheduling step): a key whose probe was sent at least the budget before
     /// that moment and had not answered by then is absent for its asking requests until the
     /// next application. An answer that arrived in the meantime is not discarded: it is
@@ -318,7 +280,7 @@ impl AsyncLookup {
     }
 
     /// The answer for `key` in request `req`, queueing a probe when unknown.
-    pub fn lookup(&mut self, key: &BlockKey, req: RequestId) -> Presence {
+    pub fn ask(&mut self, key: &BlockKey, req: RequestId) -> Presence {
         let new_ref = self.requests.entry(req).or_default().insert(*key);
         let expired = {
             let e = self.keys.entry(*key).or_default();
@@ -615,7 +577,7 @@ impl AsyncLookup {
     }
 
     /// Counters.
-    pub fn stats(&self) -> AsyncLookupStats {
+    pub fn stats(&self) -> ProbeCacheStats {
         self.stats
     }
 }
