@@ -41,6 +41,11 @@ pub(super) struct Request {
 pub(super) struct Driver<'w> {
     pub(super) world: &'w mut dyn World,
     pub(super) opts: SimOptions,
+    /// One draw per operation: the seed of that operation's own generator, so the sequence
+    /// of operations depends on the seed alone, never on how many draws an earlier
+    /// operation made (which can depend on what the tiers did in time).
+    pub(super) ops: Rng,
+    /// The current operation's generator.
     pub(super) rng: Rng,
     pub(super) manager: Option<TieringManager>,
     pub(super) tiers: Vec<Tier>,
@@ -106,6 +111,7 @@ impl<'w> Driver<'w> {
     }
 
     async fn one(&mut self) -> Check {
+        self.rng = Rng::new(self.ops.next_u64());
         let roll = self.rng.below(1000);
         match roll {
             0..=449 => self.step_checked().await?,

@@ -9,7 +9,8 @@
 //! tiers' backs, forced sweeps, clock jumps, crashes with a reopen on the same storage) from
 //! a deterministic generator: the same seed and options draw the same operations. What the
 //! tiers do concurrently (their threads, the deadlines) is real, so a timing-dependent failure
-//! may need a few replays; the operation sequence never changes.
+//! may need a few replays; the operation sequence never changes (each operation draws from a
+//! generator of its own, seeded from one draw per operation).
 //!
 //! Invariants:
 //! - a block served from DRAM is exactly the bytes stored for its key (every writer of a key
@@ -144,6 +145,7 @@ pub async fn run(world: Box<dyn World>, opts: SimOptions) -> SimReport {
         let mut world = world;
         let mut d = Driver {
             world: &mut *world,
+            ops: Rng::new(o.seed),
             rng: Rng::new(o.seed),
             opts: o,
             manager: None,

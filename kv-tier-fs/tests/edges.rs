@@ -1,0 +1,246 @@
+//! Edges of the fs tier that the mutation run found untested: reservations given back by
+//! failed stores, a rescan racing stamps, a rescan waking the GC, stores that give up
+//! waiting for room, a plain file in an unchecked tier, an oversized checksum xattr.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{BS, HOOK_DEADLINE, age, cfg, load, ns, open_checksummed, store};
+use kv_tier_core::{BlockKey, Error, SecondaryTier};
+use kv_tier_fs::{CRC_XATTR, FsOp, FsTier, FsTierConfig, SweepPoint};
+use kv_tier_testkit::{block_bytes, temp_root, test_key, verify_block};
+
+/// Keys that all live in one leaf directory (`abc/de_g0`).
+fn leaf_key(i: u64) -> BlockKey {
+    let mut h = [0u8; 32];
+    h.copy_from_slice(test_key(i).hash_bytes());
+    h[0] = 0xab;
+    h[1] = 0xcd;
+    h[2] = 0xe0 | (h[2] & 0x0f);
+    BlockKey::from_hash32(h, 0)
+}
+
+fn dirs(root: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    2 * std::fs::metadata(root).unwrap().blocks() * 512
+}
+
+/// A bounded tier whose cap holds `cap_blocks` blocks of one leaf and whose low watermark
+/// holds `low_blocks` of them; GC driven by hand unless `background`.
+fn bounded(root: &Path, cap_blocks: u64, low_blocks: u64) -> FsTierConfig {
+    let mut c = cfg(root);
+    let cap = cap_blocks * BS as u64 + dirs(root);
+    let low = low_blocks as f64 * BS as f64 + dirs(root) as f64 + 0.5;
+    c.gc_max_size_gb = Some(cap as f64 / (1u64 << 30) as f64);
+    c.gc_low_watermark = Some(low / cap as f64);
+    c.gc_hard_ceiling = Some(1000.0);
+    c.gc_interval_s = Some(3600.0);
+    c.gc_background = false;
+    c
+}
+
+fn gc(tier: &FsTier) -> kv_tier_fs::GcStats {
+    tier.stats().gc.unwrap()
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + HOOK_DEADLINE;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A store that reserved room and then failed (a write error) gives the room back: the
+/// tier's total is what is on disk, not what failed stores once wanted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_store_gives_its_reserved_room_back() {
+    let root = temp_root();
+    let tier = FsTier::open("fs", bounded(root.path(), 100, 50), ns(), BS).unwrap();
+    assert!(store(&tier, &[leaf_key(0)], 0).await.is_success()); // the leaf exists now
+    let before = gc(&tier).bytes;
+    tier.set_fault_injector(Some(Arc::new(|op, _p: &Path| {
+        (op == FsOp::Write).then(|| std::io::Error::from_raw_os_error(libc::EIO))
+    })));
+    let ks: Vec<BlockKey> = (1..9).map(leaf_key).collect();
+    let res = store(&tier, &ks, 0).await;
+    assert_eq!(res.failed.len(), ks.len(), "the writes were meant to fail");
+    tier.set_fault_injector(None);
+    let s = gc(&tier);
+    assert_eq!(
+        s.bytes, before,
+        "failed stores kept their reservations: {s:?}"
+    );
+    assert_eq!(s.files, 1);
+    assert!(store(&tier, &ks, 0).await.is_success());
+    assert_eq!(gc(&tier).bytes, before + ks.len() as u64 * BS as u64);
+}
+
+/// A stamp applied while a rescan walks is newer than what the walk saw: the rescan keeps
+/// it, so the stamped key is recent for the next sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_keeps_a_stamp_applied_while_it_walked() {
+    let root = temp_root();
+    let tier = Arc::new(FsTier::open("fs", bounded(root.path(), 3, 2), ns(), BS).unwrap());
+    let ks: Vec<BlockKey> = (0..4).map(leaf_key).collect();
+    assert!(store(&*tier, &ks, 0).await.is_success());
+    age(&tier, &ks, |i| 4000 - 1000 * i as u64); // ks[0] is the oldest
+    let (at_tx, at_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    tier.set_sweep_hook(Some(Arc::new(move |p| {
+        if p == SweepPoint::RescanWalked {
+            at_tx.send(()).unwrap();
+            go_rx.lock().unwrap().recv().unwrap();
+        }
+    })))
+    .unwrap();
+    let t = tier.clone();
+    let rescan = std::thread::spawn(move || t.gc_rescan_now().unwrap());
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the rescan never walked");
+    let stamps = gc(&tier).stamps;
+    tier.touch(&ks[..1]); // the oldest is read now
+    tier.gc_apply_stamps_now().unwrap();
+    assert_eq!(gc(&tier).stamps, stamps + 1, "the touch was not stamped");
+    go_tx.send(()).unwrap();
+    rescan.join().unwrap();
+    tier.set_sweep_hook(None).unwrap();
+    assert_eq!(tier.gc_sweep_now().unwrap(), 2);
+    let present: Vec<bool> = ks.iter().map(|k| tier.block_path(k).exists()).collect();
+    assert_eq!(
+        present,
+        [true, false, false, true],
+        "the stamped key was swept as old"
+    );
+}
+
+/// A rescan that finds the tier over its cap (files another process wrote) wakes the GC
+/// thread, which sweeps without waiting for its interval (an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_that_finds_the_tier_over_its_cap_wakes_the_gc() {
+    let root = temp_root();
+    let mut c = bounded(root.path(), 4, 2);
+    c.gc_background = true;
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let other = FsTier::open("fs", cfg(root.path()), ns(), BS).unwrap();
+    let ks: Vec<BlockKey> = (0..8).map(leaf_key).collect();
+    assert!(store(&other, &ks, 0).await.is_success());
+    for k in &ks {
+        // used long ago: outside the grace window
+        let f = std::fs::File::options()
+            .write(true)
+            .open(tier.block_path(k))
+            .unwrap();
+        f.set_modified(std::time::SystemTime::now() - Duration::from_secs(1000))
+            .unwrap();
+    }
+    assert_eq!(gc(&tier).sweeps, 0);
+    tier.gc_rescan_now().unwrap();
+    wait_for("a sweep", || gc(&tier).sweeps >= 1);
+    wait_for("the files to go", || gc(&tier).files == 2);
+    tier.shutdown().await.unwrap();
+}
+
+/// A store that needs room while another thread's sweep holds the GC waits for that sweep
+/// at most its deadline (a second), then fails with `NoSpace`; it never waits on a sweep
+/// that does not end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_waiting_for_another_sweep_gives_up_at_its_deadline() {
+    let root = temp_root();
+    let ks: Vec<BlockKey> = (0..4).map(leaf_key).collect();
+    // stored with the ceiling out of the way (a batch's first stores into a new leaf each
+    // reserve its directories), then reopened with the ceiling at the cap: at the ceiling
+    let first = FsTier::open("fs", bounded(root.path(), 4, 2), ns(), BS).unwrap();
+    assert!(store(&first, &ks, 0).await.is_success());
+    drop(first);
+    let mut c = bounded(root.path(), 4, 2);
+    c.gc_hard_ceiling = Some(1.0);
+    let tier = Arc::new(FsTier::open("fs", c, ns(), BS).unwrap());
+    let (at_tx, at_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    tier.set_sweep_hook(Some(Arc::new(move |p| {
+        if p == SweepPoint::Selected {
+            let _ = at_tx.send(());
+            let _ = go_rx.lock().unwrap().recv();
+        }
+    })))
+    .unwrap();
+    let t = tier.clone();
+    let sweep = std::thread::spawn(move || t.gc_sweep_for_space_now().unwrap());
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep never selected");
+    let t = tier.clone();
+    let (done_tx, done_rx) = mpsc::channel();
+    tokio::spawn(async move { done_tx.send(store(&*t, &[leaf_key(9)], 0).await).unwrap() });
+    let res = tokio::task::spawn_blocking(move || done_rx.recv_timeout(HOOK_DEADLINE))
+        .await
+        .unwrap()
+        .expect("the store waited on a sweep that does not end");
+    assert!(
+        matches!(res.failed[..], [(_, Error::NoSpace { .. })]),
+        "{:?}",
+        res.failed
+    );
+    go_tx.send(()).unwrap();
+    sweep.join().unwrap();
+}
+
+/// Without checksums, a block file written by another program (no xattr, no sidecar) is a
+/// block like any other: a store of its key skips it, nothing is called damaged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchecked_tier_takes_a_plain_file_as_the_block() {
+    let root = temp_root();
+    let mut c = cfg(root.path());
+    c.accept_unverified = false;
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let k = test_key(1);
+    let p = tier.block_path(&k);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, block_bytes(&k, 3, BS)).unwrap();
+    assert!(store(&tier, &[k], 0).await.is_success());
+    let s = tier.stats();
+    assert_eq!(
+        (s.blocks.stores_skipped, s.blocks.corrupt_deleted),
+        (1, 0),
+        "{s:?}"
+    );
+    let (res, data) = load(&tier, &[k]).await;
+    assert!(
+        res.is_success() && verify_block(&k, 3, &data[0].1),
+        "the file was replaced"
+    );
+}
+
+/// A checksum xattr longer than a checksum (too long for the buffer a load reads it into)
+/// is damage like any malformed one: a miss, and the file goes; not an I/O error that
+/// would keep a bad block forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_checksum_xattr_is_damage() {
+    let root = temp_root();
+    let tier = open_checksummed(root.path());
+    let k = test_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    let p = tier.block_path(&k);
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let name = std::ffi::CString::new(CRC_XATTR).unwrap();
+    let v = [7u8; 16];
+    // SAFETY: valid path, name and a 16-byte value.
+    let rc = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), v.as_ptr().cast(), 16, 0) };
+    assert_eq!(rc, 0);
+    let (res, _) = load(&tier, &[k]).await;
+    assert!(
+        matches!(res.failed[..], [(_, Error::Corrupt { .. })]),
+        "{:?}",
+        res.failed
+    );
+    assert!(!p.exists(), "the damaged block was kept");
+    assert_eq!(tier.stats().blocks.corrupt_deleted, 1);
+}
