@@ -747,6 +747,9 @@ async fn a_store_at_the_ceiling_makes_room_for_its_new_directories_too() {
     assert_eq!(s.sweeps, sweeps + 1, "{s:?}");
     assert!(s.bytes <= s.hard_ceiling_bytes, "{s:?}");
     assert!(tier.block_path(&far).exists());
+    // room for one file and its two new directories (a directory takes a block here): three
+    // old files went, not more
+    assert_eq!(s.files, 12 - 3 + 1, "{s:?}");
 }
 
 /// Files someone else deleted between the sweep's decision and its unlinks are gone, as the
@@ -788,6 +791,29 @@ async fn a_foreign_key_touched_twice_in_an_interval_is_stamped_once() {
     assert_eq!(s.files, 1, "the stamped foreign key joins the index");
 }
 
+/// A key of another process, touched again after a stamp interval, is stamped again: the
+/// memory of foreign stamps limits their rate, it does not refuse a key for good. (The key
+/// stays foreign while its file is missing: a stamp that finds no file learns nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_touched_again_after_an_interval_is_stamped_again() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8); // stamp interval: a minute
+    let other = FsTier::open("fs", cfg(root.path()), ns(), BS).unwrap();
+    let j = leaf_key(1);
+    tier.touch(&[j]); // no file yet: the stamp finds nothing
+    tier.gc_apply_stamps_now().unwrap();
+    assert_eq!(gc(&tier).stamps, 0);
+    assert!(store(&other, &[j], 0).await.is_success());
+    tier.touch(&[j]);
+    tier.gc_apply_stamps_now().unwrap();
+    assert_eq!(gc(&tier).stamps, 0, "stamped twice within an interval");
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    tier.touch(&[j]);
+    tier.gc_apply_stamps_now().unwrap();
+    let s = gc(&tier);
+    assert_eq!((s.stamps, s.files), (1, 1), "{s:?}");
+}
+
 /// A sweep that panicked (here a hook; in life a bug) leaves no sweep "running": a store at
 /// the hard ceiling still sweeps for room itself, instead of waiting for a sweep that will
 /// never end and failing with `NoSpace`.
@@ -820,4 +846,38 @@ async fn a_panicked_sweep_does_not_stop_stores_from_making_room() {
     let s = gc(&tier);
     assert!(s.bytes <= s.hard_ceiling_bytes, "{s:?}");
     assert!(tier.block_path(&far).exists());
+}
+
+/// `protect()` of a key whose unlink is under way returns only once the unlink has ended:
+/// after it returns, the file is gone (it was decided before the protection) and no unlink
+/// of the key can start while the guard lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protect_waits_out_an_unlink_under_way() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 10, 0.8));
+    let ks = fifteen_aged(&tier).await;
+    let k = ks[0]; // the oldest: swept first
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::UnlinkingKey(k));
+    let t = tier.clone();
+    let path = tier.block_path(&k);
+    let (tx, rx) = mpsc::channel();
+    let protector = std::thread::spawn(move || {
+        let guard = t.protect(&[k]);
+        tx.send(path.exists()).unwrap();
+        guard
+    });
+    // give the protector time to reach protect() (were it not to wait, it would answer now,
+    // with the file still there)
+    if let Ok(exists) = rx.recv_timeout(Duration::from_millis(200)) {
+        panic!("protect() returned while the unlink was held (file exists: {exists})");
+    }
+    go_tx.send(()).unwrap();
+    let exists = rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("protect() never returned");
+    assert!(!exists, "protect() returned before the unlink ended");
+    let guard = protector.join().unwrap();
+    assert_eq!(sweep.join().unwrap(), 7);
+    tier.set_sweep_hook(None).unwrap();
+    drop(guard);
 }

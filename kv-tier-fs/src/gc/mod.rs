@@ -51,6 +51,9 @@ pub enum SweepPoint {
     BeforeDelete(BlockKey),
     /// A batch is decided (out of the index, marked as being deleted) and about to be unlinked.
     Unlinking,
+    /// This key's unlink is under way (checked unprotected and marked; the file is not yet
+    /// removed): `protect()` of it waits until the unlink ends.
+    UnlinkingKey(BlockKey),
     /// A rescan has walked the tree and is about to merge what it found into the index.
     RescanWalked,
     /// Queued stamps are applied on disk and about to be applied to the index.

@@ -278,6 +278,7 @@ impl Gc {
                     out.push(None);
                     continue;
                 }
+                self.hook(super::SweepPoint::UnlinkingKey(v.key));
                 let r = std::fs::remove_file(&v.path);
                 self.unlinking
                     .lock()
