@@ -244,3 +244,40 @@ async fn an_oversized_checksum_xattr_is_damage() {
     assert!(!p.exists(), "the damaged block was kept");
     assert_eq!(tier.stats().blocks.corrupt_deleted, 1);
 }
+
+/// A load that finds its block damaged removes only the file it read: a good block put in
+/// its place meanwhile (another writer's publish) stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_removes_only_the_damaged_file_it_read() {
+    let root = temp_root();
+    let tier = open_checksummed(root.path());
+    let k = test_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    let path = tier.block_path(&k);
+    let good = root.path().join("good.bin");
+    std::fs::hard_link(&path, &good).unwrap(); // the good block, its checksum xattr included
+    let bad = root.path().join("bad.bin");
+    std::fs::write(&bad, block_bytes(&k, 9, BS)).unwrap(); // no checksum: damage
+    std::fs::rename(&bad, &path).unwrap();
+    let (p, g) = (path.clone(), good.clone());
+    let once = std::sync::atomic::AtomicBool::new(false);
+    tier.set_fault_injector(Some(Arc::new(move |op, _: &Path| {
+        if op == FsOp::Read && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::fs::rename(&g, &p).unwrap(); // the good block is published again meanwhile
+        }
+        None
+    })));
+    let (res, _) = load(&tier, &[k]).await;
+    tier.set_fault_injector(None);
+    assert!(
+        matches!(res.failed[..], [(_, Error::Corrupt { .. })]),
+        "{:?}",
+        res.failed
+    );
+    assert!(
+        path.exists(),
+        "the good block put in place meanwhile was removed"
+    );
+    let (res, data) = load(&tier, &[k]).await;
+    assert!(res.is_success() && verify_block(&k, 0, &data[0].1));
+}
