@@ -881,3 +881,44 @@ async fn protect_waits_out_an_unlink_under_way() {
     tier.set_sweep_hook(None).unwrap();
     drop(guard);
 }
+
+/// Where checksums live in sidecars, a block the index learns from a load (another process
+/// wrote it) counts with its sidecar, as one the tier stored itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learned_block_counts_with_its_sidecar() {
+    let m = common::Mount::new("ramfs", "");
+    let mut c = bounded_cfg(&m.dir, 10, 0.8);
+    c.checksum = kv_tier_fs::Checksum::Crc32c;
+    let per_block = 2 * BS as u64; // ramfs: a page for the block, one for its sidecar
+    c.gc_max_size_gb = Some((10 * per_block) as f64 / (1u64 << 30) as f64);
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let mut oc = cfg(&m.dir);
+    oc.checksum = kv_tier_fs::Checksum::Crc32c;
+    let other = FsTier::open("fs", oc, ns(), BS).unwrap();
+    let (mine, theirs) = (leaf_key(1), leaf_key(2));
+    assert!(store(&tier, &[mine], 0).await.is_success());
+    assert_eq!(gc(&tier).bytes, per_block);
+    assert!(store(&other, &[theirs], 0).await.is_success());
+    let (res, _) = load(&tier, &[theirs]).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    let s = gc(&tier);
+    assert_eq!((s.files, s.bytes), (2, 2 * per_block), "{s:?}");
+}
+
+/// A rescan that finds a file as the index has it leaves its entry alone: the stamp memory
+/// stays, so a key stamped a moment ago is not stamped again within its interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_leaves_an_unchanged_entry_and_its_stamp_memory_alone() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8); // stamp interval: a minute
+    let k = leaf_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    tier.touch(&[k]);
+    tier.gc_apply_stamps_now().unwrap();
+    assert_eq!(gc(&tier).stamps, 1);
+    tier.gc_rescan_now().unwrap();
+    tier.touch(&[k]);
+    tier.gc_apply_stamps_now().unwrap();
+    assert_eq!(gc(&tier).stamps, 1, "stamped twice within an interval");
+}
