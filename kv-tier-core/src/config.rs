@@ -25,8 +25,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-pub use crate::json::from_value;
+use crate::json::from_value;
 use crate::layout::{Namespace, RunFields};
+pub use crate::ranges::{check_range, check_range_u64};
 use crate::tier_options::{TierOptions, TierSettings};
 
 /// DRAM eviction policy.
@@ -237,29 +238,6 @@ const JOB_TIMEOUT: (f64, f64) = (0.01, 86_400.0);
 const JOB_TIMEOUT_PER_BLOCK: (f64, f64) = (0.0, 3_600.0);
 const LEASE: (f64, f64) = (0.001, 86_400.0);
 const WRITE_BACK_FRACTION: (f64, f64) = (0.01, 1.0);
-
-/// Checks that `value` of `field` lies in `min..=max` (and is a number), with an error that
-/// names the field and the range. For tier configs too.
-pub fn check_range(field: &str, value: f64, min: f64, max: f64) -> Result<()> {
-    if value.is_nan() || value < min || value > max {
-        return Err(Error::config(
-            field,
-            format!("must be between {min} and {max}, got {value}"),
-        ));
-    }
-    Ok(())
-}
-
-/// [`check_range`] for integers.
-pub fn check_range_u64(field: &str, value: u64, min: u64, max: u64) -> Result<()> {
-    if value < min || value > max {
-        return Err(Error::config(
-            field,
-            format!("must be between {min} and {max}, got {value}"),
-        ));
-    }
-    Ok(())
-}
 
 /// The largest block size accepted (1 GiB): larger is a units mistake.
 pub const MAX_BLOCK_SIZE: u64 = 1 << 30;

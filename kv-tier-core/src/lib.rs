@@ -10,6 +10,7 @@ pub mod key;
 pub mod layout;
 pub mod manager;
 pub mod probe_cache;
+pub mod ranges;
 pub mod registry;
 pub mod request;
 pub mod stats;

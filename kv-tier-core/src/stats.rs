@@ -159,7 +159,7 @@ pub struct TierStats {
     /// Load job latencies.
     pub load_latency: LatencyHistogram,
     /// Probe counters of the tier's probe cache.
-    pub probes: crate::probe_cache::ProbeCacheStats,
+    pub probes: ProbeCacheStats,
     /// Keys the tier's probe cache tracks (live requests' keys and probes in flight).
     pub tracked_keys: usize,
     /// Requests the tier's probe cache tracks (asked and not finished).
@@ -361,4 +361,33 @@ block_counters! {
 /// Adds `n` to a counter.
 pub fn bump(counter: &std::sync::atomic::AtomicU64, n: u64) {
     counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Counters of a [`ProbeCache`](crate::ProbeCache).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeCacheStats {
+    /// Probe batches sent.
+    pub probes: u64,
+    /// Keys probed.
+    pub probed_keys: u64,
+    /// Probe answers discarded because a store or failed load superseded them.
+    pub stale_answers: u64,
+    /// Probe batches that failed, answered the wrong number of keys, or were dropped (their
+    /// keys count as absent).
+    pub probe_errors: u64,
+    /// Probe batches that passed their deadline (their keys count as absent).
+    pub probe_timeouts: u64,
+    /// Probe batches whose tier panicked (their keys count as absent).
+    pub probe_panics: u64,
+    /// Asks that found their key's lease expired (the key is probed again). An expired lease
+    /// stops protecting its key within a quarter lease whether or not the key is asked again.
+    pub leases_expired: u64,
+    /// Failed-load answers for requests this lookup does not know (finished): ignored.
+    pub ignored_answers: u64,
+    /// Lookups that stopped waiting for this tier's probe at the probe budget (the key
+    /// counted as absent here for that request).
+    pub over_budget: u64,
+    /// Probe batches that answered after the budget (their answers serve later lookups);
+    /// batches that timed out, failed or panicked are not answers and count elsewhere.
+    pub late_answers: u64,
 }

@@ -24,8 +24,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::config::check_range;
 use crate::error::Result;
+use crate::ranges::check_range;
 
 /// What happens to a store cascade that would take a tier's write-back past its limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

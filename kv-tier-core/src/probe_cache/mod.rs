@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 
 use crate::key::BlockKey;
 use crate::request::RequestId;
+pub use crate::stats::ProbeCacheStats;
 use crate::tier::{ProtectGuard, SecondaryTier, protect_caught};
 
 mod lease;
@@ -99,35 +100,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding this lock cannot leave the inbox half-updated (push is atomic
     // with respect to the Vec's invariants), so a poisoned lock is still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Counters of an [`ProbeCache`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProbeCacheStats {
-    /// Probe batches sent.
-    pub probes: u64,
-    /// Keys probed.
-    pub probed_keys: u64,
-    /// Probe answers discarded because a store or failed load superseded them.
-    pub stale_answers: u64,
-    /// Probe batches that failed, answered the wrong number of keys, or were dropped (their
-    /// keys count as absent).
-    pub probe_errors: u64,
-    /// Probe batches that passed their deadline (their keys count as absent).
-    pub probe_timeouts: u64,
-    /// Probe batches whose tier panicked (their keys count as absent).
-    pub probe_panics: u64,
-    /// Asks that found their key's lease expired (the key is probed again). An expired lease
-    /// stops protecting its key within a quarter lease whether or not the key is asked again.
-    pub leases_expired: u64,
-    /// Failed-load answers for requests this lookup does not know (finished): ignored.
-    pub ignored_answers: u64,
-    /// Lookups that stopped waiting for this tier's probe at the probe budget (the key
-    /// counted as absent here for that request).
-    pub over_budget: u64,
-    /// Probe batches that answered after the budget (their answers serve later lookups);
-    /// batches that timed out, failed or panicked are not answers and count elsewhere.
-    pub late_answers: u64,
 }
 
 /// Non-blocking existence answers for one secondary tier.

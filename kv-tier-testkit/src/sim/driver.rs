@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use kv_tier_core::{BlockKey, RequestContext, TieringManager};
 
-use super::setup::Tier;
 use super::{CHECKPOINT_EVERY, HANG_AFTER, Rng, SimOptions, SimReport, World, fault};
-use crate::util::test_key_in_group;
+use crate::faulty::FaultyTier;
+use crate::util::{Gate, test_key_in_group};
 
 /// Conversations whose keys requests draw (prefixes shared between requests).
 pub(super) const CONVERSATIONS: u64 = 12;
@@ -36,6 +36,12 @@ pub(super) struct Request {
     pub(super) stuck: Vec<u32>,
     /// The operation that made it.
     pub(super) created: u64,
+}
+
+/// A tier as the driver holds it: the fault wrapper and the gates it closed.
+pub(super) struct Tier {
+    pub(super) faulty: Arc<FaultyTier>,
+    pub(super) gates: Vec<Gate>,
 }
 
 pub(super) struct Driver<'w> {

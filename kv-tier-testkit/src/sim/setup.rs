@@ -5,16 +5,9 @@ use std::sync::Arc;
 
 use kv_tier_core::{BlockKey, KvTierConfig, SecondaryTier};
 
-use super::driver::{Driver, bounded};
+use super::driver::{Driver, Tier, bounded};
 use super::{BLOCK_SIZE, DRAM_SLOTS};
 use crate::faulty::FaultyTier;
-use crate::util::Gate;
-
-/// A tier as the driver holds it: the fault wrapper and the gates it closed.
-pub(super) struct Tier {
-    pub(super) faulty: Arc<FaultyTier>,
-    pub(super) gates: Vec<Gate>,
-}
 
 impl Driver<'_> {
     pub(super) async fn open(&mut self) {
