@@ -12,12 +12,8 @@ use kv_tier_core::{
     RequestId, TieringManager,
 };
 use kv_tier_cpu::{CpuTier, CpuTierConfig};
+use kv_tier_testkit::bench::median;
 use kv_tier_testkit::{MemoryTier, fill_block, test_key};
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 fn cpu(slots: usize, block: usize) -> Arc<CpuTier> {
     Arc::new(

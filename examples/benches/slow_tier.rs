@@ -15,37 +15,16 @@
 use std::time::Duration;
 
 use kv_tier_examples::sim::{Report, SimConfig, run};
+use kv_tier_testkit::bench::{cpu_seconds, env_or, median};
 use kv_tier_testkit::s3::{AK, BUCKET, S3Server, SK};
 
-fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// CPU seconds (user + system) this process has used so far.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // after the command name's closing parenthesis: fields 14 and 15 are utime and stime
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
-    let rounds: usize = env("KV_TIER_SLOW_ROUNDS", 2);
-    let latency_ms: u64 = env("KV_TIER_SLOW_LATENCY_MS", 20);
-    let window: u64 = env("KV_TIER_SLOW_SECONDS", 25);
+    let rounds: usize = env_or("KV_TIER_SLOW_ROUNDS", 2);
+    let latency_ms: u64 = env_or("KV_TIER_SLOW_LATENCY_MS", 20);
+    let window: u64 = env_or("KV_TIER_SLOW_SECONDS", 25);
     let only: Option<String> = std::env::var("KV_TIER_SLOW_ONLY").ok();
     let server_dir =
-        std::path::PathBuf::from(env("KV_TIER_SLOW_SERVER_DIR", "/dev/shm".to_string()));
+        std::path::PathBuf::from(env_or("KV_TIER_SLOW_SERVER_DIR", "/dev/shm".to_string()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -21,6 +21,7 @@ use kv_tier_core::{
 };
 use kv_tier_cpu::{CpuTier, CpuTierConfig};
 use kv_tier_fs::{FsTier, FsTierConfig};
+use kv_tier_testkit::bench::median;
 use kv_tier_testkit::{fill_block, test_key};
 
 #[derive(Clone, Copy)]
@@ -68,11 +69,6 @@ const CASES: [Case; 4] = [
         raw_threads: 4,
     },
 ];
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
 
 struct Sizes {
     block: usize,

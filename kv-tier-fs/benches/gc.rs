@@ -11,14 +11,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use kv_tier_core::{BlockKey, Namespace, RunFields, SecondaryTier};
 use kv_tier_fs::{FsTier, FsTierConfig};
+use kv_tier_testkit::bench::median;
 use kv_tier_testkit::test_key;
 
 const FILE_BYTES: usize = 64;
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 fn main() {
     let base = std::env::var("KV_TIER_BENCH_DIR")

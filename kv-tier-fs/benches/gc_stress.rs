@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use kv_tier_core::{BlockKey, Namespace, RunFields, SecondaryTier};
 use kv_tier_fs::{CRC_SIDECAR_SUFFIX, CRC_XATTR, Checksum, FsTier, FsTierConfig};
+use kv_tier_testkit::bench::median;
 use kv_tier_testkit::{block_bytes, load_keys, store_keys, test_key, verify_block};
 
 const BS: usize = 256 << 10;
@@ -116,11 +117,6 @@ fn ingest(rt: &tokio::runtime::Runtime, base: &Path, cap: Option<u64>, total: u6
         grace_overridden: g.map_or(0, |g| g.grace_overridden),
         store_waits: g.map_or(0, |g| g.store_waits),
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -20,17 +20,13 @@ use kv_tier_core::{
 };
 use kv_tier_cpu::{CpuTier, CpuTierConfig};
 use kv_tier_obj::ObjTier;
+use kv_tier_testkit::bench::median;
 use kv_tier_testkit::{fill_block, test_key};
 use object_store::ObjectStore;
 use object_store::path::Path as ObjPath;
 
 const BLOCK: usize = 2 << 20;
 const N: usize = 512;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
 
 fn main() {
     let rounds: usize = std::env::var("KV_TIER_BENCH_ROUNDS")

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod bench;
 pub mod conformance;
 pub mod controlled_store;
 pub mod faulty;
