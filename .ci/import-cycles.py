@@ -12,12 +12,27 @@ for crate in sys.argv[1:]:
     src = os.path.join(crate, 'src')
     files = [os.path.join(d,f) for d,_,fs in os.walk(src) for f in fs if f.endswith('.rs') and '/bin/' not in os.path.join(d,f)]
     mods = {modname(src,f): f for f in files}
+    # names the crate root re-exports (`pub use module::{A, B}`), so `crate::A` is module's
+    reexported = {}
+    root_text = open(os.path.join(src, 'lib.rs')).read() if os.path.exists(os.path.join(src, 'lib.rs')) else ''
+    for mm in re.finditer(r'pub use ([a-z_][a-z0-9_:]*)::\{([^}]*)\};|pub use ([a-z_][a-z0-9_:]*)::([A-Za-z_][A-Za-z0-9_]*);', root_text):
+        module = mm.group(1) or mm.group(3)
+        names = mm.group(2) or mm.group(4)
+        for n in names.split(','):
+            n = n.strip().split(' as ')[-1].strip()
+            if n and module in mods:
+                reexported[n] = module
     edges = {}
     for m,f in mods.items():
         text = open(f).read()
         # strip cfg(test) modules crudely
         text = re.split(r'#\[cfg\(test\)\]\s*mod tests', text)[0]
+        # comments (doc links included) are not imports
+        text = re.sub(r'//[^\n]*', '', text)
         deps=set()
+        for mm in re.finditer(r'crate::([A-Z][A-Za-z0-9_]*)', text):
+            if mm.group(1) in reexported:
+                deps.add(reexported[mm.group(1)])
         for mm in re.finditer(r'crate::([a-z_][a-z0-9_]*(?:::[a-z_][a-z0-9_]*)*)', text):
             path = mm.group(1).split('::')
             # longest module prefix

@@ -140,6 +140,12 @@ pub enum Error {
     },
 }
 
+impl From<crate::key::InvalidKey> for Error {
+    fn from(e: crate::key::InvalidKey) -> Self {
+        Error::InvalidKey { reason: e.reason }
+    }
+}
+
 impl Error {
     /// Builds an [`Error::InvalidConfig`].
     pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {

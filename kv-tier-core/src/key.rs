@@ -3,7 +3,15 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-use crate::error::{Error, Result};
+/// Why bytes or text are not a block key. Converts into [`crate::Error::InvalidKey`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid block key: {reason}")]
+pub struct InvalidKey {
+    /// Why the key is refused.
+    pub reason: String,
+}
+
+type Result<T> = std::result::Result<T, InvalidKey>;
 
 /// The largest block-hash length a [`BlockKey`] holds, in bytes.
 pub const MAX_HASH_LEN: usize = 64;
@@ -60,12 +68,12 @@ impl BlockKey {
     /// A key from block-hash bytes (1 to [`MAX_HASH_LEN`] bytes) and a group index.
     pub fn new(hash: &[u8], group: u32) -> Result<Self> {
         if hash.is_empty() {
-            return Err(Error::InvalidKey {
+            return Err(InvalidKey {
                 reason: "the block hash is empty".into(),
             });
         }
         if hash.len() > MAX_HASH_LEN {
-            return Err(Error::InvalidKey {
+            return Err(InvalidKey {
                 reason: format!(
                     "the block hash is {} bytes long; at most {MAX_HASH_LEN} are supported",
                     hash.len()
@@ -97,7 +105,7 @@ impl BlockKey {
     /// Parses vLLM's `OffloadKey` byte form: hash bytes followed by the group, 4 bytes big-endian.
     pub fn from_offload_bytes(bytes: &[u8]) -> Result<Self> {
         if bytes.len() < 5 {
-            return Err(Error::InvalidKey {
+            return Err(InvalidKey {
                 reason: format!(
                     "an offload key is hash bytes plus a 4-byte group, so at least 5 bytes; got {}",
                     bytes.len()
@@ -112,14 +120,14 @@ impl BlockKey {
     /// Parses a lower-case or upper-case hex block hash.
     pub fn from_hex(hex: &str, group: u32) -> Result<Self> {
         if !hex.len().is_multiple_of(2) {
-            return Err(Error::InvalidKey {
+            return Err(InvalidKey {
                 reason: format!("hex hash {hex:?} has an odd number of digits"),
             });
         }
         let mut out = Vec::with_capacity(hex.len() / 2);
         for pair in hex.as_bytes().chunks(2) {
             let s = std::str::from_utf8(pair).unwrap_or("");
-            let b = u8::from_str_radix(s, 16).map_err(|_| Error::InvalidKey {
+            let b = u8::from_str_radix(s, 16).map_err(|_| InvalidKey {
                 reason: format!("hex hash {hex:?} has a non-hex digit"),
             })?;
             out.push(b);
@@ -217,10 +225,7 @@ mod tests {
 
     #[test]
     fn bad_input_is_an_error_not_a_panic() {
-        assert!(matches!(
-            BlockKey::new(&[], 0),
-            Err(Error::InvalidKey { .. })
-        ));
+        assert!(matches!(BlockKey::new(&[], 0), Err(InvalidKey { .. })));
         assert!(BlockKey::new(&[7; 65], 0).is_err());
         assert!(BlockKey::new(&[7; 64], 0).is_ok());
         assert!(BlockKey::from_offload_bytes(&[1, 2, 3, 4]).is_err());

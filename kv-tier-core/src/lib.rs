@@ -22,7 +22,7 @@ pub use checksum::Checksum;
 pub use config::{EvictionPolicy, KvTierConfig, TierSpec};
 pub use error::{Error, Result};
 pub use event::{EventBatch, EventLog, Locality, Medium, TierEvent};
-pub use key::BlockKey;
+pub use key::{BlockKey, InvalidKey};
 pub use layout::{Namespace, RunFields};
 pub use manager::{PendingStore, TieringManager, TieringManagerBuilder};
 pub use probe_cache::{Presence, ProbeCache};

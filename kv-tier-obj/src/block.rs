@@ -10,8 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use kv_tier_core::{
-    BlockCounters, BlockKey, BlockSink, BlockSource, Error, EventLog, Namespace, ProtectionSet,
-    Result,
+    BlockKey, BlockSink, BlockSource, Error, EventLog, Namespace, ProtectionSet, Result,
 };
 use object_store::path::Path as ObjPath;
 use object_store::{
@@ -23,6 +22,7 @@ use tokio::sync::{Notify, Semaphore};
 use crate::cap::Cap;
 use crate::config::ObjChecksum;
 use crate::error::{classify, closed, not_found, timed_out};
+use crate::stats::Counters;
 use kv_tier_core::checksum::{self, StoredCrc, Verdict, parse_crc_hex};
 
 pub use kv_tier_core::checksum::block_crc;
@@ -39,19 +39,6 @@ enum Existing {
 
 /// The user-metadata key of a block's CRC32C (8 hex digits; see [`block_crc`]).
 pub const CRC_METADATA_KEY: &str = "kv-tier-crc32c";
-
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) blocks: BlockCounters,
-    pub(crate) requests: AtomicU64,
-    pub(crate) max_in_flight: AtomicU64,
-    pub(crate) request_timeouts: AtomicU64,
-    pub(crate) lookup_timeouts: AtomicU64,
-    pub(crate) exists_cache_hits: AtomicU64,
-    pub(crate) evicted: AtomicU64,
-    pub(crate) sweeps: AtomicU64,
-    pub(crate) skipped_in_flight: AtomicU64,
-}
 
 pub(crate) use kv_tier_core::stats::bump;
 

@@ -4,9 +4,11 @@ mod block;
 mod cap;
 mod config;
 mod error;
+mod stats;
 mod sweep;
 mod tier;
 
 pub use block::{CRC_METADATA_KEY, block_crc};
 pub use config::{ObjChecksum, ObjTierConfig, RANGES, Scheme};
-pub use tier::{ObjStats, ObjTier};
+pub use stats::ObjStats;
+pub use tier::ObjTier;

@@ -6,51 +6,23 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
 use kv_tier_core::{
-    BlockKey, BlockStats, BuildContext, Capability, Error, EventBatch, EventLog, JobResult,
-    LoadJob, Locality, Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier,
-    StoreJob, TierEvent, TierInfo, TierRegistry, TierSpec, async_trait,
+    BlockKey, BuildContext, Capability, Error, EventBatch, EventLog, JobResult, LoadJob, Locality,
+    Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent,
+    TierInfo, TierRegistry, TierSpec, async_trait,
 };
 use object_store::ObjectStore;
 use rustc_hash::FxHashMap;
 use tokio::sync::Semaphore;
 
-use crate::block::{Counters, Inner, ReqError, bump, lock};
+use crate::block::{Inner, ReqError, bump, lock};
 use crate::cap::Cap;
 use crate::config::{ObjChecksum, ObjTierConfig, Scheme};
+use crate::stats::{Counters, ObjStats};
 
 const CREDENTIALS: &str =
     "the credentials were refused: check access_key, secret_key and session_token";
 const UNREACHABLE: &str =
     "the endpoint cannot be reached: check endpoint_override, scheme and region";
-
-/// Counters of an [`ObjTier`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ObjStats {
-    /// What every block-storing tier counts: blocks and bytes written and read, skipped
-    /// stores (the backend confirmed the object), failures, damaged objects deleted,
-    /// checksum outcomes (a malformed checksum counts as a mismatch).
-    pub blocks: BlockStats,
-    /// Requests sent (HEAD, PUT, GET, DELETE, LIST).
-    pub requests: u64,
-    /// The most requests in flight at once (bounded by `io_threads`).
-    pub max_in_flight: u64,
-    /// Requests abandoned at their deadline.
-    pub request_timeouts: u64,
-    /// Lookups that answered some keys absent because their deadline passed.
-    pub lookup_timeouts: u64,
-    /// Existence answers served from the cache, without a request.
-    pub exists_cache_hits: u64,
-    /// Objects deleted to keep the tier under `max_size_gb`.
-    pub evicted: u64,
-    /// Capacity sweeps run.
-    pub sweeps: u64,
-    /// Sweep candidates kept because they were protected.
-    pub skipped_in_flight: u64,
-    /// Bytes in the capacity index (bounded mode).
-    pub bytes: u64,
-    /// Objects in the capacity index (bounded mode).
-    pub objects: u64,
-}
 
 /// The object-store tier: one object per block under `prefix/`, keyed by the fs layout's
 /// path relative to its root (`<model>_<digest>_r<rank>/<hex[0..3]>/<hex[3..5]>_g<group>/<hex>.bin`).
@@ -61,7 +33,7 @@ pub struct ObjStats {
 /// Every request ends within [`ObjTierConfig::request_deadline`] and every lookup within
 /// `lookup_timeout_s`; every async method can be dropped at any await point.
 pub struct ObjTier {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
     cfg: ObjTierConfig,
     /// Background sweeps; shutdown stops and awaits them.
     sweeps: Mutex<tokio::task::JoinSet<()>>,
