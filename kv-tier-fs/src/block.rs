@@ -1,4 +1,4 @@
-//! What the I/O threads share ([`Files`]): the tier's root, layout, options, counters and
+//! What the I/O threads share ([`Shared`]): the tier's root, layout, options, counters and
 //! GC state, and the operations around single blocks (faults, errors, temp paths, sweeps,
 //! rescans, existence). Storing and loading a block are in `store.rs` and `load.rs`.
 
@@ -48,7 +48,7 @@ pub(crate) struct Counters {
 pub(crate) use kv_tier_core::stats::bump;
 
 /// Everything the I/O threads need, shared by reference count.
-pub(crate) struct Files {
+pub(crate) struct Shared {
     pub(crate) name: String,
     pub(crate) root: PathBuf,
     pub(crate) ns: Namespace,
@@ -170,7 +170,7 @@ impl StampMemo {
     }
 }
 
-impl Files {
+impl Shared {
     /// Unbounded mode: the keys of `keys` due for an mtime stamp (at most one per key per
     /// minute), marked as stamped now. An unbounded tier keeps no index, but its reads are
     /// recency for the bounded tiers of other processes on the same root.

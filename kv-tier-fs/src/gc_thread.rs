@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::block::Files;
+use crate::block::Shared;
 use crate::gc::{Gc, Goal};
 
 /// The GC thread: applies stamps every tick, sweeps when over the cap (each interval, or at
@@ -13,7 +13,7 @@ use crate::gc::{Gc, Goal};
 /// logged and counted and the loop goes on; a panic outside a step restarts the loop (counted
 /// in `thread_restarts`, logged as an error). `thread_alive` turns false only when the tier
 /// stops it.
-pub(crate) fn gc_loop(files: Arc<Files>) {
+pub(crate) fn gc_loop(files: Arc<Shared>) {
     struct Alive<'a>(&'a Gc);
     impl Drop for Alive<'_> {
         fn drop(&mut self) {
@@ -38,7 +38,7 @@ pub(crate) fn gc_loop(files: Arc<Files>) {
     }
 }
 
-fn run(files: &Files, gc: &Gc) {
+fn run(files: &Shared, gc: &Gc) {
     let tick = gc.cfg.interval.min(Duration::from_secs(1));
     let now = Instant::now();
     let mut next_sweep = now + gc.cfg.interval;

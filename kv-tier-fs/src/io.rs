@@ -43,20 +43,21 @@ impl Queues {
     }
 }
 
-struct Shared {
+/// The queues and their condition variable, shared by the engine and its threads.
+struct Board {
     q: Mutex<Queues>,
     cv: Condvar,
 }
 
 /// The thread pools.
 pub(crate) struct Engine {
-    shared: Arc<Shared>,
+    shared: Arc<Board>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Engine {
     pub(crate) fn start(n_read: usize, n_write: usize) -> std::io::Result<Self> {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Board {
             q: Mutex::new(Queues::default()),
             cv: Condvar::new(),
         });
@@ -175,7 +176,7 @@ pub(crate) fn join_threads(threads: Vec<JoinHandle<()>>) {
     }
 }
 
-fn worker(s: Arc<Shared>, reader: bool) {
+fn worker(s: Arc<Board>, reader: bool) {
     loop {
         let task = {
             let mut q = s.q.lock().expect("io queues");

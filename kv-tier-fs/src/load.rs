@@ -11,11 +11,11 @@ use std::time::{Duration, SystemTime};
 use kv_tier_core::checksum::{self, Verdict};
 use kv_tier_core::{AlignedBuf, BlockKey, BlockSink, Error};
 
-use crate::block::{Files, FsOp, LoadFailure, bump};
+use crate::block::{FsOp, LoadFailure, Shared, bump};
 use crate::config::Checksum;
 use crate::file;
 
-impl Files {
+impl Shared {
     /// Whether `m` (a block file without its sidecar) was published within the sidecar grace
     /// (its inode changed that recently).
     fn sidecar_pending(&self, m: &std::fs::Metadata) -> bool {
@@ -232,7 +232,7 @@ impl Files {
         bump(&self.counters.blocks.bytes_read, self.block_size as u64);
         if let Some(gc) = &self.gc {
             gc.on_seen(*key, &meta);
-            gc.touch(std::slice::from_ref(key));
+            gc.queue_stamps(std::slice::from_ref(key));
         }
         Ok(())
     }

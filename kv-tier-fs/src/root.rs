@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use kv_tier_core::{AlignedBuf, Error, Namespace, Result};
 
-use crate::block::{Files, random_salt};
+use crate::block::{Shared, random_salt};
 use crate::file;
 
 pub(crate) fn prepare_root(root: &Path) -> Result<()> {
@@ -192,7 +192,7 @@ pub(crate) fn probe_dir(dir: &Path, want_direct: bool, want_xattrs: bool) -> Res
 /// existing one costs little); doing them all once, off the I/O path, takes that cost away.
 /// Stores that arrive first create what they need themselves. Empty directories are harmless
 /// to vLLM's reader.
-pub(crate) fn spawn_top_dirs(files: Arc<Files>) -> Option<std::thread::JoinHandle<()>> {
+pub(crate) fn spawn_top_dirs(files: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
     let spawned = std::thread::Builder::new()
         .name("kv-fs-dirs".into())
         .spawn(move || {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kv_tier_core::{AlignedBuf, BlockKey, BlockSource, Error, Result};
 
-use crate::block::{Files, FsOp, bump};
+use crate::block::{FsOp, Shared, bump};
 use crate::config::Checksum;
 use crate::file;
 use crate::gc::{Gc, Goal};
@@ -49,7 +49,7 @@ impl Drop for TmpGuard<'_> {
     }
 }
 
-impl Files {
+impl Shared {
     /// Writes one block: skip if a regular file is present (with a checksum, when they are
     /// required), temp file with O_EXCL, publish without replacing. Damage at the block's path
     /// (a directory, a link, a file without the required checksum) is removed first and
@@ -76,7 +76,7 @@ impl Files {
                         // stored again: the block is in use (and maybe written by another
                         // process)
                         gc.on_seen(*key, &m);
-                        gc.touch(std::slice::from_ref(key));
+                        gc.queue_stamps(std::slice::from_ref(key));
                     }
                     return Ok(false);
                 }

@@ -12,7 +12,7 @@ use kv_tier_core::{
     TierInfo, TierRegistry, TierSpec, async_trait,
 };
 
-use crate::block::{Counters, FaultInjector, Files, FsOp, LoadFailure, bump, random_salt};
+use crate::block::{Counters, FaultInjector, FsOp, LoadFailure, Shared, bump, random_salt};
 use crate::config::{Checksum, FsTierConfig};
 use crate::gc::{Gc, SweepHook};
 use crate::gc_thread::gc_loop;
@@ -25,7 +25,7 @@ use crate::root::{prepare_root, probe_dir, reap_tmp, spawn_top_dirs, write_or_ch
 /// directory written by vLLM's fs tier is readable here and the other way round. All I/O runs
 /// on the tier's own read and write threads; the async methods only queue work and await it.
 pub struct FsTier {
-    pub(crate) files: Arc<Files>,
+    pub(crate) files: Arc<Shared>,
     engine: Engine,
     /// The GC thread and the thread pre-creating top directories, joined when the tier stops.
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -116,7 +116,7 @@ impl FsTier {
             gc.set_sidecar_unit(sidecar_unit);
             gc
         });
-        let files = Arc::new(Files {
+        let files = Arc::new(Shared {
             name: name.clone(),
             root: root.clone(),
             ns,
@@ -256,7 +256,7 @@ impl FsTier {
         class: Class,
         blocks: Vec<(BlockKey, B)>,
         removed: bool,
-        op: fn(&Files, &BlockKey, B, &EventBatch) -> R,
+        op: fn(&Shared, &BlockKey, B, &EventBatch) -> R,
     ) -> Option<Vec<(BlockKey, R)>>
     where
         B: Send + 'static,
@@ -504,7 +504,7 @@ impl SecondaryTier for FsTier {
     /// recency for bounded tiers of other processes on the same root. Never blocks.
     fn touch(&self, keys: &[BlockKey]) {
         if let Some(gc) = &self.files.gc {
-            gc.touch(keys);
+            gc.queue_stamps(keys);
             return;
         }
         let due = self.files.due_for_stamp(keys);

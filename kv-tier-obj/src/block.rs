@@ -55,7 +55,7 @@ pub(crate) enum ReqError {
 }
 
 /// Everything the tier's requests share.
-pub(crate) struct Inner {
+pub(crate) struct Shared {
     pub(crate) name: String,
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) ns: Namespace,
@@ -87,7 +87,7 @@ pub(crate) struct Inner {
 
 /// Tracks one request in flight, holding a permit of the `io_threads` bound.
 struct InFlight<'a> {
-    inner: &'a Inner,
+    inner: &'a Shared,
     _permit: tokio::sync::SemaphorePermit<'a>,
 }
 
@@ -100,7 +100,7 @@ impl Drop for InFlight<'_> {
 /// This tier's claim to upload a key; dropping it (done, failed or cancelled) frees the key
 /// and wakes the stores waiting for it.
 struct PutClaim<'a> {
-    inner: &'a Inner,
+    inner: &'a Shared,
     key: BlockKey,
     notify: Arc<Notify>,
 }
@@ -127,7 +127,7 @@ struct Fetched {
     overflow: bool,
 }
 
-impl Inner {
+impl Shared {
     pub(crate) fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(closed(&self.name));
@@ -406,7 +406,7 @@ impl Inner {
     }
 
     /// What is at `key`'s path: nothing, a block a load will accept, or an object in the way
-    /// (see [`Inner::existing_is_unverifiable`]), which is reported here.
+    /// (see [`Shared::existing_is_unverifiable`]), which is reported here.
     async fn existing(&self, key: &BlockKey, path: &ObjPath) -> Result<Existing> {
         if !self.head(key, false).await? {
             return Ok(Existing::Absent);

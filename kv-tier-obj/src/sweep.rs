@@ -7,13 +7,13 @@ use futures::StreamExt;
 use kv_tier_core::BlockKey;
 use object_store::path::Path as ObjPath;
 
-use crate::block::{Inner, bump};
+use crate::block::{Shared, bump};
 use crate::cap::Deleting;
 
 /// Victims decided (and deleted) per batch: one batched DELETE request each.
 const BATCH: usize = 256;
 
-impl Inner {
+impl Shared {
     /// Deletes least-recently-used objects down to the low watermark, skipping protected
     /// keys; returns how many it deleted and reports them as removed. With `wait`, runs after
     /// a sweep in progress; without, returns 0 if one runs.

@@ -14,7 +14,7 @@ use object_store::ObjectStore;
 use rustc_hash::FxHashMap;
 use tokio::sync::Semaphore;
 
-use crate::block::{Inner, ReqError, bump, lock};
+use crate::block::{ReqError, Shared, bump, lock};
 use crate::cap::Cap;
 use crate::config::{ObjChecksum, ObjTierConfig, Scheme};
 use crate::stats::{Counters, ObjStats};
@@ -33,7 +33,7 @@ const UNREACHABLE: &str =
 /// Every request ends within [`ObjTierConfig::request_deadline`] and every lookup within
 /// `lookup_timeout_s`; every async method can be dropped at any await point.
 pub struct ObjTier {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) inner: Arc<Shared>,
     cfg: ObjTierConfig,
     /// Background sweeps; shutdown stops and awaits them.
     sweeps: Mutex<tokio::task::JoinSet<()>>,
@@ -82,7 +82,7 @@ impl ObjTier {
             let bytes = (gb * (1u64 << 30) as f64).min(u64::MAX as f64) as u64;
             Cap::new(bytes, cfg.low_watermark)
         });
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(Shared {
             name: name.to_string(),
             store,
             prefix: cfg.normalized_prefix().to_string(),

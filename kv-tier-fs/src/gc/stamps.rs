@@ -37,7 +37,7 @@ impl Gc {
     /// pending. Keys the index does not hold (written by another process on the same root)
     /// are stamped too, if their file exists, so every process's reads count as recency. No
     /// I/O: the GC thread applies them.
-    pub(crate) fn touch(&self, keys: &[BlockKey]) {
+    pub(crate) fn queue_stamps(&self, keys: &[BlockKey]) {
         let now = self.now_ns();
         let mut dropped = 0u64;
         {
