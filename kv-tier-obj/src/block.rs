@@ -19,7 +19,7 @@ use object_store::{
 use rustc_hash::FxHashMap;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::cap::Cap;
+use crate::capacity::Cap;
 use crate::config::ObjChecksum;
 use crate::error::{classify, closed, not_found, timed_out};
 use crate::stats::Counters;

@@ -1,7 +1,8 @@
 #![doc = include_str!("../README.md")]
 
 mod block;
-mod cap;
+mod capacity;
+mod client;
 mod config;
 mod error;
 mod stats;

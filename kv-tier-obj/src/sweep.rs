@@ -8,7 +8,7 @@ use kv_tier_core::BlockKey;
 use object_store::path::Path as ObjPath;
 
 use crate::block::{Shared, bump};
-use crate::cap::Deleting;
+use crate::capacity::Deleting;
 
 /// Victims decided (and deleted) per batch: one batched DELETE request each.
 const BATCH: usize = 256;
@@ -18,7 +18,7 @@ impl Shared {
     /// keys; returns how many it deleted and reports them as removed. With `wait`, runs after
     /// a sweep in progress; without, returns 0 if one runs.
     ///
-    /// Each batch is decided atomically with `protect()` (see [`crate::cap::Cap::decide`]);
+    /// Each batch is decided atomically with `protect()` (see [`crate::capacity::Cap::decide`]);
     /// a store of a key being deleted waits for the delete, a lookup answers absent. The
     /// sweep stops between batches once the tier is shut down, and can be dropped at any
     /// await point: undeleted victims go back to the index.
@@ -71,7 +71,7 @@ impl Shared {
     /// One batched DELETE of `victims`: returns the keys gone and the keys that may remain.
     async fn delete_batch(
         &self,
-        victims: &[(BlockKey, crate::cap::Entry)],
+        victims: &[(BlockKey, crate::capacity::Entry)],
     ) -> (Vec<BlockKey>, Vec<BlockKey>) {
         self.delete_epoch.fetch_add(1, Ordering::SeqCst);
         for (k, _) in victims {

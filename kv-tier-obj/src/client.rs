@@ -1,0 +1,124 @@
+//! The object-store client: building the S3 client from the config, and the startup probe
+//! that turns bad credentials, a missing bucket or an unreachable endpoint into a clear error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use kv_tier_core::{BlockKey, Error, Result};
+use object_store::ObjectStore;
+
+use crate::block::{ReqError, Shared};
+use crate::config::{ObjTierConfig, Scheme};
+
+const CREDENTIALS: &str =
+    "the credentials were refused: check access_key, secret_key and session_token";
+const UNREACHABLE: &str =
+    "the endpoint cannot be reached: check endpoint_override, scheme and region";
+
+/// The S3 client from the config.
+pub(crate) fn build_s3(cfg: &ObjTierConfig) -> Result<Arc<dyn ObjectStore>> {
+    use object_store::aws::AmazonS3Builder;
+    use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+    let mut b = AmazonS3Builder::from_env()
+        .with_bucket_name(&cfg.bucket)
+        .with_region(cfg.region.clone().unwrap_or_else(|| "us-east-1".into()))
+        .with_allow_http(cfg.scheme == Scheme::Http);
+    if let Some(e) = &cfg.endpoint_override {
+        b = b.with_endpoint(e.trim_end_matches('/'));
+    }
+    let nonempty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+    if let (Some(ak), Some(sk)) = (nonempty(&cfg.access_key), nonempty(&cfg.secret_key)) {
+        b = b.with_access_key_id(ak).with_secret_access_key(sk);
+        if let Some(t) = nonempty(&cfg.session_token) {
+            b = b.with_token(t);
+        }
+    }
+    let attempt = Duration::from_secs_f64(cfg.request_timeout_s);
+    let mut opts = ClientOptions::new()
+        .with_timeout(attempt)
+        .with_connect_timeout(attempt.min(Duration::from_secs(5)))
+        .with_allow_http(cfg.scheme == Scheme::Http);
+    if let Some(path) = &cfg.ca_bundle {
+        let pem = std::fs::read(path)
+            .map_err(|e| Error::config("ca_bundle", format!("cannot read {path}: {e}")))?;
+        let certs = object_store::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| Error::config("ca_bundle", format!("{path}: {e}")))?;
+        for c in certs {
+            opts = opts.with_root_certificate(c);
+        }
+    }
+    b = b.with_client_options(opts).with_retry(RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            base: 2.0,
+        },
+        max_retries: cfg.max_retries,
+        retry_timeout: cfg.request_deadline(),
+    });
+    let store = b
+        .build()
+        .map_err(|e| Error::config("bucket", format!("cannot build the S3 client: {e}")))?;
+    Ok(Arc::new(store))
+}
+
+/// The startup probe: a HEAD (reachability, credentials), and where it finds nothing a
+/// LIST, which tells a missing bucket (404) from a missing object.
+pub(crate) async fn probe(inner: &Shared, bucket: &str) -> Result<()> {
+    let key = BlockKey::from_hash32([0; 32], u32::MAX);
+    let path = inner.path(&key);
+    // Classified by the error's kind, and by S3's error codes where only a message is
+    // left (a LIST's error): never by digits, which a URL's port may hold.
+    let refused = |e: &object_store::Error| {
+        matches!(
+            e,
+            object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. }
+        ) || [
+            "AccessDenied",
+            "SignatureDoesNotMatch",
+            "InvalidAccessKeyId",
+        ]
+        .iter()
+        .any(|c| e.to_string().contains(c))
+    };
+    let (hint, detail) = match inner.request(inner.store.head(&path)).await {
+        Ok(_) => return Ok(()),
+        Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
+            let prefix = inner.rank_prefix().child(".kv-tier-probe");
+            let list =
+                inner.request(async { inner.store.list(Some(&prefix)).try_next().await.map(drop) });
+            match list.await {
+                Ok(()) => return Ok(()),
+                Err(ReqError::Store(object_store::Error::PermissionDenied { .. })) => {
+                    tracing::info!(tier = %inner.name, "no LIST permission: the bucket's existence is not checked at startup");
+                    return Ok(());
+                }
+                Err(ReqError::Store(e)) if e.to_string().contains("NoSuchBucket") => {
+                    ("the bucket does not exist", e.to_string())
+                }
+                Err(ReqError::Store(e)) if refused(&e) => (CREDENTIALS, e.to_string()),
+                Err(ReqError::Store(e)) => (UNREACHABLE, e.to_string()),
+                Err(ReqError::TimedOut) => (
+                    UNREACHABLE,
+                    format!("no answer within {:?}", inner.request_deadline),
+                ),
+            }
+        }
+        Err(ReqError::Store(e)) if refused(&e) => (CREDENTIALS, e.to_string()),
+        Err(ReqError::Store(e)) => (UNREACHABLE, e.to_string()),
+        Err(ReqError::TimedOut) => (
+            UNREACHABLE,
+            format!("no answer within {:?}", inner.request_deadline),
+        ),
+    };
+    Err(Error::Backend {
+        tier: inner.name.clone(),
+        message: format!(
+            "startup probe of bucket {:?} failed: {hint} ({detail})",
+            bucket
+        ),
+        transient: false,
+    })
+}
