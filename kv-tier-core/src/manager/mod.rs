@@ -76,6 +76,15 @@ struct State {
 /// manager.on_schedule_end();
 /// # Ok(()) }
 /// ```
+///
+/// # Dropping
+///
+/// [`TieringManager::shutdown`] is the orderly end. Dropping the manager without it is safe
+/// but abrupt: jobs still running go on, on the runtime they run on, until they end (each
+/// has a deadline); a runtime the manager owns (`build_blocking`) is shut down in the
+/// background, and those jobs stop at their next await. No tier is left with a torn block:
+/// tiers publish a block only whole, and a tier's own threads stop when its last handle
+/// goes. Blocks that were only in DRAM are gone, and cascades not yet sent are not sent.
 pub struct TieringManager {
     state: Mutex<State>,
     primary: Arc<dyn PrimaryTier>,
