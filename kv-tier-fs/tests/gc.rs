@@ -922,3 +922,85 @@ async fn a_rescan_leaves_an_unchanged_entry_and_its_stamp_memory_alone() {
     tier.gc_apply_stamps_now().unwrap();
     assert_eq!(gc(&tier).stamps, 1, "stamped twice within an interval");
 }
+
+/// A key protected after the sweep decided on it, and before its unlink, is kept, and the
+/// sweep reports it among the files it spared for jobs in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_protected_before_its_unlink_is_kept_and_counted() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 10, 0.8));
+    let ks = fifteen_aged(&tier).await;
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::Unlinking);
+    let guard = tier.protect(&ks[..1]);
+    go_tx.send(()).unwrap();
+    assert_eq!(sweep.join().unwrap(), 6, "the protected victim was deleted");
+    tier.set_sweep_hook(None).unwrap();
+    assert!(tier.block_path(&ks[0]).exists());
+    let s = gc(&tier);
+    assert_eq!((s.skipped_in_flight, s.files), (1, 9), "{s:?}");
+    drop(guard);
+}
+
+/// A file gone before the sweep decides on it is an external removal, not a file the sweep
+/// deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_gone_before_the_decision_is_an_external_removal() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 10, 0.8));
+    let ks = fifteen_aged(&tier).await;
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::BeforeDelete(ks[0]));
+    std::fs::remove_file(tier.block_path(&ks[0])).unwrap();
+    go_tx.send(()).unwrap();
+    let deleted = sweep.join().unwrap();
+    tier.set_sweep_hook(None).unwrap();
+    let s = gc(&tier);
+    assert_eq!(
+        (s.external_removals, s.swept_files),
+        (1, deleted as u64),
+        "{s:?}"
+    );
+    assert_eq!(deleted, 6, "{s:?}");
+    assert_eq!(s.files, 8);
+}
+
+/// Sets or clears the immutable flag of a file (root on ext4): its unlink then fails.
+fn set_immutable(path: &Path, on: bool) {
+    use std::os::fd::AsRawFd;
+    const FS_IMMUTABLE_FL: libc::c_long = 0x10;
+    let f = std::fs::File::open(path).unwrap();
+    let mut flags: libc::c_long = 0;
+    // SAFETY: a valid fd and a pointer to a c_long, as FS_IOC_GETFLAGS/SETFLAGS take.
+    unsafe {
+        assert_eq!(
+            libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags),
+            0
+        );
+        flags = if on {
+            flags | FS_IMMUTABLE_FL
+        } else {
+            flags & !FS_IMMUTABLE_FL
+        };
+        assert_eq!(libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags), 0);
+    }
+}
+
+/// A victim the sweep cannot unlink (here an immutable file) is an error, stays on disk and
+/// stays in the index: the tier keeps counting what it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_victim_that_cannot_be_unlinked_stays_counted() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let ks = fifteen_aged(&tier).await;
+    set_immutable(&tier.block_path(&ks[0]), true);
+    let deleted = tier.gc_sweep_now().unwrap();
+    set_immutable(&tier.block_path(&ks[0]), false);
+    let s = gc(&tier);
+    assert!(tier.block_path(&ks[0]).exists());
+    assert_eq!(s.errors, 1, "{s:?}");
+    assert_eq!(s.files as usize, 15 - deleted, "{s:?}");
+    assert_eq!(
+        s.bytes,
+        held(root.path(), s.files),
+        "the index lost the file: {s:?}"
+    );
+}
