@@ -241,6 +241,9 @@ impl Shared {
         );
         bump(&self.counters.tmp_reaped, w.tmp_reaped);
         bump(&self.counters.sidecars_reaped, w.sidecars_reaped);
+        gc.counters
+            .foreign_files
+            .store(w.foreign, Ordering::Relaxed);
         gc.hook(crate::gc::SweepPoint::RescanWalked);
         let missing = gc.merge(w.blocks, &w.leaves, seq0);
         let absent: Vec<(BlockKey, u64)> = missing

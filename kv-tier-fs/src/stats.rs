@@ -93,6 +93,10 @@ pub struct GcStats {
     pub last_sweep_us: u64,
     /// How long the startup adopt walk took, in milliseconds.
     pub adopt_ms: u64,
+    /// Files in the tree that are not block files of this layout (a `.bin` that is not a
+    /// regular file, or whose name or place is not a block's), as the last walk (at open or a
+    /// rescan) found them: left alone, not counted toward the cap.
+    pub foreign_files: u64,
     /// Sweeps that ended still over the cap (everything left was protected or within the
     /// grace window; each is logged).
     pub sweeps_over_cap: u64,
@@ -143,6 +147,7 @@ impl FsTier {
                     last_decision_us: g(&c.last_decision_us),
                     last_sweep_us: g(&c.last_sweep_us),
                     adopt_ms: g(&c.adopt_ms),
+                    foreign_files: g(&c.foreign_files),
                     sweeps_over_cap: g(&c.sweeps_over_cap),
                 }
             }),

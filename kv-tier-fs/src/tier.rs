@@ -171,6 +171,9 @@ impl FsTier {
                 gc.counters
                     .adopt_ms
                     .store(t.elapsed().as_millis() as u64, Ordering::Relaxed);
+                gc.counters
+                    .foreign_files
+                    .store(w.foreign, Ordering::Relaxed);
                 tracing::info!(
                     files = n,
                     bytes = gc.total_bytes(),

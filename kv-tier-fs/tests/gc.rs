@@ -1004,3 +1004,27 @@ async fn a_victim_that_cannot_be_unlinked_stays_counted() {
         "the index lost the file: {s:?}"
     );
 }
+
+/// The opening walk adopts block files only: a directory named like a block and a `.bin`
+/// whose name is not a block's are counted as foreign (by a rescan too), a stray note is
+/// passed over; none is a block or counts toward the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_walk_adopts_block_files_only_and_counts_the_rest() {
+    let root = temp_root();
+    let k = leaf_key(1);
+    {
+        let t = bounded(root.path(), 10, 0.8);
+        assert!(store(&t, &[k], 0).await.is_success());
+        let leaf = t.block_path(&k).parent().unwrap().to_path_buf();
+        std::fs::create_dir(t.block_path(&leaf_key(2))).unwrap(); // a directory named like a block
+        std::fs::write(leaf.join("zz.bin"), b"not a block name").unwrap();
+        std::fs::write(leaf.join("notes.txt"), b"someone's notes").unwrap();
+    }
+    let tier = bounded(root.path(), 10, 0.8);
+    let s = gc(&tier);
+    assert_eq!((s.files, s.foreign_files), (1, 2), "{s:?}");
+    assert_eq!(s.bytes, held(root.path(), 1), "{s:?}");
+    tier.gc_rescan_now().unwrap();
+    let s = gc(&tier);
+    assert_eq!((s.files, s.foreign_files), (1, 2), "{s:?}");
+}

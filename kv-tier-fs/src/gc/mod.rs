@@ -99,6 +99,7 @@ pub(crate) struct GcCounters {
     pub(crate) last_decision_us: AtomicU64,
     pub(crate) last_sweep_us: AtomicU64,
     pub(crate) adopt_ms: AtomicU64,
+    pub(crate) foreign_files: AtomicU64,
     pub(crate) sweeps_over_cap: AtomicU64,
     pub(crate) store_waits: AtomicU64,
     pub(crate) no_room: AtomicU64,
