@@ -281,3 +281,27 @@ async fn a_load_removes_only_the_damaged_file_it_read() {
     let (res, data) = load(&tier, &[k]).await;
     assert!(res.is_success() && verify_block(&k, 0, &data[0].1));
 }
+
+/// Where checksums live in sidecars, a block file published a moment ago whose sidecar is
+/// not written yet (its publisher writes it right after) is not damage to a store that meets
+/// it: the store skips it instead of deleting another writer's block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_leaves_a_block_whose_sidecar_is_still_coming() {
+    let m = common::Mount::new("ramfs", "");
+    let mut c = cfg(&m.dir);
+    c.checksum = kv_tier_fs::Checksum::Crc32c;
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    tier.set_sidecar_grace(Duration::from_secs(3600));
+    let k = test_key(1);
+    let p = tier.block_path(&k);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, block_bytes(&k, 3, BS)).unwrap(); // just published, no sidecar yet
+    assert!(store(&tier, &[k], 0).await.is_success());
+    let s = tier.stats();
+    assert_eq!(
+        (s.blocks.stores_skipped, s.blocks.corrupt_deleted),
+        (1, 0),
+        "{s:?}"
+    );
+    assert_eq!(std::fs::read(&p).unwrap(), block_bytes(&k, 3, BS));
+}
