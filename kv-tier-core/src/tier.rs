@@ -68,6 +68,34 @@ impl JobResult {
         }
     }
 
+    /// The outcome from each key's own result, calling `on_error` with each failure (where a
+    /// tier counts them).
+    ///
+    /// ```
+    /// use kv_tier_core::{BlockKey, Error, JobResult};
+    /// let (a, b) = (BlockKey::from_hash32([1; 32], 0), BlockKey::from_hash32([2; 32], 0));
+    /// let missing = Error::NotFound { key: b, tier: "t".into() };
+    /// let mut failures = 0;
+    /// let res = JobResult::from_results([(a, Ok(())), (b, Err(missing))], |_| failures += 1);
+    /// assert_eq!((res.ok, res.failed_keys(), failures), (vec![a], vec![b], 1));
+    /// ```
+    pub fn from_results<T>(
+        results: impl IntoIterator<Item = (BlockKey, Result<T>)>,
+        mut on_error: impl FnMut(&Error),
+    ) -> Self {
+        let mut res = Self::default();
+        for (key, r) in results {
+            match r {
+                Ok(_) => res.ok.push(key),
+                Err(e) => {
+                    on_error(&e);
+                    res.failed.push((key, e));
+                }
+            }
+        }
+        res
+    }
+
     /// Whether no key failed.
     pub fn is_success(&self) -> bool {
         self.failed.is_empty()

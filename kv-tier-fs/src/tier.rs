@@ -450,20 +450,13 @@ impl SecondaryTier for FsTier {
         else {
             return JobResult::all_failed(keys, &self.closed());
         };
-        let mut res = JobResult::default();
-        for (key, r) in results {
-            match r {
-                Ok(_) => res.ok.push(key),
-                Err(e) => {
-                    bump(&self.files.counters.blocks.store_failures, 1);
-                    if matches!(e, Error::NoSpace { .. }) {
-                        bump(&self.files.counters.no_space, 1);
-                    }
-                    res.failed.push((key, e));
-                }
+        let c = &self.files.counters;
+        JobResult::from_results(results, |e| {
+            bump(&c.blocks.store_failures, 1);
+            if matches!(e, Error::NoSpace { .. }) {
+                bump(&c.no_space, 1);
             }
-        }
-        res
+        })
     }
 
     async fn load(&self, job: LoadJob) -> JobResult {
@@ -485,21 +478,17 @@ impl SecondaryTier for FsTier {
         else {
             return JobResult::all_failed(keys, &self.closed());
         };
-        let mut res = JobResult::default();
-        for (key, r) in results {
-            match r {
-                Ok(()) => res.ok.push(key),
-                Err(LoadFailure { error, .. }) => {
-                    if matches!(error, Error::NotFound { .. }) {
-                        bump(&self.files.counters.blocks.load_misses, 1);
-                    } else {
-                        bump(&self.files.counters.blocks.load_failures, 1);
-                    }
-                    res.failed.push((key, error));
-                }
+        let c = &self.files.counters.blocks;
+        let results = results
+            .into_iter()
+            .map(|(key, r)| (key, r.map_err(|f: LoadFailure| f.error)));
+        JobResult::from_results(results, |e| {
+            if matches!(e, Error::NotFound { .. }) {
+                bump(&c.load_misses, 1);
+            } else {
+                bump(&c.load_failures, 1);
             }
-        }
-        res
+        })
     }
 
     /// Bounded: queues mtime stamps for the GC thread. Unbounded: stamps the keys' files on an

@@ -260,17 +260,7 @@ impl ObjTier {
             .buffer_unordered(inner.io_threads)
             .collect()
             .await;
-        let mut res = JobResult::default();
-        for (k, r) in results {
-            match r {
-                Ok(_) => res.ok.push(k),
-                Err(e) => {
-                    bump(&inner.counters.blocks.store_failures, 1);
-                    res.failed.push((k, e));
-                }
-            }
-        }
-        res
+        JobResult::from_results(results, |_| bump(&inner.counters.blocks.store_failures, 1))
     }
 
     async fn run_load(&self, job: LoadJob) -> JobResult {
@@ -280,19 +270,11 @@ impl ObjTier {
             .buffer_unordered(inner.io_threads)
             .collect()
             .await;
-        let mut res = JobResult::default();
-        for (k, r) in results {
-            match r {
-                Ok(()) => res.ok.push(k),
-                Err(e) => {
-                    if !matches!(e, Error::NotFound { .. }) {
-                        bump(&inner.counters.blocks.load_failures, 1);
-                    }
-                    res.failed.push((k, e));
-                }
+        JobResult::from_results(results, |e| {
+            if !matches!(e, Error::NotFound { .. }) {
+                bump(&inner.counters.blocks.load_failures, 1);
             }
-        }
-        res
+        })
     }
 
     fn spawn_sweep(&self) {
