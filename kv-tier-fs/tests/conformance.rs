@@ -98,14 +98,6 @@ fn xattr(p: &Path) -> Option<Vec<u8>> {
     (n >= 0).then(|| v[..n as usize].to_vec())
 }
 
-fn set_xattr(p: &Path, v: &[u8]) {
-    let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let name = CString::new(CRC_XATTR).unwrap();
-    // SAFETY: valid path, name and value buffer.
-    let rc = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    assert_eq!(rc, 0, "setxattr {}", p.display());
-}
-
 /// Damage on disk. The checksum lives in an xattr on this filesystem (the suite asserts so).
 fn damage(tier: &FsTier, k: &BlockKey, d: Damage) -> bool {
     let p = tier.block_path(k);
@@ -127,13 +119,13 @@ fn damage(tier: &FsTier, k: &BlockKey, d: Damage) -> bool {
             let src = tier.block_path(&other);
             let tmp = p.with_extension("replacing");
             std::fs::copy(&src, &tmp).unwrap();
-            set_xattr(&tmp, &xattr(&src).expect("the other block's checksum"));
+            common::set_crc_xattr(&tmp, &xattr(&src).expect("the other block's checksum"));
             std::fs::rename(&tmp, &p).unwrap();
         }
         Damage::WrongChecksum => {
             let mut v = crc;
             v[0] ^= 1;
-            set_xattr(&p, &v);
+            common::set_crc_xattr(&p, &v);
         }
         Damage::NoChecksum => {
             let c = CString::new(p.as_os_str().as_encoded_bytes()).unwrap();

@@ -9,20 +9,13 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{BS, HOOK_DEADLINE, age, cfg, load, ns, open_checksummed, store};
+use common::{
+    BS, HOOK_DEADLINE, age, cfg, hook_at, leaf_key, load, ns, open_checksummed, set_crc_xattr,
+    store,
+};
 use kv_tier_core::{BlockKey, Error, SecondaryTier};
-use kv_tier_fs::{CRC_XATTR, FsOp, FsTier, FsTierConfig, SweepPoint};
+use kv_tier_fs::{FsOp, FsTier, FsTierConfig, SweepPoint};
 use kv_tier_testkit::{block_bytes, temp_root, test_key, verify_block};
-
-/// Keys that all live in one leaf directory (`abc/de_g0`).
-fn leaf_key(i: u64) -> BlockKey {
-    let mut h = [0u8; 32];
-    h.copy_from_slice(test_key(i).hash_bytes());
-    h[0] = 0xab;
-    h[1] = 0xcd;
-    h[2] = 0xe0 | (h[2] & 0x0f);
-    BlockKey::from_hash32(h, 0)
-}
 
 fn dirs(root: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -89,16 +82,7 @@ async fn a_rescan_keeps_a_stamp_applied_while_it_walked() {
     let ks: Vec<BlockKey> = (0..4).map(leaf_key).collect();
     assert!(store(&*tier, &ks, 0).await.is_success());
     age(&tier, &ks, |i| 4000 - 1000 * i as u64); // ks[0] is the oldest
-    let (at_tx, at_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    tier.set_sweep_hook(Some(Arc::new(move |p| {
-        if p == SweepPoint::RescanWalked {
-            at_tx.send(()).unwrap();
-            go_rx.lock().unwrap().recv().unwrap();
-        }
-    })))
-    .unwrap();
+    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::RescanWalked);
     let t = tier.clone();
     let rescan = std::thread::spawn(move || t.gc_rescan_now().unwrap());
     at_rx
@@ -162,16 +146,7 @@ async fn a_store_waiting_for_another_sweep_gives_up_at_its_deadline() {
     let mut c = bounded(root.path(), 4, 2);
     c.gc_hard_ceiling = Some(1.0);
     let tier = Arc::new(FsTier::open("fs", c, ns(), BS).unwrap());
-    let (at_tx, at_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    tier.set_sweep_hook(Some(Arc::new(move |p| {
-        if p == SweepPoint::Selected {
-            let _ = at_tx.send(());
-            let _ = go_rx.lock().unwrap().recv();
-        }
-    })))
-    .unwrap();
+    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::Selected);
     let t = tier.clone();
     let sweep = std::thread::spawn(move || t.gc_sweep_for_space_now().unwrap());
     at_rx
@@ -229,12 +204,7 @@ async fn an_oversized_checksum_xattr_is_damage() {
     let k = test_key(1);
     assert!(store(&tier, &[k], 0).await.is_success());
     let p = tier.block_path(&k);
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let name = std::ffi::CString::new(CRC_XATTR).unwrap();
-    let v = [7u8; 16];
-    // SAFETY: valid path, name and a 16-byte value.
-    let rc = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), v.as_ptr().cast(), 16, 0) };
-    assert_eq!(rc, 0);
+    set_crc_xattr(&p, &[7u8; 16]);
     let (res, _) = load(&tier, &[k]).await;
     assert!(
         matches!(res.failed[..], [(_, Error::Corrupt { .. })]),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
-use common::{BS, HOOK_DEADLINE, age, cfg, load, ns, store};
+use common::{BS, HOOK_DEADLINE, age, cfg, hook_at, leaf_key, load, ns, store};
 use kv_tier_core::{BlockKey, SecondaryTier};
 use kv_tier_fs::{FsTier, FsTierConfig, SweepPoint};
 use kv_tier_testkit::{find_files, temp_root, test_key};
@@ -44,17 +44,6 @@ fn bounded_cfg(root: &Path, cap_blocks: u64, watermark: f64) -> FsTierConfig {
 
 fn bounded(root: &Path, cap_blocks: u64, watermark: f64) -> FsTier {
     FsTier::open("fs", bounded_cfg(root, cap_blocks, watermark), ns(), BS).unwrap()
-}
-
-/// Test keys that all live in one leaf directory (`abc/de_g0`), so what they hold on disk is
-/// their files plus one fixed pair of directories.
-fn leaf_key(i: u64) -> BlockKey {
-    let mut h = [0u8; 32];
-    h.copy_from_slice(test_key(i).hash_bytes());
-    h[0] = 0xab;
-    h[1] = 0xcd;
-    h[2] = 0xe0 | (h[2] & 0x0f);
-    BlockKey::from_hash32(h, 0)
 }
 
 fn keys(range: std::ops::Range<u64>) -> Vec<BlockKey> {
@@ -274,16 +263,7 @@ fn sweep_held_at(
     tier: &Arc<FsTier>,
     point: SweepPoint,
 ) -> (std::thread::JoinHandle<usize>, mpsc::Sender<()>) {
-    let (at_tx, at_rx) = mpsc::channel();
-    let (go_tx, go_rx) = mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    tier.set_sweep_hook(Some(Arc::new(move |p| {
-        if p == point {
-            at_tx.send(()).unwrap();
-            go_rx.lock().unwrap().recv().unwrap();
-        }
-    })))
-    .unwrap();
+    let (at_rx, go_tx) = hook_at(tier, point);
     let t = tier.clone();
     let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
     at_rx

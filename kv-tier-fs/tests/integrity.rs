@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use common::{BS, Mount, cfg, load, ns, open_checksummed, store};
 use kv_tier_core::{BlockKey, Error, SecondaryTier};
-use kv_tier_fs::{CRC_SIDECAR_SUFFIX, CRC_XATTR, Checksum, FsTier};
+use kv_tier_fs::{CRC_SIDECAR_SUFFIX, Checksum, FsTier};
 use kv_tier_testkit::{block_bytes, find_files, temp_root, test_key, verify_block};
 
 fn removed(tier: &FsTier) -> Vec<BlockKey> {
@@ -63,21 +63,14 @@ async fn a_malformed_checksum_xattr_is_damage_that_heals() {
     let k = test_key(1);
     assert!(store(&tier, &[k], 0).await.is_success());
     let p = tier.block_path(&k);
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let name = std::ffi::CString::new(CRC_XATTR).unwrap();
-    let v = [1u8, 2, 3];
-    // SAFETY: valid path, name and a 3-byte value.
-    let rc = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), v.as_ptr().cast(), 3, 0) };
-    assert_eq!(rc, 0);
+    common::set_crc_xattr(&p, &[1, 2, 3]);
     // a store finds it damaged and rewrites it at once...
     assert!(store(&tier, &[k], 5).await.is_success());
     assert_eq!(removed(&tier), vec![k]);
     let (res, data) = load(&tier, &[k]).await;
     assert!(res.is_success() && verify_block(&k, 5, &data[0].1));
     // ...and a load finds it damaged, removes it and reports it
-    // SAFETY: as above.
-    let rc = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), v.as_ptr().cast(), 3, 0) };
-    assert_eq!(rc, 0);
+    common::set_crc_xattr(&p, &[1, 2, 3]);
     assert_miss_then_heals(&tier, k, "malformed xattr").await;
 }
 

@@ -108,3 +108,42 @@ pub fn age(tier: &FsTier, keys: &[BlockKey], secs_ago: impl Fn(usize) -> u64) {
     }
     tier.gc_rescan_now().unwrap();
 }
+
+/// A key in the one leaf directory `abc/de_g0` (`i` picks the rest of the hash): what such
+/// keys hold on disk is their files plus one fixed pair of directories.
+pub fn leaf_key(i: u64) -> BlockKey {
+    let mut h = [0u8; 32];
+    h.copy_from_slice(kv_tier_testkit::test_key(i).hash_bytes());
+    h[0] = 0xab;
+    h[1] = 0xcd;
+    h[2] = 0xe0 | (h[2] & 0x0f);
+    BlockKey::from_hash32(h, 0)
+}
+
+/// Sets the block checksum xattr of the file at `p` to `v` (any bytes: tests damage it).
+pub fn set_crc_xattr(p: &Path, v: &[u8]) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let name = std::ffi::CString::new(kv_tier_fs::CRC_XATTR).unwrap();
+    // SAFETY: valid path, name and value buffer.
+    let rc = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    assert_eq!(rc, 0, "setxattr {}", p.display());
+}
+
+/// Installs a GC hook that stops at `point`: the receiver gets a message when the GC is
+/// there, and the GC goes on when the sender sends (or is dropped).
+pub fn hook_at(
+    tier: &FsTier,
+    point: kv_tier_fs::SweepPoint,
+) -> (std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+    let (at_tx, at_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    tier.set_sweep_hook(Some(std::sync::Arc::new(move |p| {
+        if p == point {
+            let _ = at_tx.send(());
+            let _ = go_rx.lock().unwrap().recv();
+        }
+    })))
+    .unwrap();
+    (at_rx, go_tx)
+}
