@@ -102,6 +102,12 @@ async fn a_rescan_keeps_a_stamp_applied_while_it_walked() {
         [true, false, false, true],
         "the stamped key was swept as old"
     );
+    // and the index held the stamp: the sweep never had to find the key fresh on disk
+    assert_eq!(
+        gc(&tier).skipped_recent,
+        0,
+        "the rescan put the old mtime back"
+    );
 }
 
 /// A rescan that finds the tier over its cap (files another process wrote) wakes the GC

@@ -218,6 +218,9 @@ impl Index {
         {
             self.order.remove(&(e.mtime, *key));
             e.mtime = mtime;
+            // a change, like an insert: newer than a walk that started before it
+            self.seq += 1;
+            e.seq = self.seq;
             self.order.insert((mtime, *key));
         }
     }
