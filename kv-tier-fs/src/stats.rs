@@ -97,6 +97,9 @@ pub struct GcStats {
     /// regular file, or whose name or place is not a block's), as the last walk (at open or a
     /// rescan) found them: left alone, not counted toward the cap.
     pub foreign_files: u64,
+    /// Times a store, a load or a rescan found the tier over its cap and woke the GC (without
+    /// waiting for `gc_interval_s`; counted with the GC off the background thread too).
+    pub kicks: u64,
     /// Sweeps that ended still over the cap (everything left was protected or within the
     /// grace window; each is logged).
     pub sweeps_over_cap: u64,
@@ -148,6 +151,7 @@ impl FsTier {
                     last_sweep_us: g(&c.last_sweep_us),
                     adopt_ms: g(&c.adopt_ms),
                     foreign_files: g(&c.foreign_files),
+                    kicks: g(&c.kicks),
                     sweeps_over_cap: g(&c.sweeps_over_cap),
                 }
             }),

@@ -1008,3 +1008,26 @@ async fn the_walk_adopts_block_files_only_and_counts_the_rest() {
     let s = gc(&tier);
     assert_eq!((s.files, s.foreign_files), (1, 2), "{s:?}");
 }
+
+/// The GC is woken when the tier goes over its cap, not before: at the cap is within it,
+/// and neither a rescan nor a load of another process's block wakes it below the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gc_is_woken_over_the_cap_only() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let other = FsTier::open("fs", cfg(root.path()), ns(), BS).unwrap();
+    let ks = keys(0..10);
+    // (a batch's stores each reserve room for a new leaf's directories while in flight, so
+    // they may wake the GC on the way: the count starts after them)
+    assert!(store(&tier, &ks[..9], 0).await.is_success());
+    assert!(store(&other, &ks[9..], 0).await.is_success());
+    let kicks = gc(&tier).kicks;
+    let (res, _) = load(&tier, &ks[9..]).await; // learned: the tier is at its cap
+    assert!(res.is_success());
+    let s = gc(&tier);
+    assert_eq!(s.bytes, s.cap_bytes, "{s:?}");
+    tier.gc_rescan_now().unwrap();
+    assert_eq!(gc(&tier).kicks, kicks, "woken at the cap");
+    assert!(store(&tier, &keys(10..11), 0).await.is_success());
+    assert_eq!(gc(&tier).kicks, kicks + 1, "not woken past the cap");
+}

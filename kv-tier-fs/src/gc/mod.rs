@@ -100,6 +100,7 @@ pub(crate) struct GcCounters {
     pub(crate) last_sweep_us: AtomicU64,
     pub(crate) adopt_ms: AtomicU64,
     pub(crate) foreign_files: AtomicU64,
+    pub(crate) kicks: AtomicU64,
     pub(crate) sweeps_over_cap: AtomicU64,
     pub(crate) store_waits: AtomicU64,
     pub(crate) no_room: AtomicU64,
@@ -429,7 +430,9 @@ impl Gc {
         idx.total() > self.cfg.cap_bytes
     }
 
+    /// Wakes the GC thread to sweep now (a store, load or rescan found the tier over its cap).
     pub(crate) fn kick(&self) {
+        self.counters.kicks.fetch_add(1, Ordering::Relaxed);
         if !self.cfg.background {
             return;
         }
