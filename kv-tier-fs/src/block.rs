@@ -98,9 +98,10 @@ pub(crate) fn random_salt() -> u64 {
     h.finish()
 }
 /// The temp-file suffix of the `n`-th write of a tier whose salt is `salt`: a different one for
-/// every write of a tier, and unrelated between tiers (processes) with different salts.
+/// every write of a tier (for a given salt, `n` times an odd constant, xor the salt, is a
+/// bijection of `u64`), and unrelated between tiers (processes) with different salts.
 fn tmp_suffix(salt: u64, n: u64) -> u64 {
-    (salt ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).rotate_left((n % 63) as u32)
+    salt ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// Rescans reap temp files at least this old, whatever `tmp_reap_age_s` says: they run while
