@@ -242,6 +242,34 @@ pub(crate) fn same_file(f: &File, path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// A read error other than an interruption is returned, not retried: reading a
+    /// directory (`EISDIR`) ends with that error (on a thread, so a retry loop fails the
+    /// test instead of hanging it).
+    #[test]
+    fn a_read_error_is_returned_not_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = File::open(dir.path()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 16];
+            let _ = tx.send(read_full(&f, &mut buf).map_err(|e| e.raw_os_error()));
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("read_full kept retrying an error");
+        assert_eq!(r, Err(Some(libc::EISDIR)));
+    }
+
+    #[test]
+    fn read_full_reads_a_short_file_whole_and_stops_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"abc").unwrap();
+        let mut buf = [0u8; 8];
+        assert_eq!(read_full(&File::open(&p).unwrap(), &mut buf).unwrap(), 3);
+        assert_eq!(&buf[..3], b"abc");
+    }
+
     #[test]
     fn publishing_by_link_never_replaces_and_reports_other_failures() {
         let dir = tempfile::tempdir().unwrap();
