@@ -262,6 +262,22 @@ mod tests {
         BlockKey::from_hash32(h, group)
     }
 
+    /// The numbers pack the directories' hex digits and how many there are: `abc` is
+    /// `3 abc` (3 digits), `0a` (a 1-byte hash) `2 0a0`; a leaf carries its top and its own
+    /// digits with their count (`de` is 2, `0` of a 2-byte hash 1, none of a 1-byte hash 0).
+    #[test]
+    fn directory_numbers_pack_digits_and_their_count() {
+        let l = leaf_of(&key([0xab, 0xcd, 0xef], 7));
+        assert_eq!(
+            (l.top, l.leaf, l.group),
+            (0x3abc, 2 << 24 | 0x3abc << 8 | 0xde, 7)
+        );
+        let l = leaf_of(&BlockKey::new(&[0x0a, 0x00], 0).unwrap());
+        assert_eq!((l.top, l.leaf), (0x30a0, 1 << 24 | 0x30a0 << 8));
+        let l = leaf_of(&BlockKey::new(&[0x0a], 0).unwrap());
+        assert_eq!((l.top, l.leaf), (0x20a0, 0x20a0 << 8));
+    }
+
     #[test]
     fn leaves_follow_the_layout() {
         let ns =
