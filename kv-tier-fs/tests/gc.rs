@@ -1031,3 +1031,28 @@ async fn the_gc_is_woken_over_the_cap_only() {
     assert!(store(&tier, &keys(10..11), 0).await.is_success());
     assert_eq!(gc(&tier).kicks, kicks + 1, "not woken past the cap");
 }
+
+/// `protect()` waits only for an unlink of its own keys: while another key's unlink is under
+/// way, protecting other keys returns at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protect_does_not_wait_for_other_keys_unlinks() {
+    let root = temp_root();
+    let tier = Arc::new(bounded(root.path(), 10, 0.8));
+    let ks = fifteen_aged(&tier).await;
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::UnlinkingKey(ks[0]));
+    let t = tier.clone();
+    let other = ks[14]; // the newest: not a victim
+    let (tx, rx) = mpsc::channel();
+    let protector = std::thread::spawn(move || {
+        let guard = t.protect(&[other]);
+        tx.send(()).unwrap();
+        guard
+    });
+    let returned = rx.recv_timeout(HOOK_DEADLINE);
+    go_tx.send(()).unwrap();
+    returned.expect("protect() of another key waited for an unlink under way");
+    let guard = protector.join().unwrap();
+    assert_eq!(sweep.join().unwrap(), 7);
+    tier.set_sweep_hook(None).unwrap();
+    drop(guard);
+}
