@@ -186,6 +186,10 @@ async fn an_unchecked_tier_takes_a_plain_file_as_the_block() {
     let p = tier.block_path(&k);
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
     std::fs::write(&p, block_bytes(&k, 3, BS)).unwrap();
+    // written long ago (not a publish whose checksum could still be coming)
+    let f = std::fs::File::options().write(true).open(&p).unwrap();
+    f.set_modified(std::time::SystemTime::now() - Duration::from_secs(3600))
+        .unwrap();
     assert!(store(&tier, &[k], 0).await.is_success());
     let s = tier.stats();
     assert_eq!(

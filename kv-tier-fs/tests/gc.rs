@@ -1056,3 +1056,24 @@ async fn protect_does_not_wait_for_other_keys_unlinks() {
     tier.set_sweep_hook(None).unwrap();
     drop(guard);
 }
+
+/// A stamp that fails (here on an immutable file) is an error, and the file stays in the
+/// index: only a file that is gone leaves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stamp_that_fails_keeps_its_file_in_the_index() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8);
+    let k = leaf_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    set_immutable(&tier.block_path(&k), true);
+    tier.touch(&[k]);
+    tier.gc_apply_stamps_now().unwrap();
+    set_immutable(&tier.block_path(&k), false);
+    let s = gc(&tier);
+    assert_eq!(
+        (s.stamp_errors, s.files, s.external_removals),
+        (1, 1, 0),
+        "{s:?}"
+    );
+}
