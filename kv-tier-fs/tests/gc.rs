@@ -828,6 +828,25 @@ async fn a_panicked_sweep_does_not_stop_stores_from_making_room() {
     assert!(tier.block_path(&far).exists());
 }
 
+/// Protects `key` on a thread of its own: the receiver gets, once `protect()` has returned,
+/// whether the key's file existed then; the thread returns the guard.
+fn protect_on_thread(
+    tier: &Arc<FsTier>,
+    key: BlockKey,
+) -> (
+    std::thread::JoinHandle<kv_tier_core::ProtectGuard>,
+    mpsc::Receiver<bool>,
+) {
+    let (t, path) = (tier.clone(), tier.block_path(&key));
+    let (tx, rx) = mpsc::channel();
+    let protector = std::thread::spawn(move || {
+        let guard = t.protect(&[key]);
+        tx.send(path.exists()).unwrap();
+        guard
+    });
+    (protector, rx)
+}
+
 /// `protect()` of a key whose unlink is under way returns only once the unlink has ended:
 /// after it returns, the file is gone (it was decided before the protection) and no unlink
 /// of the key can start while the guard lives.
@@ -838,14 +857,7 @@ async fn protect_waits_out_an_unlink_under_way() {
     let ks = fifteen_aged(&tier).await;
     let k = ks[0]; // the oldest: swept first
     let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::UnlinkingKey(k));
-    let t = tier.clone();
-    let path = tier.block_path(&k);
-    let (tx, rx) = mpsc::channel();
-    let protector = std::thread::spawn(move || {
-        let guard = t.protect(&[k]);
-        tx.send(path.exists()).unwrap();
-        guard
-    });
+    let (protector, rx) = protect_on_thread(&tier, k);
     // give the protector time to reach protect() (were it not to wait, it would answer now,
     // with the file still there)
     if let Ok(exists) = rx.recv_timeout(Duration::from_millis(200)) {
@@ -1040,14 +1052,7 @@ async fn protect_does_not_wait_for_other_keys_unlinks() {
     let tier = Arc::new(bounded(root.path(), 10, 0.8));
     let ks = fifteen_aged(&tier).await;
     let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::UnlinkingKey(ks[0]));
-    let t = tier.clone();
-    let other = ks[14]; // the newest: not a victim
-    let (tx, rx) = mpsc::channel();
-    let protector = std::thread::spawn(move || {
-        let guard = t.protect(&[other]);
-        tx.send(()).unwrap();
-        guard
-    });
+    let (protector, rx) = protect_on_thread(&tier, ks[14]); // the newest: not a victim
     let returned = rx.recv_timeout(HOOK_DEADLINE);
     go_tx.send(()).unwrap();
     returned.expect("protect() of another key waited for an unlink under way");
