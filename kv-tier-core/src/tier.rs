@@ -77,7 +77,7 @@ impl JobResult {
     /// let missing = Error::NotFound { key: b, tier: "t".into() };
     /// let mut failures = 0;
     /// let res = JobResult::from_results([(a, Ok(())), (b, Err(missing))], |_| failures += 1);
-    /// assert_eq!((res.ok, res.failed_keys(), failures), (vec![a], vec![b], 1));
+    /// assert_eq!((res.failed_keys(), res.ok, failures), (vec![b], vec![a], 1));
     /// ```
     pub fn from_results<T>(
         results: impl IntoIterator<Item = (BlockKey, Result<T>)>,
