@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::json::from_value;
+pub use crate::json::from_value;
 use crate::layout::{Namespace, RunFields};
 pub use crate::ranges::{check_range, check_range_u64};
 use crate::tier_options::{TierOptions, TierSettings};

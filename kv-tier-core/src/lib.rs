@@ -14,6 +14,7 @@ pub mod ranges;
 pub mod registry;
 pub mod request;
 pub mod stats;
+mod sync;
 pub mod tier;
 pub mod tier_options;
 

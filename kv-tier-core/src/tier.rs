@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::event::{Locality, Medium, TierEvent};
 use crate::key::BlockKey;
 use crate::request::LookupResult;
+use crate::sync::lock;
 
 /// A batch of blocks to copy from pinned DRAM slots into a tier.
 #[derive(Debug, Default)]
@@ -333,13 +334,6 @@ impl ProtectionSet {
         let m = lock(&self.inner);
         f(&|k| m.contains_key(k))
     }
-}
-
-/// The set's lock. A panic while it is held (in a `with_lock` closure) leaves the counts as
-/// they were, so a poisoned lock is still usable: protection never turns into a panic of
-/// the caller (often the engine's scheduler thread).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 struct Release {

@@ -108,7 +108,7 @@ pub struct GcStats {
 impl FsTier {
     /// Counters.
     pub fn stats(&self) -> FsStats {
-        let c = &self.files.counters;
+        let c = &self.shared.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         FsStats {
             blocks: c.blocks.snapshot(),
@@ -116,9 +116,9 @@ impl FsTier {
             tmp_reaped: g(&c.tmp_reaped),
             sidecars_reaped: g(&c.sidecars_reaped),
             keys_probed: g(&c.keys_probed),
-            direct_io: self.files.direct,
-            top_dirs_ready: self.files.top_dirs_ready.load(Ordering::Acquire),
-            gc: self.files.gc.as_ref().map(|gc| {
+            direct_io: self.shared.direct,
+            top_dirs_ready: self.shared.top_dirs_ready.load(Ordering::Acquire),
+            gc: self.shared.gc.as_ref().map(|gc| {
                 let c = &gc.counters;
                 GcStats {
                     cap_bytes: gc.cfg.cap_bytes,

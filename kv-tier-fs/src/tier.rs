@@ -25,7 +25,7 @@ use crate::root::{prepare_root, probe_dir, reap_tmp, spawn_top_dirs, write_or_ch
 /// directory written by vLLM's fs tier is readable here and the other way round. All I/O runs
 /// on the tier's own read and write threads; the async methods only queue work and await it.
 pub struct FsTier {
-    pub(crate) files: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     engine: Engine,
     /// The GC thread and the thread pre-creating top directories, joined when the tier stops.
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -36,9 +36,9 @@ pub struct FsTier {
 impl std::fmt::Debug for FsTier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FsTier")
-            .field("name", &self.files.name)
-            .field("root", &self.files.root)
-            .field("direct_io", &self.files.direct)
+            .field("name", &self.shared.name)
+            .field("root", &self.shared.root)
+            .field("direct_io", &self.shared.direct)
             .finish()
     }
 }
@@ -204,7 +204,7 @@ impl FsTier {
             threads.push(h);
         }
         Ok(Self {
-            files,
+            shared: files,
             engine,
             threads: Mutex::new(threads),
             shut_down: AtomicBool::new(false),
@@ -224,12 +224,12 @@ impl FsTier {
 
     /// The namespace.
     pub fn namespace(&self) -> &Namespace {
-        &self.files.ns
+        &self.shared.ns
     }
 
     /// The path of `key`'s block file.
     pub fn block_path(&self, key: &BlockKey) -> PathBuf {
-        self.files.ns.block_path(&self.files.root, key)
+        self.shared.ns.block_path(&self.shared.root, key)
     }
 
     /// Sets how long after its publication a block may lack its checksum sidecar (default
@@ -237,7 +237,7 @@ impl FsTier {
     /// without calling the block damaged). Only where checksums live in sidecars (no user
     /// xattrs). For tests and tools.
     pub fn set_sidecar_grace(&self, d: Duration) {
-        self.files
+        self.shared
             .sidecar_grace_ns
             .store(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
     }
@@ -245,7 +245,7 @@ impl FsTier {
     /// Installs (or with `None` removes) a fault injector: every file operation asks it first
     /// and fails with the error it returns. For tests of error paths.
     pub fn set_fault_injector(&self, f: Option<FaultInjector>) {
-        *self.files.faults.write().expect("fault injector") = f;
+        *self.shared.faults.write().expect("fault injector") = f;
     }
 
     /// Runs `op` once per block on the I/O threads (one task per block, so a job spreads over
@@ -271,13 +271,13 @@ impl FsTier {
         let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
         // Held by the tasks, not by this future: if the caller drops the future, the keys
         // stay protected until the I/O on them has ended.
-        let protect = Arc::new(self.files.protection.protect(&keys));
-        let batch = Arc::new(EventBatch::new(self.files.events.clone(), removed));
+        let protect = Arc::new(self.shared.protection.protect(&keys));
+        let batch = Arc::new(EventBatch::new(self.shared.events.clone(), removed));
         let (col, rx) = Collector::new(blocks.len());
         let tasks: Vec<Task> = blocks
             .into_iter()
             .map(|(key, buf)| {
-                let (files, col, protect) = (self.files.clone(), col.clone(), protect.clone());
+                let (files, col, protect) = (self.shared.clone(), col.clone(), protect.clone());
                 let batch = batch.clone();
                 Box::new(move || {
                     let r = op(&files, &key, buf, &batch);
@@ -301,10 +301,10 @@ impl FsTier {
     /// Signals the I/O and GC threads to stop; returns them, to be joined.
     fn stop_threads(&self) -> Vec<std::thread::JoinHandle<()>> {
         let mut threads = self.engine.stop();
-        if let Some(gc) = &self.files.gc {
+        if let Some(gc) = &self.shared.gc {
             gc.stop();
         }
-        self.files.stop_top_dirs.store(true, Ordering::Relaxed);
+        self.shared.stop_top_dirs.store(true, Ordering::Relaxed);
         threads.extend(std::mem::take(
             &mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()),
         ));
@@ -312,7 +312,7 @@ impl FsTier {
     }
 
     fn gc(&self) -> Result<&Gc> {
-        self.files.gc.as_ref().ok_or_else(|| {
+        self.shared.gc.as_ref().ok_or_else(|| {
             Error::config(
                 "gc_max_size_gb",
                 "the tier is unbounded: set gc_max_size_gb to use GC",
@@ -324,7 +324,7 @@ impl FsTier {
     /// For tests, benchmarks and tools; the GC thread does this on its own.
     pub fn gc_sweep_now(&self) -> Result<usize> {
         self.gc()?;
-        Ok(self.files.sweep(crate::gc::Goal::Cap))
+        Ok(self.shared.sweep(crate::gc::Goal::Cap))
     }
 
     /// Runs one sweep now as when the filesystem reports `ENOSPC`: whatever the cap, down to
@@ -333,20 +333,20 @@ impl FsTier {
     /// and tools (the tier does this on its own when a write finds the disk full).
     pub fn gc_sweep_for_space_now(&self) -> Result<usize> {
         self.gc()?;
-        Ok(self.files.sweep(crate::gc::Goal::Space))
+        Ok(self.shared.sweep(crate::gc::Goal::Space))
     }
 
     /// Applies the queued mtime stamps now, on the caller's thread.
     pub fn gc_apply_stamps_now(&self) -> Result<()> {
         self.gc()?;
-        self.files.apply_stamps();
+        self.shared.apply_stamps();
         Ok(())
     }
 
     /// Walks the tree now and repairs the index (external deletes, files of other processes).
     pub fn gc_rescan_now(&self) -> Result<()> {
         self.gc()?;
-        self.files.rescan();
+        self.shared.rescan();
         Ok(())
     }
 
@@ -365,7 +365,7 @@ impl FsTier {
 
     fn closed(&self) -> Error {
         Error::Shutdown {
-            what: format!("fs tier `{}`", self.files.name),
+            what: format!("fs tier `{}`", self.shared.name),
         }
     }
 }
@@ -394,7 +394,7 @@ impl kv_tier_core::TierBuilder for FsBuilder {
 #[async_trait]
 impl SecondaryTier for FsTier {
     fn info(&self) -> TierInfo {
-        let f = &self.files;
+        let f = &self.shared;
         let capability = Capability::new()
             .persistent(true)
             .shared(true)
@@ -407,7 +407,7 @@ impl SecondaryTier for FsTier {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        bump(&self.files.counters.keys_probed, keys.len() as u64);
+        bump(&self.shared.counters.keys_probed, keys.len() as u64);
         const CHUNK: usize = 64;
         let chunks: Vec<Vec<BlockKey>> = keys.chunks(CHUNK).map(<[BlockKey]>::to_vec).collect();
         let (col, rx) = Collector::new(chunks.len());
@@ -415,7 +415,7 @@ impl SecondaryTier for FsTier {
             .into_iter()
             .enumerate()
             .map(|(i, chunk)| {
-                let (files, col) = (self.files.clone(), col.clone());
+                let (files, col) = (self.shared.clone(), col.clone());
                 Box::new(move || {
                     let rank_dir = files.root.join(files.ns.rank_dir_name());
                     let found: Vec<bool> = match files.fault(FsOp::Probe, &rank_dir) {
@@ -450,7 +450,7 @@ impl SecondaryTier for FsTier {
         else {
             return JobResult::all_failed(keys, &self.closed());
         };
-        let c = &self.files.counters;
+        let c = &self.shared.counters;
         JobResult::from_results(results, |e| {
             bump(&c.blocks.store_failures, 1);
             if matches!(e, Error::NoSpace { .. }) {
@@ -478,7 +478,7 @@ impl SecondaryTier for FsTier {
         else {
             return JobResult::all_failed(keys, &self.closed());
         };
-        let c = &self.files.counters.blocks;
+        let c = &self.shared.counters.blocks;
         let results = results
             .into_iter()
             .map(|(key, r)| (key, r.map_err(|f: LoadFailure| f.error)));
@@ -495,15 +495,15 @@ impl SecondaryTier for FsTier {
     /// I/O thread, as a task of the store queue (at most once per key per minute), so this process's reads count as
     /// recency for bounded tiers of other processes on the same root. Never blocks.
     fn touch(&self, keys: &[BlockKey]) {
-        if let Some(gc) = &self.files.gc {
+        if let Some(gc) = &self.shared.gc {
             gc.queue_stamps(keys);
             return;
         }
-        let due = self.files.due_for_stamp(keys);
+        let due = self.shared.due_for_stamp(keys);
         if due.is_empty() {
             return;
         }
-        let files = self.files.clone();
+        let files = self.shared.clone();
         let task: Task = Box::new(move || {
             let now = crate::gc::to_ns(SystemTime::now());
             for k in due {
@@ -518,19 +518,19 @@ impl SecondaryTier for FsTier {
     /// that one unlink (microseconds): once this returns, no file of `keys` is deleted while
     /// the guard lives.
     fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
-        let guard = self.files.protection.protect(keys);
-        if let Some(gc) = &self.files.gc {
+        let guard = self.shared.protection.protect(keys);
+        if let Some(gc) = &self.shared.gc {
             gc.wait_not_unlinking(keys);
         }
         guard
     }
 
     fn is_protected(&self, key: &BlockKey) -> bool {
-        self.files.protection.contains(key)
+        self.shared.protection.contains(key)
     }
 
     fn take_events(&self) -> Vec<TierEvent> {
-        self.files.events.take()
+        self.shared.events.take()
     }
 
     /// Stops the I/O threads (after their current block) and the GC thread, and waits for them
@@ -549,7 +549,7 @@ impl SecondaryTier for FsTier {
         })
         .await;
         joined.map_err(|e| Error::Backend {
-            tier: self.files.name.clone(),
+            tier: self.shared.name.clone(),
             message: format!("joining the I/O threads failed: {e}"),
             transient: false,
         })

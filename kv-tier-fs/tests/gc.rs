@@ -58,6 +58,16 @@ fn gc(tier: &FsTier) -> kv_tier_fs::GcStats {
     tier.stats().gc.unwrap()
 }
 
+/// Stores `ks` in a tier whose cap holds 10 test blocks with the hard ceiling out of the way
+/// (a job's first stores into a new leaf each reserve its directories), then reopens it with
+/// the ceiling at `ceiling` x the cap.
+async fn with_ceiling(root: &Path, ks: &[BlockKey], ceiling: f64) -> FsTier {
+    assert!(store(&bounded(root, 10, 0.8), ks, 0).await.is_success());
+    let mut c = bounded_cfg(root, 10, 0.8);
+    c.gc_hard_ceiling = Some(ceiling);
+    FsTier::open("fs", c, ns(), BS).unwrap()
+}
+
 /// 15 blocks of ascending age: key 0 is the oldest.
 async fn fifteen_aged(tier: &FsTier) -> Vec<BlockKey> {
     let ks = keys(0..15);
@@ -677,14 +687,8 @@ async fn past_halfway_to_the_hard_ceiling_grace_holds_only_down_to_the_cap() {
     // stored first with the ceiling out of the way (a job's first stores into a new leaf
     // each reserve its directories)
     let ks = keys(0..16);
-    assert!(
-        store(&bounded(root.path(), 10, 0.8), &ks, 0)
-            .await
-            .is_success()
-    );
-    let mut c = bounded_cfg(root.path(), 10, 0.8);
-    c.gc_hard_ceiling = Some(2.0); // halfway: 15 blocks' bytes and 1.5 times the directories
-    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    // halfway: 15 blocks' bytes and 1.5 times the directories
+    let tier = with_ceiling(root.path(), &ks, 2.0).await;
     let s = gc(&tier);
     assert_eq!(2 * s.bytes, s.cap_bytes + s.hard_ceiling_bytes, "{s:?}");
     assert_eq!(
@@ -705,14 +709,7 @@ async fn past_halfway_to_the_hard_ceiling_grace_holds_only_down_to_the_cap() {
 async fn a_store_at_the_ceiling_makes_room_for_its_new_directories_too() {
     let root = temp_root();
     let ks = keys(0..12); // one leaf: 12 files and 2 directories fit under the ceiling
-    assert!(
-        store(&bounded(root.path(), 10, 0.8), &ks, 0)
-            .await
-            .is_success()
-    );
-    let mut c = bounded_cfg(root.path(), 10, 0.8);
-    c.gc_hard_ceiling = Some(1.2);
-    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let tier = with_ceiling(root.path(), &ks, 1.2).await;
     age(&tier, &ks, |i| 5000 - i as u64);
     let sweeps = gc(&tier).sweeps;
     // a key in another top directory: its file and two new directories
@@ -801,14 +798,7 @@ async fn a_foreign_key_touched_again_after_an_interval_is_stamped_again() {
 async fn a_panicked_sweep_does_not_stop_stores_from_making_room() {
     let root = temp_root();
     let ks = keys(0..12);
-    assert!(
-        store(&bounded(root.path(), 10, 0.8), &ks, 0)
-            .await
-            .is_success()
-    );
-    let mut c = bounded_cfg(root.path(), 10, 0.8);
-    c.gc_hard_ceiling = Some(1.2);
-    let tier = Arc::new(FsTier::open("fs", c, ns(), BS).unwrap());
+    let tier = Arc::new(with_ceiling(root.path(), &ks, 1.2).await);
     age(&tier, &ks, |i| 5000 - i as u64);
     tier.set_sweep_hook(Some(Arc::new(|p| {
         if p == SweepPoint::Selected {

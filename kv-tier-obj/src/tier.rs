@@ -28,7 +28,7 @@ use crate::stats::{Counters, ObjStats};
 /// Every request ends within [`ObjTierConfig::request_deadline`] and every lookup within
 /// `lookup_timeout_s`; every async method can be dropped at any await point.
 pub struct ObjTier {
-    pub(crate) inner: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     cfg: ObjTierConfig,
     /// Background sweeps; shutdown stops and awaits them.
     sweeps: Mutex<tokio::task::JoinSet<()>>,
@@ -37,9 +37,9 @@ pub struct ObjTier {
 impl std::fmt::Debug for ObjTier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjTier")
-            .field("name", &self.inner.name)
-            .field("store", &self.inner.store.to_string())
-            .field("prefix", &self.inner.prefix)
+            .field("name", &self.shared.name)
+            .field("store", &self.shared.store.to_string())
+            .field("prefix", &self.shared.prefix)
             .finish()
     }
 }
@@ -104,12 +104,12 @@ impl ObjTier {
             closed: AtomicBool::new(false),
         });
         let tier = Self {
-            inner,
+            shared: inner,
             cfg,
             sweeps: Mutex::new(tokio::task::JoinSet::new()),
         };
-        crate::client::probe(&tier.inner, &tier.cfg.bucket).await?;
-        if tier.inner.cap.is_some() {
+        crate::client::probe(&tier.shared, &tier.cfg.bucket).await?;
+        if tier.shared.cap.is_some() {
             tier.seed_index().await?;
         }
         Ok(tier)
@@ -127,19 +127,19 @@ impl ObjTier {
 
     /// The object path of `key`.
     pub fn object_path(&self, key: &BlockKey) -> String {
-        self.inner.path(key).to_string()
+        self.shared.path(key).to_string()
     }
 
     /// The underlying store.
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner.store
+        &self.shared.store
     }
 
     /// Counters.
     pub fn stats(&self) -> ObjStats {
-        let c = &self.inner.counters;
+        let c = &self.shared.counters;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (bytes, objects) = self.inner.cap.as_ref().map_or((0, 0), |cap| {
+        let (bytes, objects) = self.shared.cap.as_ref().map_or((0, 0), |cap| {
             let i = cap.lock();
             (i.total(), i.len() as u64)
         });
@@ -161,12 +161,12 @@ impl ObjTier {
     /// Runs a capacity sweep now (bounded mode), after any sweep in progress; returns the
     /// objects it deleted.
     pub async fn sweep_now(&self) -> usize {
-        self.inner.clone().sweep(true).await
+        self.shared.clone().sweep(true).await
     }
 
     /// Forgets cached existence answers (for tests of the cache).
     pub fn clear_exists_cache(&self) {
-        self.inner.exists.invalidate_all();
+        self.shared.exists.invalidate_all();
     }
 
     /// Background sweeps spawned and not yet finished.
@@ -177,7 +177,7 @@ impl ObjTier {
     }
 
     async fn seed_index(&self) -> Result<()> {
-        let inner = &self.inner;
+        let inner = &self.shared;
         let Some(cap) = &inner.cap else {
             return Ok(());
         };
@@ -225,7 +225,7 @@ impl ObjTier {
 
     /// Saves the bounded index's recency order (touches included) for the next open.
     async fn save_recency(&self) {
-        let inner = &self.inner;
+        let inner = &self.shared;
         let Some(cap) = &inner.cap else {
             return;
         };
@@ -245,7 +245,7 @@ impl ObjTier {
     }
 
     async fn run_store(&self, job: StoreJob) -> JobResult {
-        let inner = &self.inner;
+        let inner = &self.shared;
         // each object written is recorded as it lands: reported even if the job is dropped
         let published = EventBatch::new(inner.events.clone(), false);
         let published = &published;
@@ -264,7 +264,7 @@ impl ObjTier {
     }
 
     async fn run_load(&self, job: LoadJob) -> JobResult {
-        let inner = &self.inner;
+        let inner = &self.shared;
         let results: Vec<(BlockKey, Result<()>)> = futures::stream::iter(job.blocks)
             .map(|(k, mut sink)| async move { (k, inner.load_block(k, &mut sink).await) })
             .buffer_unordered(inner.io_threads)
@@ -280,8 +280,8 @@ impl ObjTier {
     fn spawn_sweep(&self) {
         let mut set = lock(&self.sweeps);
         while set.try_join_next().is_some() {}
-        if !self.inner.closed.load(Ordering::SeqCst) && set.is_empty() {
-            let inner = self.inner.clone();
+        if !self.shared.closed.load(Ordering::SeqCst) && set.is_empty() {
+            let inner = self.shared.clone();
             set.spawn(async move {
                 inner.sweep(false).await;
             });
@@ -312,10 +312,10 @@ impl SecondaryTier for ObjTier {
         let capability = Capability::new()
             .persistent(true)
             .shared(true)
-            .bounded(self.inner.cap.is_some())
-            .checksums(self.inner.checksum == ObjChecksum::Crc32c);
+            .bounded(self.shared.cap.is_some())
+            .checksums(self.shared.checksum == ObjChecksum::Crc32c);
         TierInfo::new(
-            &self.inner.name,
+            &self.shared.name,
             Medium::Storage,
             Locality::Remote,
             capability,
@@ -326,7 +326,7 @@ impl SecondaryTier for ObjTier {
     /// within `lookup_timeout_s`: a key whose HEAD has not answered by then, or failed, is
     /// absent. Fails only if every key's HEAD failed.
     async fn lookup(&self, keys: &[BlockKey]) -> Result<Vec<bool>> {
-        let inner = &self.inner;
+        let inner = &self.shared;
         inner.check_open()?;
         let deadline = tokio::time::Instant::now() + inner.lookup_deadline;
         let mut out = vec![false; keys.len()];
@@ -368,12 +368,12 @@ impl SecondaryTier for ObjTier {
 
     async fn store(&self, job: StoreJob) -> JobResult {
         let keys = job.keys();
-        if let Err(e) = self.inner.check_open() {
+        if let Err(e) = self.shared.check_open() {
             return JobResult::all_failed(keys, &e);
         }
-        let _protect = self.inner.protection.protect(&keys);
+        let _protect = self.shared.protection.protect(&keys);
         let res = self.run_store(job).await;
-        if self.inner.cap.as_ref().is_some_and(|c| c.over()) {
+        if self.shared.cap.as_ref().is_some_and(|c| c.over()) {
             self.spawn_sweep();
         }
         res
@@ -381,36 +381,36 @@ impl SecondaryTier for ObjTier {
 
     async fn load(&self, job: LoadJob) -> JobResult {
         let keys = job.keys();
-        if let Err(e) = self.inner.check_open() {
+        if let Err(e) = self.shared.check_open() {
             return JobResult::all_failed(keys, &e);
         }
-        let _protect = self.inner.protection.protect(&keys);
+        let _protect = self.shared.protection.protect(&keys);
         self.run_load(job).await
     }
 
     fn touch(&self, keys: &[BlockKey]) {
-        self.inner.touch_index(keys);
+        self.shared.touch_index(keys);
     }
 
     fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
-        self.inner.protection.protect(keys)
+        self.shared.protection.protect(keys)
     }
 
     fn is_protected(&self, key: &BlockKey) -> bool {
-        self.inner.protection.contains(key)
+        self.shared.protection.contains(key)
     }
 
     fn take_events(&self) -> Vec<TierEvent> {
-        self.inner.events.take()
+        self.shared.events.take()
     }
 
     /// Refuses new work, then stops the background sweeps (each ends after its current
     /// delete batch, within a request deadline; past that it is aborted) and awaits them.
     async fn shutdown(&self) -> Result<()> {
-        self.inner.closed.store(true, Ordering::SeqCst);
+        self.shared.closed.store(true, Ordering::SeqCst);
         let mut set = std::mem::take(&mut *lock(&self.sweeps));
         let started = Instant::now();
-        let drained = tokio::time::timeout(self.inner.request_deadline, async {
+        let drained = tokio::time::timeout(self.shared.request_deadline, async {
             while set.join_next().await.is_some() {}
         })
         .await;
@@ -419,7 +419,7 @@ impl SecondaryTier for ObjTier {
             while set.join_next().await.is_some() {}
         }
         self.save_recency().await;
-        tracing::debug!(tier = %self.inner.name, took_ms = started.elapsed().as_millis() as u64, "obj tier shut down");
+        tracing::debug!(tier = %self.shared.name, took_ms = started.elapsed().as_millis() as u64, "obj tier shut down");
         Ok(())
     }
 }

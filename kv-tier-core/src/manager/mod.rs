@@ -16,6 +16,7 @@ use crate::key::BlockKey;
 use crate::probe_cache::{Presence, ProbeCache};
 use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count_prefix};
 use crate::stats::ManagerStats;
+pub(crate) use crate::sync::lock;
 mod builder;
 mod holds;
 mod jobs;
@@ -31,11 +32,6 @@ pub use pending::PendingStore;
 use crate::tier::{
     PreparedStore, PrimaryTier, SecondaryTier, StoreJob, take_events_caught, touch_caught,
 };
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section of these locks leaves its data consistent before anything can
-    // panic, so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 struct State {
     in_step: bool,
     lookups: Vec<ProbeCache>,
@@ -367,26 +363,19 @@ impl TieringManager {
         Ok(PendingStore::new(self, prepared))
     }
 
-    /// Ends a store begun by `prepare_store` (its sinks are dropped; see [`PendingStore`]).
-    /// On success the blocks become `Hit` in DRAM and one store job per secondary tier copies
-    /// them down; a failed store frees the slots and cascades nothing.
-    fn finish_store(&self, req: RequestId, keys: &[BlockKey], success: bool) {
+    /// Ends a store begun by `prepare_store`, with the keys of its slots (their sinks are
+    /// dropped; see [`PendingStore`]). Committed for a request, the blocks become `Hit` in
+    /// DRAM and one store job per secondary tier copies them down; aborted (`None`), the slots
+    /// are freed and nothing cascades.
+    fn finish_store(&self, keys: &[BlockKey], commit: Option<RequestId>) {
         let mut st = self.begin();
-        let own: Vec<BlockKey>;
-        let keys = if keys.iter().any(|k| st.promoting.contains(k)) {
-            own = keys
-                .iter()
-                .filter(|k| !st.promoting.contains(k))
-                .copied()
-                .collect();
-            &own[..]
-        } else {
-            keys
-        };
+        // a store's slots are its own: a slot a promotion reserved is never handed to one
+        debug_assert!(!keys.iter().any(|k| st.promoting.contains(k)));
         st.write_back
             .unreserve(keys, self.primary.block_size() as u64);
-        let stored = self.primary.complete_store(keys, success);
-        if !success || stored.is_empty() || self.tiers.is_empty() || st.shut_down {
+        let stored = self.primary.complete_store(keys, commit.is_some());
+        let Some(req) = commit else { return };
+        if stored.is_empty() || self.tiers.is_empty() || st.shut_down {
             return;
         }
         let sources = self.primary.sources(&stored);

@@ -8,12 +8,15 @@ use std::time::Duration;
 use rustc_hash::FxHashMap;
 use tokio::time::Instant;
 
-use super::lock;
+use crate::sync::lock;
 use crate::tier::ProtectGuard;
 
 /// The tier's protections held as leases, by lease id, with their expiry. A reaper task
 /// drops expired ones even while nobody calls the lookup (an idle scheduler).
-pub(super) type LeaseTable = Arc<Mutex<FxHashMap<u64, (Instant, ProtectGuard)>>>;
+pub(super) type LeaseTable = Arc<LeaseMap>;
+
+/// Lease id -> (expiry, the protection).
+pub(super) type LeaseMap = Mutex<FxHashMap<u64, (Instant, ProtectGuard)>>;
 
 /// A key known present, protected in the tier until the lease drops or expires.
 pub(super) struct Lease {
@@ -30,10 +33,7 @@ impl Drop for Lease {
 }
 
 /// Drops expired leases every `tick` until the lookup is gone.
-pub(super) async fn reap_leases(
-    table: std::sync::Weak<Mutex<FxHashMap<u64, (Instant, ProtectGuard)>>>,
-    tick: Duration,
-) {
+pub(super) async fn reap_leases(table: std::sync::Weak<LeaseMap>, tick: Duration) {
     loop {
         tokio::time::sleep(tick).await;
         let Some(table) = table.upgrade() else { return };

@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 use crate::key::BlockKey;
 use crate::request::RequestId;
 pub use crate::stats::ProbeCacheStats;
+use crate::sync::lock;
 use crate::tier::{ProtectGuard, SecondaryTier, protect_caught};
 
 mod lease;
@@ -94,12 +95,6 @@ impl Drop for Report {
     fn drop(&mut self) {
         self.send(Outcome::Dropped);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding this lock cannot leave the inbox half-updated (push is atomic
-    // with respect to the Vec's invariants), so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Non-blocking existence answers for one secondary tier.
