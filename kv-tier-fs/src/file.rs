@@ -242,6 +242,97 @@ pub(crate) fn same_file(f: &File, path: &Path) -> bool {
 mod tests {
     use super::*;
 
+    /// Makes `renameat2` fail with `EINVAL` on the calling thread only (a seccomp filter, as
+    /// a filesystem without `RENAME_NOREPLACE` answers). Returns false where that cannot be
+    /// set up (another architecture, a kernel without seccomp).
+    fn refuse_renameat2_on_this_thread() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        const ARCH: u32 = 0xC000_003E; // AUDIT_ARCH_X86_64
+        #[cfg(target_arch = "aarch64")]
+        const ARCH: u32 = 0xC000_00B7; // AUDIT_ARCH_AARCH64
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        return false;
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        {
+            let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+                code: code as u16,
+                jt,
+                jf,
+                k,
+            };
+            let filter = [
+                // seccomp_data: nr at offset 0, arch at offset 4
+                op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 4),
+                op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 3, ARCH),
+                op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+                op(
+                    libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+                    0,
+                    1,
+                    libc::SYS_renameat2 as u32,
+                ),
+                op(
+                    libc::BPF_RET | libc::BPF_K,
+                    0,
+                    0,
+                    libc::SECCOMP_RET_ERRNO | libc::EINVAL as u32,
+                ),
+                op(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+            ];
+            let prog = libc::sock_fprog {
+                len: filter.len() as u16,
+                filter: filter.as_ptr().cast_mut(),
+            };
+            // SAFETY: prctl with constant arguments; the filter outlives the call (the
+            // kernel copies it). Without SECCOMP_FILTER_FLAG_TSYNC it binds this thread only.
+            unsafe {
+                libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                    && libc::prctl(
+                        libc::PR_SET_SECCOMP,
+                        libc::SECCOMP_MODE_FILTER,
+                        &prog as *const libc::sock_fprog,
+                    ) == 0
+            }
+        }
+    }
+
+    /// On a filesystem without `RENAME_NOREPLACE` (renameat2 refused with `EINVAL`), a
+    /// publish falls back to link(2): the block is published, the temp name is gone, and a
+    /// second publish to the same path still never replaces the first.
+    #[test]
+    fn publishing_falls_back_to_link_without_rename_noreplace() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        let out = std::thread::spawn(move || {
+            if !refuse_renameat2_on_this_thread() {
+                return None;
+            }
+            let (a, b, dest) = (d.join("a.tmp"), d.join("b.tmp"), d.join("block.bin"));
+            std::fs::write(&a, b"first").unwrap();
+            std::fs::write(&b, b"second").unwrap();
+            let renames = std::fs::rename(&a, d.join("x")).is_ok(); // plain rename still works
+            std::fs::rename(d.join("x"), &a).unwrap();
+            Some((
+                renames,
+                publish_noreplace(&a, &dest).unwrap(),
+                a.exists(),
+                publish_noreplace(&b, &dest).unwrap(),
+                std::fs::read(&dest).unwrap(),
+            ))
+        })
+        .join()
+        .unwrap();
+        let Some((renames, first, tmp_left, second, content)) = out else {
+            eprintln!("skipped: seccomp is not available here");
+            return;
+        };
+        assert!(renames);
+        assert!(first, "the first publish did not publish");
+        assert!(!tmp_left, "the temp name of a published block stays");
+        assert!(!second, "a second publish replaced the first");
+        assert_eq!(content, b"first");
+    }
+
     /// A read error other than an interruption is returned, not retried: reading a
     /// directory (`EISDIR`) ends with that error (on a thread, so a retry loop fails the
     /// test instead of hanging it).

@@ -363,6 +363,14 @@ impl FsTier {
         Ok(())
     }
 
+    /// Stops the GC clock at the current time; afterwards only
+    /// [`advance_gc_clock`](Self::advance_gc_clock) moves it, so a test can stand exactly on
+    /// the boundary of a grace window or a stamp interval. For tests.
+    pub fn freeze_gc_clock(&self) -> Result<()> {
+        self.gc()?.freeze_clock();
+        Ok(())
+    }
+
     fn closed(&self) -> Error {
         Error::Shutdown {
             what: format!("fs tier `{}`", self.shared.name),

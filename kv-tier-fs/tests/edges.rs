@@ -285,3 +285,97 @@ async fn a_store_leaves_a_block_whose_sidecar_is_still_coming() {
     );
     assert_eq!(std::fs::read(&p).unwrap(), block_bytes(&k, 3, BS));
 }
+
+/// A buffer whose start is deliberately not aligned for direct I/O, readable after the tier
+/// has dropped the sink over it.
+struct Unaligned(std::cell::UnsafeCell<Vec<u8>>);
+// SAFETY: the only writer is the sink; the test reads only after the tier dropped it.
+unsafe impl Sync for Unaligned {}
+
+/// A sink whose memory is not aligned for `O_DIRECT` (a primary tier may hand one over
+/// through `BlockSink::from_raw_parts`) is filled through an aligned bounce buffer: the load
+/// succeeds with the block's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_into_an_unaligned_sink_goes_through_a_bounce_buffer() {
+    let root = temp_root();
+    let tier = common::open(root.path());
+    assert!(tier.stats().direct_io, "the test needs direct I/O");
+    let k = test_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    let buf = Arc::new(Unaligned(std::cell::UnsafeCell::new(vec![0u8; BS + 1])));
+    // SAFETY: the vector outlives the sink (the sink owns a clone of the Arc) and nothing
+    // else touches it until the sink is dropped.
+    let sink = unsafe {
+        let v: &mut Vec<u8> = &mut *buf.0.get();
+        let p = std::ptr::NonNull::new(v.as_mut_ptr().add(1)).unwrap();
+        kv_tier_core::BlockSink::from_raw_parts(p, BS, Box::new(buf.clone()))
+    };
+    assert!(!sink.is_aligned(512));
+    let res = tier
+        .load(kv_tier_core::LoadJob {
+            blocks: vec![(k, sink)],
+        })
+        .await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    assert_eq!(Arc::strong_count(&buf), 1, "the tier kept the sink");
+    // SAFETY: the sink is gone; this is the only reference.
+    let got: &Vec<u8> = unsafe { &*buf.0.get() };
+    let got = &got[1..];
+    assert!(verify_block(&k, 0, got));
+}
+
+/// A block file cut short between the tier's size check and its read (another process
+/// truncating it) is damage: the load fails as `Corrupt` and the file is removed, instead of
+/// serving a block whose tail is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_truncated_while_it_is_read_is_damage() {
+    let root = temp_root();
+    let tier = common::open(root.path());
+    let k = test_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    let path = tier.block_path(&k);
+    let p = path.clone();
+    tier.set_fault_injector(Some(Arc::new(move |op, _: &Path| {
+        if op == FsOp::Read {
+            let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            f.set_len(BS as u64 / 2).unwrap();
+        }
+        None
+    })));
+    let (res, data) = load(&tier, &[k]).await;
+    tier.set_fault_injector(None);
+    assert!(
+        matches!(res.failed[..], [(_, Error::Corrupt { .. })]),
+        "{:?}",
+        res.failed
+    );
+    assert!(data.is_empty());
+    assert!(!path.exists(), "the damaged file stays");
+}
+
+/// A block that is already there is not written again: in a plain tier, and in a checked
+/// tier with `accept_unverified` for a file that carries no checksum (another writer's);
+/// either way the store counts as skipped and the file stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_present_block_is_kept_by_a_store_in_a_plain_and_a_lenient_tier() {
+    let root = temp_root();
+    let mut lenient = cfg(root.path());
+    lenient.checksum = kv_tier_fs::Checksum::Crc32c;
+    lenient.accept_unverified = true;
+    for c in [cfg(root.path()), lenient] {
+        let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+        let k = test_key(7);
+        let p = tier.block_path(&k);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, block_bytes(&k, 3, BS)).unwrap(); // no checksum anywhere
+        assert!(store(&tier, &[k], 0).await.is_success());
+        let s = tier.stats();
+        assert_eq!(
+            (s.blocks.stores_skipped, s.blocks.corrupt_deleted),
+            (1, 0),
+            "{s:?}"
+        );
+        assert_eq!(std::fs::read(&p).unwrap(), block_bytes(&k, 3, BS));
+        std::fs::remove_file(&p).unwrap();
+    }
+}

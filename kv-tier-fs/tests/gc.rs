@@ -1072,3 +1072,82 @@ async fn a_stamp_that_fails_keeps_its_file_in_the_index() {
         "{s:?}"
     );
 }
+
+/// The grace window ends exactly `gc_grace_s` after a file's last use: a nanosecond before,
+/// the file is spared; at the boundary, it is fair game.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grace_window_ends_to_the_nanosecond() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8); // grace: 300 s
+    tier.freeze_gc_clock().unwrap();
+    let ks = keys(0..15);
+    assert!(store(&tier, &ks, 0).await.is_success());
+    // last used at t = 61 s on the GC clock, on disk and in the index alike (a file's own
+    // mtime is the wall clock's, past the frozen one)
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    tier.touch(&ks);
+    tier.gc_apply_stamps_now().unwrap();
+    tier.advance_gc_clock(Duration::from_secs(300) - Duration::from_nanos(1))
+        .unwrap();
+    assert_eq!(tier.gc_sweep_now().unwrap(), 0);
+    assert_eq!(gc(&tier).skipped_in_grace, 15);
+    tier.advance_gc_clock(Duration::from_nanos(1)).unwrap();
+    assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+}
+
+/// A key is stamped at most once per `gc_stamp_interval_s`, and again as soon as a whole
+/// interval has passed: a nanosecond before, a touch is dropped; at the boundary, it is queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stamp_interval_ends_to_the_nanosecond() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8); // stamp interval: a minute
+    tier.freeze_gc_clock().unwrap();
+    let k = leaf_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success()); // its last use: now
+    tier.advance_gc_clock(Duration::from_secs(60) - Duration::from_nanos(1))
+        .unwrap();
+    tier.touch(&[k]);
+    assert_eq!(gc(&tier).pending_stamps, 0, "stamped within the interval");
+    tier.advance_gc_clock(Duration::from_nanos(1)).unwrap();
+    tier.touch(&[k]);
+    assert_eq!(gc(&tier).pending_stamps, 1);
+}
+
+/// The same boundary for a key of another process, which the tier remembers only by the time
+/// of its last stamp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_keys_stamp_interval_ends_to_the_nanosecond() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8); // stamp interval: a minute
+    tier.freeze_gc_clock().unwrap();
+    let j = leaf_key(1); // no file anywhere: it stays foreign
+    tier.touch(&[j]);
+    tier.gc_apply_stamps_now().unwrap();
+    tier.advance_gc_clock(Duration::from_secs(60) - Duration::from_nanos(1))
+        .unwrap();
+    tier.touch(&[j]);
+    assert_eq!(gc(&tier).pending_stamps, 0, "stamped within the interval");
+    tier.advance_gc_clock(Duration::from_nanos(1)).unwrap();
+    tier.touch(&[j]);
+    assert_eq!(gc(&tier).pending_stamps, 1);
+}
+
+/// A stamp's interval runs from the touch that queued it, not from when the GC thread got to
+/// apply it; a rescan that finds the stamped file unchanged keeps that memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_keeps_when_a_key_was_last_touched() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8); // stamp interval: a minute
+    tier.freeze_gc_clock().unwrap();
+    let k = leaf_key(1);
+    assert!(store(&tier, &[k], 0).await.is_success());
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    tier.touch(&[k]); // queued at t = 61 s
+    tier.advance_gc_clock(Duration::from_secs(50)).unwrap();
+    tier.gc_apply_stamps_now().unwrap(); // applied at t = 111 s
+    tier.gc_rescan_now().unwrap();
+    tier.advance_gc_clock(Duration::from_secs(10)).unwrap();
+    tier.touch(&[k]); // t = 121 s: an interval after the last touch
+    let s = gc(&tier);
+    assert_eq!((s.stamps, s.pending_stamps), (1, 1), "{s:?}");
+}

@@ -124,6 +124,8 @@ pub(crate) struct Gc {
     pub(crate) counters: GcCounters,
     pub(crate) alive: AtomicBool,
     skew_ns: AtomicI64,
+    /// Where the clock stands still ([`RUNNING`]: it follows the wall clock).
+    frozen_ns: AtomicI64,
     hook: RwLock<Option<SweepHook>>,
     /// Allocated bytes of a checksum sidecar (0 when checksums are not in sidecars).
     sidecar_unit: AtomicU64,
@@ -171,6 +173,7 @@ impl Gc {
             counters: GcCounters::default(),
             alive: AtomicBool::new(false),
             skew_ns: AtomicI64::new(0),
+            frozen_ns: AtomicI64::new(RUNNING),
             hook: RwLock::new(None),
             sidecar_unit: AtomicU64::new(0),
             deleting: Mutex::new(FxHashSet::default()),
@@ -191,9 +194,27 @@ impl Gc {
         self.sidecar_unit.load(Ordering::Relaxed) > 0
     }
 
-    /// The GC clock: wall time plus a skew that tests may advance.
+    /// The GC clock: wall time (or the time it was frozen at) plus a skew that tests may
+    /// advance.
     pub(crate) fn now_ns(&self) -> i64 {
-        to_ns(SystemTime::now()) + self.skew_ns.load(Ordering::Relaxed)
+        let frozen = self.frozen_ns.load(Ordering::Relaxed);
+        let base = if frozen == RUNNING {
+            to_ns(SystemTime::now())
+        } else {
+            frozen
+        };
+        base + self.skew_ns.load(Ordering::Relaxed)
+    }
+
+    /// Stops the clock at the current wall time: from then on only
+    /// [`advance_clock`](Self::advance_clock) moves it.
+    pub(crate) fn freeze_clock(&self) {
+        let _ = self.frozen_ns.compare_exchange(
+            RUNNING,
+            to_ns(SystemTime::now()),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     pub(crate) fn advance_clock(&self, d: Duration) {
@@ -460,6 +481,9 @@ impl Gc {
         (w.stop, kicked)
     }
 }
+
+/// `Gc::frozen_ns` when the clock runs.
+const RUNNING: i64 = i64::MIN;
 
 /// How long a store waits for another thread's sweep to make room.
 pub(crate) fn room_deadline() -> Instant {
