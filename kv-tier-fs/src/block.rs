@@ -1,6 +1,6 @@
 //! What the I/O threads share ([`Shared`]): the tier's root, layout, options, counters and
-//! GC state, and the operations around single blocks (faults, errors, temp paths, sweeps,
-//! rescans, existence). Storing and loading a block are in `store.rs` and `load.rs`.
+//! GC handle, and the operations around single blocks (faults, temp paths, stamps of an
+//! unbounded tier, existence). Storing and loading a block are in `store.rs` and `load.rs`.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use kv_tier_core::{BlockCounters, BlockKey, Error, EventLog, Namespace, ProtectionSet};
 
 use crate::config::Checksum;
-use crate::gc::{Gc, Goal};
+use crate::gc::Gc;
 
 /// The operations a fault injector can fail (for tests of error paths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,13 +76,7 @@ pub(crate) struct Shared {
     /// Unbounded mode: when each key was last stamped (rate limit of `touch`; bounded).
     pub(crate) stamped: std::sync::Mutex<StampMemo>,
     pub(crate) events: Arc<EventLog>,
-    pub(crate) gc: Option<Gc>,
-}
-
-/// What a load did besides failing: whether it deleted the file.
-pub(crate) struct LoadFailure {
-    pub(crate) error: Error,
-    pub(crate) deleted: bool,
+    pub(crate) gc: Option<Arc<Gc>>,
 }
 
 pub(crate) fn random_salt() -> u64 {
@@ -103,10 +97,6 @@ pub(crate) fn random_salt() -> u64 {
 fn tmp_suffix(salt: u64, n: u64) -> u64 {
     salt ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
-
-/// Rescans reap temp files at least this old, whatever `tmp_reap_age_s` says: they run while
-/// the tier's own writes are in flight.
-pub(crate) const RESCAN_TMP_FLOOR: Duration = Duration::from_secs(60);
 
 /// How long after its publication a block may lack its checksum sidecar by default (the
 /// publisher writes it right after publishing): a load then fails without removing the block.
@@ -189,13 +179,7 @@ impl Shared {
     }
 
     pub(crate) fn io_err(&self, op: &'static str, path: &Path, e: io::Error) -> Error {
-        match e.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Error::NoSpace {
-                tier: self.name.clone(),
-                detail: format!("{op} {}: {e}", path.display()),
-            },
-            _ => Error::io(op, path, e),
-        }
+        crate::error::io_error(&self.name, op, path, e)
     }
 
     pub(crate) fn tmp_path(&self, dest: &Path) -> PathBuf {
@@ -203,60 +187,6 @@ impl Shared {
         let mut s = dest.as_os_str().to_os_string();
         s.push(format!("_{:016x}.tmp", tmp_suffix(self.tmp_salt, n)));
         s.into()
-    }
-    pub(crate) fn rank_dir(&self) -> PathBuf {
-        self.root.join(self.ns.rank_dir_name())
-    }
-
-    /// One sweep (when over the cap); emits `BlockRemoved` for what it deleted.
-    pub(crate) fn sweep(&self, goal: Goal) -> usize {
-        let Some(gc) = &self.gc else { return 0 };
-        let report = gc.sweep(&self.ns, &self.root, &self.protection, goal);
-        let n = report.deleted.len();
-        self.events.push(report.deleted, true);
-        n
-    }
-
-    /// Applies the queued mtime stamps; reports blocks found gone.
-    pub(crate) fn apply_stamps(&self) {
-        let Some(gc) = &self.gc else { return };
-        let gone = gc.apply_stamps(&self.ns, &self.root);
-        self.events.push(gone, true);
-    }
-
-    /// A full walk of the tree, merged into the index: adopts files other processes wrote,
-    /// updates sizes and mtimes, and forgets (and reports) only files verified absent; entries
-    /// that appeared while it walked stay. Reaps temp files and orphan sidecars older than
-    /// `tmp_reap_age_s`.
-    pub(crate) fn rescan(&self) {
-        let Some(gc) = &self.gc else { return };
-        let seq0 = gc.seq();
-        // while the tier runs its own temp files are in flight: never younger than a minute
-        let tmp_age = gc.cfg.tmp_age.max(RESCAN_TMP_FLOOR);
-        let w = crate::gc::walk(
-            &self.ns,
-            &self.rank_dir(),
-            4,
-            Some(tmp_age),
-            SystemTime::now(),
-        );
-        bump(&self.counters.tmp_reaped, w.tmp_reaped);
-        bump(&self.counters.sidecars_reaped, w.sidecars_reaped);
-        gc.counters
-            .foreign_files
-            .store(w.foreign, Ordering::Relaxed);
-        gc.hook(crate::gc::SweepPoint::RescanWalked);
-        let missing = gc.merge(w.blocks, &w.leaves, seq0);
-        let absent: Vec<(BlockKey, u64)> = missing
-            .into_iter()
-            .filter(|(k, _)| std::fs::symlink_metadata(self.ns.block_path(&self.root, k)).is_err())
-            .collect();
-        let gone = gc.forget(&absent);
-        gc.counters.rescans.fetch_add(1, Ordering::Relaxed);
-        gc.counters
-            .external_removals
-            .fetch_add(gone.len() as u64, Ordering::Relaxed);
-        self.events.push(gone, true);
     }
 
     /// Whether `key`'s file exists. A key a sweep has chosen is looked at only after its

@@ -1,10 +1,11 @@
 #![doc = include_str!("../README.md")]
 
 mod block;
+mod capacity;
 mod config;
+mod error;
 mod file;
 mod gc;
-mod gc_thread;
 mod io;
 mod load;
 mod root;

@@ -11,8 +11,9 @@ use std::time::{Duration, SystemTime};
 use kv_tier_core::checksum::{self, Verdict};
 use kv_tier_core::{AlignedBuf, BlockKey, BlockSink, Error};
 
-use crate::block::{FsOp, LoadFailure, Shared, bump};
+use crate::block::{FsOp, Shared, bump};
 use crate::config::Checksum;
+use crate::error::LoadFailure;
 use crate::file;
 
 impl Shared {

@@ -113,8 +113,19 @@ impl FsTier {
         FsStats {
             blocks: c.blocks.snapshot(),
             no_space: g(&c.no_space),
-            tmp_reaped: g(&c.tmp_reaped),
-            sidecars_reaped: g(&c.sidecars_reaped),
+            // the opening's reaping, plus the rescans'
+            tmp_reaped: g(&c.tmp_reaped)
+                + self
+                    .shared
+                    .gc
+                    .as_ref()
+                    .map_or(0, |gc| g(&gc.counters.tmp_reaped)),
+            sidecars_reaped: g(&c.sidecars_reaped)
+                + self
+                    .shared
+                    .gc
+                    .as_ref()
+                    .map_or(0, |gc| g(&gc.counters.sidecars_reaped)),
             keys_probed: g(&c.keys_probed),
             direct_io: self.shared.direct,
             top_dirs_ready: self.shared.top_dirs_ready.load(Ordering::Acquire),

@@ -5,35 +5,13 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use kv_tier_core::{AlignedBuf, BlockKey, BlockSource, Error, Result};
 
 use crate::block::{FsOp, Shared, bump};
 use crate::config::Checksum;
 use crate::file;
-use crate::gc::{Gc, Goal};
-
-/// Bytes a store reserved under the hard ceiling; released on drop unless taken over by the
-/// published file's entry.
-struct Room<'a> {
-    gc: &'a Gc,
-    bytes: u64,
-}
-
-impl Room<'_> {
-    fn take(&mut self) -> u64 {
-        std::mem::take(&mut self.bytes)
-    }
-}
-
-impl Drop for Room<'_> {
-    fn drop(&mut self) {
-        if self.bytes > 0 {
-            self.gc.unreserve(self.bytes);
-        }
-    }
-}
+use crate::gc::Goal;
 
 /// Removes a temp file on drop unless disarmed.
 struct TmpGuard<'a> {
@@ -89,17 +67,15 @@ impl Shared {
             }
         }
         let room = self.reserve_room(key)?;
-        let written = match self.write_block(key, &dest, src) {
-            Err(Error::NoSpace { .. }) if self.gc.is_some() => {
+        let written = match (self.write_block(key, &dest, src), &self.gc) {
+            (Err(Error::NoSpace { .. }), Some(gc)) => {
                 // The filesystem is full (a cap larger than the disk, or other files): make
                 // room by the oldest files and try once more.
-                if let Some(gc) = &self.gc {
-                    gc.counters.enospc_sweeps.fetch_add(1, Ordering::Relaxed);
-                }
-                self.sweep(Goal::Space);
+                gc.counters.enospc_sweeps.fetch_add(1, Ordering::Relaxed);
+                gc.sweep(Goal::Space);
                 self.write_block(key, &dest, src)
             }
-            r => r,
+            (r, _) => r,
         }?;
         if !written {
             // Another writer was first: its file stands.
@@ -115,50 +91,6 @@ impl Shared {
             gc.set_leaf_bytes(key, crate::gc::allocated(&m));
         }
         Ok(true)
-    }
-
-    /// Reserves room for a new block file under the hard ceiling (bounded mode): when the
-    /// total would cross it, runs a sweep for room here, or, if another sweep runs, waits
-    /// for it (at most a second). Fails with `NoSpace` when no room can be made (everything
-    /// left is protected or being written): the block is then not in this tier.
-    fn reserve_room(&self, key: &BlockKey) -> Result<Option<Room<'_>>> {
-        let Some(gc) = &self.gc else { return Ok(None) };
-        let file_bytes = gc.file_bytes(self.alloc_block);
-        let deadline = crate::gc::room_deadline();
-        let mut waited = false;
-        loop {
-            if let Some(bytes) = gc.try_reserve(key, file_bytes) {
-                return Ok(Some(Room { gc, bytes }));
-            }
-            if !waited {
-                waited = true;
-                gc.counters.store_waits.fetch_add(1, Ordering::Relaxed);
-            }
-            let hopeless = if gc.sweep_running() {
-                gc.wait_for_room(Duration::from_millis(20));
-                std::time::Instant::now() >= deadline || gc.stopped()
-            } else {
-                self.sweep(Goal::Room(file_bytes + 2 * self.dir_unit())) == 0
-                    && gc
-                        .try_reserve(key, file_bytes)
-                        .map(|b| gc.unreserve(b))
-                        .is_none()
-            };
-            if hopeless {
-                gc.counters.no_room.fetch_add(1, Ordering::Relaxed);
-                return Err(Error::NoSpace {
-                    tier: self.name.clone(),
-                    detail: format!(
-                        "block {key} does not fit under the hard ceiling of {} bytes and no sweep could make room (everything left is protected or being written)",
-                        gc.cfg.hard_bytes
-                    ),
-                });
-            }
-        }
-    }
-
-    fn dir_unit(&self) -> u64 {
-        self.dir_alloc
     }
 
     /// Writes `src` to a temp file next to `dest` and publishes it there without replacing.

@@ -12,10 +12,10 @@ use kv_tier_core::{
     TierInfo, TierRegistry, TierSpec, async_trait,
 };
 
-use crate::block::{Counters, FaultInjector, FsOp, LoadFailure, Shared, bump, random_salt};
+use crate::block::{Counters, FaultInjector, FsOp, Shared, bump, random_salt};
 use crate::config::{Checksum, FsTierConfig};
-use crate::gc::{Gc, SweepHook};
-use crate::gc_thread::gc_loop;
+use crate::error::LoadFailure;
+use crate::gc::{Gc, Place, SweepHook};
 use crate::io::{Class, Collector, Engine, Task};
 use crate::root::{prepare_root, probe_dir, reap_tmp, spawn_top_dirs, write_or_check_config};
 
@@ -110,11 +110,24 @@ impl FsTier {
                 ));
             }
         }
+        let protection = ProtectionSet::new();
+        let events = Arc::new(EventLog::new(
+            name.clone(),
+            Medium::Storage,
+            Locality::Local,
+        ));
         let gc = gc_cfg.map(|g| {
             let base = if precreate_tops { 4096 * dir_alloc } else { 0 };
-            let gc = Gc::new(g, dir_alloc, base, !precreate_tops);
+            let at = Place {
+                name: name.clone(),
+                root: root.clone(),
+                ns: ns.clone(),
+                protection: protection.clone(),
+                events: events.clone(),
+            };
+            let gc = Gc::new(g, at, dir_alloc, base, !precreate_tops);
             gc.set_sidecar_unit(sidecar_unit);
-            gc
+            Arc::new(gc)
         });
         let files = Arc::new(Shared {
             name: name.clone(),
@@ -136,13 +149,9 @@ impl FsTier {
             tmp_salt: random_salt(),
             top_dirs_ready: AtomicBool::new(false),
             stop_top_dirs: AtomicBool::new(false),
-            protection: ProtectionSet::new(),
+            protection,
             stamped: std::sync::Mutex::new(Default::default()),
-            events: Arc::new(EventLog::new(
-                name.clone(),
-                Medium::Storage,
-                Locality::Local,
-            )),
+            events,
             gc,
         });
         let tmp_age = Duration::from_secs(cfg.tmp_reap_age_s);
@@ -155,32 +164,9 @@ impl FsTier {
             }
             Some(gc) => {
                 // One walk adopts what is on disk (with its mtimes) and reaps temp files.
-                let t = std::time::Instant::now();
-                let threads = cfg.n_read_threads.clamp(1, 8);
-                let w = crate::gc::walk(
-                    &files.ns,
-                    &rank_dir,
-                    threads,
-                    Some(tmp_age),
-                    SystemTime::now(),
-                );
-                reaped += w.tmp_reaped;
-                bump(&files.counters.sidecars_reaped, w.sidecars_reaped);
-                let n = w.blocks.len();
-                gc.adopt(w.blocks, &w.leaves);
-                gc.counters
-                    .adopt_ms
-                    .store(t.elapsed().as_millis() as u64, Ordering::Relaxed);
-                gc.counters
-                    .foreign_files
-                    .store(w.foreign, Ordering::Relaxed);
-                tracing::info!(
-                    files = n,
-                    bytes = gc.total_bytes(),
-                    ms = t.elapsed().as_millis() as u64,
-                    foreign = w.foreign,
-                    "fs tier adopted its directory"
-                );
+                let r = gc.adopt_tree(cfg.n_read_threads.clamp(1, 8), tmp_age);
+                reaped += r.tmp;
+                bump(&files.counters.sidecars_reaped, r.sidecars);
             }
         }
         let mut threads = Vec::new();
@@ -195,12 +181,8 @@ impl FsTier {
             .map_err(|e| Error::io("spawn I/O threads", &root, e))?;
         tracing::debug!(root = %root.display(), direct, xattrs = probe.xattrs, "fs tier open");
         if let Some(gc) = files.gc.as_ref().filter(|g| g.cfg.background) {
-            let f = files.clone();
-            gc.alive.store(true, Ordering::SeqCst);
-            let h = std::thread::Builder::new()
-                .name("kv-fs-gc".into())
-                .spawn(move || gc_loop(f))
-                .map_err(|e| Error::io("spawn GC thread", &root, e))?;
+            let h =
+                crate::gc::spawn(gc.clone()).map_err(|e| Error::io("spawn GC thread", &root, e))?;
             threads.push(h);
         }
         Ok(Self {
@@ -312,7 +294,7 @@ impl FsTier {
     }
 
     fn gc(&self) -> Result<&Gc> {
-        self.shared.gc.as_ref().ok_or_else(|| {
+        self.shared.gc.as_deref().ok_or_else(|| {
             Error::config(
                 "gc_max_size_gb",
                 "the tier is unbounded: set gc_max_size_gb to use GC",
@@ -324,7 +306,7 @@ impl FsTier {
     /// For tests, benchmarks and tools; the GC thread does this on its own.
     pub fn gc_sweep_now(&self) -> Result<usize> {
         self.gc()?;
-        Ok(self.shared.sweep(crate::gc::Goal::Cap))
+        Ok(self.gc()?.sweep(crate::gc::Goal::Cap))
     }
 
     /// Runs one sweep now as when the filesystem reports `ENOSPC`: whatever the cap, down to
@@ -333,20 +315,18 @@ impl FsTier {
     /// and tools (the tier does this on its own when a write finds the disk full).
     pub fn gc_sweep_for_space_now(&self) -> Result<usize> {
         self.gc()?;
-        Ok(self.shared.sweep(crate::gc::Goal::Space))
+        Ok(self.gc()?.sweep(crate::gc::Goal::Space))
     }
 
     /// Applies the queued mtime stamps now, on the caller's thread.
     pub fn gc_apply_stamps_now(&self) -> Result<()> {
-        self.gc()?;
-        self.shared.apply_stamps();
+        self.gc()?.apply_stamps();
         Ok(())
     }
 
     /// Walks the tree now and repairs the index (external deletes, files of other processes).
     pub fn gc_rescan_now(&self) -> Result<()> {
-        self.gc()?;
-        self.shared.rescan();
+        self.gc()?.rescan();
         Ok(())
     }
 

@@ -24,21 +24,25 @@
 //! lives. Unlinks run in batches on a few threads, holding no lock.
 
 use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use kv_tier_core::BlockKey;
+use kv_tier_core::{BlockKey, EventLog, Namespace, ProtectionSet};
 use rustc_hash::FxHashSet;
 
 mod index;
+mod rescan;
 mod stamps;
 mod sweep;
+mod thread;
 mod walk;
 
 use index::Index;
 pub(crate) use stamps::stamp;
 pub(crate) use sweep::Goal;
+pub(crate) use thread::spawn;
 pub(crate) use walk::{Found, walk};
 
 /// Where the GC is, for test hooks that drive interleavings deterministically.
@@ -81,8 +85,28 @@ pub(crate) struct GcConfig {
     pub(crate) tmp_age: Duration,
 }
 
+/// What the GC works on, shared with the tier: where the blocks are, which keys jobs and
+/// probes protect, and where removals are reported.
+pub(crate) struct Place {
+    /// The tier's name, for logs.
+    pub(crate) name: String,
+    pub(crate) root: PathBuf,
+    pub(crate) ns: Namespace,
+    pub(crate) protection: ProtectionSet,
+    pub(crate) events: Arc<EventLog>,
+}
+
+impl Place {
+    pub(crate) fn rank_dir(&self) -> PathBuf {
+        self.root.join(self.ns.rank_dir_name())
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct GcCounters {
+    /// Temp files and orphan sidecars reaped by rescans (the tier counts those of its opening).
+    pub(crate) tmp_reaped: AtomicU64,
+    pub(crate) sidecars_reaped: AtomicU64,
     pub(crate) sweeps: AtomicU64,
     pub(crate) swept_files: AtomicU64,
     pub(crate) swept_bytes: AtomicU64,
@@ -118,6 +142,7 @@ struct Wake {
 /// The GC state shared by the tier, its I/O threads and the GC thread.
 pub(crate) struct Gc {
     pub(crate) cfg: GcConfig,
+    pub(crate) at: Place,
     index: Mutex<Index>,
     wake: Mutex<Wake>,
     cv: Condvar,
@@ -164,9 +189,16 @@ pub(crate) fn allocated(m: &std::fs::Metadata) -> u64 {
 impl Gc {
     /// `dir_unit`: allocated bytes of one directory on this filesystem; `base_bytes`: what
     /// exists whatever is stored (pre-created top directories), with `count_tops` false then.
-    pub(crate) fn new(cfg: GcConfig, dir_unit: u64, base_bytes: u64, count_tops: bool) -> Self {
+    pub(crate) fn new(
+        cfg: GcConfig,
+        at: Place,
+        dir_unit: u64,
+        base_bytes: u64,
+        count_tops: bool,
+    ) -> Self {
         Self {
             cfg,
+            at,
             index: Mutex::new(Index::new(dir_unit, base_bytes, count_tops)),
             wake: Mutex::new(Wake::default()),
             cv: Condvar::new(),
@@ -236,61 +268,6 @@ impl Gc {
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
         // every critical section leaves the index consistent before anything can panic
         self.index.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Adopts what the startup walk found (block files, then their leaf directories' sizes).
-    pub(crate) fn adopt(&self, found: Vec<Found>, leaves: &[(BlockKey, u64)]) {
-        let mut idx = self.lock();
-        for f in found {
-            idx.insert(f.key, f.size, f.mtime);
-        }
-        for (k, bytes) in leaves {
-            idx.set_leaf_bytes(k, *bytes);
-        }
-    }
-
-    /// The index's counter now: entries inserted from here on are newer than a walk that
-    /// starts now.
-    pub(crate) fn seq(&self) -> u64 {
-        self.lock().seq
-    }
-
-    /// Merges what a walk that started at `seq0` found. Found files update or join the index
-    /// with their size and mtime on disk, except entries (re)inserted after the walk started,
-    /// which are newer than what it saw.
-    /// Returns the indexed keys the walk did not find and that are older than it, with their
-    /// `seq`: they are to be checked on disk before [`Gc::forget`].
-    pub(crate) fn merge(
-        &self,
-        found: Vec<Found>,
-        leaves: &[(BlockKey, u64)],
-        seq0: u64,
-    ) -> Vec<(BlockKey, u64)> {
-        let mut idx = self.lock();
-        let mut seen = FxHashSet::default();
-        seen.reserve(found.len());
-        for f in found {
-            seen.insert(f.key);
-            match idx.map.get(&f.key).copied() {
-                // newer than what the walk saw
-                Some(e) if e.seq > seq0 => {}
-                Some(e) if e.size == f.size && e.mtime == f.mtime => {}
-                // the disk is the truth for what predates the walk (a queued stamp stays)
-                _ => idx.insert(f.key, f.size, f.mtime),
-            }
-        }
-        for (k, bytes) in leaves {
-            idx.set_leaf_bytes(k, *bytes);
-        }
-        let missing = idx
-            .map
-            .iter()
-            .filter(|(k, e)| e.seq <= seq0 && !seen.contains(*k))
-            .map(|(k, e)| (*k, e.seq))
-            .collect();
-        drop(idx);
-        self.kick_if_over();
-        missing
     }
 
     /// Forgets keys whose files were verified absent, unless they were (re)inserted since.

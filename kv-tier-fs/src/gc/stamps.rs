@@ -6,7 +6,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use kv_tier_core::{BlockKey, Namespace};
+use kv_tier_core::BlockKey;
 
 use super::{Gc, Index};
 
@@ -87,10 +87,11 @@ impl Gc {
 
     /// Applies the queued stamps (off the caller's thread: the GC thread runs this), on a few
     /// threads when there are many: each is a metadata update the kernel does at its pace.
-    /// Returns the keys found gone (their entries leave the index, unless the file was
-    /// published again since the stamp was queued). Keys of other processes that were stamped
-    /// join the index.
-    pub(crate) fn apply_stamps(&self, ns: &Namespace, root: &Path) -> Vec<BlockKey> {
+    /// Keys found gone leave the index (unless the file was published again since the stamp
+    /// was queued) and are reported as `BlockRemoved`. Keys of other processes that were
+    /// stamped join the index.
+    pub(crate) fn apply_stamps(&self) {
+        let (ns, root) = (&self.at.ns, &self.at.root);
         let queued: Vec<Queued> = {
             let mut idx = self.lock();
             let own = std::mem::take(&mut idx.pending);
@@ -104,7 +105,7 @@ impl Gc {
             q
         };
         if queued.is_empty() {
-            return Vec::new();
+            return;
         }
         let now = self.now_ns();
         let threads = if queued.len() >= 512 { 4 } else { 1 };
@@ -189,6 +190,6 @@ impl Gc {
         self.counters
             .external_removals
             .fetch_add(removed.len() as u64, Ordering::Relaxed);
-        removed
+        self.at.events.push(removed, true);
     }
 }

@@ -2,11 +2,11 @@
 
 use std::io;
 use std::ops::Bound;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use kv_tier_core::{BlockKey, Namespace, ProtectionSet};
+use kv_tier_core::{BlockKey, ProtectionSet};
 
 use super::index::Entry;
 use super::{Gc, SweepPoint, mtime_ns};
@@ -25,12 +25,6 @@ pub(crate) enum Goal {
     /// `hard - bytes`, if lower), oldest first, grace or not, so one sweep makes room for
     /// many stores.
     Room(u64),
-}
-
-/// What a sweep did.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct SweepReport {
-    pub(crate) deleted: Vec<BlockKey>,
 }
 
 /// Victims decided (and unlinked) per batch.
@@ -55,13 +49,9 @@ impl Gc {
     /// Candidates come oldest first from the index's mtime order; each is decided under the
     /// protection lock and the index lock, and protection is checked again right before its
     /// unlink. Emptied leaf directories (and top ones, where they count per use) are removed.
-    pub(crate) fn sweep(
-        &self,
-        ns: &Namespace,
-        root: &Path,
-        protection: &ProtectionSet,
-        goal: Goal,
-    ) -> SweepReport {
+    /// Emits `BlockRemoved` for the files it deleted; returns how many.
+    pub(crate) fn sweep(&self, goal: Goal) -> usize {
+        let (ns, root, protection) = (&self.at.ns, &self.at.root, &self.at.protection);
         let _one = self.sweeping.lock().unwrap_or_else(|p| p.into_inner());
         let started = Instant::now();
         let now = self.now_ns();
@@ -69,7 +59,7 @@ impl Gc {
             let total = self.lock().total();
             let cfg = &self.cfg;
             match goal {
-                Goal::Cap if total <= cfg.cap_bytes => return SweepReport::default(),
+                Goal::Cap if total <= cfg.cap_bytes => return 0,
                 Goal::Cap if total > cfg.cap_bytes + (cfg.hard_bytes - cfg.cap_bytes) / 2 => {
                     (cfg.low_bytes, cfg.cap_bytes)
                 }
@@ -85,7 +75,7 @@ impl Gc {
                 }
             }
         };
-        let mut report = SweepReport::default();
+        let mut deleted: Vec<BlockKey> = Vec::new();
         let (mut in_flight, mut recent, mut in_grace, mut bytes) = (0u64, 0u64, 0u64, 0u64);
         let mut cursor: Option<(i64, BlockKey)> = None;
         let mut first = true;
@@ -199,7 +189,7 @@ impl Gc {
                 let (gone, kept) = self.unlink(&batch, protection);
                 in_flight += kept;
                 for v in &gone {
-                    report.deleted.push(v.key);
+                    deleted.push(v.key);
                     bytes += v.entry.size;
                 }
                 self.remove_empty_dirs(&gone);
@@ -219,7 +209,7 @@ impl Gc {
         let c = &self.counters;
         c.sweeps.fetch_add(1, Ordering::Relaxed);
         c.swept_files
-            .fetch_add(report.deleted.len() as u64, Ordering::Relaxed);
+            .fetch_add(deleted.len() as u64, Ordering::Relaxed);
         c.swept_bytes.fetch_add(bytes, Ordering::Relaxed);
         c.skipped_in_flight.fetch_add(in_flight, Ordering::Relaxed);
         c.skipped_in_grace.fetch_add(in_grace, Ordering::Relaxed);
@@ -238,7 +228,7 @@ impl Gc {
             );
         }
         tracing::debug!(
-            deleted = report.deleted.len(),
+            deleted = deleted.len(),
             bytes,
             in_flight,
             in_grace,
@@ -247,7 +237,9 @@ impl Gc {
             ?goal,
             "fs tier sweep"
         );
-        report
+        let n = deleted.len();
+        self.at.events.push(deleted, true);
+        n
     }
 
     /// Unlinks a decided batch on a few threads, holding no lock across an unlink. Right

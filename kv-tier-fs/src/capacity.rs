@@ -1,0 +1,74 @@
+//! The bound as stores meet it: room reserved under the hard ceiling before a block file is
+//! written, made by a sweep (or waited for) when the total would cross it. Eviction itself is
+//! the GC's (`gc/`).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kv_tier_core::{BlockKey, Error, Result};
+
+use crate::block::Shared;
+use crate::gc::{Gc, Goal};
+
+/// Bytes a store reserved under the hard ceiling; released on drop unless taken over by the
+/// published file's entry.
+pub(crate) struct Room<'a> {
+    gc: &'a Gc,
+    bytes: u64,
+}
+
+impl Room<'_> {
+    pub(crate) fn take(&mut self) -> u64 {
+        std::mem::take(&mut self.bytes)
+    }
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.gc.unreserve(self.bytes);
+        }
+    }
+}
+
+impl Shared {
+    /// Reserves room for a new block file under the hard ceiling (bounded mode): when the
+    /// total would cross it, runs a sweep for room here, or, if another sweep runs, waits
+    /// for it (at most a second). Fails with `NoSpace` when no room can be made (everything
+    /// left is protected or being written): the block is then not in this tier.
+    pub(crate) fn reserve_room(&self, key: &BlockKey) -> Result<Option<Room<'_>>> {
+        let Some(gc) = &self.gc else { return Ok(None) };
+        let file_bytes = gc.file_bytes(self.alloc_block);
+        let deadline = crate::gc::room_deadline();
+        let mut waited = false;
+        loop {
+            if let Some(bytes) = gc.try_reserve(key, file_bytes) {
+                return Ok(Some(Room { gc, bytes }));
+            }
+            if !waited {
+                waited = true;
+                gc.counters.store_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            let hopeless = if gc.sweep_running() {
+                gc.wait_for_room(Duration::from_millis(20));
+                std::time::Instant::now() >= deadline || gc.stopped()
+            } else {
+                gc.sweep(Goal::Room(file_bytes + 2 * self.dir_alloc)) == 0
+                    && gc
+                        .try_reserve(key, file_bytes)
+                        .map(|b| gc.unreserve(b))
+                        .is_none()
+            };
+            if hopeless {
+                gc.counters.no_room.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::NoSpace {
+                    tier: self.name.clone(),
+                    detail: format!(
+                        "block {key} does not fit under the hard ceiling of {} bytes and no sweep could make room (everything left is protected or being written)",
+                        gc.cfg.hard_bytes
+                    ),
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Walks of the tree merged into the index: the opening walk that adopts a root, and the
+//! rescans that repair the index (files of other processes, external deletes).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use kv_tier_core::BlockKey;
+use rustc_hash::FxHashSet;
+
+use super::{Found, Gc, SweepPoint, walk};
+
+/// Rescans reap temp files at least this old, whatever `tmp_reap_age_s` says: they run while
+/// the tier's own writes are in flight.
+pub(crate) const RESCAN_TMP_FLOOR: Duration = Duration::from_secs(60);
+
+/// What the opening walk reaped.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Reaped {
+    pub(crate) tmp: u64,
+    pub(crate) sidecars: u64,
+}
+
+impl Gc {
+    /// The opening walk, on `threads` threads: indexes every block file under the rank
+    /// directory with its size and mtime, and reaps temp files and orphan sidecars older than
+    /// `tmp_age`.
+    pub(crate) fn adopt_tree(&self, threads: usize, tmp_age: Duration) -> Reaped {
+        let t = std::time::Instant::now();
+        let w = walk(
+            &self.at.ns,
+            &self.at.rank_dir(),
+            threads,
+            Some(tmp_age),
+            SystemTime::now(),
+        );
+        let n = w.blocks.len();
+        self.adopt(w.blocks, &w.leaves);
+        self.counters
+            .adopt_ms
+            .store(t.elapsed().as_millis() as u64, Ordering::Relaxed);
+        self.counters
+            .foreign_files
+            .store(w.foreign, Ordering::Relaxed);
+        tracing::info!(
+            tier = %self.at.name,
+            files = n,
+            bytes = self.total_bytes(),
+            ms = t.elapsed().as_millis() as u64,
+            foreign = w.foreign,
+            "fs tier adopted its directory"
+        );
+        Reaped {
+            tmp: w.tmp_reaped,
+            sidecars: w.sidecars_reaped,
+        }
+    }
+
+    /// A full walk of the tree, merged into the index: adopts files other processes wrote,
+    /// updates sizes and mtimes, and forgets (and reports as `BlockRemoved`) only files
+    /// verified absent; entries that appeared while it walked stay. Reaps temp files and
+    /// orphan sidecars older than `tmp_reap_age_s` (and never younger than a minute).
+    pub(crate) fn rescan(&self) {
+        let seq0 = self.seq();
+        // while the tier runs its own temp files are in flight: never younger than a minute
+        let tmp_age = self.cfg.tmp_age.max(RESCAN_TMP_FLOOR);
+        let w = walk(
+            &self.at.ns,
+            &self.at.rank_dir(),
+            4,
+            Some(tmp_age),
+            SystemTime::now(),
+        );
+        let c = &self.counters;
+        c.tmp_reaped.fetch_add(w.tmp_reaped, Ordering::Relaxed);
+        c.sidecars_reaped
+            .fetch_add(w.sidecars_reaped, Ordering::Relaxed);
+        c.foreign_files.store(w.foreign, Ordering::Relaxed);
+        self.hook(SweepPoint::RescanWalked);
+        let missing = self.merge(w.blocks, &w.leaves, seq0);
+        let absent: Vec<(BlockKey, u64)> = missing
+            .into_iter()
+            .filter(|(k, _)| {
+                std::fs::symlink_metadata(self.at.ns.block_path(&self.at.root, k)).is_err()
+            })
+            .collect();
+        let gone = self.forget(&absent);
+        c.rescans.fetch_add(1, Ordering::Relaxed);
+        c.external_removals
+            .fetch_add(gone.len() as u64, Ordering::Relaxed);
+        self.at.events.push(gone, true);
+    }
+
+    /// Adopts what the startup walk found (block files, then their leaf directories' sizes).
+    fn adopt(&self, found: Vec<Found>, leaves: &[(BlockKey, u64)]) {
+        let mut idx = self.lock();
+        for f in found {
+            idx.insert(f.key, f.size, f.mtime);
+        }
+        for (k, bytes) in leaves {
+            idx.set_leaf_bytes(k, *bytes);
+        }
+    }
+
+    /// The index's counter now: entries inserted from here on are newer than a walk that
+    /// starts now.
+    fn seq(&self) -> u64 {
+        self.lock().seq
+    }
+
+    /// Merges what a walk that started at `seq0` found. Found files update or join the index
+    /// with their size and mtime on disk, except entries (re)inserted after the walk started,
+    /// which are newer than what it saw.
+    /// Returns the indexed keys the walk did not find and that are older than it, with their
+    /// `seq`: they are to be checked on disk before [`Gc::forget`].
+    pub(super) fn merge(
+        &self,
+        found: Vec<Found>,
+        leaves: &[(BlockKey, u64)],
+        seq0: u64,
+    ) -> Vec<(BlockKey, u64)> {
+        let mut idx = self.lock();
+        let mut seen = FxHashSet::default();
+        seen.reserve(found.len());
+        for f in found {
+            seen.insert(f.key);
+            match idx.map.get(&f.key).copied() {
+                // newer than what the walk saw
+                Some(e) if e.seq > seq0 => {}
+                Some(e) if e.size == f.size && e.mtime == f.mtime => {}
+                // the disk is the truth for what predates the walk (a queued stamp stays)
+                _ => idx.insert(f.key, f.size, f.mtime),
+            }
+        }
+        for (k, bytes) in leaves {
+            idx.set_leaf_bytes(k, *bytes);
+        }
+        let missing = idx
+            .map
+            .iter()
+            .filter(|(k, e)| e.seq <= seq0 && !seen.contains(*k))
+            .map(|(k, e)| (*k, e.seq))
+            .collect();
+        drop(idx);
+        self.kick_if_over();
+        missing
+    }
+}
