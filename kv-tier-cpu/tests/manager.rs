@@ -698,3 +698,37 @@ async fn a_full_dram_refuses_a_promotion_rather_than_evict_a_hit_of_the_same_loo
     );
     assert_eq!(fx.m.stats().promotions_refused, 1);
 }
+
+/// The end of a step sends the probes its lookups queued, on its own: the tier sees them
+/// without the engine calling anything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_a_step_sends_its_probes() {
+    let t = mem("fs");
+    let keys: Vec<_> = (0..4).map(test_key).collect();
+    seed(&*t, &keys).await;
+    let fx = manager(8, vec![t.clone()]).await;
+    let req = RequestContext::new(1);
+    assert_eq!(step(&fx.m, &keys, &req), vec![LookupResult::Retry; 4]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while t.lookup_counts() != (4, 1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the step's probe was never sent: {:?}",
+            t.lookup_counts()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Typed access finds a tier the manager built by its name, as its own type, and nothing
+/// under another name or type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_access_finds_the_tier_of_that_name_and_type() {
+    let (a, b) = (mem("a"), mem("b"));
+    let fx = manager(8, vec![a.clone(), b.clone()]).await;
+    let got = fx.m.tier::<MemoryTier>("b").expect("tier b");
+    assert!(Arc::ptr_eq(&got, &b));
+    assert!(Arc::ptr_eq(&fx.m.tier::<MemoryTier>("a").unwrap(), &a));
+    assert!(fx.m.tier::<FaultyTier>("a").is_none(), "another type");
+    assert!(fx.m.tier::<MemoryTier>("c").is_none(), "no such name");
+}
