@@ -8,6 +8,7 @@ pub mod event;
 pub mod json;
 pub mod key;
 pub mod layout;
+pub mod lru;
 pub mod manager;
 pub mod probe_cache;
 pub mod ranges;

@@ -2,9 +2,8 @@
 //! mtime order, plus the directories those files keep alive and the bytes reserved by stores
 //! in flight. What it sums is what the tier holds on disk.
 
-use std::collections::BTreeSet;
-
 use kv_tier_core::BlockKey;
+use kv_tier_core::lru::{LruEntry, LruIndex};
 use rustc_hash::FxHashMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +18,16 @@ pub(super) struct Entry {
     /// When the entry was (re)inserted, from the index's counter: later walks and stamps do
     /// not undo what happened after they started.
     pub(super) seq: u64,
+}
+
+impl LruEntry for Entry {
+    type At = i64;
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn at(&self) -> i64 {
+        self.mtime
+    }
 }
 
 /// A block's leaf directory (`<hex[0..3]>/<hex[3..5]>_g<group>`) and its top directory
@@ -52,16 +61,15 @@ pub(crate) fn leaf_of(key: &BlockKey) -> Leaf {
 
 #[derive(Default)]
 pub(super) struct Index {
-    pub(super) map: FxHashMap<BlockKey, Entry>,
-    /// `(mtime, key)` of every entry: oldest first.
-    pub(super) order: BTreeSet<(i64, BlockKey)>,
+    /// Every indexed file in mtime order (oldest first), their summed bytes, and the keys a
+    /// sweep is deleting.
+    pub(super) lru: LruIndex<Entry>,
     /// Indexed files per leaf directory, and the directory's allocated bytes (a directory
     /// grows with its entries and does not shrink: measured by walks and, every
     /// [`MEASURE_EVERY`] files, by stores).
     leaves: FxHashMap<Leaf, LeafUse>,
     /// Leaf directories in use per top directory.
     tops: FxHashMap<u32, u32>,
-    files_bytes: u64,
     dir_bytes: u64,
     /// Bytes that exist whatever the index holds (pre-created top directories).
     base_bytes: u64,
@@ -113,7 +121,7 @@ impl Index {
     }
 
     pub(super) fn total(&self) -> u64 {
-        self.files_bytes + self.dir_bytes + self.base_bytes + self.reserved
+        self.lru.bytes() + self.dir_bytes + self.base_bytes + self.reserved
     }
 
     pub(super) fn dir_bytes(&self) -> u64 {
@@ -127,20 +135,17 @@ impl Index {
     /// Inserts or replaces `key`'s entry (a replaced entry keeps a queued stamp).
     pub(super) fn insert(&mut self, key: BlockKey, size: u64, mtime: i64) {
         self.seq += 1;
-        let mut e = Entry {
+        let e = Entry {
             size,
             mtime,
             last_stamp: mtime,
             pending: false,
             seq: self.seq,
         };
-        match self.map.insert(key, e) {
+        match self.lru.insert(key, e) {
             Some(old) => {
-                self.files_bytes -= old.size;
-                self.order.remove(&(old.mtime, key));
                 if old.pending {
-                    e.pending = true;
-                    self.map.insert(key, e);
+                    self.lru.update(&key, |e| e.pending = true);
                 }
             }
             None => {
@@ -161,15 +166,11 @@ impl Index {
                 }
             }
         }
-        self.files_bytes += size;
-        self.order.insert((mtime, key));
         self.note_peak();
     }
 
     pub(super) fn remove(&mut self, key: &BlockKey) -> Option<Removed> {
-        let e = self.map.remove(key)?;
-        self.files_bytes -= e.size;
-        self.order.remove(&(e.mtime, *key));
+        self.lru.remove(key)?;
         let l = leaf_of(key);
         let mut r = Removed {
             leaf_empty: false,
@@ -213,15 +214,18 @@ impl Index {
 
     /// Moves `key` to a new mtime (a stamp, or a fresher mtime seen on disk).
     pub(super) fn set_mtime(&mut self, key: &BlockKey, mtime: i64) {
-        if let Some(e) = self.map.get_mut(key)
-            && e.mtime != mtime
-        {
-            self.order.remove(&(e.mtime, *key));
+        let next = self.seq + 1;
+        let changed = self.lru.update(key, |e| {
+            if e.mtime == mtime {
+                return false;
+            }
             e.mtime = mtime;
             // a change, like an insert: newer than a walk that started before it
-            self.seq += 1;
-            e.seq = self.seq;
-            self.order.insert((mtime, *key));
+            e.seq = next;
+            true
+        });
+        if changed == Some(true) {
+            self.seq = next;
         }
     }
 
@@ -331,9 +335,9 @@ mod tests {
         let r = idx.remove(&b).unwrap();
         assert!(r.leaf_empty && r.top_empty);
         assert_eq!(idx.total(), 8192 + 2 * 4096);
-        assert_eq!(idx.order.iter().next().unwrap().1, c, "oldest first");
+        assert_eq!(idx.lru.oldest(None, 1)[0].1, c, "oldest first");
         idx.set_mtime(&c, 50);
-        assert_eq!(idx.order.iter().next().unwrap().0, 50);
+        assert_eq!(idx.lru.oldest(None, 1)[0].0, 50);
         assert_eq!(idx.peak, 3 * 8192 + 4 * 4096 + 100);
     }
 

@@ -154,8 +154,8 @@ pub(crate) struct Gc {
     hook: RwLock<Option<SweepHook>>,
     /// Allocated bytes of a checksum sidecar (0 when checksums are not in sidecars).
     sidecar_unit: AtomicU64,
-    /// Keys a sweep decided to delete and is unlinking (stores wait for them).
-    deleting: Mutex<FxHashSet<BlockKey>>,
+    /// Woken (with the index lock) when keys a sweep took out to delete leave the index's
+    /// deleting set: stores wait for them.
     deleting_cv: Condvar,
     /// Keys whose unlink is under way right now (`protect()` waits for them).
     unlinking: Mutex<FxHashSet<BlockKey>>,
@@ -208,7 +208,6 @@ impl Gc {
             frozen_ns: AtomicI64::new(RUNNING),
             hook: RwLock::new(None),
             sidecar_unit: AtomicU64::new(0),
-            deleting: Mutex::new(FxHashSet::default()),
             deleting_cv: Condvar::new(),
             unlinking: Mutex::new(FxHashSet::default()),
             unlinking_cv: Condvar::new(),
@@ -276,7 +275,7 @@ impl Gc {
         let mut idx = self.lock();
         let mut out = Vec::new();
         for (k, seq) in keys {
-            if idx.map.get(k).is_some_and(|e| e.seq == *seq) {
+            if idx.lru.get(k).is_some_and(|e| e.seq == *seq) {
                 idx.remove(k);
                 out.push(*k);
             }
@@ -304,11 +303,11 @@ impl Gc {
 
     /// Waits while a sweep is unlinking `key` (a store checks for the file only after it).
     pub(crate) fn wait_not_deleting(&self, key: &BlockKey) {
-        let mut del = self.deleting.lock().unwrap_or_else(|p| p.into_inner());
-        while del.contains(key) {
-            del = self
+        let mut idx = self.lock();
+        while idx.lru.is_deleting(key) {
+            idx = self
                 .deleting_cv
-                .wait(del)
+                .wait(idx)
                 .unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -377,7 +376,7 @@ impl Gc {
     /// The `seq` of `key`'s entry, if indexed: what [`Gc::forget`] checks, so removing an
     /// entry after I/O never removes one a store inserted meanwhile.
     pub(crate) fn seq_of(&self, key: &BlockKey) -> Option<u64> {
-        self.lock().map.get(key).map(|e| e.seq)
+        self.lock().lru.get(key).map(|e| e.seq)
     }
 
     /// A block file found on disk (by a store that skipped, a load, a stamp): indexed if the
@@ -386,7 +385,7 @@ impl Gc {
         let size = allocated(m) + self.sidecar_unit.load(Ordering::Relaxed);
         let over = {
             let mut idx = self.lock();
-            if idx.map.contains_key(&key) {
+            if idx.lru.contains(&key) {
                 return;
             }
             idx.foreign.remove(&key);
@@ -411,7 +410,7 @@ impl Gc {
     }
 
     pub(crate) fn files(&self) -> usize {
-        self.lock().map.len()
+        self.lock().lru.len()
     }
 
     pub(crate) fn pending_stamps(&self) -> usize {

@@ -123,7 +123,7 @@ impl Gc {
         seen.reserve(found.len());
         for f in found {
             seen.insert(f.key);
-            match idx.map.get(&f.key).copied() {
+            match idx.lru.get(&f.key).copied() {
                 // newer than what the walk saw
                 Some(e) if e.seq > seq0 => {}
                 Some(e) if e.size == f.size && e.mtime == f.mtime => {}
@@ -135,7 +135,7 @@ impl Gc {
             idx.set_leaf_bytes(k, *bytes);
         }
         let missing = idx
-            .map
+            .lru
             .iter()
             .filter(|(k, e)| e.seq <= seq0 && !seen.contains(*k))
             .map(|(k, e)| (*k, e.seq))

@@ -43,7 +43,7 @@ impl Gc {
         {
             let mut idx = self.lock();
             let Index {
-                map,
+                lru,
                 pending,
                 foreign,
                 foreign_pending,
@@ -54,15 +54,17 @@ impl Gc {
                     dropped += 1;
                     continue;
                 }
-                match map.get_mut(k) {
-                    Some(e) => {
-                        if e.pending || now - e.last_stamp < self.cfg.stamp_interval_ns {
-                            continue;
-                        }
-                        e.pending = true;
-                        e.last_stamp = now;
-                        pending.push(*k);
+                let due = lru.update(k, |e| {
+                    if e.pending || now - e.last_stamp < self.cfg.stamp_interval_ns {
+                        return false;
                     }
+                    e.pending = true;
+                    e.last_stamp = now;
+                    true
+                });
+                match due {
+                    Some(true) => pending.push(*k),
+                    Some(false) => {}
                     None => {
                         if foreign.len() >= self.cfg.max_tracked {
                             // the rate-limit memory of foreign keys is bounded too
@@ -98,7 +100,7 @@ impl Gc {
             let foreign = std::mem::take(&mut idx.foreign_pending);
             let mut q: Vec<Queued> = own
                 .into_iter()
-                .map(|k| (k, idx.map.get(&k).map(|e| e.seq)))
+                .map(|k| (k, idx.lru.get(&k).map(|e| e.seq)))
                 .filter(|(_, s)| s.is_some())
                 .collect();
             q.extend(foreign.into_iter().map(|k| (k, None)));
@@ -159,7 +161,7 @@ impl Gc {
             let mut idx = self.lock();
             for (done, gone, _) in &results {
                 for (k, _) in done {
-                    let stamped = idx.map.get_mut(k).map(|e| {
+                    let stamped = idx.lru.update(k, |e| {
                         e.pending = false;
                         e.mtime.max(now)
                     });
@@ -170,7 +172,7 @@ impl Gc {
                 n_done += done.len() as u64;
                 for (k, seq) in gone {
                     // published again after the stamp was queued: the new file stands
-                    if idx.map.get(k).map(|e| Some(e.seq)) == Some(*seq) {
+                    if idx.lru.get(k).map(|e| Some(e.seq)) == Some(*seq) {
                         idx.remove(k);
                         removed.push(*k);
                     }

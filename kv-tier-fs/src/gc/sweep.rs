@@ -1,7 +1,6 @@
 //! The sweep: deletes least-recently-used block files down to the low watermark.
 
 use std::io;
-use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -85,12 +84,7 @@ impl Gc {
                 if idx.total() <= target {
                     break;
                 }
-                let from = cursor.map_or(Bound::Unbounded, Bound::Excluded);
-                idx.order
-                    .range((from, Bound::Unbounded))
-                    .take(BATCH)
-                    .copied()
-                    .collect()
+                idx.lru.oldest(cursor, BATCH)
             };
             let Some(&last) = cands.last() else { break };
             cursor = Some(last);
@@ -116,7 +110,7 @@ impl Gc {
                 if within_grace && total <= grace_floor {
                     // oldest first: everything from here on is within the grace window
                     let idx = self.lock();
-                    in_grace = idx.order.range((mtime, key)..).count() as u64;
+                    in_grace = idx.lru.count_from((mtime, key)) as u64;
                     stop = true;
                     break;
                 }
@@ -129,7 +123,7 @@ impl Gc {
                 let mut decision = None;
                 protection.with_lock(|is_protected| {
                     let mut idx = self.lock();
-                    let Some(e) = idx.map.get(&key).copied() else {
+                    let Some(e) = idx.lru.get(&key).copied() else {
                         return;
                     };
                     if e.pending || e.mtime != mtime {
@@ -154,10 +148,7 @@ impl Gc {
                         _ => {}
                     }
                     let removed = idx.remove(&key).expect("checked above");
-                    self.deleting
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(key);
+                    idx.lru.mark_deleting(key);
                     decision = Some(Decision::Delete(e, removed));
                 });
                 match decision {
@@ -194,9 +185,9 @@ impl Gc {
                 }
                 self.remove_empty_dirs(&gone);
                 {
-                    let mut del = self.deleting.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut idx = self.lock();
                     for v in &batch {
-                        del.remove(&v.key);
+                        idx.lru.end_deletion(&v.key);
                     }
                 }
                 self.deleting_cv.notify_all();
@@ -324,7 +315,7 @@ impl Gc {
                         kept += 1;
                     }
                     // still on disk: keep accounting for it
-                    if !idx.map.contains_key(&v.key) {
+                    if !idx.lru.contains(&v.key) {
                         idx.insert(v.key, v.entry.size, v.entry.mtime);
                     }
                 }
