@@ -1,12 +1,11 @@
 //! The bounded mode's capacity index: size and last use of every object, kept in
 //! least-recently-used order so a sweep finds its victims without sorting the index.
 
-use std::collections::BTreeMap;
-use std::ops::Bound;
 use std::sync::Mutex;
 
+use kv_tier_core::lru::{LruEntry, LruIndex};
 use kv_tier_core::{BlockKey, ProtectionSet};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
 /// One indexed object.
@@ -17,14 +16,22 @@ pub(crate) struct Entry {
     pub(crate) tick: u64,
 }
 
+impl LruEntry for Entry {
+    type At = u64;
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn at(&self) -> u64 {
+        self.tick
+    }
+}
+
+/// The objects in recency order (a logical clock: each use is the next tick), with the keys
+/// a sweep is deleting (stores of them wait, lookups answer absent).
 #[derive(Default)]
 pub(crate) struct CapIndex {
-    map: FxHashMap<BlockKey, Entry>,
-    order: BTreeMap<u64, BlockKey>,
-    total: u64,
+    lru: LruIndex<Entry>,
     clock: u64,
-    /// Keys a sweep has chosen and is deleting: stores of them wait, lookups answer absent.
-    deleting: FxHashSet<BlockKey>,
 }
 
 impl CapIndex {
@@ -32,47 +39,35 @@ impl CapIndex {
     pub(crate) fn insert(&mut self, key: BlockKey, size: u64) {
         self.clock += 1;
         let tick = self.clock;
-        self.insert_at(key, Entry { size, tick });
-    }
-
-    fn insert_at(&mut self, key: BlockKey, e: Entry) {
-        if let Some(old) = self.map.insert(key, e) {
-            self.total -= old.size;
-            self.order.remove(&old.tick);
-        }
-        self.total += e.size;
-        self.order.insert(e.tick, key);
+        self.lru.insert(key, Entry { size, tick });
     }
 
     /// Makes `key` the most recently used, if indexed.
     pub(crate) fn touch(&mut self, key: &BlockKey) {
-        if let Some(e) = self.map.get(key).copied() {
-            self.insert(*key, e.size);
-        }
+        self.clock += 1;
+        let tick = self.clock;
+        self.lru.update(key, |e| e.tick = tick);
     }
 
     pub(crate) fn remove(&mut self, key: &BlockKey) -> Option<Entry> {
-        let e = self.map.remove(key)?;
-        self.total -= e.size;
-        self.order.remove(&e.tick);
-        Some(e)
+        self.lru.remove(key)
     }
 
     pub(crate) fn total(&self) -> u64 {
-        self.total
+        self.lru.bytes()
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.lru.len()
     }
 
     pub(crate) fn is_deleting(&self, key: &BlockKey) -> bool {
-        self.deleting.contains(key)
+        self.lru.is_deleting(key)
     }
 
     /// The indexed keys, least recently used first.
     pub(crate) fn keys_by_recency(&self) -> Vec<BlockKey> {
-        self.order.values().copied().collect()
+        self.lru.keys_by_recency().collect()
     }
 }
 
@@ -178,7 +173,7 @@ impl Cap {
     }
 
     pub(crate) fn over(&self) -> bool {
-        self.lock().total > self.cap
+        self.lock().total() > self.cap
     }
 
     /// Chooses up to `n` victims, least recently used first, after the tick `cursor`.
@@ -191,40 +186,35 @@ impl Cap {
     pub(crate) fn decide(
         &self,
         protection: &ProtectionSet,
-        cursor: &mut Option<u64>,
+        cursor: &mut Option<(u64, BlockKey)>,
         n: usize,
     ) -> Decision {
         let candidates: Vec<(u64, BlockKey)> = {
             let idx = self.lock();
-            if idx.total <= self.low {
+            if idx.total() <= self.low {
                 return Decision {
                     done: true,
                     ..Decision::default()
                 };
             }
-            let from = cursor.map_or(Bound::Unbounded, Bound::Excluded);
-            idx.order
-                .range((from, Bound::Unbounded))
-                .take(n)
-                .map(|(t, k)| (*t, *k))
-                .collect()
+            idx.lru.oldest(*cursor, n)
         };
         let mut d = Decision {
             done: candidates.len() < n,
             ..Decision::default()
         };
-        if let Some((t, _)) = candidates.last() {
-            *cursor = Some(*t);
+        if let Some(last) = candidates.last() {
+            *cursor = Some(*last);
         }
         d.examined = candidates.len();
         protection.with_lock(|is_protected| {
             let mut idx = self.lock();
             for (tick, key) in candidates {
-                if idx.total <= self.low {
+                if idx.total() <= self.low {
                     d.done = true;
                     break;
                 }
-                match idx.map.get(&key) {
+                match idx.lru.get(&key) {
                     Some(e) if e.tick == tick => {}
                     _ => continue, // touched or removed since it was read
                 }
@@ -232,8 +222,7 @@ impl Cap {
                     d.protected += 1;
                     continue;
                 }
-                let e = idx.remove(&key).expect("checked above");
-                idx.deleting.insert(key);
+                let e = idx.lru.take_for_deletion(&key).expect("checked above");
                 d.victims.push((key, e));
             }
         });
@@ -247,10 +236,10 @@ impl Cap {
         {
             let mut idx = self.lock();
             for (k, e) in victims {
-                if failed.contains(k) && !idx.map.contains_key(k) {
-                    idx.insert_at(*k, *e);
+                if failed.contains(k) && !idx.lru.contains(k) {
+                    idx.lru.insert(*k, *e); // its old recency
                 }
-                idx.deleting.remove(k);
+                idx.lru.end_deletion(k);
             }
         }
         self.deleted.notify_waiters();
