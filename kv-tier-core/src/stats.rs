@@ -304,33 +304,89 @@ mod tests {
     }
 }
 
-macro_rules! block_counters {
-    ($($(#[doc = $doc:literal])* $field:ident,)*) => {
-        /// What every block-storing tier counts, as a snapshot of its [`BlockCounters`].
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-        pub struct BlockStats {
-            $($(#[doc = $doc])* pub $field: u64,)*
+/// Declares a tier's statistics once: the public snapshot type (its own fields, then the
+/// counters as `u64`s) and the live counters behind it (one relaxed `AtomicU64` each, to bump
+/// from any thread), with `fill` (the counters now, into a snapshot) and `snapshot`.
+///
+/// ```
+/// kv_tier_core::counters! {
+///     /// What my tier did.
+///     #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+///     pub struct MyStats;
+///     /// The live counters behind [`MyStats`].
+///     pub struct MyCounters;
+///     fields {
+///         /// Bytes it holds now (not a counter: the tier fills it in).
+///         bytes: u64,
+///     }
+///     counted {
+///         /// Requests sent.
+///         requests,
+///         /// Requests that failed.
+///         failures,
+///     }
+/// }
+///
+/// let c = MyCounters::default();
+/// kv_tier_core::stats::bump(&c.requests, 2);
+/// let mut s = MyStats { bytes: 10, ..Default::default() };
+/// c.fill(&mut s);
+/// assert_eq!((s.bytes, s.requests, s.failures), (10, 2, 0));
+/// assert_eq!(c.snapshot().requests, 2);
+/// ```
+#[macro_export]
+macro_rules! counters {
+    (
+        $(#[$smeta:meta])*
+        $svis:vis struct $stats:ident;
+        $(#[$cmeta:meta])*
+        $cvis:vis struct $cells:ident;
+        fields {
+            $( $(#[doc = $odoc:literal])* $ofield:ident : $oty:ty, )*
+        }
+        counted {
+            $( $(#[doc = $doc:literal])* $field:ident, )*
+        }
+    ) => {
+        $(#[$smeta])*
+        $svis struct $stats {
+            $( $(#[doc = $odoc])* pub $ofield: $oty, )*
+            $( $(#[doc = $doc])* pub $field: u64, )*
         }
 
-        /// The live counters behind [`BlockStats`], for a tier to embed and bump from any
-        /// thread (relaxed atomics: each is exact, a snapshot is not one instant).
+        $(#[$cmeta])*
         #[derive(Debug, Default)]
-        pub struct BlockCounters {
-            $($(#[doc = $doc])* pub $field: std::sync::atomic::AtomicU64,)*
+        $cvis struct $cells {
+            $( $(#[doc = $doc])* $cvis $field: ::std::sync::atomic::AtomicU64, )*
         }
 
-        impl BlockCounters {
-            /// The counters now.
-            pub fn snapshot(&self) -> BlockStats {
-                BlockStats {
-                    $($field: self.$field.load(std::sync::atomic::Ordering::Relaxed),)*
-                }
+        impl $cells {
+            /// Writes the counters as they are now into `s`'s counted fields (relaxed loads:
+            /// each is exact, together they are not one instant).
+            $cvis fn fill(&self, s: &mut $stats) {
+                $( s.$field = self.$field.load(::std::sync::atomic::Ordering::Relaxed); )*
+            }
+
+            /// The counters now, the other fields at their defaults.
+            #[allow(dead_code)]
+            $cvis fn snapshot(&self) -> $stats {
+                let mut s = <$stats as ::std::default::Default>::default();
+                self.fill(&mut s);
+                s
             }
         }
     };
 }
 
-block_counters! {
+counters! {
+    /// What every block-storing tier counts, as a snapshot of its [`BlockCounters`].
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+    pub struct BlockStats;
+    /// The live counters behind [`BlockStats`], for a tier to embed and bump from any
+    /// thread (relaxed atomics: each is exact, a snapshot is not one instant).
+    pub struct BlockCounters;
+    fields {}
+    counted {
     /// Blocks written by this tier.
     blocks_written,
     /// Stores that found the block present (or lost the race to another writer).
@@ -356,6 +412,7 @@ block_counters! {
     bytes_written,
     /// Bytes of blocks read.
     bytes_read,
+    }
 }
 
 /// Adds `n` to a counter.

@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use kv_tier_core::{BlockCounters, BlockKey, Error, EventLog, Namespace, ProtectionSet};
+use kv_tier_core::{BlockKey, Error, EventLog, Namespace, ProtectionSet};
 
 use crate::config::Checksum;
 use crate::gc::Gc;
+pub(crate) use crate::stats::Counters;
 
 /// The operations a fault injector can fail (for tests of error paths).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,15 +36,6 @@ pub enum FsOp {
 
 /// Decides, per operation and path, whether to fail it with an error.
 pub type FaultInjector = Arc<dyn Fn(FsOp, &Path) -> Option<io::Error> + Send + Sync>;
-
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) blocks: BlockCounters,
-    pub(crate) no_space: AtomicU64,
-    pub(crate) tmp_reaped: AtomicU64,
-    pub(crate) sidecars_reaped: AtomicU64,
-    pub(crate) keys_probed: AtomicU64,
-}
 
 pub(crate) use kv_tier_core::stats::bump;
 

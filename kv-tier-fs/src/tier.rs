@@ -18,6 +18,7 @@ use crate::error::LoadFailure;
 use crate::gc::{Gc, Place, SweepHook};
 use crate::io::{Class, Collector, Engine, Task};
 use crate::root::{prepare_root, probe_dir, reap_tmp, spawn_top_dirs, write_or_check_config};
+use crate::stats::{FsStats, GcStats};
 
 /// The filesystem tier.
 ///
@@ -160,20 +161,20 @@ impl FsTier {
             None => {
                 let (tmps, sidecars) = reap_tmp(std::slice::from_ref(&rank_dir), tmp_age);
                 reaped += tmps;
-                bump(&files.counters.sidecars_reaped, sidecars);
+                bump(&files.counters.fs.sidecars_reaped, sidecars);
             }
             Some(gc) => {
                 // One walk adopts what is on disk (with its mtimes) and reaps temp files.
                 let r = gc.adopt_tree(cfg.n_read_threads.clamp(1, 8), tmp_age);
                 reaped += r.tmp;
-                bump(&files.counters.sidecars_reaped, r.sidecars);
+                bump(&files.counters.fs.sidecars_reaped, r.sidecars);
             }
         }
         let mut threads = Vec::new();
         if precreate_tops {
             threads.extend(spawn_top_dirs(files.clone()));
         }
-        bump(&files.counters.tmp_reaped, reaped);
+        bump(&files.counters.fs.tmp_reaped, reaped);
         if reaped > 0 {
             tracing::info!(reaped, root = %root.display(), "deleted stray temp files of killed writers");
         }
@@ -351,6 +352,39 @@ impl FsTier {
         Ok(())
     }
 
+    /// Counters.
+    pub fn stats(&self) -> FsStats {
+        let sh = &self.shared;
+        let mut s = FsStats {
+            blocks: sh.counters.blocks.snapshot(),
+            direct_io: sh.direct,
+            top_dirs_ready: sh.top_dirs_ready.load(Ordering::Acquire),
+            gc: sh.gc.as_ref().map(|gc| {
+                let mut g = GcStats {
+                    cap_bytes: gc.cfg.cap_bytes,
+                    hard_ceiling_bytes: gc.cfg.hard_bytes,
+                    bytes: gc.total_bytes(),
+                    peak_bytes: gc.peak_bytes(),
+                    dir_bytes: gc.dir_bytes(),
+                    files: gc.files() as u64,
+                    pending_stamps: gc.pending_stamps() as u64,
+                    thread_alive: gc.alive.load(Ordering::SeqCst),
+                    ..GcStats::default()
+                };
+                gc.counters.fill(&mut g);
+                g
+            }),
+            ..FsStats::default()
+        };
+        sh.counters.fs.fill(&mut s);
+        // the opening's reaping, plus the rescans'
+        if let Some(g) = &s.gc {
+            s.tmp_reaped += g.tmp_reaped;
+            s.sidecars_reaped += g.sidecars_reaped;
+        }
+        s
+    }
+
     fn closed(&self) -> Error {
         Error::Shutdown {
             what: format!("fs tier `{}`", self.shared.name),
@@ -395,7 +429,7 @@ impl SecondaryTier for FsTier {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        bump(&self.shared.counters.keys_probed, keys.len() as u64);
+        bump(&self.shared.counters.fs.keys_probed, keys.len() as u64);
         const CHUNK: usize = 64;
         let chunks: Vec<Vec<BlockKey>> = keys.chunks(CHUNK).map(<[BlockKey]>::to_vec).collect();
         let (col, rx) = Collector::new(chunks.len());
@@ -442,7 +476,7 @@ impl SecondaryTier for FsTier {
         JobResult::from_results(results, |e| {
             bump(&c.blocks.store_failures, 1);
             if matches!(e, Error::NoSpace { .. }) {
-                bump(&c.no_space, 1);
+                bump(&c.fs.no_space, 1);
             }
         })
     }

@@ -138,24 +138,18 @@ impl ObjTier {
     /// Counters.
     pub fn stats(&self) -> ObjStats {
         let c = &self.shared.counters;
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (bytes, objects) = self.shared.cap.as_ref().map_or((0, 0), |cap| {
             let i = cap.lock();
             (i.total(), i.len() as u64)
         });
-        ObjStats {
+        let mut s = ObjStats {
             blocks: c.blocks.snapshot(),
-            requests: g(&c.requests),
-            max_in_flight: g(&c.max_in_flight),
-            request_timeouts: g(&c.request_timeouts),
-            lookup_timeouts: g(&c.lookup_timeouts),
-            exists_cache_hits: g(&c.exists_cache_hits),
-            evicted: g(&c.evicted),
-            sweeps: g(&c.sweeps),
-            skipped_in_flight: g(&c.skipped_in_flight),
             bytes,
             objects,
-        }
+            ..ObjStats::default()
+        };
+        c.obj.fill(&mut s);
+        s
     }
 
     /// Runs a capacity sweep now (bounded mode), after any sweep in progress; returns the
@@ -350,7 +344,7 @@ impl SecondaryTier for ObjTier {
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    bump(&inner.counters.lookup_timeouts, 1);
+                    bump(&inner.counters.obj.lookup_timeouts, 1);
                     tracing::warn!(tier = %inner.name, keys = keys.len(), answered, deadline = ?inner.lookup_deadline, "lookup passed its deadline; the unanswered keys count as absent");
                     break;
                 }

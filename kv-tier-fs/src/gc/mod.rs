@@ -32,6 +32,8 @@ use std::time::{Duration, Instant, SystemTime};
 use kv_tier_core::{BlockKey, EventLog, Namespace, ProtectionSet};
 use rustc_hash::FxHashSet;
 
+use crate::stats::GcCounters;
+
 mod index;
 mod rescan;
 mod stamps;
@@ -100,37 +102,6 @@ impl Place {
     pub(crate) fn rank_dir(&self) -> PathBuf {
         self.root.join(self.ns.rank_dir_name())
     }
-}
-
-#[derive(Default)]
-pub(crate) struct GcCounters {
-    /// Temp files and orphan sidecars reaped by rescans (the tier counts those of its opening).
-    pub(crate) tmp_reaped: AtomicU64,
-    pub(crate) sidecars_reaped: AtomicU64,
-    pub(crate) sweeps: AtomicU64,
-    pub(crate) swept_files: AtomicU64,
-    pub(crate) swept_bytes: AtomicU64,
-    pub(crate) skipped_in_flight: AtomicU64,
-    pub(crate) skipped_in_grace: AtomicU64,
-    pub(crate) skipped_recent: AtomicU64,
-    pub(crate) grace_overridden: AtomicU64,
-    pub(crate) stamps: AtomicU64,
-    pub(crate) stamp_errors: AtomicU64,
-    pub(crate) stamps_dropped: AtomicU64,
-    pub(crate) errors: AtomicU64,
-    pub(crate) rescans: AtomicU64,
-    pub(crate) external_removals: AtomicU64,
-    pub(crate) last_decision_us: AtomicU64,
-    pub(crate) last_sweep_us: AtomicU64,
-    pub(crate) adopt_ms: AtomicU64,
-    pub(crate) foreign_files: AtomicU64,
-    pub(crate) kicks: AtomicU64,
-    pub(crate) sweeps_over_cap: AtomicU64,
-    pub(crate) store_waits: AtomicU64,
-    pub(crate) no_room: AtomicU64,
-    pub(crate) enospc_sweeps: AtomicU64,
-    pub(crate) dirs_removed: AtomicU64,
-    pub(crate) thread_restarts: AtomicU64,
 }
 
 #[derive(Default)]
