@@ -41,3 +41,13 @@ pub use tier_options::{TierOptions, TierSettings, WriteBackPolicy};
 
 /// Re-exported so tier crates and the conformance macro use the same version.
 pub use async_trait::async_trait;
+
+/// What a tier implementation names: `use kv_tier_core::prelude::*;` at the top of a tier's
+/// `tier.rs` brings the trait, its jobs and results, its registration and its events.
+pub mod prelude {
+    pub use crate::{
+        BlockKey, BuildContext, Capability, Error, EventBatch, EventLog, JobResult, LoadJob,
+        Locality, Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob,
+        TierEvent, TierInfo, TierRegistry, TierSpec, async_trait,
+    };
+}

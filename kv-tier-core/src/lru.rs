@@ -10,28 +10,13 @@
 //!
 //! ```
 //! use kv_tier_core::BlockKey;
-//! use kv_tier_core::lru::{LruEntry, LruIndex};
-//!
-//! #[derive(Debug, Clone, Copy)]
-//! struct Entry {
-//!     size: u64,
-//!     tick: u64,
-//! }
-//! impl LruEntry for Entry {
-//!     type At = u64;
-//!     fn size(&self) -> u64 {
-//!         self.size
-//!     }
-//!     fn at(&self) -> u64 {
-//!         self.tick
-//!     }
-//! }
+//! use kv_tier_core::lru::{LruIndex, Slot};
 //!
 //! let k = |i: u8| BlockKey::from_hash32([i; 32], 0);
 //! let mut idx = LruIndex::new();
-//! idx.insert(k(1), Entry { size: 10, tick: 1 });
-//! idx.insert(k(2), Entry { size: 20, tick: 2 });
-//! idx.update(&k(1), |e| e.tick = 3); // used again: now the most recent
+//! idx.insert(k(1), Slot { size: 10, at: 1u64 });
+//! idx.insert(k(2), Slot { size: 20, at: 2 });
+//! idx.update(&k(1), |e| e.at = 3); // used again: now the most recent
 //! assert_eq!(idx.bytes(), 30);
 //! let victims = idx.oldest(None, 1);
 //! assert_eq!(victims, vec![(2, k(2))]);
@@ -57,6 +42,25 @@ pub trait LruEntry: Copy {
     fn size(&self) -> u64;
     /// Its place in the recency order.
     fn at(&self) -> Self::At;
+}
+
+/// An entry that is nothing but a size and a recency, for an index that needs no more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot<A> {
+    /// Bytes it counts toward the total.
+    pub size: u64,
+    /// Its place in the recency order.
+    pub at: A,
+}
+
+impl<A: Ord + Copy + Debug> LruEntry for Slot<A> {
+    type At = A;
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn at(&self) -> A {
+        self.at
+    }
 }
 
 /// Blocks in recency order with their summed sizes, and the keys being deleted. See the
@@ -203,20 +207,7 @@ impl<E: LruEntry> LruIndex<E> {
 mod tests {
     use super::*;
 
-    #[derive(Debug, Clone, Copy, PartialEq)]
-    struct E {
-        size: u64,
-        at: i64,
-    }
-    impl LruEntry for E {
-        type At = i64;
-        fn size(&self) -> u64 {
-            self.size
-        }
-        fn at(&self) -> i64 {
-            self.at
-        }
-    }
+    type E = Slot<i64>;
 
     fn k(i: u8) -> BlockKey {
         BlockKey::from_hash32([i; 32], 0)
@@ -229,13 +220,13 @@ mod tests {
     #[test]
     fn a_replaced_entry_leaves_the_order_and_the_total() {
         let mut idx = LruIndex::new();
-        assert_eq!(idx.insert(k(1), E { size: 10, at: 5 }), None);
-        idx.insert(k(2), E { size: 1, at: 7 });
-        let old = idx.insert(k(1), E { size: 3, at: 9 });
-        assert_eq!(old, Some(E { size: 10, at: 5 }));
+        assert_eq!(idx.insert(k(1), Slot { size: 10, at: 5 }), None);
+        idx.insert(k(2), Slot { size: 1, at: 7 });
+        let old = idx.insert(k(1), Slot { size: 3, at: 9 });
+        assert_eq!(old, Some(Slot { size: 10, at: 5 }));
         assert_eq!((idx.bytes(), idx.len()), (4, 2));
         assert_eq!(order(&idx), vec![k(2), k(1)]);
-        assert_eq!(idx.remove(&k(2)), Some(E { size: 1, at: 7 }));
+        assert_eq!(idx.remove(&k(2)), Some(Slot { size: 1, at: 7 }));
         assert_eq!(idx.remove(&k(2)), None);
         assert_eq!((idx.bytes(), order(&idx)), (3, vec![k(1)]));
         assert!(idx.contains(&k(1)) && !idx.contains(&k(2)) && !idx.is_empty());
@@ -244,8 +235,8 @@ mod tests {
     #[test]
     fn an_update_moves_the_entry_and_its_bytes() {
         let mut idx = LruIndex::new();
-        idx.insert(k(1), E { size: 10, at: 1 });
-        idx.insert(k(2), E { size: 20, at: 2 });
+        idx.insert(k(1), Slot { size: 10, at: 1 });
+        idx.insert(k(2), Slot { size: 20, at: 2 });
         assert_eq!(idx.update(&k(1), |e| e.size), Some(10));
         assert_eq!(
             order(&idx),
@@ -261,7 +252,7 @@ mod tests {
         );
         assert_eq!(order(&idx), vec![k(2), k(1)]);
         assert_eq!(idx.bytes(), 35);
-        assert_eq!(idx.get(&k(1)), Some(&E { size: 15, at: 3 }));
+        assert_eq!(idx.get(&k(1)), Some(&Slot { size: 15, at: 3 }));
         assert_eq!(idx.update(&k(9), |e| e.at = 0), None);
         assert_eq!(idx.iter().count(), 2);
     }
@@ -272,7 +263,7 @@ mod tests {
         for i in 0..5u8 {
             idx.insert(
                 k(i),
-                E {
+                Slot {
                     size: 1,
                     at: 10 - i as i64,
                 },
@@ -294,10 +285,10 @@ mod tests {
     #[test]
     fn a_key_taken_for_deletion_is_out_and_marked_until_its_end() {
         let mut idx = LruIndex::new();
-        idx.insert(k(1), E { size: 10, at: 1 });
+        idx.insert(k(1), Slot { size: 10, at: 1 });
         assert_eq!(idx.take_for_deletion(&k(2)), None);
         assert!(!idx.is_deleting(&k(2)), "an absent key is not marked");
-        assert_eq!(idx.take_for_deletion(&k(1)), Some(E { size: 10, at: 1 }));
+        assert_eq!(idx.take_for_deletion(&k(1)), Some(Slot { size: 10, at: 1 }));
         assert!(idx.is_deleting(&k(1)) && !idx.contains(&k(1)));
         assert_eq!(idx.bytes(), 0);
         assert!(idx.end_deletion(&k(1)));

@@ -415,6 +415,16 @@ counters! {
     }
 }
 
+/// A tier's live counters: what every block-storing tier counts, and its own (declared with
+/// [`counters!`](crate::counters)).
+#[derive(Debug, Default)]
+pub struct TierCounters<C> {
+    /// What every block-storing tier counts.
+    pub blocks: BlockCounters,
+    /// The tier's own counters.
+    pub own: C,
+}
+
 /// Adds `n` to a counter.
 pub fn bump(counter: &std::sync::atomic::AtomicU64, n: u64) {
     counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);

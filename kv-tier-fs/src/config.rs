@@ -11,16 +11,6 @@ use serde::Deserialize;
 /// file `<hex>.bin.crc32c`) and verified on every load; the `.bin` bytes are unchanged.
 pub use kv_tier_core::Checksum;
 
-fn sixteen() -> usize {
-    16
-}
-fn yes() -> bool {
-    true
-}
-fn reap_age() -> u64 {
-    600
-}
-
 /// Options of the `fs` tier (the `secondary_tiers` entry with `"type": "fs"`).
 ///
 /// ```json
@@ -28,48 +18,40 @@ fn reap_age() -> u64 {
 ///  "checksum": "crc32c", "fsync": false, "direct_io": true, "tmp_reap_age_s": 600}
 /// ```
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct FsTierConfig {
     /// The cache directory (shared with vLLM's fs tier if pointed at the same place).
     /// Created if missing; must be a writable directory.
     pub root_dir: PathBuf,
     /// Threads that take loads (and lookups) first, then stores when idle. Default 16, range 1
     /// to 1,024.
-    #[serde(default = "sixteen")]
     pub n_read_threads: usize,
     /// Threads that take stores first, then loads when idle. Default 16, range 1 to 1,024.
-    #[serde(default = "sixteen")]
     pub n_write_threads: usize,
     /// Integrity checking, `"none"` (default) or `"crc32c"`.
-    #[serde(default)]
     pub checksum: Checksum,
     /// With `checksum` on, serve blocks that carry no checksum at all (counted as unverified
     /// loads) instead of refusing them. Off by default: with checksums on, a block without a
     /// valid checksum is a miss and its file is removed as damaged. Turn it on only to share a
     /// root with writers that keep no checksum (vLLM's own fs tier): their blocks are then
     /// served UNVERIFIED. A malformed or mismatching checksum is refused either way.
-    #[serde(default)]
     pub accept_unverified: bool,
     /// `fsync` every block file and its directory before a store reports success. Off by
     /// default: it costs a device flush per block (tens to hundreds of microseconds on NVMe,
     /// milliseconds on network disks) and only matters for power loss, not process crashes.
-    #[serde(default)]
     pub fsync: bool,
     /// Use `O_DIRECT` where the filesystem supports it (probed once at open; buffered I/O is
     /// the logged fallback). Default true.
-    #[serde(default = "yes")]
     pub direct_io: bool,
     /// At open, `.tmp` files of killed writers older than this many seconds are deleted.
     /// Default 600, range 0 to 31,536,000 (0 reaps every temp file at open: only when no other
     /// process writes to the root). A live writer's temp file exists for milliseconds.
     /// Rescans (bounded mode) reap with the same age, but never younger than 60 s: they run
     /// while the tier's own stores are in flight.
-    #[serde(default = "reap_age")]
     pub tmp_reap_age_s: u64,
     /// Capacity bound in GiB (2^30 bytes) of what the tier holds on disk: the allocated bytes
     /// (`st_blocks`) of its block files and checksum sidecars and of the directories they keep
     /// (see `gc_hard_ceiling` for how hard the bound is). Absent: unbounded, no GC.
-    #[serde(default)]
     pub gc_max_size_gb: Option<f64>,
     /// How far above the cap the tier may go, as a multiple of it (default 1.05, range 1 to
     /// 1,000). A store that would cross this ceiling first makes room (a sweep on its own
@@ -77,56 +59,48 @@ pub struct FsTierConfig {
     /// failing with `NoSpace` if everything left is protected or being written. Past halfway
     /// from the cap to the ceiling, the GC's own sweeps stop sparing the grace window too
     /// (down to the cap), so stores seldom reach the ceiling.
-    #[serde(default)]
     pub gc_hard_ceiling: Option<f64>,
     /// A sweep deletes down to `gc_max_size_gb * gc_low_watermark`. In (0, 1]; default 0.9.
     ///
     /// Every `gc_*` number has a range, listed in [`RANGES`]; `gc_max_size_gb` is 1e-9 to 1e9.
-    #[serde(default)]
     pub gc_low_watermark: Option<f64>,
     /// Seconds between capacity checks (a sweep runs only when over the cap; a store that
     /// crosses the cap also wakes the GC). Default 60, range 0.01 to 86,400.
-    #[serde(default)]
     pub gc_interval_s: Option<f64>,
     /// A key's mtime is stamped at most once per this many seconds. Default 60, range 0.000001 to
     /// 86,400.
-    #[serde(default)]
     pub gc_stamp_interval_s: Option<f64>,
     /// Files used (mtime) within this many seconds are spared by the GC's sweeps over the cap,
     /// while the total is within halfway from the cap to `gc_hard_ceiling`; past that, and in
     /// the sweeps a store runs to stay under the ceiling, they go (oldest first) like any
     /// other. Must exceed `gc_stamp_interval_s`. Default 300, range 0.000001 to 31,536,000.
-    #[serde(default)]
     pub gc_grace_s: Option<f64>,
     /// At most this many stamps wait to be applied; touches beyond are dropped (counted).
     /// Default 200000, range 1 to 100,000,000.
-    #[serde(default)]
     pub gc_max_tracked: Option<usize>,
     /// Seconds between full rescans of the tree, which repair drift from external deletes
     /// and adopt files other processes wrote. Default 3600; 0 disables; otherwise 1 to
     /// 31,536,000.
-    #[serde(default)]
     pub gc_rescan_interval_s: Option<f64>,
     /// Run sweeps, stamps and rescans on a background thread (`gc_background`, default
     /// true). `false`: they run only when the embedder calls `FsTier::gc_*_now` (reached with
     /// `TieringManager::tier::<FsTier>`), for engines that schedule the GC themselves, and for
     /// deterministic tests and benchmarks.
-    #[serde(default = "yes")]
     pub gc_background: bool,
 }
 
-impl FsTierConfig {
-    /// Options with defaults for `root_dir`.
-    pub fn new(root_dir: impl Into<PathBuf>) -> Self {
+impl Default for FsTierConfig {
+    /// The defaults, with an empty `root_dir` (which `validate` refuses: it must be given).
+    fn default() -> Self {
         Self {
-            root_dir: root_dir.into(),
+            root_dir: PathBuf::new(),
             n_read_threads: 16,
             n_write_threads: 16,
             checksum: Checksum::None,
             accept_unverified: false,
             fsync: false,
             direct_io: true,
-            tmp_reap_age_s: reap_age(),
+            tmp_reap_age_s: 600,
             gc_max_size_gb: None,
             gc_hard_ceiling: None,
             gc_low_watermark: None,
@@ -136,6 +110,16 @@ impl FsTierConfig {
             gc_max_tracked: None,
             gc_rescan_interval_s: None,
             gc_background: true,
+        }
+    }
+}
+
+impl FsTierConfig {
+    /// Options with defaults for `root_dir`.
+    pub fn new(root_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            root_dir: root_dir.into(),
+            ..Self::default()
         }
     }
 

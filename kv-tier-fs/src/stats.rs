@@ -1,6 +1,7 @@
 //! The fs tier's statistics and the live counters behind them.
 
-use kv_tier_core::{BlockCounters, BlockStats};
+use kv_tier_core::BlockStats;
+use kv_tier_core::stats::TierCounters;
 
 kv_tier_core::counters! {
     /// Counters of an [`FsTier`](crate::FsTier).
@@ -119,9 +120,5 @@ kv_tier_core::counters! {
     }
 }
 
-/// The fs tier's live counters: what every block-storing tier counts, and its own.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) blocks: BlockCounters,
-    pub(crate) fs: FsCounters,
-}
+/// The tier's live counters: what every block-storing tier counts, and its own.
+pub(crate) type Counters = TierCounters<FsCounters>;

@@ -6,11 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
-use kv_tier_core::{
-    BlockKey, BuildContext, Capability, Error, EventBatch, EventLog, JobResult, LoadJob, Locality,
-    Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent,
-    TierInfo, TierRegistry, TierSpec, async_trait,
-};
+use kv_tier_core::prelude::*;
 
 use crate::block::{Counters, FaultInjector, FsOp, Shared, bump, random_salt};
 use crate::config::{Checksum, FsTierConfig};
@@ -161,20 +157,20 @@ impl FsTier {
             None => {
                 let (tmps, sidecars) = reap_tmp(std::slice::from_ref(&rank_dir), tmp_age);
                 reaped += tmps;
-                bump(&files.counters.fs.sidecars_reaped, sidecars);
+                bump(&files.counters.own.sidecars_reaped, sidecars);
             }
             Some(gc) => {
                 // One walk adopts what is on disk (with its mtimes) and reaps temp files.
                 let r = gc.adopt_tree(cfg.n_read_threads.clamp(1, 8), tmp_age);
                 reaped += r.tmp;
-                bump(&files.counters.fs.sidecars_reaped, r.sidecars);
+                bump(&files.counters.own.sidecars_reaped, r.sidecars);
             }
         }
         let mut threads = Vec::new();
         if precreate_tops {
             threads.extend(spawn_top_dirs(files.clone()));
         }
-        bump(&files.counters.fs.tmp_reaped, reaped);
+        bump(&files.counters.own.tmp_reaped, reaped);
         if reaped > 0 {
             tracing::info!(reaped, root = %root.display(), "deleted stray temp files of killed writers");
         }
@@ -376,7 +372,7 @@ impl FsTier {
             }),
             ..FsStats::default()
         };
-        sh.counters.fs.fill(&mut s);
+        sh.counters.own.fill(&mut s);
         // the opening's reaping, plus the rescans'
         if let Some(g) = &s.gc {
             s.tmp_reaped += g.tmp_reaped;
@@ -429,7 +425,7 @@ impl SecondaryTier for FsTier {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        bump(&self.shared.counters.fs.keys_probed, keys.len() as u64);
+        bump(&self.shared.counters.own.keys_probed, keys.len() as u64);
         const CHUNK: usize = 64;
         let chunks: Vec<Vec<BlockKey>> = keys.chunks(CHUNK).map(<[BlockKey]>::to_vec).collect();
         let (col, rx) = Collector::new(chunks.len());
@@ -476,7 +472,7 @@ impl SecondaryTier for FsTier {
         JobResult::from_results(results, |e| {
             bump(&c.blocks.store_failures, 1);
             if matches!(e, Error::NoSpace { .. }) {
-                bump(&c.fs.no_space, 1);
+                bump(&c.own.no_space, 1);
             }
         })
     }

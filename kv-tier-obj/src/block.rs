@@ -139,10 +139,10 @@ impl Shared {
         let permit = self.sem.acquire().await.expect("semaphore never closes");
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.counters
-            .obj
+            .own
             .max_in_flight
             .fetch_max(now as u64, Ordering::Relaxed);
-        bump(&self.counters.obj.requests, 1);
+        bump(&self.counters.own.requests, 1);
         InFlight {
             inner: self,
             _permit: permit,
@@ -159,7 +159,7 @@ impl Shared {
         match tokio::time::timeout(self.request_deadline, fut).await {
             Ok(r) => r.map_err(ReqError::Store),
             Err(_) => {
-                bump(&self.counters.obj.request_timeouts, 1);
+                bump(&self.counters.own.request_timeouts, 1);
                 Err(ReqError::TimedOut)
             }
         }
@@ -218,7 +218,7 @@ impl Shared {
             return Ok(false);
         }
         if cached && self.exists.contains_key(key) {
-            bump(&self.counters.obj.exists_cache_hits, 1);
+            bump(&self.counters.own.exists_cache_hits, 1);
             return Ok(true);
         }
         let path = self.path(key);
@@ -294,7 +294,7 @@ impl Shared {
         let path = self.path(&key);
         if self.exists.contains_key(&key) {
             // The cache may save the upload, never the confirmation: ask the backend.
-            bump(&self.counters.obj.exists_cache_hits, 1);
+            bump(&self.counters.own.exists_cache_hits, 1);
             match self.existing(&key, &path).await? {
                 Existing::Usable => return Ok(self.confirmed(key)),
                 Existing::InTheWay => self.delete_corrupt(&key, &path).await,

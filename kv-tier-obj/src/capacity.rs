@@ -3,28 +3,13 @@
 
 use std::sync::Mutex;
 
-use kv_tier_core::lru::{LruEntry, LruIndex};
+use kv_tier_core::lru::{LruIndex, Slot};
 use kv_tier_core::{BlockKey, ProtectionSet};
 use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
-/// One indexed object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Entry {
-    pub(crate) size: u64,
-    /// Position in the recency order (larger: more recent).
-    pub(crate) tick: u64,
-}
-
-impl LruEntry for Entry {
-    type At = u64;
-    fn size(&self) -> u64 {
-        self.size
-    }
-    fn at(&self) -> u64 {
-        self.tick
-    }
-}
+/// One indexed object: its size and its tick (larger: more recently used).
+pub(crate) type Entry = Slot<u64>;
 
 /// The objects in recency order (a logical clock: each use is the next tick), with the keys
 /// a sweep is deleting (stores of them wait, lookups answer absent).
@@ -39,14 +24,14 @@ impl CapIndex {
     pub(crate) fn insert(&mut self, key: BlockKey, size: u64) {
         self.clock += 1;
         let tick = self.clock;
-        self.lru.insert(key, Entry { size, tick });
+        self.lru.insert(key, Slot { size, at: tick });
     }
 
     /// Makes `key` the most recently used, if indexed.
     pub(crate) fn touch(&mut self, key: &BlockKey) {
         self.clock += 1;
         let tick = self.clock;
-        self.lru.update(key, |e| e.tick = tick);
+        self.lru.update(key, |e| e.at = tick);
     }
 
     pub(crate) fn remove(&mut self, key: &BlockKey) -> Option<Entry> {
@@ -215,7 +200,7 @@ impl Cap {
                     break;
                 }
                 match idx.lru.get(&key) {
-                    Some(e) if e.tick == tick => {}
+                    Some(e) if e.at == tick => {}
                     _ => continue, // touched or removed since it was read
                 }
                 if is_protected(&key) {
@@ -325,7 +310,7 @@ mod tests {
         assert!(cap.lock().is_deleting(&k(2)));
         let d = Deleting {
             cap: &cap,
-            victims: vec![(k(2), Entry { size: 10, tick: 3 })],
+            victims: vec![(k(2), Slot { size: 10, at: 3 })],
             failed: None,
         };
         drop(d); // dropped before it finished: the victim is restored

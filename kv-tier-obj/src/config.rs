@@ -22,25 +22,6 @@ pub enum Scheme {
 /// miss, the object is deleted and it is counted. The same type as the fs tier's.
 pub use kv_tier_core::Checksum as ObjChecksum;
 
-fn four() -> usize {
-    4
-}
-fn timeout() -> f64 {
-    5.0
-}
-fn retries() -> usize {
-    2
-}
-fn ttl() -> f64 {
-    300.0
-}
-fn watermark() -> f64 {
-    0.9
-}
-fn lookup_timeout() -> f64 {
-    0.8
-}
-
 /// The documented range of every numeric option, checked by [`ObjTierConfig::validate`]:
 /// `(field, min, max)`, both ends included.
 pub const RANGES: &[(&str, f64, f64)] = &[
@@ -68,49 +49,38 @@ fn range(field: &str) -> (f64, f64) {
 ///  "prefix": "prod", "io_threads": 16, "checksum": "crc32c", "max_size_gb": 500}
 /// ```
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct ObjTierConfig {
     /// The bucket.
     pub bucket: String,
     /// An S3-compatible endpoint (MinIO, Ceph, R2, ...) instead of AWS's.
-    #[serde(default)]
     pub endpoint_override: Option<String>,
     /// Access key id; empty or absent: the standard AWS credential chain (environment,
     /// profile, instance metadata).
-    #[serde(default)]
     pub access_key: Option<String>,
     /// Secret access key (with `access_key`).
-    #[serde(default)]
     pub secret_key: Option<String>,
     /// Session token, for temporary credentials.
-    #[serde(default)]
     pub session_token: Option<String>,
     /// Region (default `us-east-1`).
-    #[serde(default)]
     pub region: Option<String>,
     /// `http` or `https` (default). `http` is required for a plain-HTTP endpoint.
-    #[serde(default)]
     pub scheme: Scheme,
     /// A PEM file of extra root certificates (private CAs).
-    #[serde(default)]
     pub ca_bundle: Option<String>,
     /// Key prefix inside the bucket (no leading or trailing `/` needed).
-    #[serde(default)]
     pub prefix: String,
     /// Bound on concurrent requests (default 4, range 1 to 1,024).
-    #[serde(default = "four")]
     pub io_threads: usize,
     /// Integrity checking: `"none"` (default) or `"crc32c"`. The checksum covers the block's
     /// key and its bytes (an object copied to another key's path fails there) and is kept
     /// in the object's metadata.
-    #[serde(default)]
     pub checksum: ObjChecksum,
     /// With checksums on, also serve objects that carry no checksum (written by another
     /// program, e.g. vLLM's obj tier, or before checksums were turned on): served
     /// UNVERIFIED, and counted. Off by default: such an object is a miss, and is deleted so
     /// the next store rewrites it with a checksum. A malformed or mismatching checksum is
     /// refused either way.
-    #[serde(default)]
     pub accept_unverified: bool,
     /// Per-attempt timeout in seconds (default 5, range 0.01 to 3,600). Every request (HEAD,
     /// PUT, GET with its body, DELETE, LIST page) ends within its deadline,
@@ -124,34 +94,28 @@ pub struct ObjTierConfig {
     /// the tier ends its own calls and reports exactly what it did, and the manager's
     /// deadline stays the backstop: with the defaults a request ends within 20 s (5 s x 3
     /// attempts + backoff) and a lookup within 0.8 s, below the manager's 30 s and 1 s.
-    #[serde(default = "timeout")]
     pub request_timeout_s: f64,
     /// Retries of transient failures (5xx, throttling, connection resets) with backoff
     /// (default 2, range 0 to 100).
-    #[serde(default = "retries")]
     pub max_retries: usize,
     /// Positive existence answers are cached this long, seconds (default 300, range 0.001 to
     /// 604,800). The cache answers lookups only: a store always writes, or has the backend
     /// confirm the object exists, before it reports a key stored.
-    #[serde(default = "ttl")]
     pub exists_ttl_s: f64,
     /// A lookup answers within this many seconds (default 0.8, range 0.001 to 3,600): keys
     /// whose HEAD has not answered by then count as absent (and are counted in the stats).
-    #[serde(default = "lookup_timeout")]
     pub lookup_timeout_s: f64,
     /// Capacity bound in GiB of object bytes (range 1e-9 to 1e9); absent: unbounded.
-    #[serde(default)]
     pub max_size_gb: Option<f64>,
     /// Deletions go down to `max_size_gb x low_watermark` (default 0.9, range (0, 1]).
-    #[serde(default = "watermark")]
     pub low_watermark: f64,
 }
 
-impl ObjTierConfig {
-    /// A config for `bucket` with defaults.
-    pub fn new(bucket: impl Into<String>) -> Self {
+impl Default for ObjTierConfig {
+    /// The defaults, with an empty `bucket` (which `validate` refuses: it must be given).
+    fn default() -> Self {
         Self {
-            bucket: bucket.into(),
+            bucket: String::new(),
             endpoint_override: None,
             access_key: None,
             secret_key: None,
@@ -163,12 +127,22 @@ impl ObjTierConfig {
             io_threads: 4,
             checksum: ObjChecksum::None,
             accept_unverified: false,
-            request_timeout_s: timeout(),
-            max_retries: retries(),
-            exists_ttl_s: ttl(),
-            lookup_timeout_s: lookup_timeout(),
+            request_timeout_s: 5.0,
+            max_retries: 2,
+            exists_ttl_s: 300.0,
+            lookup_timeout_s: 0.8,
             max_size_gb: None,
-            low_watermark: watermark(),
+            low_watermark: 0.9,
+        }
+    }
+}
+
+impl ObjTierConfig {
+    /// A config for `bucket` with defaults.
+    pub fn new(bucket: impl Into<String>) -> Self {
+        Self {
+            bucket: bucket.into(),
+            ..Self::default()
         }
     }
 

@@ -1,13 +1,14 @@
 //! The obj tier's counters.
 
-use kv_tier_core::{BlockCounters, BlockStats};
+use kv_tier_core::BlockStats;
+use kv_tier_core::stats::TierCounters;
 
 kv_tier_core::counters! {
     /// Counters of an [`ObjTier`](crate::ObjTier).
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
     pub struct ObjStats;
     /// The live counters behind [`ObjStats`].
-    pub(crate) struct Cells;
+    pub(crate) struct ObjCounters;
     fields {
         /// What every block-storing tier counts: blocks and bytes written and read, skipped
         /// stores (the backend confirmed the object), failures, damaged objects deleted,
@@ -38,9 +39,5 @@ kv_tier_core::counters! {
     }
 }
 
-/// The obj tier's live counters: what every block-storing tier counts, and its own.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) blocks: BlockCounters,
-    pub(crate) obj: Cells,
-}
+/// The tier's live counters: what every block-storing tier counts, and its own.
+pub(crate) type Counters = TierCounters<ObjCounters>;

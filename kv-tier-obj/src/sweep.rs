@@ -43,7 +43,7 @@ impl Shared {
                 break;
             }
             let d = cap.decide(&self.protection, &mut cursor, BATCH);
-            bump(&self.counters.obj.skipped_in_flight, d.protected);
+            bump(&self.counters.own.skipped_in_flight, d.protected);
             examined += d.examined;
             if !d.victims.is_empty() {
                 let mut guard = Deleting {
@@ -60,8 +60,8 @@ impl Shared {
                 break;
             }
         }
-        bump(&self.counters.obj.evicted, deleted.len() as u64);
-        bump(&self.counters.obj.sweeps, 1);
+        bump(&self.counters.own.evicted, deleted.len() as u64);
+        bump(&self.counters.own.sweeps, 1);
         tracing::debug!(tier = %self.name, deleted = deleted.len(), examined, "obj tier sweep");
         let n = deleted.len();
         self.events.push(deleted, true);

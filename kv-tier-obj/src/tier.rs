@@ -5,11 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use kv_tier_core::{
-    BlockKey, BuildContext, Capability, Error, EventBatch, EventLog, JobResult, LoadJob, Locality,
-    Medium, Namespace, ProtectGuard, ProtectionSet, Result, SecondaryTier, StoreJob, TierEvent,
-    TierInfo, TierRegistry, TierSpec, async_trait,
-};
+use kv_tier_core::prelude::*;
 use object_store::ObjectStore;
 use rustc_hash::FxHashMap;
 use tokio::sync::Semaphore;
@@ -148,7 +144,7 @@ impl ObjTier {
             objects,
             ..ObjStats::default()
         };
-        c.obj.fill(&mut s);
+        c.own.fill(&mut s);
         s
     }
 
@@ -344,7 +340,7 @@ impl SecondaryTier for ObjTier {
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    bump(&inner.counters.obj.lookup_timeouts, 1);
+                    bump(&inner.counters.own.lookup_timeouts, 1);
                     tracing::warn!(tier = %inner.name, keys = keys.len(), answered, deadline = ?inner.lookup_deadline, "lookup passed its deadline; the unanswered keys count as absent");
                     break;
                 }
