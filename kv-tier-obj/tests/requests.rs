@@ -237,3 +237,24 @@ async fn without_conditional_writes_a_store_looks_first_and_replaces_once() {
         "{msg}"
     );
 }
+
+/// An object another instance wrote is found by one HEAD; the answer is cached, so a second
+/// lookup within `exists_ttl_s` sends no request.
+#[tokio::test]
+async fn an_existence_answer_from_a_head_is_cached() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, ObjTierConfig::new("mem")).await;
+    let k = test_key(1);
+    assert!(store(&writer, &[k]).await.is_success());
+    let reader = tier_on(&s, ObjTierConfig::new("mem")).await;
+    let heads = s.count(Op::Head);
+    assert_eq!(reader.lookup(&[k]).await.unwrap(), vec![true]);
+    assert_eq!(s.count(Op::Head), heads + 1);
+    assert_eq!(reader.lookup(&[k]).await.unwrap(), vec![true]);
+    assert_eq!(
+        s.count(Op::Head),
+        heads + 1,
+        "the second lookup asked again"
+    );
+    assert_eq!(reader.stats().exists_cache_hits, 1);
+}
