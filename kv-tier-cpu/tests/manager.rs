@@ -732,3 +732,32 @@ async fn typed_access_finds_the_tier_of_that_name_and_type() {
     assert!(fx.m.tier::<FaultyTier>("a").is_none(), "another type");
     assert!(fx.m.tier::<MemoryTier>("c").is_none(), "no such name");
 }
+
+/// A local tier gets the local defaults (no probe budget of its own: the probe deadline
+/// bounds it); the manager's stats name every tier; `Debug` of the builder and of a pending
+/// store shows what they hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_tier_gets_local_defaults_and_stats_and_debug_name_things() {
+    let t = mem("fs");
+    assert_eq!(t.info().locality, kv_tier_core::Locality::Local);
+    let b = TieringManager::builder(KvTierConfig::new((8 * BS) as u64, BS as u64));
+    assert!(format!("{b:?}").contains("TieringManagerBuilder"), "{b:?}");
+    let fx = manager(8, vec![t.clone()]).await;
+    assert_eq!(fx.m.tier_settings(0).probe_budget, std::time::Duration::MAX);
+    assert_eq!(fx.m.stats().tiers[0].name, "fs");
+    let (a, b) = (test_key(1), test_key(2));
+    store(&fx.m, RequestId(1), &[a]);
+    let p = fx.m.prepare_store(&[a, b]).unwrap();
+    assert_eq!(
+        p.present(),
+        &[a],
+        "a block in DRAM is present, not stored again"
+    );
+    assert_eq!(p.keys(), vec![b]);
+    let shown = format!("{p:?}");
+    assert!(
+        shown.contains("present") && shown.contains(&a.to_string()),
+        "{shown}"
+    );
+    p.abort();
+}
