@@ -180,7 +180,10 @@ async fn copy_path_bench() {
         let memcpy = t.elapsed();
 
         tier.clear();
-        let m = TieringManager::builder(KvTierConfig::new((N * BS) as u64, BS as u64))
+        // every block may wait in write-back at once: the cascade writes all N
+        let mut cfg = KvTierConfig::new((N * BS) as u64, BS as u64);
+        cfg.write_back_max_dram_fraction = 1.0;
+        let m = TieringManager::builder(cfg)
             .primary(c.clone())
             .tier(tier.clone())
             .build()

@@ -220,6 +220,7 @@ mod tests {
     #[test]
     fn a_replaced_entry_leaves_the_order_and_the_total() {
         let mut idx = LruIndex::new();
+        assert!(idx.is_empty());
         assert_eq!(idx.insert(k(1), Slot { size: 10, at: 5 }), None);
         idx.insert(k(2), Slot { size: 1, at: 7 });
         let old = idx.insert(k(1), Slot { size: 3, at: 9 });
