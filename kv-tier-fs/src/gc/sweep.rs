@@ -43,6 +43,53 @@ struct Victim {
     removed: super::index::Removed,
 }
 
+/// The victims of one batch: out of the index and marked deleting until the batch ends.
+/// Dropped before its end (a panic between the decisions and the unlinks' end: a bug, or a
+/// test's hook), it puts back in the index those whose file is still there and clears every
+/// mark, so no store waits for a deletion that will never come.
+struct Batch<'a> {
+    gc: &'a Gc,
+    victims: Vec<Victim>,
+}
+
+impl Batch<'_> {
+    /// Ends the batch once its unlinks are done (kept and failed victims are back in the
+    /// index): the marks are cleared and the stores waiting for them woken.
+    fn end(mut self) {
+        self.clear(&[]);
+    }
+
+    /// Clears the marks, putting back first the victims whose file `stays` says is there.
+    fn clear(&mut self, stays: &[bool]) {
+        {
+            let mut idx = self.gc.lock();
+            for (i, v) in self.victims.drain(..).enumerate() {
+                if stays.get(i).copied().unwrap_or(false) && !idx.lru.contains(&v.key) {
+                    idx.insert(v.key, v.entry.size, v.entry.mtime);
+                }
+                idx.lru.end_deletion(&v.key);
+            }
+        }
+        self.gc.deleting_cv.notify_all();
+        self.gc.freed();
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if self.victims.is_empty() {
+            return;
+        }
+        // looked at before the index lock (no I/O under it)
+        let stays: Vec<bool> = self
+            .victims
+            .iter()
+            .map(|v| std::fs::symlink_metadata(&v.path).is_ok())
+            .collect();
+        self.clear(&stays);
+    }
+}
+
 impl Gc {
     /// Runs one sweep toward `goal` (one at a time: a second caller waits for the first).
     /// Candidates come oldest first from the index's mtime order; each is decided under the
@@ -98,7 +145,10 @@ impl Gc {
             // Decide a batch, each key under the protection and index locks. A decided key
             // leaves the index and is marked "being deleted" before the locks drop: a store
             // that protects it afterwards waits for the unlink, then writes the file again.
-            let mut batch: Vec<Victim> = Vec::new();
+            let mut batch = Batch {
+                gc: self,
+                victims: Vec::new(),
+            };
             let mut stop = false;
             for (mtime, key) in cands {
                 let total = self.lock().total();
@@ -158,7 +208,7 @@ impl Gc {
                                 .grace_overridden
                                 .fetch_add(1, Ordering::Relaxed);
                         }
-                        batch.push(Victim {
+                        batch.victims.push(Victim {
                             key,
                             path,
                             entry,
@@ -175,23 +225,16 @@ impl Gc {
                     None => {}
                 }
             }
-            if !batch.is_empty() {
+            if !batch.victims.is_empty() {
                 self.hook(SweepPoint::Unlinking);
-                let (gone, kept) = self.unlink(&batch, protection);
+                let (gone, kept) = self.unlink(&batch.victims, protection);
                 in_flight += kept;
                 for v in &gone {
                     deleted.push(v.key);
                     bytes += v.entry.size;
                 }
                 self.remove_empty_dirs(&gone);
-                {
-                    let mut idx = self.lock();
-                    for v in &batch {
-                        idx.lru.end_deletion(&v.key);
-                    }
-                }
-                self.deleting_cv.notify_all();
-                self.freed();
+                batch.end();
             }
             if stop {
                 break 'batches;
