@@ -25,7 +25,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -128,6 +128,9 @@ pub(crate) struct Gc {
     /// Woken (with the index lock) when keys a sweep took out to delete leave the index's
     /// deleting set: stores wait for them.
     deleting_cv: Condvar,
+    /// How many keys the index's deleting set holds: a store or probe looks at the index
+    /// (and waits on its lock) only when some are.
+    deleting_now: AtomicUsize,
     /// Keys whose unlink is under way right now (`protect()` waits for them).
     unlinking: Mutex<FxHashSet<BlockKey>>,
     unlinking_cv: Condvar,
@@ -180,6 +183,7 @@ impl Gc {
             hook: RwLock::new(None),
             sidecar_unit: AtomicU64::new(0),
             deleting_cv: Condvar::new(),
+            deleting_now: AtomicUsize::new(0),
             unlinking: Mutex::new(FxHashSet::default()),
             unlinking_cv: Condvar::new(),
             sweeping: Mutex::new(()),
@@ -272,8 +276,14 @@ impl Gc {
         )
     }
 
-    /// Waits while a sweep is unlinking `key` (a store checks for the file only after it).
+    /// Waits while `key` is marked deleting: from a sweep's decision on it to the end of that
+    /// sweep's batch (a store checks for the file only after it). The caller protects `key`
+    /// first, so a sweep that decides after this call returns skips it; with nothing marked
+    /// (the common case) it returns without taking the index lock.
     pub(crate) fn wait_not_deleting(&self, key: &BlockKey) {
+        if self.deleting_now.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         let mut idx = self.lock();
         while idx.lru.is_deleting(key) {
             idx = self

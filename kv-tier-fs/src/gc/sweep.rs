@@ -67,7 +67,9 @@ impl Batch<'_> {
                 if stays.get(i).copied().unwrap_or(false) && !idx.lru.contains(&v.key) {
                     idx.insert(v.key, v.entry.size, v.entry.mtime);
                 }
-                idx.lru.end_deletion(&v.key);
+                if idx.lru.end_deletion(&v.key) {
+                    self.gc.deleting_now.fetch_sub(1, Ordering::SeqCst);
+                }
             }
         }
         self.gc.deleting_cv.notify_all();
@@ -87,6 +89,24 @@ impl Drop for Batch<'_> {
             .map(|v| std::fs::symlink_metadata(&v.path).is_ok())
             .collect();
         self.clear(&stays);
+    }
+}
+
+/// A key whose unlink is under way: marked in `Gc::unlinking` from its re-check to the end
+/// of its unlink, and unmarked on drop (a panic included), waking `protect()` calls that wait.
+struct Unlinking<'a> {
+    gc: &'a Gc,
+    key: BlockKey,
+}
+
+impl Drop for Unlinking<'_> {
+    fn drop(&mut self) {
+        self.gc
+            .unlinking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+        self.gc.unlinking_cv.notify_all();
     }
 }
 
@@ -122,6 +142,8 @@ impl Gc {
             }
         };
         let mut deleted: Vec<BlockKey> = Vec::new();
+        // files found gone (deleted behind the tier's back): reported removed as well
+        let mut vanished: Vec<BlockKey> = Vec::new();
         let (mut in_flight, mut recent, mut in_grace, mut bytes) = (0u64, 0u64, 0u64, 0u64);
         let mut cursor: Option<(i64, BlockKey)> = None;
         let mut first = true;
@@ -199,6 +221,7 @@ impl Gc {
                     }
                     let removed = idx.remove(&key).expect("checked above");
                     idx.lru.mark_deleting(key);
+                    self.deleting_now.fetch_add(1, Ordering::SeqCst);
                     decision = Some(Decision::Delete(e, removed));
                 });
                 match decision {
@@ -221,6 +244,7 @@ impl Gc {
                         self.counters
                             .external_removals
                             .fetch_add(1, Ordering::Relaxed);
+                        vanished.push(key);
                     }
                     None => {}
                 }
@@ -272,6 +296,7 @@ impl Gc {
             "fs tier sweep"
         );
         let n = deleted.len();
+        deleted.extend(vanished);
         self.at.events.push(deleted, true);
         n
     }
@@ -304,13 +329,14 @@ impl Gc {
                     out.push(None);
                     continue;
                 }
+                // unmarked when this unlink ends, however it ends: `protect()` waits for it
+                let unlinking = Unlinking {
+                    gc: self,
+                    key: v.key,
+                };
                 self.hook(super::SweepPoint::UnlinkingKey(v.key));
                 let r = std::fs::remove_file(&v.path);
-                self.unlinking
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&v.key);
-                self.unlinking_cv.notify_all();
+                drop(unlinking);
                 out.push(Some(match r {
                                 Ok(()) => {
                                     if sidecars {
@@ -339,9 +365,11 @@ impl Gc {
                     .chunks(per)
                     .map(|chunk| s.spawn(move || unlink_chunk(chunk)))
                     .collect();
+                // a chunk that panicked has no outcomes to pair with its victims: the panic
+                // goes on up, and the batch's guard restores what is left
                 handles
                     .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_default())
+                    .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                     .collect()
             })
         };
