@@ -6,6 +6,7 @@ mod config;
 mod error;
 mod file;
 mod gc;
+mod inspect;
 mod io;
 mod load;
 mod root;

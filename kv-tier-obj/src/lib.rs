@@ -5,6 +5,7 @@ mod capacity;
 mod client;
 mod config;
 mod error;
+mod inspect;
 mod stats;
 mod sweep;
 mod tier;

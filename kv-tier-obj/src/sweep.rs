@@ -1,10 +1,11 @@
-//! The bounded mode's sweep: deletes least-recently-used objects down to the low watermark.
+//! The bounded mode's I/O: the sweep, which deletes least-recently-used objects down to the
+//! low watermark; the index seeded from a LIST at open; its recency order saved at shutdown.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use futures::StreamExt;
-use kv_tier_core::BlockKey;
+use futures::{StreamExt, TryStreamExt};
+use kv_tier_core::{BlockKey, Result};
 use object_store::path::Path as ObjPath;
 
 use crate::block::{Shared, bump};
@@ -109,5 +110,77 @@ impl Shared {
             self.exists.invalidate(k);
         }
         (gone, failed)
+    }
+}
+
+impl Shared {
+    /// Seeds the capacity index (bounded mode) from a LIST of the rank's objects, in the
+    /// recency order the last shutdown saved where there is one, else by age.
+    pub(crate) async fn seed_index(&self) -> Result<()> {
+        let inner = self;
+        let Some(cap) = &inner.cap else {
+            return Ok(());
+        };
+        let prefix = inner.rank_prefix();
+        let snapshot = inner.recency_path();
+        let mut listing = inner.store.list(Some(&prefix));
+        let mut found = Vec::new();
+        let mut snapshot_time = None;
+        loop {
+            // one page at most per request deadline
+            let next = inner.request(listing.try_next()).await;
+            match next {
+                Ok(Some(meta)) => {
+                    let t = meta.last_modified.timestamp_micros().max(0) as u64;
+                    if let Some(k) = inner.key_of(&meta.location) {
+                        found.push((t, k, meta.size));
+                    } else if meta.location == snapshot {
+                        snapshot_time = Some(t);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return Err(inner.err("LIST", e)),
+            }
+        }
+        // the recency the last shutdown saved, if any (touches are not in the objects' ages)
+        let order = match snapshot_time {
+            Some(at) => match inner
+                .request(async { inner.store.get(&snapshot).await?.bytes().await })
+                .await
+            {
+                Ok(bytes) => crate::capacity::decode_recency(&bytes).map(|pos| (pos, at)),
+                Err(e) => {
+                    tracing::warn!(tier = %inner.name, error = %inner.err("GET recency", e), "the recency snapshot is unreadable; objects are ordered by age");
+                    None
+                }
+            },
+            None => None,
+        };
+        if let Some((pos, at)) = order {
+            found = crate::capacity::order_by_snapshot(found, &pos, at);
+        }
+        cap.seed(found);
+        Ok(())
+    }
+
+    /// Saves the bounded index's recency order (touches included) for the next open.
+    pub(crate) async fn save_recency(&self) {
+        let inner = self;
+        let Some(cap) = &inner.cap else {
+            return;
+        };
+        let bytes = crate::capacity::encode_recency(&cap.lock().keys_by_recency());
+        let path = inner.recency_path();
+        let put = inner
+            .request(async {
+                inner
+                    .store
+                    .put(&path, object_store::PutPayload::from(bytes))
+                    .await
+            })
+            .await;
+        if let Err(e) = put {
+            tracing::warn!(tier = %inner.name, error = %inner.err("PUT recency", e), "the recency order is not saved; the next open orders objects by age");
+        }
     }
 }

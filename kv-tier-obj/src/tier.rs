@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use kv_tier_core::prelude::*;
 use object_store::ObjectStore;
 use rustc_hash::FxHashMap;
@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 use crate::block::{Shared, bump, lock};
 use crate::capacity::Cap;
 use crate::config::{ObjChecksum, ObjTierConfig};
-use crate::stats::{Counters, ObjStats};
+use crate::stats::Counters;
 
 /// The object-store tier: one object per block under `prefix/`, keyed by the fs layout's
 /// path relative to its root (`<model>_<digest>_r<rank>/<hex[0..3]>/<hex[3..5]>_g<group>/<hex>.bin`).
@@ -25,9 +25,9 @@ use crate::stats::{Counters, ObjStats};
 /// `lookup_timeout_s`; every async method can be dropped at any await point.
 pub struct ObjTier {
     pub(crate) shared: Arc<Shared>,
-    cfg: ObjTierConfig,
+    pub(crate) cfg: ObjTierConfig,
     /// Background sweeps; shutdown stops and awaits them.
-    sweeps: Mutex<tokio::task::JoinSet<()>>,
+    pub(crate) sweeps: Mutex<tokio::task::JoinSet<()>>,
 }
 
 impl std::fmt::Debug for ObjTier {
@@ -106,7 +106,7 @@ impl ObjTier {
         };
         crate::client::probe(&tier.shared, &tier.cfg.bucket).await?;
         if tier.shared.cap.is_some() {
-            tier.seed_index().await?;
+            tier.shared.seed_index().await?;
         }
         Ok(tier)
     }
@@ -114,124 +114,6 @@ impl ObjTier {
     /// Registers the type `"obj"` in `registry`.
     pub fn register(registry: &mut TierRegistry) {
         registry.register("obj", ObjBuilder);
-    }
-
-    /// The options the tier was opened with.
-    pub fn config(&self) -> &ObjTierConfig {
-        &self.cfg
-    }
-
-    /// The object path of `key`.
-    pub fn object_path(&self, key: &BlockKey) -> String {
-        self.shared.path(key).to_string()
-    }
-
-    /// The underlying store.
-    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
-        &self.shared.store
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> ObjStats {
-        let c = &self.shared.counters;
-        let (bytes, objects) = self.shared.cap.as_ref().map_or((0, 0), |cap| {
-            let i = cap.lock();
-            (i.total(), i.len() as u64)
-        });
-        let mut s = ObjStats {
-            blocks: c.blocks.snapshot(),
-            bytes,
-            objects,
-            ..ObjStats::default()
-        };
-        c.own.fill(&mut s);
-        s
-    }
-
-    /// Runs a capacity sweep now (bounded mode), after any sweep in progress; returns the
-    /// objects it deleted.
-    pub async fn sweep_now(&self) -> usize {
-        self.shared.clone().sweep(true).await
-    }
-
-    /// Forgets cached existence answers (for tests of the cache).
-    pub fn clear_exists_cache(&self) {
-        self.shared.exists.invalidate_all();
-    }
-
-    /// Background sweeps spawned and not yet finished.
-    pub fn sweeps_running(&self) -> usize {
-        let mut set = lock(&self.sweeps);
-        while set.try_join_next().is_some() {}
-        set.len()
-    }
-
-    async fn seed_index(&self) -> Result<()> {
-        let inner = &self.shared;
-        let Some(cap) = &inner.cap else {
-            return Ok(());
-        };
-        let prefix = inner.rank_prefix();
-        let snapshot = inner.recency_path();
-        let mut listing = inner.store.list(Some(&prefix));
-        let mut found = Vec::new();
-        let mut snapshot_time = None;
-        loop {
-            // one page at most per request deadline
-            let next = inner.request(listing.try_next()).await;
-            match next {
-                Ok(Some(meta)) => {
-                    let t = meta.last_modified.timestamp_micros().max(0) as u64;
-                    if let Some(k) = inner.key_of(&meta.location) {
-                        found.push((t, k, meta.size));
-                    } else if meta.location == snapshot {
-                        snapshot_time = Some(t);
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => return Err(inner.err("LIST", e)),
-            }
-        }
-        // the recency the last shutdown saved, if any (touches are not in the objects' ages)
-        let order = match snapshot_time {
-            Some(at) => match inner
-                .request(async { inner.store.get(&snapshot).await?.bytes().await })
-                .await
-            {
-                Ok(bytes) => crate::capacity::decode_recency(&bytes).map(|pos| (pos, at)),
-                Err(e) => {
-                    tracing::warn!(tier = %inner.name, error = %inner.err("GET recency", e), "the recency snapshot is unreadable; objects are ordered by age");
-                    None
-                }
-            },
-            None => None,
-        };
-        if let Some((pos, at)) = order {
-            found = crate::capacity::order_by_snapshot(found, &pos, at);
-        }
-        cap.seed(found);
-        Ok(())
-    }
-
-    /// Saves the bounded index's recency order (touches included) for the next open.
-    async fn save_recency(&self) {
-        let inner = &self.shared;
-        let Some(cap) = &inner.cap else {
-            return;
-        };
-        let bytes = crate::capacity::encode_recency(&cap.lock().keys_by_recency());
-        let path = inner.recency_path();
-        let put = inner
-            .request(async {
-                inner
-                    .store
-                    .put(&path, object_store::PutPayload::from(bytes))
-                    .await
-            })
-            .await;
-        if let Err(e) = put {
-            tracing::warn!(tier = %inner.name, error = %inner.err("PUT recency", e), "the recency order is not saved; the next open orders objects by age");
-        }
     }
 
     async fn run_store(&self, job: StoreJob) -> JobResult {
@@ -408,7 +290,7 @@ impl SecondaryTier for ObjTier {
             set.abort_all();
             while set.join_next().await.is_some() {}
         }
-        self.save_recency().await;
+        self.shared.save_recency().await;
         tracing::debug!(tier = %self.shared.name, took_ms = started.elapsed().as_millis() as u64, "obj tier shut down");
         Ok(())
     }

@@ -1,0 +1,64 @@
+//! What an [`ObjTier`] shows of itself and lets tests and tools drive: its options, object
+//! paths and store, statistics, and sweeps run by hand.
+
+use std::sync::Arc;
+
+use kv_tier_core::BlockKey;
+use object_store::ObjectStore;
+
+use crate::block::lock;
+use crate::config::ObjTierConfig;
+use crate::stats::ObjStats;
+use crate::tier::ObjTier;
+
+impl ObjTier {
+    /// The options the tier was opened with.
+    pub fn config(&self) -> &ObjTierConfig {
+        &self.cfg
+    }
+
+    /// The object path of `key`.
+    pub fn object_path(&self, key: &BlockKey) -> String {
+        self.shared.path(key).to_string()
+    }
+
+    /// The underlying store.
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.shared.store
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ObjStats {
+        let c = &self.shared.counters;
+        let (bytes, objects) = self.shared.cap.as_ref().map_or((0, 0), |cap| {
+            let i = cap.lock();
+            (i.total(), i.len() as u64)
+        });
+        let mut s = ObjStats {
+            blocks: c.blocks.snapshot(),
+            bytes,
+            objects,
+            ..ObjStats::default()
+        };
+        c.own.fill(&mut s);
+        s
+    }
+
+    /// Runs a capacity sweep now (bounded mode), after any sweep in progress; returns the
+    /// objects it deleted.
+    pub async fn sweep_now(&self) -> usize {
+        self.shared.clone().sweep(true).await
+    }
+
+    /// Forgets cached existence answers (for tests of the cache).
+    pub fn clear_exists_cache(&self) {
+        self.shared.exists.invalidate_all();
+    }
+
+    /// Background sweeps spawned and not yet finished.
+    pub fn sweeps_running(&self) -> usize {
+        let mut set = lock(&self.sweeps);
+        while set.try_join_next().is_some() {}
+        set.len()
+    }
+}
