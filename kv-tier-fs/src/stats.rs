@@ -72,8 +72,9 @@ kv_tier_core::counters! {
         skipped_in_grace,
         /// Sweep candidates kept because they were touched after the sweep chose them.
         skipped_recent,
-        /// Files deleted within the grace window because the total was above the hard ceiling
-        /// (or the filesystem was full).
+        /// Files deleted within the grace window: by a sweep over the cap while the total was
+        /// past halfway from the cap to the hard ceiling, by a store's sweep for room under the
+        /// ceiling, or by a sweep on `ENOSPC`.
         grace_overridden,
         /// Stores that had to make room (or wait for it) under the hard ceiling.
         store_waits,
@@ -95,9 +96,11 @@ kv_tier_core::counters! {
         external_removals,
         /// Full rescans run.
         rescans,
-        /// Errors and panics in the GC loop (it goes on after each).
+        /// Errors: panics in the GC loop (it goes on after each) and block files a sweep (on any
+        /// thread) could not delete.
         errors,
-        /// How long the last sweep took to choose its victims, in microseconds.
+        /// How long the last sweep took to read its first batch of candidates (oldest first)
+        /// from the index, in microseconds: the index is ordered, so no walk and no sort.
         last_decision_us,
         /// How long the last sweep took in all, in microseconds.
         last_sweep_us,
