@@ -88,6 +88,53 @@ where
     }
 }
 
+/// How [`TierRegistry::register_tier`] makes a tier from its parsed options, its name, the
+/// namespace and the block size, on the manager's runtime.
+pub enum Opener<C, T> {
+    /// Blocking work (directories, files, a capability probe): run on the runtime's
+    /// blocking pool (see [`BuildContext::open_blocking`]).
+    Blocking(fn(String, C, Namespace, usize) -> Result<T>),
+    /// A connection whose client lives on the manager's runtime (see
+    /// [`BuildContext::connect_on_runtime`]).
+    Connect(fn(String, C, Namespace, usize) -> futures::future::BoxFuture<'static, Result<T>>),
+}
+
+impl<C, T> fmt::Debug for Opener<C, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Opener::Blocking(_) => "Opener::Blocking",
+            Opener::Connect(_) => "Opener::Connect",
+        })
+    }
+}
+
+/// The builder [`TierRegistry::register_tier`] registers.
+struct Typed<C, T> {
+    parse: fn(&TierSpec) -> Result<C>,
+    open: Opener<C, T>,
+}
+
+#[async_trait]
+impl<C, T> TierBuilder for Typed<C, T>
+where
+    C: Send + 'static,
+    T: SecondaryTier + 'static,
+{
+    async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>> {
+        let cfg = (self.parse)(spec)?;
+        let ns = ctx.require_namespace()?.clone();
+        let (name, bs) = (ctx.name.clone(), ctx.block_size);
+        let tier = match &self.open {
+            Opener::Blocking(open) => {
+                let open = *open;
+                ctx.open_blocking(move || open(name, cfg, ns, bs)).await?
+            }
+            Opener::Connect(connect) => ctx.connect_on_runtime(connect(name, cfg, ns, bs)).await?,
+        };
+        Ok(Arc::new(tier))
+    }
+}
+
 /// Maps type names to builders.
 ///
 /// ```
@@ -118,6 +165,38 @@ impl TierRegistry {
     ) -> &mut Self {
         self.builders.insert(type_name.into(), Arc::new(builder));
         self
+    }
+
+    /// Registers `type_name` for a persistent tier (one that needs the namespace): its
+    /// options are parsed and validated by `parse` (errors name their field), then `open`
+    /// makes it. A tier crate registers itself in one call (the fs tier:
+    /// `registry.register_tier("fs", FsTierConfig::from_spec, Opener::Blocking(..))`):
+    ///
+    /// ```
+    /// use kv_tier_core::registry::{Opener, TierRegistry};
+    /// use kv_tier_core::{Namespace, Result, SecondaryTier, config::TierSpec};
+    ///
+    /// struct MyOptions;
+    /// fn register<T: SecondaryTier>(
+    ///     reg: &mut TierRegistry,
+    ///     parse: fn(&TierSpec) -> Result<MyOptions>,
+    ///     open: fn(String, MyOptions, Namespace, usize) -> Result<T>,
+    /// ) {
+    ///     reg.register_tier("mine", parse, Opener::Blocking(open));
+    ///     assert!(reg.contains("mine"));
+    /// }
+    /// ```
+    pub fn register_tier<C, T>(
+        &mut self,
+        type_name: impl Into<String>,
+        parse: fn(&TierSpec) -> Result<C>,
+        open: Opener<C, T>,
+    ) -> &mut Self
+    where
+        C: Send + 'static,
+        T: SecondaryTier + 'static,
+    {
+        self.register(type_name, Typed { parse, open })
     }
 
     /// Whether `type_name` is registered.

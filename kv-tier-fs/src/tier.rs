@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use kv_tier_core::prelude::*;
+use kv_tier_core::registry::Opener;
 
 use crate::block::{Counters, FsOp, Shared, bump, random_salt};
 use crate::config::{Checksum, FsTierConfig};
@@ -191,7 +192,11 @@ impl FsTier {
 
     /// Registers the type `"fs"` in `registry`.
     pub fn register(registry: &mut TierRegistry) {
-        registry.register("fs", FsBuilder);
+        registry.register_tier(
+            "fs",
+            FsTierConfig::from_spec,
+            Opener::Blocking(FsTier::open),
+        );
     }
 
     /// Runs `op` once per block on the I/O threads (one task per block, so a job spreads over
@@ -267,21 +272,6 @@ impl FsTier {
 impl Drop for FsTier {
     fn drop(&mut self) {
         crate::io::join_threads(self.stop_threads());
-    }
-}
-
-struct FsBuilder;
-
-#[async_trait]
-impl kv_tier_core::TierBuilder for FsBuilder {
-    async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>> {
-        let cfg = FsTierConfig::from_spec(spec)?;
-        let ns = ctx.require_namespace()?.clone();
-        let (name, bs) = (ctx.name.clone(), ctx.block_size);
-        let tier = ctx
-            .open_blocking(move || FsTier::open(name, cfg, ns, bs))
-            .await?;
-        Ok(Arc::new(tier))
     }
 }
 

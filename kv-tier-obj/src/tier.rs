@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kv_tier_core::prelude::*;
+use kv_tier_core::registry::Opener;
 use object_store::ObjectStore;
 use rustc_hash::FxHashMap;
 use tokio::sync::Semaphore;
@@ -113,7 +114,14 @@ impl ObjTier {
 
     /// Registers the type `"obj"` in `registry`.
     pub fn register(registry: &mut TierRegistry) {
-        registry.register("obj", ObjBuilder);
+        // the client connects on the manager's runtime (its I/O lives there)
+        registry.register_tier(
+            "obj",
+            ObjTierConfig::from_spec,
+            Opener::Connect(|name, cfg, ns, block_size| {
+                Box::pin(async move { ObjTier::connect(&name, cfg, ns, block_size).await })
+            }),
+        );
     }
 
     async fn run_store(&self, job: StoreJob) -> JobResult {
@@ -158,23 +166,6 @@ impl ObjTier {
                 inner.sweep(false).await;
             });
         }
-    }
-}
-
-struct ObjBuilder;
-
-#[async_trait]
-impl kv_tier_core::TierBuilder for ObjBuilder {
-    async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>> {
-        let cfg = ObjTierConfig::from_spec(spec)?;
-        let ns = ctx.require_namespace()?.clone();
-        // Connect on the manager's runtime (the client's I/O lives there).
-        let name = ctx.name.clone();
-        let bs = ctx.block_size;
-        let tier = ctx
-            .connect_on_runtime(async move { ObjTier::connect(&name, cfg, ns, bs).await })
-            .await?;
-        Ok(Arc::new(tier))
     }
 }
 
