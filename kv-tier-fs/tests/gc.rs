@@ -1222,3 +1222,22 @@ async fn a_sweep_that_panics_mid_unlink_leaves_protect_free() {
     drop(protector.join().unwrap());
     assert_eq!(gc(&tier).files, 15, "the victims left the index for good");
 }
+
+/// A sweep deletes a block's checksum sidecar with the block, whatever the tier's mode: a
+/// root written where user xattrs were missing keeps its checksums in sidecars, and a tier
+/// that keeps them in xattrs must not leave those behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_deletes_a_victims_sidecar_in_any_mode() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10, 0.8); // unchecked: no sidecars of its own
+    let ks = fifteen_aged(&tier).await;
+    let mut side = tier.block_path(&ks[0]).into_os_string();
+    side.push(kv_tier_fs::CRC_SIDECAR_SUFFIX);
+    std::fs::write(&side, b"left by a writer without xattrs").unwrap();
+    assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+    assert!(!tier.block_path(&ks[0]).exists());
+    assert!(
+        !Path::new(&side).exists(),
+        "the swept block's sidecar stayed"
+    );
+}

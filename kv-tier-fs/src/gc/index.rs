@@ -214,19 +214,15 @@ impl Index {
 
     /// Moves `key` to a new mtime (a stamp, or a fresher mtime seen on disk).
     pub(super) fn set_mtime(&mut self, key: &BlockKey, mtime: i64) {
-        let next = self.seq + 1;
-        let changed = self.lru.update(key, |e| {
-            if e.mtime == mtime {
-                return false;
+        let seq = &mut self.seq;
+        self.lru.update(key, |e| {
+            if e.mtime != mtime {
+                e.mtime = mtime;
+                // a change, like an insert: newer than a walk that started before it
+                *seq += 1;
+                e.seq = *seq;
             }
-            e.mtime = mtime;
-            // a change, like an insert: newer than a walk that started before it
-            e.seq = next;
-            true
         });
-        if changed == Some(true) {
-            self.seq = next;
-        }
     }
 
     /// Reserves `bytes` if the total stays within `limit`.

@@ -196,10 +196,6 @@ impl Gc {
         self.sidecar_unit.store(unit, Ordering::Relaxed);
     }
 
-    pub(crate) fn sidecars(&self) -> bool {
-        self.sidecar_unit.load(Ordering::Relaxed) > 0
-    }
-
     /// The GC clock: wall time (or the time it was frozen at) plus a skew that tests may
     /// advance.
     pub(crate) fn now_ns(&self) -> i64 {

@@ -310,7 +310,6 @@ impl Gc {
         batch: &'a [Victim],
         protection: &ProtectionSet,
     ) -> (Vec<&'a Victim>, u64) {
-        let sidecars = self.sidecars();
         // per victim: Some(true) gone, Some(false) failed, None kept (protected)
         let unlink_chunk = |chunk: &[Victim]| {
             let mut out = Vec::with_capacity(chunk.len());
@@ -339,11 +338,11 @@ impl Gc {
                 drop(unlinking);
                 out.push(Some(match r {
                                 Ok(()) => {
-                                    if sidecars {
-                                        let _ = std::fs::remove_file(crate::file::sidecar_path(
-                                            &v.path,
-                                        ));
-                                    }
+                                    // its sidecar too, whatever the tier's mode: a root
+                                    // written where xattrs were missing keeps sidecars
+                                    let _ = std::fs::remove_file(crate::file::sidecar_path(
+                                        &v.path,
+                                    ));
                                     true
                                 }
                                 Err(e) if e.kind() == io::ErrorKind::NotFound => true,

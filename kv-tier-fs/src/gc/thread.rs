@@ -46,11 +46,56 @@ fn gc_loop(gc: &Gc) {
     }
 }
 
+/// When the GC thread sweeps and rescans: a sweep every `interval` (or at once when kicked),
+/// a rescan every `rescan` (if any). A pure function of the times it is given, so its cadence
+/// is tested without waiting.
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    interval: Duration,
+    rescan: Option<Duration>,
+    next_sweep: Instant,
+    next_rescan: Option<Instant>,
+}
+
+/// What one tick of the GC thread does besides applying stamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Due {
+    /// Sweep, if over the cap.
+    sweep: bool,
+    rescan: bool,
+}
+
+impl Schedule {
+    fn new(interval: Duration, rescan: Option<Duration>, now: Instant) -> Self {
+        Self {
+            interval,
+            rescan,
+            next_sweep: now + interval,
+            next_rescan: rescan.map(|d| now + d),
+        }
+    }
+
+    /// What is due at `now` (a kick makes a sweep due at once without moving the next
+    /// interval's); what is due is scheduled again from `now`.
+    fn tick(&mut self, now: Instant, kicked: bool) -> Due {
+        let interval_due = now >= self.next_sweep;
+        if interval_due {
+            self.next_sweep = now + self.interval;
+        }
+        let rescan = self.next_rescan.is_some_and(|at| now >= at);
+        if rescan {
+            self.next_rescan = self.rescan.map(|d| now + d);
+        }
+        Due {
+            sweep: interval_due || kicked,
+            rescan,
+        }
+    }
+}
+
 fn run(gc: &Gc) {
     let tick = gc.cfg.interval.min(Duration::from_secs(1));
-    let now = Instant::now();
-    let mut next_sweep = now + gc.cfg.interval;
-    let mut next_rescan = gc.cfg.rescan_interval.map(|d| now + d);
+    let mut schedule = Schedule::new(gc.cfg.interval, gc.cfg.rescan_interval, Instant::now());
     loop {
         let (stop, kicked) = gc.wait(tick);
         if stop {
@@ -58,20 +103,13 @@ fn run(gc: &Gc) {
         }
         gc.hook(SweepPoint::Tick);
         let step = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let due = schedule.tick(Instant::now(), kicked);
             // Capacity first: keys with a stamp still pending are skipped by the sweep anyway.
-            let now = Instant::now();
-            let due = now >= next_sweep;
-            if due {
-                next_sweep = now + gc.cfg.interval;
-            }
-            if (due || kicked) && gc.over_cap() {
+            if due.sweep && gc.over_cap() {
                 gc.sweep(Goal::Cap);
             }
             gc.apply_stamps();
-            if let Some(at) = next_rescan
-                && now >= at
-            {
-                next_rescan = gc.cfg.rescan_interval.map(|d| now + d);
+            if due.rescan {
                 gc.rescan();
             }
         }));
@@ -79,5 +117,45 @@ fn run(gc: &Gc) {
             gc.counters.errors.fetch_add(1, Ordering::Relaxed);
             tracing::error!(tier = %gc.at.name, "the fs tier's GC step panicked; the GC goes on");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_sweep_is_due_each_interval_or_when_kicked() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(60 * S, None, t0);
+        let due = |s: &mut Schedule, at: Duration, kicked| s.tick(t0 + at, kicked).sweep;
+        assert!(!due(&mut s, 59 * S, false));
+        assert!(due(&mut s, 30 * S, true), "a kick sweeps at once");
+        assert!(
+            due(&mut s, 60 * S, false),
+            "the interval is not moved by a kick"
+        );
+        assert!(
+            !due(&mut s, 119 * S, false),
+            "the next interval runs from the last"
+        );
+        assert!(due(&mut s, 120 * S, false));
+        assert!(!due(&mut s, 121 * S, false));
+    }
+
+    #[test]
+    fn a_rescan_is_due_each_rescan_interval_and_never_without_one() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(S, Some(100 * S), t0);
+        let rescan = |s: &mut Schedule, at: Duration| s.tick(t0 + at, false).rescan;
+        assert!(!rescan(&mut s, 99 * S));
+        assert!(rescan(&mut s, 100 * S));
+        assert!(!rescan(&mut s, 150 * S), "the next one runs from the last");
+        assert!(!rescan(&mut s, 199 * S));
+        assert!(rescan(&mut s, 200 * S));
+        let mut never = Schedule::new(S, None, t0);
+        assert!(!rescan(&mut never, 1_000_000 * S));
     }
 }
