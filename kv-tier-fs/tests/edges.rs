@@ -272,11 +272,17 @@ async fn a_store_leaves_a_block_whose_sidecar_is_still_coming() {
     c.checksum = kv_tier_fs::Checksum::Crc32c;
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
     tier.set_sidecar_grace(Duration::from_secs(3600));
-    let k = test_key(1);
+    // just published, no sidecar yet
+    store_over_a_planted_block(&tier, test_key(1)).await;
+}
+
+/// Writes a block file without any checksum at `k`'s path (another writer's), stores `k`
+/// and checks the store skipped it and left the file as it was; returns its path.
+async fn store_over_a_planted_block(tier: &FsTier, k: BlockKey) -> std::path::PathBuf {
     let p = tier.block_path(&k);
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(&p, block_bytes(&k, 3, BS)).unwrap(); // just published, no sidecar yet
-    assert!(store(&tier, &[k], 0).await.is_success());
+    std::fs::write(&p, block_bytes(&k, 3, BS)).unwrap();
+    assert!(store(tier, &[k], 0).await.is_success());
     let s = tier.stats();
     assert_eq!(
         (s.blocks.stores_skipped, s.blocks.corrupt_deleted),
@@ -284,6 +290,7 @@ async fn a_store_leaves_a_block_whose_sidecar_is_still_coming() {
         "{s:?}"
     );
     assert_eq!(std::fs::read(&p).unwrap(), block_bytes(&k, 3, BS));
+    p
 }
 
 /// A buffer whose start is deliberately not aligned for direct I/O, readable after the tier
@@ -364,18 +371,7 @@ async fn a_present_block_is_kept_by_a_store_in_a_plain_and_a_lenient_tier() {
     lenient.accept_unverified = true;
     for c in [cfg(root.path()), lenient] {
         let tier = FsTier::open("fs", c, ns(), BS).unwrap();
-        let k = test_key(7);
-        let p = tier.block_path(&k);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(&p, block_bytes(&k, 3, BS)).unwrap(); // no checksum anywhere
-        assert!(store(&tier, &[k], 0).await.is_success());
-        let s = tier.stats();
-        assert_eq!(
-            (s.blocks.stores_skipped, s.blocks.corrupt_deleted),
-            (1, 0),
-            "{s:?}"
-        );
-        assert_eq!(std::fs::read(&p).unwrap(), block_bytes(&k, 3, BS));
+        let p = store_over_a_planted_block(&tier, test_key(7)).await;
         std::fs::remove_file(&p).unwrap();
     }
 }

@@ -1106,6 +1106,18 @@ async fn the_grace_window_ends_to_the_nanosecond() {
     assert_eq!(tier.gc_sweep_now().unwrap(), 7);
 }
 
+/// Touches `k` a nanosecond before a whole stamp interval (a minute) has passed on the frozen
+/// GC clock since its last stamp, then exactly at it: only the second touch is queued.
+fn touch_at_the_stamp_interval_boundary(tier: &FsTier, k: BlockKey) {
+    tier.advance_gc_clock(Duration::from_secs(60) - Duration::from_nanos(1))
+        .unwrap();
+    tier.touch(&[k]);
+    assert_eq!(gc(tier).pending_stamps, 0, "stamped within the interval");
+    tier.advance_gc_clock(Duration::from_nanos(1)).unwrap();
+    tier.touch(&[k]);
+    assert_eq!(gc(tier).pending_stamps, 1);
+}
+
 /// A key is stamped at most once per `gc_stamp_interval_s`, and again as soon as a whole
 /// interval has passed: a nanosecond before, a touch is dropped; at the boundary, it is queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1115,13 +1127,7 @@ async fn the_stamp_interval_ends_to_the_nanosecond() {
     tier.freeze_gc_clock().unwrap();
     let k = leaf_key(1);
     assert!(store(&tier, &[k], 0).await.is_success()); // its last use: now
-    tier.advance_gc_clock(Duration::from_secs(60) - Duration::from_nanos(1))
-        .unwrap();
-    tier.touch(&[k]);
-    assert_eq!(gc(&tier).pending_stamps, 0, "stamped within the interval");
-    tier.advance_gc_clock(Duration::from_nanos(1)).unwrap();
-    tier.touch(&[k]);
-    assert_eq!(gc(&tier).pending_stamps, 1);
+    touch_at_the_stamp_interval_boundary(&tier, k);
 }
 
 /// The same boundary for a key of another process, which the tier remembers only by the time
@@ -1134,13 +1140,7 @@ async fn a_foreign_keys_stamp_interval_ends_to_the_nanosecond() {
     let j = leaf_key(1); // no file anywhere: it stays foreign
     tier.touch(&[j]);
     tier.gc_apply_stamps_now().unwrap();
-    tier.advance_gc_clock(Duration::from_secs(60) - Duration::from_nanos(1))
-        .unwrap();
-    tier.touch(&[j]);
-    assert_eq!(gc(&tier).pending_stamps, 0, "stamped within the interval");
-    tier.advance_gc_clock(Duration::from_nanos(1)).unwrap();
-    tier.touch(&[j]);
-    assert_eq!(gc(&tier).pending_stamps, 1);
+    touch_at_the_stamp_interval_boundary(&tier, j);
 }
 
 /// A stamp's interval runs from the touch that queued it, not from when the GC thread got to
