@@ -451,14 +451,15 @@ impl Shared {
         }
     }
 
-    /// Deletes a damaged object (reported as removed).
+    /// Deletes a damaged object, reported removed first: the block is lost whether or not
+    /// the DELETE ends (one that times out or is dropped may still have run).
     async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath) {
+        self.events.push(vec![*key], true);
         self.delete_epoch.fetch_add(1, Ordering::SeqCst);
         self.exists.invalidate(key);
         self.uncount(key);
         if self.request(self.store.delete(path)).await.is_ok() {
             bump(&self.counters.blocks.corrupt_deleted, 1);
-            self.events.push(vec![*key], true);
         }
     }
 

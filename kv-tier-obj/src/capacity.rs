@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 use kv_tier_core::lru::{LruIndex, Slot};
-use kv_tier_core::{BlockKey, ProtectionSet};
+use kv_tier_core::{BlockKey, EventLog, ProtectionSet};
 use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
@@ -240,22 +240,49 @@ impl Cap {
     }
 }
 
-/// Owns victims being deleted: if the sweep is dropped mid-way (shutdown, cancellation),
-/// they go back to the index (it may count an object that is gone; a later sweep's delete
-/// of it is a no-op) and leave `deleting`, so no store waits for them forever.
+/// Owns victims being deleted, and ends their deletion however the sweep ends (done,
+/// failed, timed out, dropped at shutdown or cancelled).
+///
+/// Every victim is reported removed when the batch is taken, before any DELETE: from then on
+/// lookups answer absent for it, and one whose DELETE is not confirmed may be gone too (a
+/// request that timed out or was dropped may have run on the server; a batch may end part
+/// way), while a key reported stored must never go missing without its removal reported.
+/// Victims not confirmed gone go back to the index with their old recency (they may still
+/// be there: counting them is the safe side of the bound, and a later sweep's delete of one
+/// that is gone is a no-op; found again, one is a hit that was reported removed, never a
+/// loss); all leave `deleting`, so no store waits for them forever.
 pub(crate) struct Deleting<'a> {
     pub(crate) cap: &'a Cap,
     pub(crate) victims: Vec<(BlockKey, Entry)>,
-    pub(crate) failed: Option<Vec<BlockKey>>,
+    /// Per victim: whether its DELETE was confirmed (or the object was already gone).
+    pub(crate) gone: Vec<bool>,
+}
+
+impl<'a> Deleting<'a> {
+    /// Takes `victims` (out of the index, marked deleting by [`Cap::decide`]) and reports
+    /// them removed.
+    pub(crate) fn new(cap: &'a Cap, events: &EventLog, victims: Vec<(BlockKey, Entry)>) -> Self {
+        events.push(victims.iter().map(|(k, _)| *k).collect(), true);
+        let gone = vec![false; victims.len()];
+        Self { cap, victims, gone }
+    }
+
+    /// How many victims are confirmed gone.
+    pub(crate) fn confirmed(&self) -> usize {
+        self.gone.iter().filter(|g| **g).count()
+    }
 }
 
 impl Drop for Deleting<'_> {
     fn drop(&mut self) {
-        let failed = match self.failed.take() {
-            Some(f) => f,
-            None => self.victims.iter().map(|(k, _)| *k).collect(),
-        };
-        self.cap.finish(&self.victims, &failed);
+        let doubtful: Vec<BlockKey> = self
+            .victims
+            .iter()
+            .zip(&self.gone)
+            .filter(|(_, gone)| !**gone)
+            .map(|((k, _), _)| *k)
+            .collect();
+        self.cap.finish(&self.victims, &doubtful);
     }
 }
 
@@ -308,14 +335,42 @@ mod tests {
         assert_eq!(victims, (2..9).map(k).collect::<Vec<_>>());
         assert_eq!(cap.lock().total(), 50);
         assert!(cap.lock().is_deleting(&k(2)));
-        let d = Deleting {
-            cap: &cap,
-            victims: vec![(k(2), Slot { size: 10, at: 3 })],
-            failed: None,
-        };
+        let log = EventLog::new(
+            "t",
+            kv_tier_core::Medium::Storage,
+            kv_tier_core::Locality::Local,
+        );
+        let d = Deleting::new(&cap, &log, vec![(k(2), Slot { size: 10, at: 3 })]);
+        // reported removed as soon as it is taken (lookups answer absent from then on)
+        let ev = log.take();
         drop(d); // dropped before it finished: the victim is restored
         assert!(!cap.lock().is_deleting(&k(2)));
         assert_eq!(cap.lock().total(), 60);
+        assert_eq!(ev.len(), 1);
+        assert!(ev[0].removed && ev[0].keys == vec![k(2)], "{ev:?}");
+        // one confirmed gone stays out of the index, one not confirmed goes back
+        assert!(cap.lock().is_deleting(&k(3)) && cap.lock().is_deleting(&k(4)));
+        let mut d = Deleting::new(
+            &cap,
+            &log,
+            vec![
+                (k(3), Slot { size: 10, at: 4 }),
+                (k(4), Slot { size: 10, at: 5 }),
+            ],
+        );
+        d.gone[0] = true;
+        assert_eq!(d.confirmed(), 1);
+        let ev = log.take();
+        drop(d);
+        assert!(!cap.lock().is_deleting(&k(3)) && !cap.lock().is_deleting(&k(4)));
+        assert_eq!(
+            cap.lock().total(),
+            70,
+            "only the doubtful one is counted again"
+        );
+        assert!(cap.lock().lru.get(&k(4)).is_some() && cap.lock().lru.get(&k(3)).is_none());
+        assert!(log.take().is_empty(), "reported once, when taken");
+        assert!(ev[0].removed && ev[0].keys == vec![k(3), k(4)], "{ev:?}");
     }
 
     #[test]

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures::{StreamExt, TryStreamExt};
-use kv_tier_core::{BlockKey, Result};
+use kv_tier_core::Result;
 use object_store::path::Path as ObjPath;
+use rustc_hash::FxHashMap;
 
 use crate::block::{Shared, bump};
 use crate::capacity::Deleting;
@@ -16,7 +17,8 @@ const BATCH: usize = 256;
 
 impl Shared {
     /// Deletes least-recently-used objects down to the low watermark, skipping protected
-    /// keys; returns how many it deleted and reports them as removed. With `wait`, runs after
+    /// keys; returns how many it deleted (confirmed by the store). Every victim is reported
+    /// removed, batch by batch (see [`Deleting`]). With `wait`, runs after
     /// a sweep in progress; without, returns 0 if one runs.
     ///
     /// Each batch is decided atomically with `protect()` (see [`crate::capacity::Cap::decide`]);
@@ -37,7 +39,7 @@ impl Shared {
             return 0;
         }
         let mut cursor = None;
-        let mut deleted = Vec::new();
+        let mut deleted = 0;
         let mut examined = 0;
         loop {
             if self.closed.load(Ordering::SeqCst) {
@@ -47,69 +49,70 @@ impl Shared {
             bump(&self.counters.own.skipped_in_flight, d.protected);
             examined += d.examined;
             if !d.victims.is_empty() {
-                let mut guard = Deleting {
-                    cap,
-                    victims: d.victims,
-                    failed: None,
-                };
-                let (gone, failed) = self.delete_batch(&guard.victims).await;
-                guard.failed = Some(failed);
-                drop(guard);
-                deleted.extend(gone);
+                let mut batch = Deleting::new(cap, &self.events, d.victims);
+                self.delete_batch(&mut batch).await;
+                deleted += batch.confirmed();
             }
             if d.done {
                 break;
             }
         }
-        bump(&self.counters.own.evicted, deleted.len() as u64);
+        bump(&self.counters.own.evicted, deleted as u64);
         bump(&self.counters.own.sweeps, 1);
-        tracing::debug!(tier = %self.name, deleted = deleted.len(), examined, "obj tier sweep");
-        let n = deleted.len();
-        self.events.push(deleted, true);
-        n
+        tracing::debug!(tier = %self.name, deleted, examined, "obj tier sweep");
+        deleted
     }
 
-    /// One batched DELETE of `victims`: returns the keys gone and the keys that may remain.
-    async fn delete_batch(
-        &self,
-        victims: &[(BlockKey, crate::capacity::Entry)],
-    ) -> (Vec<BlockKey>, Vec<BlockKey>) {
+    /// One batched DELETE of the batch's victims, within one request deadline, marking each
+    /// as gone as the store confirms it (so a batch that times out or is dropped part way
+    /// knows which deletes it saw end; see [`Deleting`] for the rest).
+    async fn delete_batch(&self, batch: &mut Deleting<'_>) {
         self.delete_epoch.fetch_add(1, Ordering::SeqCst);
-        for (k, _) in victims {
+        for (k, _) in &batch.victims {
             self.exists.invalidate(k);
         }
-        let paths: Vec<ObjPath> = victims.iter().map(|(k, _)| self.path(k)).collect();
-        let results = self
+        let paths: Vec<ObjPath> = batch.victims.iter().map(|(k, _)| self.path(k)).collect();
+        let at: FxHashMap<String, usize> = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.to_string(), i))
+            .collect();
+        let gone = &mut batch.gone;
+        let mut errors = Vec::new();
+        let done = self
             .request(async {
                 let stream = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
-                Ok(self.store.delete_stream(stream).collect::<Vec<_>>().await)
-            })
-            .await;
-        let (mut gone, mut failed) = (Vec::new(), Vec::new());
-        match results {
-            Ok(results) => {
-                for ((k, _), r) in victims.iter().zip(results) {
-                    match r {
-                        Ok(_) | Err(object_store::Error::NotFound { .. }) => gone.push(*k),
+                let mut results = self.store.delete_stream(stream);
+                while let Some(r) = results.next().await {
+                    let path = match r {
+                        Ok(p) => p.to_string(),
+                        // already gone
+                        Err(object_store::Error::NotFound { path, .. }) => path,
+                        // a bulk request's error need not name the object
                         Err(e) => {
-                            tracing::warn!(tier = %self.name, key = %k, error = %e, "capacity delete failed");
-                            failed.push(*k);
+                            errors.push(e);
+                            continue;
                         }
+                    };
+                    if let Some(i) = at.get(&path) {
+                        gone[*i] = true;
                     }
                 }
-            }
-            Err(e) => {
-                let err = self.err("DELETE batch", e);
-                tracing::warn!(tier = %self.name, objects = victims.len(), error = %err, "capacity delete failed");
-                failed.extend(victims.iter().map(|(k, _)| *k));
-            }
+                Ok(())
+            })
+            .await;
+        let doubtful = batch.victims.len() - batch.confirmed();
+        if let Err(e) = done {
+            let err = self.err("DELETE batch", e);
+            tracing::warn!(tier = %self.name, objects = doubtful, error = %err, "capacity delete did not end; the objects not confirmed gone are reported removed and stay counted");
+        } else if let Some(e) = errors.first() {
+            tracing::warn!(tier = %self.name, objects = doubtful, errors = errors.len(), error = %e, "capacity delete failed; the objects not confirmed gone are reported removed and stay counted");
         }
         // A HEAD that overlapped the delete may have cached "present" before it: forget it.
         self.delete_epoch.fetch_add(1, Ordering::SeqCst);
-        for k in &gone {
+        for (k, _) in &batch.victims {
             self.exists.invalidate(k);
         }
-        (gone, failed)
     }
 }
 

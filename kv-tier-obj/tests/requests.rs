@@ -147,6 +147,17 @@ async fn a_key_being_deleted_is_absent_and_its_store_waits_for_the_delete() {
         vec![false],
         "a key being deleted was found"
     );
+    // absent from now on, so reported removed from now on (not when the sweep ends)
+    let removed: Vec<_> = tier
+        .take_events()
+        .into_iter()
+        .filter(|e| e.removed)
+        .flat_map(|e| e.keys)
+        .collect();
+    assert!(
+        removed.contains(&k),
+        "a key lookups answer absent for is not reported removed: {removed:?}"
+    );
     let t2 = tier.clone();
     let storing = tokio::spawn(async move { store(&t2, &[k]).await });
     for _ in 0..20 {
@@ -159,6 +170,62 @@ async fn a_key_being_deleted_is_absent_and_its_store_waits_for_the_delete() {
         s.exists(&tier.object_path(&k)).await,
         "the store wrote before the delete and the delete removed it"
     );
+    // the store's copy is reported after the removal, so the last word on `k` is "stored"
+    let last = tier
+        .take_events()
+        .into_iter()
+        .rfind(|e| e.keys.contains(&k))
+        .expect("the store reported its copy");
+    assert!(!last.removed, "the removal was reported after the new copy");
+}
+
+/// A sweep's DELETEs run on the server, and their replies never arrive within the request
+/// deadline: the sweep cannot tell the objects are gone. Each is reported removed anyway
+/// (a key reported stored never goes missing unreported), and each is still counted
+/// toward the bound (it may be there); a later sweep's delete of one is a no-op.
+#[tokio::test(start_paused = true)]
+async fn a_delete_whose_reply_is_lost_is_reported_removed_and_still_counted() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded(4);
+    c.request_timeout_s = 1.0;
+    c.max_retries = 0;
+    let tier = tier_on(&s, c).await;
+    let keys: Vec<_> = (0..5).map(test_key).collect();
+    for k in &keys[..4] {
+        assert!(store(&tier, &[*k]).await.is_success());
+    }
+    tier.take_events();
+    s.delay_replies(Op::Delete, std::time::Duration::from_secs(3600));
+    assert!(store(&tier, &keys[4..]).await.is_success()); // over: a sweep starts
+    assert_eq!(tier.sweep_now().await, 0, "no delete was confirmed");
+    let gone: Vec<_> = keys
+        .iter()
+        .filter(|k| !futures::executor::block_on(s.exists(&tier.object_path(k))))
+        .copied()
+        .collect();
+    assert!(!gone.is_empty(), "the sweep deleted nothing");
+    let removed: Vec<_> = tier
+        .take_events()
+        .into_iter()
+        .filter(|e| e.removed)
+        .flat_map(|e| e.keys)
+        .collect();
+    for k in &gone {
+        assert!(
+            removed.contains(k),
+            "{k} is gone from the store and was never reported removed (removed: {removed:?})"
+        );
+        assert_eq!(tier.lookup(&[*k]).await.unwrap(), vec![false]);
+    }
+    assert_eq!(
+        tier.stats().bytes,
+        5 * BS as u64,
+        "objects the sweep could not confirm gone left the count"
+    );
+    // with replies back, the next sweep confirms them gone, and the count follows
+    s.delay_replies(Op::Delete, std::time::Duration::ZERO);
+    assert_eq!(tier.sweep_now().await, gone.len());
+    assert_eq!(tier.stats().bytes, (5 - gone.len() as u64) * BS as u64);
 }
 
 #[tokio::test]

@@ -42,6 +42,8 @@ struct Plan {
     gates: HashMap<Op, Gate>,
     path_gates: Vec<(Op, String, Gate)>,
     delays: HashMap<Op, Duration>,
+    /// Replies of requests that have run take this long to arrive.
+    reply_delays: HashMap<Op, Duration>,
     /// GET bodies arrive in chunks of this many bytes.
     chunk: Option<usize>,
     /// GET bodies lose this many bytes at their end (the metadata still says whole).
@@ -138,11 +140,13 @@ impl ControlledStore {
         }
     }
 
-    /// Opens every gate and lets every later request through.
+    /// Opens every gate, lets every later request through, and ends reply delays (a reply
+    /// already waiting still waits).
     pub fn release_all(&self) {
         for op in Op::ALL {
             self.release(op);
         }
+        self.plan.lock().unwrap().reply_delays.clear();
     }
 
     /// Opens `op`'s gates and lets later requests through.
@@ -162,6 +166,21 @@ impl ControlledStore {
     /// Requests of `op` take `d` (on tokio's clock) before they run.
     pub fn delay(&self, op: Op, d: Duration) {
         self.plan.lock().unwrap().delays.insert(op, d);
+    }
+
+    /// Requests of `op` run at once, and their replies take `d` (on tokio's clock) to
+    /// arrive: a client whose deadline fires meanwhile cannot tell that the request ran (a
+    /// PUT that landed, a DELETE that removed its object).
+    pub fn delay_replies(&self, op: Op, d: Duration) {
+        self.plan.lock().unwrap().reply_delays.insert(op, d);
+    }
+
+    /// Waits out the reply delay of `op`, if any.
+    async fn reply(&self, op: Op) {
+        let d = self.plan.lock().unwrap().reply_delays.get(&op).copied();
+        if let Some(d) = d {
+            tokio::time::sleep(d).await;
+        }
     }
 
     /// GET bodies arrive in chunks of `n` bytes from now on (`None`: as the inner store
@@ -228,7 +247,9 @@ impl ObjectStore for ControlledStore {
         {
             return Err(object_store::Error::NotImplemented);
         }
-        self.inner.put_opts(location, payload, opts).await
+        let r = self.inner.put_opts(location, payload, opts).await;
+        self.reply(Op::Put).await;
+        r
     }
 
     async fn put_multipart_opts(
@@ -242,7 +263,9 @@ impl ObjectStore for ControlledStore {
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         let op = if options.head { Op::Head } else { Op::Get };
         self.enter(op, location).await;
-        let got = self.inner.get_opts(location, options).await?;
+        let got = self.inner.get_opts(location, options).await;
+        self.reply(op).await;
+        let got = got?;
         let (chunk, cut) = {
             let p = self.plan.lock().unwrap();
             (p.chunk, p.cut)
@@ -269,12 +292,16 @@ impl ObjectStore for ControlledStore {
 
     async fn head(&self, location: &Path) -> Result<ObjectMeta> {
         self.enter(Op::Head, location).await;
-        self.inner.head(location).await
+        let r = self.inner.head(location).await;
+        self.reply(Op::Head).await;
+        r
     }
 
     async fn delete(&self, location: &Path) -> Result<()> {
         self.enter(Op::Delete, location).await;
-        self.inner.delete(location).await
+        let r = self.inner.delete(location).await;
+        self.reply(Op::Delete).await;
+        r
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use kv_tier_core::{BlockKey, Namespace, RunFields, SecondaryTier, TierOptions};
 use kv_tier_fs::{Checksum, FsTier, FsTierConfig};
 use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig};
-use kv_tier_testkit::controlled_store::ControlledStore;
+use kv_tier_testkit::controlled_store::{ControlledStore, Op};
 use kv_tier_testkit::sim::{BLOCK_SIZE, BoxFuture, Tamper, World};
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
@@ -225,6 +225,15 @@ impl World for RealWorld {
     fn hang_backend(&mut self, tier: usize) -> bool {
         if tier == 1 {
             self.store.hold_all();
+        }
+        tier == 1
+    }
+
+    fn lose_replies(&mut self, tier: usize) -> bool {
+        if tier == 1 {
+            for op in Op::ALL {
+                self.store.delay_replies(op, Duration::from_secs(5));
+            }
         }
         tier == 1
     }

@@ -59,6 +59,11 @@ impl Driver<'_> {
                 f.delay(Some(Duration::from_millis(1 + self.rng.below(3))));
                 "delays"
             }
+            fault::HANGS if self.rng.chance(125) && self.world.lose_replies(t) => {
+                // requests run, their replies come too late: the tier cannot tell what it
+                // wrote or deleted
+                "backend replies lost"
+            }
             fault::HANGS if self.rng.chance(250) && self.world.hang_backend(t) => {
                 // inside the tier, with its uploads and claims in flight: the manager's
                 // deadline drops the tier's futures mid-request

@@ -54,6 +54,12 @@ pub trait World: Send {
     fn hang_backend(&mut self, _tier: usize) -> bool {
         false
     }
+    /// Makes tier `tier`'s backend run every request but answer past every deadline (the
+    /// client cannot tell a PUT landed or a DELETE removed its object) until
+    /// [`World::heal_backend`]; `false` where the world cannot.
+    fn lose_replies(&mut self, _tier: usize) -> bool {
+        false
+    }
     /// Lets tier `tier`'s backend answer again.
     fn heal_backend(&mut self, _tier: usize) {}
     /// A count that grows whenever tier `tier` answers a probe "absent" without knowing (its
