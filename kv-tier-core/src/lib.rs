@@ -10,6 +10,7 @@ pub mod key;
 pub mod layout;
 pub mod lru;
 pub mod manager;
+pub mod metrics;
 pub mod probe_cache;
 pub mod ranges;
 pub mod registry;
@@ -31,7 +32,8 @@ pub use probe_cache::{Presence, ProbeCache};
 pub use registry::{BuildContext, TierBuilder, TierRegistry};
 pub use request::{LookupResult, PrefixCount, RequestContext, RequestId, TierFilter, count_prefix};
 pub use stats::{
-    BlockCounters, BlockStats, FailureCauses, LatencyHistogram, ManagerStats, TierStats,
+    BlockCounters, BlockStats, FailureCauses, LatencyHistogram, ManagerStats, TierSnapshot,
+    TierStats,
 };
 pub use tier::{
     Capability, JobResult, LoadJob, PreparedStore, PrimaryStats, PrimaryTier, ProtectGuard,

@@ -37,6 +37,22 @@ impl std::fmt::Debug for LatencyHistogram {
     }
 }
 
+/// Serialised as its summary: `count`, then `mean`, `p50`, `p90`, `p99` and `max` in
+/// seconds.
+impl serde::Serialize for LatencyHistogram {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("LatencyHistogram", 6)?;
+        st.serialize_field("count", &self.total)?;
+        st.serialize_field("mean_s", &self.mean().as_secs_f64())?;
+        st.serialize_field("p50_s", &self.quantile(0.5).as_secs_f64())?;
+        st.serialize_field("p90_s", &self.quantile(0.9).as_secs_f64())?;
+        st.serialize_field("p99_s", &self.quantile(0.99).as_secs_f64())?;
+        st.serialize_field("max_s", &self.max().as_secs_f64())?;
+        st.end()
+    }
+}
+
 fn bucket_of(us: u64) -> usize {
     let us = us.max(1);
     let exp = 63 - us.leading_zeros();
@@ -111,7 +127,7 @@ impl LatencyHistogram {
 }
 
 /// Counters of one secondary tier, as seen by the manager.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct TierStats {
     /// The tier's name.
     pub name: String,
@@ -166,6 +182,8 @@ pub struct TierStats {
     pub tracked_requests: usize,
     /// Keys leased in the tier (found present, protected until promoted).
     pub leased_keys: usize,
+    /// The tier's own statistics ([`SecondaryTier::stats`](crate::SecondaryTier::stats)).
+    pub own: TierSnapshot,
 }
 
 /// Why blocks of jobs failed, by the kind of error their tier reported.
@@ -238,8 +256,9 @@ impl FailureCauses {
     }
 }
 
-/// Counters of a [`crate::TieringManager`].
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Counters of a [`crate::TieringManager`], with its tiers' (serialisable: a report or an
+/// endpoint can hand it out whole).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct ManagerStats {
     /// `lookup` calls.
     pub lookups: u64,
@@ -375,7 +394,193 @@ macro_rules! counters {
                 s
             }
         }
+
+        impl $crate::stats::Figures for $stats {
+            fn figures(&self, prefix: &str, _help: &str, out: &mut Vec<$crate::stats::Figure>) {
+                $(
+                    $crate::stats::Figures::figures(
+                        &self.$ofield,
+                        &$crate::stats::figure_name(prefix, stringify!($ofield)),
+                        concat!($($odoc, " ",)*),
+                        out,
+                    );
+                )*
+                $(
+                    out.push($crate::stats::Figure::new(
+                        $crate::stats::figure_name(prefix, stringify!($field)),
+                        concat!($($doc, " ",)*),
+                        $crate::stats::FigureKind::Counter,
+                        self.$field,
+                    ));
+                )*
+            }
+        }
     };
+}
+
+/// One number of a tier's statistics, flat, for metrics exporters: a name unique within the
+/// tier (`snake_case`, nested statistics joined with `_`: `gc_swept_files`), the doc comment
+/// of its field as help, and whether it only grows.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Figure {
+    /// The name, unique within the tier.
+    pub name: String,
+    /// What it counts (the field's doc comment).
+    pub help: String,
+    /// Counter (only grows) or gauge.
+    pub kind: FigureKind,
+    /// Its value now (`bool`s are 0 or 1).
+    pub value: u64,
+}
+
+/// Whether a [`Figure`] only grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FigureKind {
+    /// Only grows while the tier is open (events counted).
+    Counter,
+    /// A level now (bytes held, entries, flags).
+    Gauge,
+}
+
+impl Figure {
+    /// A figure; `help` is trimmed and its whitespace runs made single spaces.
+    pub fn new(name: String, help: &str, kind: FigureKind, value: u64) -> Self {
+        Self {
+            name,
+            help: help.split_whitespace().collect::<Vec<_>>().join(" "),
+            kind,
+            value,
+        }
+    }
+}
+
+/// `prefix_name`, or `name` alone when `prefix` is empty.
+pub fn figure_name(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}_{name}")
+    }
+}
+
+/// Statistics that list themselves as flat [`Figure`]s (the [`counters!`](crate::counters)
+/// macro implements it for the types it declares; numbers and flags are gauges, an absent
+/// `Option` lists nothing).
+pub trait Figures {
+    /// Appends this value's figures, named `name` (or, for a struct, its fields named under
+    /// the prefix `name`), with `help` for a single number.
+    fn figures(&self, name: &str, help: &str, out: &mut Vec<Figure>);
+}
+
+impl Figures for u64 {
+    fn figures(&self, name: &str, help: &str, out: &mut Vec<Figure>) {
+        out.push(Figure::new(name.into(), help, FigureKind::Gauge, *self));
+    }
+}
+
+impl Figures for usize {
+    fn figures(&self, name: &str, help: &str, out: &mut Vec<Figure>) {
+        out.push(Figure::new(
+            name.into(),
+            help,
+            FigureKind::Gauge,
+            *self as u64,
+        ));
+    }
+}
+
+impl Figures for bool {
+    fn figures(&self, name: &str, help: &str, out: &mut Vec<Figure>) {
+        out.push(Figure::new(
+            name.into(),
+            help,
+            FigureKind::Gauge,
+            u64::from(*self),
+        ));
+    }
+}
+
+impl<T: Figures> Figures for Option<T> {
+    fn figures(&self, name: &str, help: &str, out: &mut Vec<Figure>) {
+        if let Some(v) = self {
+            v.figures(name, help, out);
+        }
+    }
+}
+
+/// A secondary tier's own statistics, as [`SecondaryTier::stats`](crate::SecondaryTier::stats)
+/// reports them: what every block-storing tier counts, its occupancy and bound where it has
+/// one, and its own figures, both flat (for metrics) and as its statistics type serialises
+/// them (for reports and scripts).
+///
+/// ```
+/// use kv_tier_core::stats::{FigureKind, TierSnapshot};
+/// kv_tier_core::counters! {
+///     /// What my tier did.
+///     #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+///     pub struct MyStats;
+///     /// The live counters behind [`MyStats`].
+///     pub struct MyCounters;
+///     fields {
+///         /// Entries held now.
+///         entries: u64,
+///     }
+///     counted {
+///         /// Requests sent.
+///         requests,
+///     }
+/// }
+/// let mut mine = MyStats { entries: 3, ..Default::default() };
+/// mine.requests = 5;
+/// let snap = TierSnapshot::new("mine", Default::default(), &mine);
+/// assert_eq!(snap.figures[0].name, "entries");
+/// assert_eq!(snap.figures[0].kind, FigureKind::Gauge);
+/// assert_eq!((snap.figures[1].name.as_str(), snap.figures[1].value), ("requests", 5));
+/// assert_eq!(snap.figures[1].help, "Requests sent.");
+/// assert_eq!(snap.detail["entries"], 3);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct TierSnapshot {
+    /// The tier's type (`"fs"`, `"obj"`, a custom tier's own); empty for a tier that reports
+    /// no statistics.
+    pub kind: String,
+    /// What every block-storing tier counts (zero for a tier that does not).
+    pub blocks: BlockStats,
+    /// Bytes the tier holds now, where it counts them (bounded tiers).
+    pub used_bytes: Option<u64>,
+    /// The bound on `used_bytes`, if the tier has one.
+    pub capacity_bytes: Option<u64>,
+    /// The tier's own figures, flat (the block counters above are not repeated here).
+    pub figures: Vec<Figure>,
+    /// The tier's own statistics as its statistics type serialises them (e.g. `FsStats`).
+    pub detail: serde_json::Value,
+}
+
+impl TierSnapshot {
+    /// A snapshot of a tier of type `kind` with the block counters `blocks` and its own
+    /// statistics `own` (figures named by [`Figures`]; any named `blocks_...` are the block
+    /// counters again, and are left out).
+    pub fn new<S: Figures + serde::Serialize>(kind: &str, blocks: BlockStats, own: &S) -> Self {
+        let mut figures = Vec::new();
+        own.figures("", "", &mut figures);
+        figures.retain(|f| !f.name.starts_with("blocks_"));
+        Self {
+            kind: kind.into(),
+            blocks,
+            used_bytes: None,
+            capacity_bytes: None,
+            figures,
+            detail: serde_json::to_value(own).unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    /// Sets the occupancy and the bound.
+    pub fn with_usage(mut self, used_bytes: u64, capacity_bytes: Option<u64>) -> Self {
+        self.used_bytes = Some(used_bytes);
+        self.capacity_bytes = capacity_bytes;
+        self
+    }
 }
 
 counters! {
@@ -431,12 +636,17 @@ pub fn bump(counter: &std::sync::atomic::AtomicU64, n: u64) {
 }
 
 /// Counters of a [`ProbeCache`](crate::ProbeCache).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ProbeCacheStats {
     /// Probe batches sent.
     pub probes: u64,
     /// Keys probed.
     pub probed_keys: u64,
+    /// Keys probe answers found present.
+    pub keys_found: u64,
+    /// Keys probe answers found absent (failed, timed-out and panicked batches not
+    /// included: they count in `probe_errors`, `probe_timeouts`, `probe_panics`).
+    pub keys_absent: u64,
     /// Probe answers discarded because a store or failed load superseded them.
     pub stale_answers: u64,
     /// Probe batches that failed, answered the wrong number of keys, or were dropped (their

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::event::{Locality, Medium, TierEvent};
 use crate::key::BlockKey;
 use crate::request::LookupResult;
+use crate::stats::TierSnapshot;
 use crate::sync::lock;
 
 /// A batch of blocks to copy from pinned DRAM slots into a tier.
@@ -254,6 +255,14 @@ pub trait SecondaryTier: std::any::Any + Send + Sync + fmt::Debug {
     /// Takes the events accumulated since the last call (stores, then removals, in order).
     fn take_events(&self) -> Vec<TierEvent>;
 
+    /// The tier's own statistics as a serialisable snapshot (see [`TierSnapshot`]); the
+    /// manager includes it in [`TierStats::own`](crate::TierStats::own) and metrics export
+    /// it. Cheap and non-blocking (it is called from the scheduler's thread and on every
+    /// scrape). The default reports nothing.
+    fn stats(&self) -> TierSnapshot {
+        TierSnapshot::default()
+    }
+
     /// Stops background work and releases resources. Calls after shutdown may fail.
     async fn shutdown(&self) -> Result<()>;
 }
@@ -368,7 +377,7 @@ pub struct PreparedStore {
 }
 
 /// Counters of the primary tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub struct PrimaryStats {
     /// Total slots.
     pub capacity_blocks: usize,
@@ -447,6 +456,14 @@ pub(crate) fn take_events_caught(tier: &dyn SecondaryTier) -> Vec<TierEvent> {
             Vec::new()
         },
     )
+}
+
+/// `tier.stats()`, with a panic of the tier caught (logged; an empty snapshot).
+pub(crate) fn stats_caught(tier: &dyn SecondaryTier) -> TierSnapshot {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tier.stats())).unwrap_or_else(|_| {
+        tracing::error!("a tier panicked in stats()");
+        TierSnapshot::default()
+    })
 }
 
 #[cfg(test)]

@@ -58,6 +58,12 @@ async fn probes_are_counted_by_batch_key_and_failure() {
     assert_eq!(al.in_flight(), 0);
     let s = al.stats();
     assert_eq!((s.probes, s.probed_keys, s.probe_errors), (1, 3, 0));
+    assert_eq!((s.keys_found, s.keys_absent), (1, 2), "one of three seeded");
+    assert!(
+        al.asked_since(&ks[0]).is_some(),
+        "a tracked key has its first ask"
+    );
+    assert!(al.asked_since(&test_key(99)).is_none());
     assert_eq!(al.ask(&ks[0], r), Presence::Present);
     assert_eq!(al.ask(&ks[1], r), Presence::Absent);
     // a failing probe: its keys are absent, and it is counted once
@@ -69,6 +75,11 @@ async fn probes_are_counted_by_batch_key_and_failure() {
     settle(&mut al, &notify).await;
     let s = al.stats();
     assert_eq!((s.probes, s.probed_keys, s.probe_errors), (2, 4, 1));
+    assert_eq!(
+        (s.keys_found, s.keys_absent),
+        (1, 2),
+        "a failed batch's keys are not answers"
+    );
     assert_eq!(al.ask(&k, r), Presence::Absent);
     assert!(!al.has_results());
 }

@@ -417,6 +417,16 @@ impl SecondaryTier for FsTier {
         self.shared.events.take()
     }
 
+    /// [`FsTier::stats`] as a snapshot: bounded, its allocated bytes against its cap.
+    fn stats(&self) -> kv_tier_core::TierSnapshot {
+        let s = FsTier::stats(self);
+        let snap = kv_tier_core::TierSnapshot::new("fs", s.blocks, &s);
+        match &s.gc {
+            Some(g) => snap.with_usage(g.bytes, Some(g.cap_bytes)),
+            None => snap,
+        }
+    }
+
     /// Stops the I/O threads (after their current block) and the GC thread, and waits for them
     /// on tokio's blocking pool, never on an async worker. A job with blocks still queued
     /// fails whole with `Shutdown`, also for its blocks already written (they are published

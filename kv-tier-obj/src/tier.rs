@@ -267,6 +267,16 @@ impl SecondaryTier for ObjTier {
         self.shared.events.take()
     }
 
+    /// [`ObjTier::stats`] as a snapshot: bounded, its indexed bytes against its bound.
+    fn stats(&self) -> kv_tier_core::TierSnapshot {
+        let s = ObjTier::stats(self);
+        let snap = kv_tier_core::TierSnapshot::new("obj", s.blocks, &s);
+        match &self.shared.cap {
+            Some(cap) => snap.with_usage(s.bytes, Some(cap.cap)),
+            None => snap,
+        }
+    }
+
     /// Refuses new work, then stops the background sweeps (each ends after its current
     /// delete batch, within a request deadline; past that it is aborted) and awaits them.
     async fn shutdown(&self) -> Result<()> {

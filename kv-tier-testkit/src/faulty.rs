@@ -362,6 +362,10 @@ impl SecondaryTier for FaultyTier {
         self.inner.take_events()
     }
 
+    fn stats(&self) -> kv_tier_core::TierSnapshot {
+        self.inner.stats()
+    }
+
     async fn shutdown(&self) -> Result<()> {
         self.shutdowns.fetch_add(1, Ordering::Relaxed);
         let (panics, hangs) = {

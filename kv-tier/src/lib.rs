@@ -12,6 +12,7 @@
 //! |---|---|---|
 //! | `fs` | yes | the file tier, type `"fs"` ([`fs::FsTier`]) |
 //! | `obj` | yes | the object-store tier, type `"obj"` ([`obj::ObjTier`]) |
+//! | `prometheus` | no | a Prometheus endpoint for the metrics (`prometheus::serve`; see [`core::metrics`]) |
 //!
 //! ## The embedding guide
 //!
@@ -257,8 +258,9 @@ pub use kv_tier_core::{
     Locality, LookupResult, ManagerStats, Medium, Namespace, PAGE_SIZE, PendingStore, PrefixCount,
     PreparedStore, Presence, PrimaryStats, PrimaryTier, ProbeCache, ProtectGuard, ProtectionSet,
     RequestContext, RequestId, Result, RunFields, SecondaryTier, SinkReader, StoreJob, TierBuilder,
-    TierEvent, TierFilter, TierInfo, TierOptions, TierRegistry, TierSettings, TierSpec, TierStats,
-    TieringManager, TieringManagerBuilder, WriteBackPolicy, async_trait, count_prefix,
+    TierEvent, TierFilter, TierInfo, TierOptions, TierRegistry, TierSettings, TierSnapshot,
+    TierSpec, TierStats, TieringManager, TieringManagerBuilder, WriteBackPolicy, async_trait,
+    count_prefix,
 };
 
 /// Everything of the core crate: keys, layout, config, errors, events, the tier traits, the
@@ -281,6 +283,9 @@ pub mod fs {
 pub mod obj {
     pub use kv_tier_obj::*;
 }
+
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
 
 /// A registry with the enabled built-in secondary tiers registered: `"fs"` and `"obj"`
 /// (with the features of the same names). Register your own types on it too.

@@ -177,3 +177,55 @@ fn dropping_a_manager_without_shutdown_leaves_no_torn_block() {
     m.on_request_finished(req.id);
     m.shutdown_blocking().unwrap();
 }
+
+/// The manager's statistics carry each tier's own (through `SecondaryTier::stats`) and
+/// serialise whole: what a report or an endpoint hands out.
+#[test]
+fn the_manager_reports_each_tiers_own_statistics_serialisable() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = KvTierConfig::from_json_str(&format!(
+        r#"{{"cpu_bytes_to_use": {}, "block_size_bytes": {BS},
+            "layout": {{"model_name": "org/model", "dtype": "torch.bfloat16", "tokens_per_hash": 16}},
+            "secondary_tiers": [{{"type": "fs", "root_dir": {:?}, "name": "disk",
+                                  "gc_max_size_gb": 1}}]}}"#,
+        8 * BS,
+        dir.path()
+    ))
+    .unwrap();
+    let m = kv_tier::builder(cfg).unwrap().build_blocking().unwrap();
+    let keys: Vec<BlockKey> = (0..3).map(test_key).collect();
+    store(&m, RequestId(1), &keys);
+    m.on_request_finished(RequestId(1));
+    m.runtime().block_on(m.wait_idle());
+    let s = m.stats();
+    let own = &s.tiers[0].own;
+    assert_eq!(own.kind, "fs");
+    assert_eq!(own.blocks.blocks_written, 3);
+    assert_eq!(own.capacity_bytes, Some(1 << 30));
+    assert!(own.used_bytes.unwrap() >= 3 * BS as u64, "{own:?}");
+    let swept = own
+        .figures
+        .iter()
+        .find(|f| f.name == "gc_swept_files")
+        .expect("the GC's figures are listed");
+    assert_eq!(swept.kind, kv_tier::core::stats::FigureKind::Counter);
+    assert_eq!(swept.help, "Files deleted by sweeps.");
+    assert!(
+        !own.figures.iter().any(|f| f.name.starts_with("blocks_")),
+        "the block counters are not listed twice"
+    );
+    let v = serde_json::to_value(&s).unwrap();
+    assert_eq!(v["tiers"][0]["name"], "disk");
+    assert_eq!(v["tiers"][0]["blocks_stored"], 3);
+    assert_eq!(
+        v["tiers"][0]["own"]["detail"]["blocks"]["blocks_written"],
+        3
+    );
+    assert_eq!(
+        v["tiers"][0]["own"]["detail"]["gc"]["cap_bytes"],
+        1u64 << 30
+    );
+    assert_eq!(v["tiers"][0]["store_latency"]["count"], 1);
+    assert!(v["tiers"][0]["store_latency"]["p50_s"].as_f64().unwrap() > 0.0);
+    m.shutdown_blocking().unwrap();
+}

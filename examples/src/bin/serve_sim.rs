@@ -144,6 +144,9 @@ struct OutputArgs {
     /// No progress line
     #[arg(long)]
     no_progress: bool,
+    /// Serve Prometheus metrics at ADDR (e.g. 127.0.0.1:9464; port 0: any) while it runs
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// A count that must be positive.
@@ -217,6 +220,7 @@ impl Cli {
             s3_region: t.s3_region,
             sync_steps: o.sync_steps,
             progress: !o.no_progress,
+            metrics_addr: o.metrics_addr,
             ..SimConfig::default()
         };
         (cfg, o.json)

@@ -72,6 +72,9 @@ pub struct SimConfig {
     pub sync_steps: bool,
     /// Print a live progress line.
     pub progress: bool,
+    /// Serve the Prometheus metrics at this address while the run lasts (port 0: one the OS
+    /// picks; the address is printed).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Default for SimConfig {
@@ -107,6 +110,7 @@ impl Default for SimConfig {
             fs_gc_grace_s: 2.0,
             sync_steps: false,
             progress: true,
+            metrics_addr: None,
         }
     }
 }

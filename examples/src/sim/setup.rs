@@ -17,7 +17,9 @@ type BoxError = Box<dyn std::error::Error>;
 /// the fs tier before the directory they write to.
 pub(super) struct Setup {
     /// The manager over the configured tiers.
-    pub(super) manager: TieringManager,
+    pub(super) manager: Arc<TieringManager>,
+    /// The Prometheus endpoint, if asked for.
+    endpoint: Option<kv_tier::prometheus::MetricsEndpoint>,
     /// The first fs tier, typed: for its GC figures and (with `sync_steps`) to drive its GC.
     pub(super) fs: Option<Arc<FsTier>>,
     /// The fs tier's directory when the simulator made it (no `root_dir`): removed at the end.
@@ -31,10 +33,21 @@ impl Setup {
             return Err("--streams, --turns and --tokens-per-block must be positive".into());
         }
         let (root, scratch) = root_dir(cfg)?;
-        let manager = build_manager(cfg, &root)?;
+        let manager = Arc::new(build_manager(cfg, &root)?);
         let fs = first_fs_tier(&manager);
+        let endpoint = match cfg.metrics_addr {
+            Some(addr) => {
+                let e = manager
+                    .runtime()
+                    .block_on(kv_tier::prometheus::serve(addr, &manager))?;
+                eprintln!("serve_sim: metrics at http://{}/metrics", e.addr());
+                Some(e)
+            }
+            None => None,
+        };
         Ok(Self {
             manager,
+            endpoint,
             fs,
             scratch,
         })
@@ -44,9 +57,11 @@ impl Setup {
     pub(super) fn teardown(self, progress: bool) -> Result<(), BoxError> {
         let Self {
             manager,
+            endpoint,
             fs,
             scratch,
         } = self;
+        drop(endpoint);
         manager.runtime().block_on(manager.shutdown())?;
         drop(fs);
         drop(manager);

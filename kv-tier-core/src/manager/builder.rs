@@ -240,7 +240,7 @@ impl TieringManagerBuilder {
                 in_step: false,
                 lookups,
                 promotions: BTreeMap::new(),
-                promoting: FxHashSet::default(),
+                promoting: FxHashMap::default(),
                 holds: Default::default(),
                 jobs: FxHashMap::default(),
                 next_job: 0,

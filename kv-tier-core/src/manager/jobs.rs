@@ -211,6 +211,7 @@ impl TieringManager {
                         ts.store_failure_causes.record(errors.get(k).copied());
                     }
                     ts.store_latency.record(elapsed);
+                    crate::metrics::record_job(&self.names[info.tier], "store", elapsed);
                     st.lookups[info.tier].mark_stored(&ok_keys);
                     let left = st.pending_stores.get_mut(&info.req).map(|n| {
                         *n -= 1;
@@ -226,8 +227,16 @@ impl TieringManager {
                     }
                 }
                 JobKind::Load => {
+                    let now = tokio::time::Instant::now();
                     for k in &info.keys {
-                        st.promoting.remove(k);
+                        if let Some(since) = st.promoting.remove(k)
+                            && ok.contains(k)
+                        {
+                            crate::metrics::record_promotion_wait(
+                                &self.names[info.tier],
+                                now.saturating_duration_since(since),
+                            );
+                        }
                     }
                     let ts = &mut st.stats.tiers[info.tier];
                     ts.load_jobs += 1;
@@ -238,6 +247,7 @@ impl TieringManager {
                         ts.load_failure_causes.record(errors.get(k).copied());
                     }
                     ts.load_latency.record(elapsed);
+                    crate::metrics::record_job(&self.names[info.tier], "load", elapsed);
                     let landed = self.primary.complete_store(&ok_keys, true);
                     // held for the requests promised them (readable views pin them)
                     for (k, pin) in landed.iter().zip(self.primary.sources(&landed)) {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::time::Instant;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use tokio::sync::Notify;
@@ -30,7 +31,8 @@ use jobs::{Completion, Job, JobInfo};
 pub use pending::PendingStore;
 
 use crate::tier::{
-    PreparedStore, PrimaryTier, SecondaryTier, StoreJob, take_events_caught, touch_caught,
+    PreparedStore, PrimaryTier, SecondaryTier, StoreJob, stats_caught, take_events_caught,
+    touch_caught,
 };
 struct State {
     in_step: bool,
@@ -40,7 +42,7 @@ struct State {
     /// Keys whose DRAM slot is reserved by a promotion (queued or in flight). Only the
     /// promotion completes them: an engine's `complete_store` of the same key must not mark a
     /// slot readable before (or although) its load ended.
-    promoting: FxHashSet<BlockKey>,
+    promoting: FxHashMap<BlockKey, Instant>,
     /// Promoted blocks held for the requests promised them (see `holds`).
     holds: holds::Holds,
     jobs: FxHashMap<u64, JobInfo>,
@@ -246,7 +248,7 @@ impl TieringManager {
             }
             LookupResult::HitPending => {
                 st.stats.hits_pending += 1;
-                if st.promoting.contains(key) {
+                if st.promoting.contains_key(key) {
                     // riding on another request's promotion: promised the block too
                     st.holds.wait(req.id, *key);
                 }
@@ -299,7 +301,9 @@ impl TieringManager {
             Ok(PreparedStore { mut to_store, .. }) => {
                 if let Some(block) = to_store.pop() {
                     st.holds.wait(req, block.0);
-                    st.promoting.insert(block.0);
+                    // the wait is counted from the request's first ask (the probe's time too)
+                    let since = st.lookups[i].asked_since(key).unwrap_or_else(Instant::now);
+                    st.promoting.insert(block.0, since);
                     st.promotions.entry((i, req)).or_default().push(block);
                     st.stats.tiers[i].hits += 1;
                 }
@@ -370,7 +374,7 @@ impl TieringManager {
     fn finish_store(&self, keys: &[BlockKey], commit: Option<RequestId>) {
         let mut st = self.begin();
         // a store's slots are its own: a slot a promotion reserved is never handed to one
-        debug_assert!(!keys.iter().any(|k| st.promoting.contains(k)));
+        debug_assert!(!keys.iter().any(|k| st.promoting.contains_key(k)));
         st.write_back
             .unreserve(keys, self.primary.block_size() as u64);
         let stored = self.primary.complete_store(keys, commit.is_some());
@@ -456,6 +460,13 @@ impl TieringManager {
         out
     }
 
+    /// Writes [`TieringManager::stats`] (with every tier's own) to the installed `metrics`
+    /// recorder, as counters and gauges named `kv_tier_...` (see [`crate::metrics`]); a
+    /// no-op without a recorder. Call it before each scrape, or every few seconds.
+    pub fn publish_metrics(&self) {
+        crate::metrics::publish(&self.stats(), self.block_size());
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> ManagerStats {
         let st = lock(&self.state);
@@ -472,6 +483,11 @@ impl TieringManager {
         }
         s.held_blocks = st.holds.held_blocks();
         s.holding_requests = st.holds.requests();
+        drop(st);
+        // the tiers' own, off the manager's lock (a tier's may take locks of its own)
+        for (t, tier) in s.tiers.iter_mut().zip(&self.tiers) {
+            t.own = stats_caught(&**tier);
+        }
         s
     }
 }

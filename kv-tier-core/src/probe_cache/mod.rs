@@ -47,6 +47,8 @@ struct KeyState {
     missed_by: Vec<RequestId>,
     /// Requests that reference this entry; it is dropped when none do and no probe is pending.
     refs: u32,
+    /// When a request first asked for the key (since the entry exists).
+    since: Option<Instant>,
 }
 
 /// How a probe batch ended.
@@ -139,6 +141,8 @@ pub struct ProbeCache {
     leases: LeaseTable,
     reaper: Option<tokio::task::JoinHandle<()>>,
     stats: ProbeCacheStats,
+    /// The tier's name (the metrics' label).
+    name: String,
 }
 
 impl Drop for ProbeCache {
@@ -174,6 +178,7 @@ impl ProbeCache {
         notify: Arc<Notify>,
     ) -> Self {
         Self {
+            name: tier.info().name,
             tier,
             runtime,
             keys: FxHashMap::default(),
@@ -254,6 +259,7 @@ impl ProbeCache {
             if new_ref {
                 e.refs += 1;
             }
+            e.since.get_or_insert_with(Instant::now);
             if e.missed_by.contains(&req) {
                 return Presence::Absent;
             }
@@ -443,6 +449,7 @@ impl ProbeCache {
         for batch in batches {
             self.in_flight -= 1;
             self.latency.record(batch.took);
+            crate::metrics::record_probe(&self.name, batch.took);
             if batch.took > self.budget && matches!(batch.outcome, Outcome::Answered(_)) {
                 self.stats.late_answers += 1;
             }
@@ -482,7 +489,12 @@ impl ProbeCache {
     fn answers(&mut self, n: usize, outcome: Outcome) -> Vec<bool> {
         let name = || self.tier.info().name;
         match outcome {
-            Outcome::Answered(a) if a.len() == n => return a,
+            Outcome::Answered(a) if a.len() == n => {
+                let found = a.iter().filter(|p| **p).count() as u64;
+                self.stats.keys_found += found;
+                self.stats.keys_absent += n as u64 - found;
+                return a;
+            }
             Outcome::Answered(a) => {
                 self.stats.probe_errors += 1;
                 tracing::warn!(tier = %name(), expected = n, got = a.len(), "existence probe returned the wrong number of answers; counting all as absent");
@@ -505,6 +517,11 @@ impl ProbeCache {
             }
         }
         vec![false; n]
+    }
+
+    /// When a request still tracked first asked for `key` (`None` if none is tracked).
+    pub fn asked_since(&self, key: &BlockKey) -> Option<Instant> {
+        self.keys.get(key).and_then(|e| e.since)
     }
 
     /// Probe batches sent and not yet applied.
