@@ -26,6 +26,11 @@ impl Shared {
     /// sweep stops between batches once the tier is shut down, and can be dropped at any
     /// await point: undeleted victims go back to the index.
     pub(crate) async fn sweep(self: Arc<Self>, wait: bool) -> usize {
+        let span = tracing::info_span!("kv_tier_obj_sweep", tier = %self.name);
+        tracing::Instrument::instrument(self.sweep_in_span(wait), span).await
+    }
+
+    async fn sweep_in_span(self: Arc<Self>, wait: bool) -> usize {
         let Some(cap) = &self.cap else { return 0 };
         let _one = if wait {
             cap.sweeping.lock().await

@@ -230,6 +230,7 @@ impl Cli {
 fn main() -> ExitCode {
     // a usage error exits with 2, `--help` with 0
     let (cfg, json) = Cli::parse().into_config();
+    kv_tier_examples::init_logging();
     eprintln!(
         "serve_sim: {} streams x {} turns, blocks of {} KiB, DRAM {} MiB, fs cap {}",
         cfg.streams,

@@ -102,6 +102,7 @@ impl TieringManager {
         let id = st.next_job;
         st.next_job += 1;
         let deadline = self.config.job_timeout(keys.len());
+        let n_keys = keys.len();
         let mut report = JobReport {
             job: id,
             keys: Some(keys.clone()),
@@ -125,30 +126,42 @@ impl TieringManager {
             JobKind::Store => "store job",
             JobKind::Load => "load job",
         };
-        self.runtime.spawn(async move {
-            let run = AssertUnwindSafe(async {
-                match job {
-                    Job::Store(j) => t.store(j).await,
-                    Job::Load(j) => t.load(j).await,
-                }
-            })
-            .catch_unwind();
-            // At the deadline the job's future is dropped (tiers are cancellation-safe) and
-            // its buffers with it: the DRAM slots are released, whatever the tier was doing.
-            let abandoned = match tokio::time::timeout(deadline, run).await {
-                Ok(Ok(result)) => return report.send(result, None),
-                Ok(Err(_)) => Error::Panicked {
-                    tier: report.tier.clone(),
-                    op: op.into(),
-                },
-                Err(_) => Error::Timeout {
-                    op: format!("{op} on tier `{}`", report.tier),
-                    after: deadline,
-                },
-            };
-            let keys = report.keys.clone().unwrap_or_default();
-            report.send(JobResult::all_failed(keys, &abandoned), Some(abandoned));
-        });
+        // the job's span: the tier's own events (per block failures, retries) nest in it
+        let span = tracing::debug_span!(
+            "kv_tier_job",
+            job = id,
+            tier = %self.names[tier],
+            direction = if kind == JobKind::Store { "store" } else { "load" },
+            blocks = n_keys,
+            bytes,
+        );
+        self.runtime.spawn(tracing::Instrument::instrument(
+            async move {
+                let run = AssertUnwindSafe(async {
+                    match job {
+                        Job::Store(j) => t.store(j).await,
+                        Job::Load(j) => t.load(j).await,
+                    }
+                })
+                .catch_unwind();
+                // At the deadline the job's future is dropped (tiers are cancellation-safe) and
+                // its buffers with it: the DRAM slots are released, whatever the tier was doing.
+                let abandoned = match tokio::time::timeout(deadline, run).await {
+                    Ok(Ok(result)) => return report.send(result, None),
+                    Ok(Err(_)) => Error::Panicked {
+                        tier: report.tier.clone(),
+                        op: op.into(),
+                    },
+                    Err(_) => Error::Timeout {
+                        op: format!("{op} on tier `{}`", report.tier),
+                        after: deadline,
+                    },
+                };
+                let keys = report.keys.clone().unwrap_or_default();
+                report.send(JobResult::all_failed(keys, &abandoned), Some(abandoned));
+            },
+            span,
+        ));
     }
 
     /// Applies finished jobs and probe answers.

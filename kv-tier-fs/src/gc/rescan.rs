@@ -25,6 +25,7 @@ impl Gc {
     /// directory with its size and mtime, and reaps temp files and orphan sidecars older than
     /// `tmp_age`.
     pub(crate) fn adopt_tree(&self, threads: usize, tmp_age: Duration) -> Reaped {
+        let _span = tracing::info_span!("kv_tier_fs_adopt", tier = %self.at.name).entered();
         let t = std::time::Instant::now();
         let w = walk(
             &self.at.ns,
@@ -60,6 +61,7 @@ impl Gc {
     /// verified absent; entries that appeared while it walked stay. Reaps temp files and
     /// orphan sidecars older than `tmp_reap_age_s` (and never younger than a minute).
     pub(crate) fn rescan(&self) {
+        let _span = tracing::info_span!("kv_tier_fs_rescan", tier = %self.at.name).entered();
         let seq0 = self.seq();
         // while the tier runs its own temp files are in flight: never younger than a minute
         let tmp_age = self.cfg.tmp_age.max(RESCAN_TMP_FLOOR);

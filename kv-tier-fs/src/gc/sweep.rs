@@ -119,6 +119,8 @@ impl Gc {
     pub(crate) fn sweep(&self, goal: Goal) -> usize {
         let (ns, root, protection) = (&self.at.ns, &self.at.root, &self.at.protection);
         let _one = self.sweeping.lock().unwrap_or_else(|p| p.into_inner());
+        let _span =
+            tracing::info_span!("kv_tier_fs_sweep", tier = %self.at.name, goal = ?goal).entered();
         let started = Instant::now();
         let now = self.now_ns();
         let (target, grace_floor) = {
