@@ -70,7 +70,8 @@ fn jobs_sweeps_and_the_opening_walk_have_spans_with_their_fields() {
     m.runtime().block_on(m.wait_idle());
     m.tier::<kv_tier::fs::FsTier>("disk")
         .unwrap()
-        .gc_sweep_now();
+        .gc_sweep_now()
+        .unwrap();
     m.shutdown_blocking().unwrap();
     let seen = spans.0.lock().unwrap().clone();
     let find = |name: &str| {
