@@ -76,6 +76,12 @@ impl BuildContext {
 pub trait TierBuilder: Send + Sync + 'static {
     /// Builds the tier; errors name fields relative to the tier entry (`root_dir`, ...).
     async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>>;
+
+    /// Checks the tier's options without building it, and returns them as the tier will use
+    /// them (defaults filled in). The default returns the options as written, unchecked.
+    fn effective_options(&self, spec: &TierSpec) -> Result<serde_json::Value> {
+        Ok(serde_json::Value::Object(spec.options.clone()))
+    }
 }
 
 #[async_trait]
@@ -117,9 +123,14 @@ struct Typed<C, T> {
 #[async_trait]
 impl<C, T> TierBuilder for Typed<C, T>
 where
-    C: Send + 'static,
+    C: serde::Serialize + Send + 'static,
     T: SecondaryTier + 'static,
 {
+    fn effective_options(&self, spec: &TierSpec) -> Result<serde_json::Value> {
+        let cfg = (self.parse)(spec)?;
+        serde_json::to_value(&cfg).map_err(|e| Error::config("options", e.to_string()))
+    }
+
     async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>> {
         let cfg = (self.parse)(spec)?;
         let ns = ctx.require_namespace()?.clone();
@@ -193,10 +204,38 @@ impl TierRegistry {
         open: Opener<C, T>,
     ) -> &mut Self
     where
-        C: Send + 'static,
+        C: serde::Serialize + Send + 'static,
         T: SecondaryTier + 'static,
     {
         self.register(type_name, Typed { parse, open })
+    }
+
+    /// Checks the options of `spec` (the `index`-th entry of `secondary_tiers`) without
+    /// building the tier, and returns them as the tier will use them, defaults filled in (see
+    /// [`TierBuilder::effective_options`]); errors name the field under
+    /// `secondary_tiers[index]`.
+    pub fn effective_options(&self, index: usize, spec: &TierSpec) -> Result<serde_json::Value> {
+        let prefix = format!("secondary_tiers[{index}]");
+        self.builder(&prefix, spec)?
+            .effective_options(spec)
+            .map_err(|e| e.within(&prefix))
+    }
+
+    fn builder(&self, prefix: &str, spec: &TierSpec) -> Result<&Arc<dyn TierBuilder>> {
+        self.builders.get(&spec.kind).ok_or_else(|| {
+            Error::config(
+                format!("{prefix}.type"),
+                format!(
+                    "unknown tier type {:?}; registered types: {}",
+                    spec.kind,
+                    if self.builders.is_empty() {
+                        "none".to_string()
+                    } else {
+                        self.type_names().join(", ")
+                    }
+                ),
+            )
+        })
     }
 
     /// Whether `type_name` is registered.
@@ -218,21 +257,7 @@ impl TierRegistry {
         ctx: &BuildContext,
     ) -> Result<Arc<dyn SecondaryTier>> {
         let prefix = format!("secondary_tiers[{index}]");
-        let builder = self.builders.get(&spec.kind).ok_or_else(|| {
-            Error::config(
-                format!("{prefix}.type"),
-                format!(
-                    "unknown tier type {:?}; registered types: {}",
-                    spec.kind,
-                    if self.builders.is_empty() {
-                        "none".to_string()
-                    } else {
-                        self.type_names().join(", ")
-                    }
-                ),
-            )
-        })?;
-        builder
+        self.builder(&prefix, spec)?
             .build(spec, ctx)
             .await
             .map_err(|e| e.within(&prefix))

@@ -17,7 +17,7 @@ pub use kv_tier_core::Checksum;
 /// {"type": "fs", "root_dir": "/mnt/nvme/kv", "n_read_threads": 16, "n_write_threads": 16,
 ///  "checksum": "crc32c", "fsync": false, "direct_io": true, "tmp_reap_age_s": 600}
 /// ```
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FsTierConfig {
     /// The cache directory (shared with vLLM's fs tier if pointed at the same place).

@@ -9,6 +9,7 @@ mod gc;
 mod inspect;
 mod io;
 mod load;
+pub mod offline;
 mod root;
 mod stats;
 mod store;

@@ -7,7 +7,7 @@ use kv_tier_core::{Error, Result, TierSpec};
 use serde::Deserialize;
 
 /// `http` or `https`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scheme {
     /// Plain HTTP (test servers, local gateways).
@@ -48,7 +48,7 @@ fn range(field: &str) -> (f64, f64) {
 ///  "access_key": "...", "secret_key": "...", "region": "us-east-1", "scheme": "http",
 ///  "prefix": "prod", "io_threads": 16, "checksum": "crc32c", "max_size_gb": 500}
 /// ```
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ObjTierConfig {
     /// The bucket.

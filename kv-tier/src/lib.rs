@@ -323,3 +323,90 @@ pub fn builder(config: KvTierConfig) -> Result<TieringManagerBuilder> {
         .primary(Arc::new(cpu))
         .registry(registry()))
 }
+
+/// `config` as a manager built with `registry` would use it, defaults filled in: the
+/// manager's fields, the layout, and every tier's options checked by its type (without
+/// building the tier: nothing is created or connected) with the manager's settings for it
+/// resolved. Fails naming the field, as building would. What `kv-tier config check` prints.
+///
+/// ```
+/// let cfg = kv_tier::KvTierConfig::from_json_str(r#"{
+///     "cpu_bytes_to_use": 1048576, "block_size_bytes": 65536,
+///     "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/kv", "gc_max_size_gb": 10}]
+/// }"#)?;
+/// let eff = kv_tier::effective_config(&cfg, &kv_tier::registry())?;
+/// assert_eq!(eff["probe_timeout_s"], 1.0);
+/// let fs = &eff["secondary_tiers"][0];
+/// assert_eq!((fs["type"].as_str(), fs["name"].as_str()), (Some("fs"), Some("fs")));
+/// assert_eq!(fs["gc_max_size_gb"], 10.0);
+/// assert_eq!(fs["checksum"], "none"); // a default, filled in
+/// assert_eq!(fs["write_back_policy"], "drop");
+///
+/// let bad = kv_tier::KvTierConfig::from_json_str(r#"{
+///     "cpu_bytes_to_use": 1048576, "block_size_bytes": 65536,
+///     "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/kv", "gc_max_size_gb": -1}]
+/// }"#)?;
+/// let err = kv_tier::effective_config(&bad, &kv_tier::registry()).unwrap_err();
+/// assert!(err.to_string().contains("secondary_tiers[0].gc_max_size_gb"), "{err}");
+/// # Ok::<(), kv_tier::Error>(())
+/// ```
+pub fn effective_config(
+    config: &KvTierConfig,
+    registry: &TierRegistry,
+) -> Result<serde_json::Value> {
+    use serde_json::{Value, json};
+    config.validate()?;
+    let mut tiers = Vec::new();
+    for (i, spec) in config.secondary_tiers.iter().enumerate() {
+        let mut entry = serde_json::Map::new();
+        entry.insert("type".into(), Value::from(spec.kind.clone()));
+        entry.insert("name".into(), Value::from(spec.name.clone()));
+        match registry.effective_options(i, spec)? {
+            Value::Object(options) => entry.extend(options),
+            other => {
+                entry.insert("options".into(), other);
+            }
+        }
+        // the built-in remote tier; a custom tier's locality is known once it is built
+        let remote = spec.kind == "obj";
+        let s = spec
+            .tiering
+            .resolve(remote, config.write_back_budget(), config.block_size_bytes);
+        let budget = s.probe_budget.min(config.probe_timeout());
+        entry.insert("probe_budget_s".into(), json!(budget.as_secs_f64()));
+        entry.insert(
+            "write_back_limit_mb".into(),
+            json!(s.write_back_limit_bytes as f64 / (1u64 << 20) as f64),
+        );
+        entry.insert(
+            "write_back_policy".into(),
+            json!(match s.write_back_policy {
+                WriteBackPolicy::Drop => "drop",
+                WriteBackPolicy::Wait => "wait",
+            }),
+        );
+        tiers.push(Value::Object(entry));
+    }
+    let layout = config.layout.as_ref().map(|l| {
+        let mut v = l.fields.to_json();
+        if let Value::Object(m) = &mut v {
+            m.insert("rank".into(), json!(l.rank));
+        }
+        v
+    });
+    Ok(json!({
+        "cpu_bytes_to_use": config.cpu_bytes_to_use,
+        "block_size_bytes": config.block_size_bytes,
+        "eviction_policy": match config.eviction_policy {
+            EvictionPolicy::Lru => "lru",
+            EvictionPolicy::Arc => "arc",
+        },
+        "probe_timeout_s": config.probe_timeout_s,
+        "job_timeout_s": config.job_timeout_s,
+        "job_timeout_per_block_s": config.job_timeout_per_block_s,
+        "lease_s": config.lease_s,
+        "write_back_max_dram_fraction": config.write_back_max_dram_fraction,
+        "layout": layout,
+        "secondary_tiers": tiers,
+    }))
+}
