@@ -32,7 +32,7 @@ pub struct S3Server {
     /// Requests received so far.
     pub requests: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl S3Server {
@@ -53,13 +53,41 @@ impl S3Server {
     }
 
     async fn start_with(dir: tempfile::TempDir) -> S3Server {
-        std::fs::create_dir(dir.path().join(BUCKET)).unwrap();
-        let fs = s3s_fs::FileSystem::new(dir.path()).unwrap();
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let mut server = Self::serve(dir.path(), addr, BUCKET, AK, SK)
+            .await
+            .expect("start the S3 server");
+        server._dir = Some(dir);
+        server
+    }
+
+    /// Serves the directory `root` over S3 on `addr` (port 0: one the OS picks; see
+    /// [`S3Server::endpoint`]): each subdirectory is a bucket, and `bucket` is created if
+    /// missing. Requests are signed with `access_key` / `secret_key` (SigV4). What
+    /// `kv-tier s3-server` runs.
+    pub async fn serve(
+        root: &std::path::Path,
+        addr: std::net::SocketAddr,
+        bucket: &str,
+        access_key: &str,
+        secret_key: &str,
+    ) -> std::io::Result<S3Server> {
+        let ctx = |what: String| {
+            move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"))
+        };
+        std::fs::create_dir_all(root.join(bucket)).map_err(ctx(format!(
+            "creating the bucket directory {}",
+            root.join(bucket).display()
+        )))?;
+        let fs = s3s_fs::FileSystem::new(root)
+            .map_err(|e| std::io::Error::other(format!("serving {}: {e:?}", root.display())))?;
         let mut b = s3s::service::S3ServiceBuilder::new(fs);
-        b.set_auth(s3s::auth::SimpleAuth::from_single(AK, SK));
+        b.set_auth(s3s::auth::SimpleAuth::from_single(access_key, secret_key));
         let service = b.build();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(ctx(format!("binding {addr}")))?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
         let fail_next = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
         let latency_us = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -105,14 +133,14 @@ impl S3Server {
                 });
             }
         });
-        S3Server {
+        Ok(S3Server {
             endpoint,
             fail_next,
             latency_us,
             requests,
             task,
-            _dir: dir,
-        }
+            _dir: None,
+        })
     }
 
     /// Every request waits `d` before it is served, as over a network to a remote store.

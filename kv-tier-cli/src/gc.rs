@@ -1,0 +1,123 @@
+//! `kv-tier gc ROOT --max-size-gb X [--dry-run]`.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use kv_tier::fs::offline::{BlockFile, remove_block, sweep_order};
+use serde_json::{Value, json};
+
+use crate::inspect::walk_root;
+use crate::{Outcome, human, print_json};
+
+pub(crate) fn run(
+    root: &Path,
+    max_size_gb: f64,
+    low_watermark: f64,
+    dry_run: bool,
+    json: bool,
+) -> Outcome {
+    let walked = walk_root(root)?;
+    let blocks: Vec<BlockFile> = walked
+        .iter()
+        .flat_map(|(_, ranks)| ranks)
+        .flat_map(|r| r.scan.blocks.iter().cloned())
+        .collect();
+    let total: u64 = walked
+        .iter()
+        .flat_map(|(_, ranks)| ranks)
+        .map(|r| r.scan.allocated())
+        .sum();
+    let cap = (max_size_gb * (1u64 << 30) as f64) as u64;
+    let target = (cap as f64 * low_watermark) as u64;
+    let victims = if total > cap {
+        sweep_order(&blocks, total, target)
+    } else {
+        Vec::new()
+    };
+    let now = SystemTime::now();
+    let mut listed = Vec::new();
+    let (mut deleted, mut freed, mut failed) = (0u64, 0u64, 0u64);
+    for b in &victims {
+        let age = now.duration_since(b.mtime).unwrap_or_default().as_secs();
+        let outcome = if dry_run {
+            "would delete".to_string()
+        } else {
+            match remove_block(&b.path) {
+                Ok(()) => {
+                    deleted += 1;
+                    freed += b.allocated;
+                    // emptied leaf and top directories go too (as the tier's sweep does)
+                    for dir in b.path.ancestors().skip(1).take(2) {
+                        if std::fs::remove_dir(dir).is_err() {
+                            break;
+                        }
+                    }
+                    "deleted".to_string()
+                }
+                Err(e) => {
+                    failed += 1;
+                    format!("not deleted: {e}")
+                }
+            }
+        };
+        if !json {
+            println!(
+                "{outcome}: {} ({} bytes, last used {age} s ago)",
+                b.path.display(),
+                b.allocated
+            );
+        }
+        listed.push(json!({
+            "path": b.path,
+            "key": b.key.map(|k| k.to_string()),
+            "allocated_bytes": b.allocated,
+            "age_s": age,
+            "outcome": outcome,
+        }));
+    }
+    let would_free: u64 = victims.iter().map(|b| b.allocated).sum();
+    let report: Value = json!({
+        "root": root,
+        "allocated_bytes": total,
+        "cap_bytes": cap,
+        "target_bytes": target,
+        "dry_run": dry_run,
+        "victims": listed,
+        "victim_bytes": would_free,
+        "deleted": deleted,
+        "freed_bytes": freed,
+        "failed": failed,
+    });
+    if json {
+        print_json(&report);
+    } else if total <= cap {
+        println!(
+            "{} allocated, within the cap of {}: nothing to delete",
+            human(total),
+            human(cap)
+        );
+    } else if dry_run {
+        println!(
+            "{} allocated, over the cap of {}: a sweep to {} would delete {} blocks ({})",
+            human(total),
+            human(cap),
+            human(target),
+            victims.len(),
+            human(would_free)
+        );
+    } else {
+        println!(
+            "{} allocated, over the cap of {}: deleted {deleted} blocks ({}) toward {}{}",
+            human(total),
+            human(cap),
+            human(freed),
+            human(target),
+            if failed > 0 {
+                format!(", {failed} could not be deleted")
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(failed == 0)
+}
