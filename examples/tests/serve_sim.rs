@@ -5,7 +5,7 @@ use std::process::Command;
 
 use kv_tier_testkit::s3;
 
-use kv_tier_examples::sim::{Report, SimConfig, run};
+use kv_tier_examples::sim::{Report, SimConfig, ideal_hit_rate, run};
 
 fn small(seed: u64) -> SimConfig {
     SimConfig {
@@ -16,6 +16,7 @@ fn small(seed: u64) -> SimConfig {
         prompt_tokens: 256,
         output_tokens: 64,
         tokens_per_block: 16,
+        model: "tiny".into(),
         layers: 1,
         kv_heads: 2,
         head_dim: 64,
@@ -181,6 +182,103 @@ fn the_binary_writes_its_report_as_json() {
     assert_eq!(v["requests"], 4);
     assert_eq!(v["blocks_corrupt"], 0);
     assert!(v["tiers"][0]["name"] == "fs");
+    // the inputs are recorded: version, command line, the simulator's and the tiers' configs
+    let inputs = &v["inputs"];
+    assert_eq!(inputs["version"], env!("CARGO_PKG_VERSION"));
+    assert!(
+        inputs["argv"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--streams")
+    );
+    assert_eq!(inputs["sim"]["streams"], 2);
+    assert_eq!(
+        inputs["sim"]["model"], "custom (from llama-8b)",
+        "--layers 1 changed the preset"
+    );
+    assert_eq!(inputs["tiers"]["secondary_tiers"][0]["type"], "fs");
+    assert_eq!(inputs["tiers"]["secondary_tiers"][0]["checksum"], "crc32c");
+    assert_eq!(inputs["tiers"]["cpu_bytes_to_use"], 1 << 20);
+    // the whole run's time, the ceiling of the hit rate, the disk's speed
+    assert!(v["wall_seconds"].as_f64().unwrap() >= v["seconds"].as_f64().unwrap());
+    assert!(v["ideal_hit_rate"].as_f64().unwrap() >= v["hit_rate"].as_f64().unwrap());
+    assert!(
+        v["disk"]["read_gb_per_s"].as_f64().unwrap() > 0.0,
+        "{}",
+        v["disk"]
+    );
+    assert!(
+        text.contains("an unbounded cache") && text.contains("O_DIRECT"),
+        "{text}"
+    );
+}
+
+/// The ideal hit rate is the workload's own: one conversation, two turns, prefixes of two
+/// blocks, one new prompt block and one output block a turn. Turn 0 hits nothing of its
+/// three blocks; turn 1's five blocks are the prefix, turn 0's prompt and output (seen),
+/// then its own new block: 4 of 5. In all 4 of 8.
+#[test]
+fn the_ideal_hit_rate_is_that_of_an_unbounded_cache_on_the_workload() {
+    let mut cfg = small(1);
+    (cfg.streams, cfg.turns, cfg.prefixes) = (1, 2, 1);
+    (cfg.prefix_tokens, cfg.prompt_tokens, cfg.output_tokens) = (32, 16, 16);
+    assert_eq!(ideal_hit_rate(&cfg, 2), 0.5);
+    assert_eq!(ideal_hit_rate(&cfg, 1), 0.0);
+    // two conversations on the one shared prefix: the second's turn 0 hits the prefix
+    cfg.streams = 2;
+    assert_eq!(ideal_hit_rate(&cfg, 2), 2.0 / 6.0);
+}
+
+#[test]
+fn presets_set_the_model_shape_and_config_refuses_the_tier_flags_it_replaces() {
+    let out = bin().args(["--model", "nope"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("qwen3-0.6b") && err.contains("llama-70b"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("kv.json");
+    std::fs::write(
+        &cfg,
+        r#"{"cpu_bytes_to_use": 1048576, "block_size_bytes": 8192}"#,
+    )
+    .unwrap();
+    let out = bin()
+        .args(["--dram-mb", "64", "--fs-cap-gb", "1", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--config replaces the tier flags") && err.contains("--dram-mb, --fs-cap-gb"),
+        "{err}"
+    );
+    // the presets' block sizes: 16 tokens of layers x kv heads x head dim x 2 bytes x K,V
+    for (name, kib) in [
+        ("tiny", 8),
+        ("qwen3-0.6b", 1792),
+        ("llama-8b", 2048),
+        ("llama-70b", 5120),
+    ] {
+        let p = kv_tier_examples::sim::preset(name).unwrap();
+        let cfg = SimConfig {
+            layers: p.layers,
+            kv_heads: p.kv_heads,
+            head_dim: p.head_dim,
+            dtype_bytes: p.dtype_bytes,
+            ..small(1)
+        };
+        assert_eq!(cfg.block_bytes(), kib << 10, "{name}");
+    }
+    assert_eq!(
+        SimConfig::default().block_bytes(),
+        2 << 20,
+        "MiB-sized blocks by default"
+    );
 }
 
 #[test]
@@ -211,7 +309,7 @@ fn bad_flags_and_configs_fail_with_a_message_not_a_panic() {
     let cfg = dir.path().join("bad.json");
     std::fs::write(&cfg, r#"{"cpu_bytes_to_use": 1048576, "block_size_bytes": 8192, "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/x", "n_read_threads": 0}]}"#).unwrap();
     let out = bin()
-        .args(["--layers", "1", "--no-progress", "--config"])
+        .args(["--model", "tiny", "--no-progress", "--config"])
         .arg(&cfg)
         .output()
         .unwrap();
@@ -408,6 +506,8 @@ fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
             "128",
             "--output-tokens",
             "32",
+            "--model",
+            "tiny",
             "--layers",
             "2",
             "--dram-mb",

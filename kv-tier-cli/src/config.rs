@@ -6,33 +6,12 @@ use serde_json::{Value, json};
 
 use crate::{Outcome, print_json};
 
-/// Keys whose values are secrets: printed masked.
-const SECRETS: [&str; 3] = ["access_key", "secret_key", "session_token"];
-
-fn mask(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            for (k, v) in m.iter_mut() {
-                if SECRETS.contains(&k.as_str()) {
-                    if v.as_str().is_some_and(|s| !s.is_empty()) {
-                        *v = Value::from("***");
-                    }
-                } else {
-                    mask(v);
-                }
-            }
-        }
-        Value::Array(a) => a.iter_mut().for_each(mask),
-        _ => {}
-    }
-}
-
 /// The effective config of the JSON text, secrets masked, or the error.
 fn effective(text: &str) -> Result<Value, String> {
     let cfg = kv_tier::KvTierConfig::from_json_str(text).map_err(|e| e.to_string())?;
     let mut eff =
         kv_tier::effective_config(&cfg, &kv_tier::registry()).map_err(|e| e.to_string())?;
-    mask(&mut eff);
+    kv_tier::redact_secrets(&mut eff);
     Ok(eff)
 }
 
@@ -58,21 +37,5 @@ pub(crate) fn check(file: &Path, json: bool) -> Outcome {
             Ok(true)
         }
         Err(e) => Err(format!("{}: {e}", file.display())),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secrets_are_masked_wherever_they_are() {
-        let mut v =
-            json!({"a": {"secret_key": "s", "access_key": "", "x": [{"session_token": "t"}]}});
-        mask(&mut v);
-        assert_eq!(
-            v,
-            json!({"a": {"secret_key": "***", "access_key": "", "x": [{"session_token": "***"}]}})
-        );
     }
 }

@@ -410,3 +410,34 @@ pub fn effective_config(
         "secondary_tiers": tiers,
     }))
 }
+
+/// The option keys that hold secrets (`access_key`, `secret_key`, `session_token`).
+pub const SECRET_KEYS: [&str; 3] = ["access_key", "secret_key", "session_token"];
+
+/// Replaces, anywhere in `v`, the non-empty values of the [`SECRET_KEYS`] with `"***"`: an
+/// [`effective_config`] to print or log.
+///
+/// ```
+/// let mut v = serde_json::json!({"secondary_tiers": [{"secret_key": "s3cr3t", "access_key": ""}]});
+/// kv_tier::redact_secrets(&mut v);
+/// assert_eq!(v["secondary_tiers"][0]["secret_key"], "***");
+/// assert_eq!(v["secondary_tiers"][0]["access_key"], "", "an empty one says it is unset");
+/// ```
+pub fn redact_secrets(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m.iter_mut() {
+                if SECRET_KEYS.contains(&k.as_str()) {
+                    if v.as_str().is_some_and(|s| !s.is_empty()) {
+                        *v = Value::from("***");
+                    }
+                } else {
+                    redact_secrets(v);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(redact_secrets),
+        _ => {}
+    }
+}

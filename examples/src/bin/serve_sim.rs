@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use kv_tier_examples::sim::{SimConfig, render, run};
+use kv_tier_examples::sim::{DEFAULT_MODEL, PRESETS, SimConfig, preset, render, run};
 
 /// serve_sim: a serving-workload simulator over kv-tier's tiers
 #[derive(Debug, Parser)]
@@ -68,18 +68,22 @@ struct WorkloadArgs {
     next_help_heading = "Model shape (block bytes = layers x kv-heads x head-dim x dtype-bytes x 2 x tokens-per-block)"
 )]
 struct ModelArgs {
-    /// Layers
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().layers)]
-    layers: usize,
-    /// KV heads
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().kv_heads)]
-    kv_heads: usize,
-    /// Head dimension
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().head_dim)]
-    head_dim: usize,
-    /// Bytes per element
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().dtype_bytes)]
-    dtype_bytes: usize,
+    /// A model preset: tiny (8 KiB blocks), qwen3-0.6b (1.75 MiB), llama-8b (2 MiB),
+    /// llama-70b (5 MiB); the flags below change one dimension of it
+    #[arg(long, value_name = "NAME", value_parser = model_name, default_value = DEFAULT_MODEL)]
+    model: String,
+    /// Layers [default: the preset's]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    layers: Option<usize>,
+    /// KV heads [default: the preset's]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    kv_heads: Option<usize>,
+    /// Head dimension [default: the preset's]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    head_dim: Option<usize>,
+    /// Bytes per element [default: the preset's]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    dtype_bytes: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -177,6 +181,21 @@ fn cap_gb(v: &str) -> Result<f64, String> {
     Ok(gb)
 }
 
+/// A preset's name.
+fn model_name(v: &str) -> Result<String, String> {
+    match preset(v) {
+        Some(p) => Ok(p.name.to_string()),
+        None => Err(format!(
+            "no such preset; presets: {}",
+            PRESETS
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 /// The text of a file.
 fn read_file(path: &str) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| e.to_string())
@@ -192,6 +211,18 @@ impl Cli {
             tiers: t,
             output: o,
         } = self;
+        let p = preset(&m.model).expect("checked by the parser");
+        let layers = m.layers.unwrap_or(p.layers);
+        let kv_heads = m.kv_heads.unwrap_or(p.kv_heads);
+        let head_dim = m.head_dim.unwrap_or(p.head_dim);
+        let dtype_bytes = m.dtype_bytes.unwrap_or(p.dtype_bytes);
+        let model = if (layers, kv_heads, head_dim, dtype_bytes)
+            == (p.layers, p.kv_heads, p.head_dim, p.dtype_bytes)
+        {
+            p.name.to_string()
+        } else {
+            format!("custom (from {})", p.name)
+        };
         let cfg = SimConfig {
             streams: w.streams,
             turns: w.turns,
@@ -202,10 +233,11 @@ impl Cli {
             tokens_per_block: w.tokens_per_block,
             seed: w.seed,
             duration: Duration::from_secs_f64(w.duration),
-            layers: m.layers,
-            kv_heads: m.kv_heads,
-            head_dim: m.head_dim,
-            dtype_bytes: m.dtype_bytes,
+            model,
+            layers,
+            kv_heads,
+            head_dim,
+            dtype_bytes,
             gpu_cache_blocks: e.gpu_cache_blocks,
             max_batch: e.max_batch,
             prefill_tokens_per_s: e.prefill_tokens_per_s,
@@ -227,21 +259,60 @@ impl Cli {
     }
 }
 
+/// The tier flags `--config` replaces, by argument id.
+const TIER_FLAGS: [&str; 8] = [
+    "dram_mb",
+    "root_dir",
+    "fs_cap_gb",
+    "s3_endpoint",
+    "s3_bucket",
+    "s3_access_key",
+    "s3_secret_key",
+    "s3_region",
+];
+
+/// The command line, parsed; with `--config`, the tier flags it replaces are refused rather
+/// than silently ignored. A usage error exits with 2, `--help` with 0.
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if cli.tiers.config_json.is_some() {
+        let given: Vec<String> = TIER_FLAGS
+            .iter()
+            .filter(|id| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+            .map(|id| format!("--{}", id.replace('_', "-")))
+            .collect();
+        if !given.is_empty() {
+            Cli::command()
+                .error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!(
+                        "--config replaces the tier flags, and {} would be ignored: put them in the config (cpu_bytes_to_use, and each tier's own options)",
+                        given.join(", ")
+                    ),
+                )
+                .exit();
+        }
+    }
+    cli
+}
+
 fn main() -> ExitCode {
-    // a usage error exits with 2, `--help` with 0
-    let (cfg, json) = Cli::parse().into_config();
+    let (cfg, json) = parse().into_config();
     kv_tier_examples::init_logging();
     eprintln!(
-        "serve_sim: {} streams x {} turns, blocks of {} KiB, DRAM {} MiB, fs cap {}",
+        "serve_sim: model {} ({} KiB blocks), {} streams x {} turns over {} shared prefixes of {} tokens",
+        cfg.model,
+        cfg.block_bytes() >> 10,
         cfg.streams,
         cfg.turns,
-        cfg.block_bytes() >> 10,
-        cfg.dram_bytes >> 20,
-        cfg.fs_cap_gb
-            .map_or("none".to_string(), |g| format!("{g} GiB"))
+        cfg.prefixes,
+        cfg.prefix_tokens
     );
     match run(&cfg) {
-        Ok(report) => {
+        Ok(mut report) => {
+            report.inputs.argv = std::env::args().collect();
             print!("{}", render(&report));
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&report).expect("report serializes");

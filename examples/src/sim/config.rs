@@ -6,8 +6,69 @@ use std::time::Duration;
 
 use kv_tier::KvTierConfig;
 
+/// A model shape: what makes a block's size (with the tokens per block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ModelPreset {
+    /// Its name (`--model`).
+    pub name: &'static str,
+    /// What it stands for.
+    pub about: &'static str,
+    /// Layers.
+    pub layers: usize,
+    /// KV heads (grouped-query attention).
+    pub kv_heads: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+    /// Bytes per element (2: bf16).
+    pub dtype_bytes: usize,
+}
+
+/// The model shapes `--model` knows. Blocks of 16 tokens: 8 KiB, 1.75 MiB, 2 MiB, 5 MiB.
+pub const PRESETS: &[ModelPreset] = &[
+    ModelPreset {
+        name: "tiny",
+        about: "a toy shape (1 layer, 2 KV heads): tests and quick runs",
+        layers: 1,
+        kv_heads: 2,
+        head_dim: 64,
+        dtype_bytes: 2,
+    },
+    ModelPreset {
+        name: "qwen3-0.6b",
+        about: "a 0.6B-class model (Qwen3-0.6B: 28 layers, 8 KV heads, head dim 128, bf16)",
+        layers: 28,
+        kv_heads: 8,
+        head_dim: 128,
+        dtype_bytes: 2,
+    },
+    ModelPreset {
+        name: "llama-8b",
+        about: "an 8B-class model (Llama-3.1-8B: 32 layers, 8 KV heads, head dim 128, bf16)",
+        layers: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        dtype_bytes: 2,
+    },
+    ModelPreset {
+        name: "llama-70b",
+        about: "a 70B-class model (Llama-3.1-70B: 80 layers, 8 KV heads, head dim 128, bf16)",
+        layers: 80,
+        kv_heads: 8,
+        head_dim: 128,
+        dtype_bytes: 2,
+    },
+];
+
+/// The preset named `name`.
+pub fn preset(name: &str) -> Option<&'static ModelPreset> {
+    PRESETS.iter().find(|p| p.name == name)
+}
+
+/// The default model: MiB-sized blocks, so the run's GB/s say something about the disk.
+pub const DEFAULT_MODEL: &str = "llama-8b";
+
 /// Everything the simulator can be told.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SimConfig {
     /// Concurrent conversations.
     pub streams: usize,
@@ -23,6 +84,8 @@ pub struct SimConfig {
     pub output_tokens: usize,
     /// Tokens per block (and per prefix hash).
     pub tokens_per_block: usize,
+    /// The model preset the shape below came from (`custom` when a dimension was changed).
+    pub model: String,
     /// Model shape: layers.
     pub layers: usize,
     /// Model shape: KV heads.
@@ -56,6 +119,7 @@ pub struct SimConfig {
     /// Access key of the `obj` tier (empty: the AWS credential chain).
     pub s3_access_key: String,
     /// Secret key of the `obj` tier.
+    #[serde(serialize_with = "masked")]
     pub s3_secret_key: String,
     /// Region of the `obj` tier.
     pub s3_region: String,
@@ -77,28 +141,35 @@ pub struct SimConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// A secret, serialised as `***` when set.
+fn masked<S: serde::Serializer>(v: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(if v.is_empty() { "" } else { "***" })
+}
+
 impl Default for SimConfig {
     fn default() -> Self {
+        let m = preset(DEFAULT_MODEL).expect("the default preset exists");
         Self {
-            streams: 64,
-            turns: 5,
-            prefixes: 256,
-            prefix_tokens: 10_000,
-            prompt_tokens: 4096,
-            output_tokens: 512,
+            streams: DEFAULT_STREAMS,
+            turns: 6,
+            prefixes: 4 * DEFAULT_STREAMS,
+            prefix_tokens: 1024,
+            prompt_tokens: 512,
+            output_tokens: 128,
             tokens_per_block: 16,
-            layers: 1,
-            kv_heads: 2,
-            head_dim: 64,
-            dtype_bytes: 2,
-            gpu_cache_blocks: 4096,
+            model: m.name.into(),
+            layers: m.layers,
+            kv_heads: m.kv_heads,
+            head_dim: m.head_dim,
+            dtype_bytes: m.dtype_bytes,
+            gpu_cache_blocks: 512,
             max_batch: 8,
-            prefill_tokens_per_s: 200_000.0,
+            prefill_tokens_per_s: 50_000.0,
             duration: Duration::from_secs(70),
             seed: 1,
-            dram_bytes: 512 << 20,
+            dram_bytes: 1 << 30,
             root_dir: None,
-            fs_cap_gb: Some(0.75),
+            fs_cap_gb: Some(2.0),
             config_json: None,
             s3_endpoint: None,
             s3_bucket: "kv-tier".into(),
@@ -114,6 +185,9 @@ impl Default for SimConfig {
         }
     }
 }
+
+/// Concurrent conversations by default.
+const DEFAULT_STREAMS: usize = 16;
 
 impl SimConfig {
     /// Bytes of one block: layers x KV heads x head dim x dtype x 2 (K and V) x tokens.

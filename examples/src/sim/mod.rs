@@ -15,8 +15,8 @@ mod report;
 mod setup;
 mod step;
 
-pub use config::SimConfig;
-pub use report::{GcReport, Report, TierReport, render};
+pub use config::{DEFAULT_MODEL, ModelPreset, PRESETS, SimConfig, preset};
+pub use report::{DiskProbe, GcReport, Inputs, Report, TierReport, ideal_hit_rate, render};
 
 use report::Progress;
 use setup::Setup;
@@ -25,10 +25,20 @@ use step::Engine;
 /// Runs the simulation and returns its report. Fails on a bad config, an I/O error, or a
 /// block that came back with wrong bytes.
 pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
+    let wall = std::time::Instant::now();
     let setup = Setup::new(cfg)?;
     let manager = &setup.manager;
+    let inputs = report::Inputs {
+        version: env!("CARGO_PKG_VERSION").into(),
+        argv: Vec::new(),
+        sim: cfg.clone(),
+        tiers: setup::effective_tiers(manager),
+    };
+    if cfg.progress {
+        eprintln!("serve_sim: tiers (effective config): {}", inputs.tiers);
+    }
     let mut engine = Engine::new(cfg, manager, setup.fs.as_deref(), setup::workload(cfg));
-    let mut progress = Progress::new(cfg.progress);
+    let mut progress = Progress::new(cfg.progress, engine.tally().requests_planned);
     while !engine.done() {
         engine.step()?;
         progress.tick(manager, engine.tally(), engine.elapsed());
@@ -41,8 +51,11 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
     progress.finish(manager, engine.tally(), engine.elapsed());
     let tally = engine.into_tally();
     let gc = setup.fs.as_ref().and_then(|t| t.stats().gc);
-    let report = report::fill(cfg, &tally, &manager.stats(), gc, seconds, drain);
+    let mut report = report::fill(cfg, &tally, &manager.stats(), gc, seconds, drain);
+    report.inputs = inputs;
+    report.disk = setup.disk;
     setup.teardown(cfg.progress)?;
     tally.check_oracle()?;
+    report.wall_seconds = wall.elapsed().as_secs_f64();
     Ok(report)
 }

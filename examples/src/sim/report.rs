@@ -1,7 +1,6 @@
 //! The report: its types, filling it from the engine's tally and the manager's stats,
 //! [`render`]ing it as text, and the live progress line.
 
-use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use kv_tier::fs::GcStats;
@@ -132,6 +131,9 @@ pub struct Report {
     pub blocks_corrupt: u64,
     /// Fraction of prompt tokens not recomputed.
     pub hit_rate: f64,
+    /// The hit rate an unbounded cache would have on the same requests (every block stored,
+    /// prompt and output, kept forever): the ceiling of `hit_rate`.
+    pub ideal_hit_rate: f64,
     /// DRAM evictions.
     pub dram_evictions: u64,
     /// `prepare_store` calls refused because DRAM was full of pinned blocks.
@@ -151,6 +153,40 @@ pub struct Report {
     pub removal_events: u64,
     /// Prefill time the tiers saved at the configured rate, seconds.
     pub prefill_seconds_saved: f64,
+    /// The disk under the fs tier's directory, measured at startup (`None` without an fs
+    /// tier or where O_DIRECT is refused).
+    pub disk: Option<DiskProbe>,
+    /// Seconds of wall time of the whole run: setup, the run, the drain and the teardown
+    /// (the temporary directory's removal included).
+    pub wall_seconds: f64,
+    /// What the run was given.
+    pub inputs: Inputs,
+}
+
+/// What a run was given, recorded in its report.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct Inputs {
+    /// serve_sim's version.
+    pub version: String,
+    /// The command line (set by the binary; empty from the library).
+    pub argv: Vec<String>,
+    /// The simulator's config (secrets masked).
+    pub sim: SimConfig,
+    /// The tier config as the manager used it, defaults filled in (secrets masked).
+    pub tiers: serde_json::Value,
+}
+
+/// A short direct-I/O write and read of the disk under the fs tier's directory.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct DiskProbe {
+    /// Bytes written, then read.
+    pub bytes: u64,
+    /// In blocks of this many bytes.
+    pub block_bytes: u64,
+    /// Write throughput, GB/s (O_DIRECT, one thread).
+    pub write_gb_per_s: f64,
+    /// Read throughput, GB/s (O_DIRECT, one thread).
+    pub read_gb_per_s: f64,
 }
 
 /// The report of a run: the engine's tally, the manager's stats and the fs tier's GC
@@ -190,6 +226,7 @@ pub(super) fn fill(
         blocks_verified: t.blocks_verified,
         blocks_corrupt: t.corrupt_keys.len() as u64,
         hit_rate: t.hit_rate(),
+        ideal_hit_rate: ideal_hit_rate(cfg, t.requests),
         dram_evictions: s.primary.evictions,
         stores_refused: t.stores_refused,
         stores_refused_write_back: t.stores_refused_write_back,
@@ -199,6 +236,28 @@ pub(super) fn fill(
         events: t.events,
         removal_events: t.removal_events,
         prefill_seconds_saved,
+        disk: None,
+        wall_seconds: 0.0,
+        inputs: Inputs::default(),
+    }
+}
+
+/// The hit rate of an unbounded cache over the first `requests` turns of the workload: a
+/// turn hits the leading blocks of its prompt that any earlier turn's prompt or output
+/// holds.
+pub fn ideal_hit_rate(cfg: &SimConfig, requests: u64) -> f64 {
+    let mut seen = std::collections::HashSet::new();
+    let (mut hit, mut total) = (0u64, 0u64);
+    for turn in super::setup::workload(cfg).take(requests as usize) {
+        hit += turn.keys.iter().take_while(|k| seen.contains(*k)).count() as u64;
+        total += turn.keys.len() as u64;
+        seen.extend(turn.keys.iter().copied());
+        seen.extend(turn.output.iter().copied());
+    }
+    if total == 0 {
+        0.0
+    } else {
+        hit as f64 / total as f64
     }
 }
 
@@ -247,66 +306,77 @@ fn gc_report(g: &GcStats, max_bytes_after_step_sweep: Option<u64>) -> GcReport {
     }
 }
 
-/// The live progress line on stderr, at most every 250 ms.
+/// The live progress bar on stderr (with an ETA), updated at most every 250 ms; hidden when
+/// stderr is not a terminal or it is off.
 pub(super) struct Progress {
-    on: bool,
+    bar: indicatif::ProgressBar,
     last: Instant,
 }
 
 impl Progress {
-    pub(super) fn new(on: bool) -> Self {
+    pub(super) fn new(on: bool, planned: u64) -> Self {
+        let target = if on && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            indicatif::ProgressDrawTarget::stderr()
+        } else {
+            indicatif::ProgressDrawTarget::hidden()
+        };
+        let bar = indicatif::ProgressBar::with_draw_target(Some(planned), target);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "[{bar:24}] {pos}/{len} req {elapsed_precise} ETA {eta}  {msg}",
+            )
+            .expect("a valid template")
+            .progress_chars("#>-"),
+        );
         Self {
-            on,
+            bar,
             last: Instant::now() - Duration::from_secs(1),
         }
     }
 
-    /// After a step: the line, if it is on and 250 ms have passed since the last one.
+    /// After a step: the bar, if 250 ms have passed since the last update.
     pub(super) fn tick(&mut self, m: &TieringManager, t: &Tally, elapsed: Duration) {
-        if self.on && self.last.elapsed() >= Duration::from_millis(250) {
+        if !self.bar.is_hidden() && self.last.elapsed() >= Duration::from_millis(250) {
             self.last = Instant::now();
-            progress_line(m, t, elapsed);
+            self.update(m, t, elapsed);
         }
     }
 
-    /// At the end: the last line, and a newline after it.
+    /// At the end: the last figures, left on screen.
     pub(super) fn finish(&self, m: &TieringManager, t: &Tally, elapsed: Duration) {
-        if self.on {
-            progress_line(m, t, elapsed);
-            eprintln!();
+        if !self.bar.is_hidden() {
+            self.update(m, t, elapsed);
+            self.bar.finish();
         }
     }
-}
 
-fn progress_line(m: &TieringManager, r: &Tally, elapsed: Duration) {
-    let s = m.stats();
-    let secs = elapsed.as_secs_f64().max(1e-9);
-    let read: u64 = s.tiers.iter().map(|t| t.bytes_loaded).sum();
-    let wrote: u64 = s.tiers.iter().map(|t| t.bytes_stored).sum();
-    let hit = 100.0 * r.hit_rate();
-    let done = r.requests as f64 / r.requests_planned.max(1) as f64;
-    let width = 24;
-    let filled = (done * width as f64) as usize;
-    eprint!(
-        "\r[{}{}] {:>4}/{} req {:>5.1}s  hit {:>5.1}%  read {:>5.2} GB/s  write {:>5.2} GB/s  ",
-        "#".repeat(filled),
-        "-".repeat(width - filled.min(width)),
-        r.requests,
-        r.requests_planned,
-        secs,
-        hit,
-        read as f64 / secs / 1e9,
-        wrote as f64 / secs / 1e9
-    );
-    let _ = std::io::stderr().flush();
+    fn update(&self, m: &TieringManager, r: &Tally, elapsed: Duration) {
+        let s = m.stats();
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        let read: u64 = s.tiers.iter().map(|t| t.bytes_loaded).sum();
+        let wrote: u64 = s.tiers.iter().map(|t| t.bytes_stored).sum();
+        self.bar.set_position(r.requests);
+        self.bar.set_message(format!(
+            "hit {:>5.1}%  read {:>5.2} GB/s  write {:>5.2} GB/s",
+            100.0 * r.hit_rate(),
+            read as f64 / secs / 1e9,
+            wrote as f64 / secs / 1e9
+        ));
+    }
 }
 
 /// The report as text.
 pub fn render(r: &Report) -> String {
     let mut o = String::new();
     o += &format!(
-        "kv-tier serve_sim report ({:.1} s, {} steps; then {:.1} s draining write-back)\n",
-        r.seconds, r.steps, r.drain_seconds
+        "kv-tier serve_sim report ({:.1} s, {} steps; then {:.1} s draining write-back; {:.1} s in all with setup and teardown)\n",
+        r.seconds, r.steps, r.drain_seconds, r.wall_seconds
+    );
+    o += &format!(
+        "  model                 {} ({} KiB blocks of {} tokens)\n",
+        r.inputs.sim.model,
+        r.block_bytes >> 10,
+        r.inputs.sim.tokens_per_block
     );
     o += &format!(
         "  requests              {} of {} planned\n",
@@ -330,8 +400,9 @@ pub fn render(r: &Report) -> String {
     );
     o += &format!("    recomputed          {}\n", r.tokens_recomputed);
     o += &format!(
-        "  hit rate              {:.1}% of prompt tokens not recomputed\n",
-        100.0 * r.hit_rate
+        "  hit rate              {:.1}% of prompt tokens not recomputed (an unbounded cache: {:.1}%)\n",
+        100.0 * r.hit_rate,
+        100.0 * r.ideal_hit_rate
     );
     o += &format!(
         "  lookups               {} (hit {}, pending {}, retry {}, miss {})\n",
@@ -348,6 +419,15 @@ pub fn render(r: &Report) -> String {
         r.stores_refused_write_back,
         r.write_back_pinned_peak_bytes as f64 / (1u64 << 20) as f64
     );
+    if let Some(d) = &r.disk {
+        o += &format!(
+            "  disk                  {:.2} GB/s write, {:.2} GB/s read (O_DIRECT, one thread, {} MiB in {} KiB blocks, at startup)\n",
+            d.write_gb_per_s,
+            d.read_gb_per_s,
+            d.bytes >> 20,
+            d.block_bytes >> 10
+        );
+    }
     for t in &r.tiers {
         o += &render_tier(t);
     }

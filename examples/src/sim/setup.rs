@@ -10,6 +10,7 @@ use kv_tier_testkit::{Workload, WorkloadConfig};
 use tempfile::TempDir;
 
 use super::SimConfig;
+use super::report::DiskProbe;
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -24,6 +25,8 @@ pub(super) struct Setup {
     pub(super) fs: Option<Arc<FsTier>>,
     /// The fs tier's directory when the simulator made it (no `root_dir`): removed at the end.
     scratch: Option<TempDir>,
+    /// The disk under the fs tier, measured before the run.
+    pub(super) disk: Option<DiskProbe>,
 }
 
 impl Setup {
@@ -35,6 +38,9 @@ impl Setup {
         let (root, scratch) = root_dir(cfg)?;
         let manager = Arc::new(build_manager(cfg, &root)?);
         let fs = first_fs_tier(&manager);
+        let disk = fs
+            .as_ref()
+            .and_then(|t| probe_disk(&t.config().root_dir, cfg.block_bytes()));
         let endpoint = match cfg.metrics_addr {
             Some(addr) => {
                 let e = manager
@@ -50,6 +56,7 @@ impl Setup {
             endpoint,
             fs,
             scratch,
+            disk,
         })
     }
 
@@ -60,6 +67,7 @@ impl Setup {
             endpoint,
             fs,
             scratch,
+            disk: _,
         } = self;
         drop(endpoint);
         manager.runtime().block_on(manager.shutdown())?;
@@ -77,6 +85,60 @@ impl Setup {
         }
         Ok(())
     }
+}
+
+/// The effective tier config of the run (secrets masked).
+pub(super) fn effective_tiers(manager: &TieringManager) -> serde_json::Value {
+    let mut registry = kv_tier::registry();
+    kv_tier_testkit::MemoryTier::register(&mut registry);
+    let mut v = kv_tier::effective_config(manager.config(), &registry)
+        .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
+    kv_tier::redact_secrets(&mut v);
+    v
+}
+
+/// Writes then reads 256 MiB with O_DIRECT in `dir`, in blocks of the run's block size (at
+/// least 1 MiB), on one thread; `None` where the filesystem refuses O_DIRECT.
+fn probe_disk(dir: &Path, block_bytes: usize) -> Option<DiskProbe> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    const TOTAL: usize = 256 << 20;
+    let block = block_bytes.max(1 << 20).next_multiple_of(4096).min(TOTAL);
+    let n = TOTAL / block;
+    let path = dir.join(".kv-tier-disk-probe.tmp");
+    let mut buf = kv_tier::AlignedBuf::zeroed(block);
+    buf.as_mut_slice()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, b)| *b = (i * 31 % 251) as u8);
+    let mut run = || -> std::io::Result<DiskProbe> {
+        let f = std::fs::OpenOptions::new()
+            .create_new(true)
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)?;
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            f.write_all_at(buf.as_slice(), (i * block) as u64)?;
+        }
+        f.sync_all()?;
+        let write = t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            f.read_exact_at(buf.as_mut_slice(), (i * block) as u64)?;
+        }
+        let read = t.elapsed().as_secs_f64();
+        let bytes = (n * block) as f64;
+        Ok(DiskProbe {
+            bytes: (n * block) as u64,
+            block_bytes: block as u64,
+            write_gb_per_s: bytes / write / 1e9,
+            read_gb_per_s: bytes / read / 1e9,
+        })
+    };
+    let probe = run();
+    let _ = std::fs::remove_file(&path);
+    probe.ok()
 }
 
 /// The fs tier's directory: `root_dir`, or a fresh temp dir (returned too, to be removed).
