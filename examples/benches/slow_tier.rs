@@ -30,8 +30,24 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // the toy model and workload this benchmark has always run (serve_sim's defaults until
+    // they moved to MiB-sized blocks), so its figures stay comparable across runs
     let base = SimConfig {
         streams: 16,
+        turns: 5,
+        prefixes: 256,
+        prefix_tokens: 10_000,
+        prompt_tokens: 4096,
+        output_tokens: 512,
+        model: "tiny".into(),
+        layers: 1,
+        kv_heads: 2,
+        head_dim: 64,
+        dtype_bytes: 2,
+        gpu_cache_blocks: 4096,
+        prefill_tokens_per_s: 200_000.0,
+        dram_bytes: 512 << 20,
+        fs_cap_gb: Some(0.75),
         duration: Duration::from_secs(window),
         progress: false,
         ..SimConfig::default()

@@ -256,6 +256,21 @@ impl FailureCauses {
     }
 }
 
+/// Counters of the primary tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct PrimaryStats {
+    /// Total slots.
+    pub capacity_blocks: usize,
+    /// Slots holding a readable block.
+    pub ready_blocks: usize,
+    /// Slots being written.
+    pub writing_blocks: usize,
+    /// Blocks evicted since start.
+    pub evictions: u64,
+    /// `prepare_store` calls refused for lack of room.
+    pub refused_stores: u64,
+}
+
 /// Counters of a [`crate::TieringManager`], with its tiers' (serialisable: a report or an
 /// endpoint can hand it out whole).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -287,7 +302,7 @@ pub struct ManagerStats {
     /// Requests waiting for a promoted block or holding one.
     pub holding_requests: usize,
     /// The primary tier's counters.
-    pub primary: crate::tier::PrimaryStats,
+    pub primary: PrimaryStats,
     /// Per secondary tier, in order.
     pub tiers: Vec<TierStats>,
 }

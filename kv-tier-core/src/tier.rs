@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::event::{Locality, Medium, TierEvent};
 use crate::key::BlockKey;
 use crate::request::LookupResult;
+pub use crate::stats::PrimaryStats;
 use crate::stats::TierSnapshot;
 use crate::sync::lock;
 
@@ -374,21 +375,6 @@ pub struct PreparedStore {
     pub present: Vec<BlockKey>,
     /// Keys evicted to make room.
     pub evicted: Vec<BlockKey>,
-}
-
-/// Counters of the primary tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-pub struct PrimaryStats {
-    /// Total slots.
-    pub capacity_blocks: usize,
-    /// Slots holding a readable block.
-    pub ready_blocks: usize,
-    /// Slots being written.
-    pub writing_blocks: usize,
-    /// Blocks evicted since start.
-    pub evictions: u64,
-    /// `prepare_store` calls refused for lack of room.
-    pub refused_stores: u64,
 }
 
 /// The DRAM primary tier as the manager sees it. Synchronous and non-blocking: it is called

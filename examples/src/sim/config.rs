@@ -151,11 +151,11 @@ impl Default for SimConfig {
         let m = preset(DEFAULT_MODEL).expect("the default preset exists");
         Self {
             streams: DEFAULT_STREAMS,
-            turns: 6,
+            turns: 20,
             prefixes: 4 * DEFAULT_STREAMS,
             prefix_tokens: 1024,
-            prompt_tokens: 512,
-            output_tokens: 128,
+            prompt_tokens: 256,
+            output_tokens: 64,
             tokens_per_block: 16,
             model: m.name.into(),
             layers: m.layers,
@@ -164,12 +164,12 @@ impl Default for SimConfig {
             dtype_bytes: m.dtype_bytes,
             gpu_cache_blocks: 512,
             max_batch: 8,
-            prefill_tokens_per_s: 50_000.0,
+            prefill_tokens_per_s: 10_000.0,
             duration: Duration::from_secs(70),
             seed: 1,
             dram_bytes: 1 << 30,
             root_dir: None,
-            fs_cap_gb: Some(2.0),
+            fs_cap_gb: Some(4.0),
             config_json: None,
             s3_endpoint: None,
             s3_bucket: "kv-tier".into(),
@@ -187,7 +187,7 @@ impl Default for SimConfig {
 }
 
 /// Concurrent conversations by default.
-const DEFAULT_STREAMS: usize = 16;
+const DEFAULT_STREAMS: usize = 8;
 
 impl SimConfig {
     /// Bytes of one block: layers x KV heads x head dim x dtype x 2 (K and V) x tokens.

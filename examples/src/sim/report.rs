@@ -8,6 +8,7 @@ use kv_tier::{ManagerStats, TierStats, TieringManager};
 use serde::Serialize;
 
 use super::SimConfig;
+pub use super::setup::DiskProbe;
 use super::step::Tally;
 
 /// Per-tier figures of the report.
@@ -174,19 +175,6 @@ pub struct Inputs {
     pub sim: SimConfig,
     /// The tier config as the manager used it, defaults filled in (secrets masked).
     pub tiers: serde_json::Value,
-}
-
-/// A short direct-I/O write and read of the disk under the fs tier's directory.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct DiskProbe {
-    /// Bytes written, then read.
-    pub bytes: u64,
-    /// In blocks of this many bytes.
-    pub block_bytes: u64,
-    /// Write throughput, GB/s (O_DIRECT, one thread).
-    pub write_gb_per_s: f64,
-    /// Read throughput, GB/s (O_DIRECT, one thread).
-    pub read_gb_per_s: f64,
 }
 
 /// The report of a run: the engine's tally, the manager's stats and the fs tier's GC

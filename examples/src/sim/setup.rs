@@ -10,7 +10,6 @@ use kv_tier_testkit::{Workload, WorkloadConfig};
 use tempfile::TempDir;
 
 use super::SimConfig;
-use super::report::DiskProbe;
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -85,6 +84,19 @@ impl Setup {
         }
         Ok(())
     }
+}
+
+/// A short direct-I/O write and read of the disk under the fs tier's directory.
+#[derive(Debug, Clone, Copy, serde::Serialize, PartialEq)]
+pub struct DiskProbe {
+    /// Bytes written, then read.
+    pub bytes: u64,
+    /// In blocks of this many bytes.
+    pub block_bytes: u64,
+    /// Write throughput, GB/s (O_DIRECT, one thread).
+    pub write_gb_per_s: f64,
+    /// Read throughput, GB/s (O_DIRECT, one thread).
+    pub read_gb_per_s: f64,
 }
 
 /// The effective tier config of the run (secrets masked).
