@@ -95,7 +95,15 @@ pub struct EventLog {
     tier: String,
     medium: Medium,
     locality: Locality,
-    events: std::sync::Mutex<Vec<TierEvent>>,
+    events: std::sync::Mutex<LogState>,
+    next_batch: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct LogState {
+    events: Vec<TierEvent>,
+    /// The [`EventBatch`] whose keys the last event gathers, while nothing else came after.
+    open: Option<u64>,
 }
 
 impl EventLog {
@@ -105,7 +113,18 @@ impl EventLog {
             tier: tier.into(),
             medium,
             locality,
-            events: std::sync::Mutex::new(Vec::new()),
+            events: std::sync::Mutex::new(LogState::default()),
+            next_batch: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn event(&self, keys: Vec<BlockKey>, removed: bool) -> TierEvent {
+        TierEvent {
+            tier: self.tier.clone(),
+            keys,
+            medium: self.medium,
+            locality: self.locality,
+            removed,
         }
     }
 
@@ -114,69 +133,83 @@ impl EventLog {
         if keys.is_empty() {
             return;
         }
-        let ev = TierEvent {
-            tier: self.tier.clone(),
-            keys,
-            medium: self.medium,
-            locality: self.locality,
-            removed,
-        };
-        self.lock().push(ev);
+        let ev = self.event(keys, removed);
+        let mut st = self.lock();
+        st.events.push(ev);
+        st.open = None;
+    }
+
+    /// Appends `key` to the last event if batch `batch` opened it and nothing came after,
+    /// else opens a new event with it.
+    fn push_in_batch(&self, batch: u64, key: BlockKey, removed: bool) {
+        let mut st = self.lock();
+        if st.open == Some(batch)
+            && let Some(last) = st.events.last_mut()
+        {
+            last.keys.push(key);
+            return;
+        }
+        let ev = self.event(vec![key], removed);
+        st.events.push(ev);
+        st.open = Some(batch);
     }
 
     /// Takes every event so far, oldest first.
     pub fn take(&self) -> Vec<TierEvent> {
-        std::mem::take(&mut *self.lock())
+        let mut st = self.lock();
+        st.open = None;
+        std::mem::take(&mut st.events)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<TierEvent>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {
         self.events.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// The keys of one event, gathered while a call runs and pushed to the log when the batch
-/// drops: when the call ends, and also when it is cancelled, so what was done before the
-/// cancellation is still reported.
+/// The keys of one event, gathered while a call runs: each key is in the log as soon as it
+/// is added (so the log keeps the order things happened in, a removal of a key between two
+/// of a job's stores included, and a call that is cancelled has reported what it did), in one
+/// event with the batch's other keys as long as nothing else was logged between them.
 ///
 /// ```
 /// use std::sync::Arc;
 /// use kv_tier_core::{BlockKey, EventBatch, EventLog, Locality, Medium};
 /// let log = Arc::new(EventLog::new("fs", Medium::Storage, Locality::Local));
+/// let (a, b, c) = (
+///     BlockKey::from_hash32([1; 32], 0),
+///     BlockKey::from_hash32([2; 32], 0),
+///     BlockKey::from_hash32([3; 32], 0),
+/// );
 /// let batch = EventBatch::new(log.clone(), false);
-/// batch.add(BlockKey::from_hash32([1; 32], 0));
-/// assert!(log.take().is_empty());
-/// drop(batch); // e.g. the store future was dropped mid-way
-/// assert_eq!(log.take()[0].keys.len(), 1);
+/// batch.add(a);
+/// batch.add(b);
+/// log.push(vec![a], true); // a removal in between: it comes after a's store
+/// batch.add(c);
+/// drop(batch); // e.g. the store future was dropped: what it did is reported already
+/// let ev = log.take();
+/// assert_eq!(ev.len(), 3);
+/// assert_eq!((ev[0].keys.clone(), ev[0].removed), (vec![a, b], false));
+/// assert_eq!((ev[1].keys.clone(), ev[1].removed), (vec![a], true));
+/// assert_eq!((ev[2].keys.clone(), ev[2].removed), (vec![c], false));
 /// ```
 #[derive(Debug)]
 pub struct EventBatch {
     log: std::sync::Arc<EventLog>,
     removed: bool,
-    keys: std::sync::Mutex<Vec<BlockKey>>,
+    id: u64,
 }
 
 impl EventBatch {
-    /// An empty batch of stored (`removed == false`) or removed keys for `log`.
+    /// A batch of stored (`removed == false`) or removed keys for `log`.
     pub fn new(log: std::sync::Arc<EventLog>, removed: bool) -> Self {
-        Self {
-            log,
-            removed,
-            keys: std::sync::Mutex::new(Vec::new()),
-        }
+        let id = log
+            .next_batch
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self { log, removed, id }
     }
 
-    /// Adds a key.
+    /// Adds a key (to the log, now).
     pub fn add(&self, key: BlockKey) {
-        self.keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(key);
-    }
-}
-
-impl Drop for EventBatch {
-    fn drop(&mut self) {
-        let keys = std::mem::take(&mut *self.keys.lock().unwrap_or_else(|p| p.into_inner()));
-        self.log.push(keys, self.removed);
+        self.log.push_in_batch(self.id, key, self.removed);
     }
 }

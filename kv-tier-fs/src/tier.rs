@@ -325,7 +325,9 @@ impl SecondaryTier for FsTier {
             .run_blocks(Class::Store, job.blocks, false, |files, key, src, batch| {
                 let r = files.store_block(key, &src);
                 drop(src); // unpin the DRAM slot as soon as the bytes are written
-                if matches!(r, Ok(true)) {
+                // written, or found present: either way the tier holds it now (after a
+                // removal of the key, this is what says it is back)
+                if r.is_ok() {
                     batch.add(*key);
                 }
                 r

@@ -347,10 +347,17 @@ impl Shared {
                 ..PutOptions::default()
             };
             // Counted toward the bound before the PUT: if it is cancelled or times out, the
-            // object may exist, and over-counting is the safe side of a bound.
-            if let Some(cap) = &self.cap {
-                cap.lock().insert(key, self.block_size as u64);
-            }
+            // object may exist, and over-counting is the safe side of a bound. A failed PUT
+            // takes back only a count it added (an object indexed before may well be there).
+            let added = self
+                .cap
+                .as_ref()
+                .is_some_and(|cap| cap.lock().insert(key, self.block_size as u64));
+            let uncount = |key: &BlockKey| {
+                if added {
+                    self.uncount(key);
+                }
+            };
             let put = self
                 .store
                 .put_opts(&path, PutPayload::from(bytes.clone()), opts);
@@ -367,7 +374,7 @@ impl Shared {
                 )) => {
                     if self.existing_is_unverifiable(&path).await? {
                         if std::mem::replace(&mut replaced, true) {
-                            self.uncount(&key);
+                            uncount(&key);
                             return Err(in_the_way(&path));
                         }
                         self.warn_in_the_way(&key);
@@ -377,12 +384,12 @@ impl Shared {
                     return Ok(self.confirmed(key));
                 }
                 Err(ReqError::Store(object_store::Error::NotImplemented)) if create => {
-                    self.uncount(&key);
+                    uncount(&key);
                     tracing::warn!(tier = %self.name, "the store has no create-only writes; checking before writing instead");
                     self.create_only.store(false, Ordering::Relaxed);
                 }
                 Err(e @ ReqError::Store(_)) => {
-                    self.uncount(&key);
+                    uncount(&key);
                     return Err(self.err(&format!("PUT {path}"), e));
                 }
                 Err(e @ ReqError::TimedOut) => return Err(self.err(&format!("PUT {path}"), e)),
@@ -452,15 +459,33 @@ impl Shared {
     }
 
     /// Deletes a damaged object, reported removed first: the block is lost whether or not
-    /// the DELETE ends (one that times out or is dropped may still have run).
+    /// the DELETE ends (one that times out or is dropped may still have run). The caller
+    /// holds the key's put claim (a store of this tier cannot write it meanwhile, so the
+    /// DELETE cannot remove a copy a store just reported). The object leaves the bound's
+    /// count only once the store confirms it gone; a HEAD that overlapped the DELETE does not
+    /// cache "present".
     async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath) {
         self.events.push(vec![*key], true);
         self.delete_epoch.fetch_add(1, Ordering::SeqCst);
         self.exists.invalidate(key);
-        self.uncount(key);
-        if self.request(self.store.delete(path)).await.is_ok() {
-            bump(&self.counters.blocks.corrupt_deleted, 1);
+        match self.request(self.store.delete(path)).await {
+            Ok(()) | Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
+                bump(&self.counters.blocks.corrupt_deleted, 1);
+                self.uncount(key);
+            }
+            Err(e) => {
+                let err = self.err(&format!("DELETE {path}"), e);
+                tracing::warn!(tier = %self.name, %key, error = %err, "a damaged object could not be deleted; it stays counted, and the next load or sweep tries again");
+            }
         }
+        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
+        self.exists.invalidate(key);
+    }
+
+    /// [`Shared::delete_corrupt`] from a load: under the key's put claim.
+    async fn delete_damaged_loaded(&self, key: &BlockKey, path: &ObjPath) {
+        let _claim = self.claim_put(*key).await;
+        self.delete_corrupt(key, path).await;
     }
 
     /// GET `path` and stream its body into `buf`, one request within its deadline.
@@ -516,18 +541,37 @@ impl Shared {
             Ok(f) => f,
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
                 self.exists.invalidate(&key);
-                self.uncount(&key);
+                // gone: it leaves the count, unless a store of it is in flight (whose count
+                // this is; under the claims' lock, so none starts meanwhile)
+                {
+                    let puts = lock(&self.puts);
+                    if !puts.contains_key(&key) {
+                        self.uncount(&key);
+                    }
+                }
                 bump(&self.counters.blocks.load_misses, 1);
                 return Err(not_found(&self.name, key));
             }
             Err(e) => return Err(self.err(&format!("GET {path}"), e)),
         };
+        if !f.overflow && f.filled < self.block_size {
+            // the object has the block's size and its body arrived short: the transfer
+            // failed, not the object
+            return Err(Error::Backend {
+                tier: self.name.clone(),
+                message: format!(
+                    "GET {path}: the body ended after {} of {} bytes",
+                    f.filled, self.block_size
+                ),
+                transient: true,
+            });
+        }
         if f.overflow || f.filled != self.block_size {
             let reason = format!(
                 "object is {} bytes, the block size is {} ({path})",
                 f.size, self.block_size
             );
-            self.delete_corrupt(&key, &path).await;
+            self.delete_damaged_loaded(&key, &path).await;
             return Err(Error::Corrupt {
                 key,
                 tier: self.name.clone(),
@@ -565,7 +609,7 @@ impl Shared {
             };
             if let Some(reason) = refused {
                 tracing::warn!(tier = %self.name, %key, %reason, "unverifiable block; the object is deleted");
-                self.delete_corrupt(&key, &path).await;
+                self.delete_damaged_loaded(&key, &path).await;
                 return Err(Error::Corrupt {
                     key,
                     tier: self.name.clone(),

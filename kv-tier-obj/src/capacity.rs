@@ -20,11 +20,12 @@ pub(crate) struct CapIndex {
 }
 
 impl CapIndex {
-    /// Indexes `key` as the most recently used object.
-    pub(crate) fn insert(&mut self, key: BlockKey, size: u64) {
+    /// Indexes `key` as the most recently used object; returns whether it was not indexed
+    /// before (so the caller's undo may remove it).
+    pub(crate) fn insert(&mut self, key: BlockKey, size: u64) -> bool {
         self.clock += 1;
         let tick = self.clock;
-        self.lru.insert(key, Slot { size, at: tick });
+        self.lru.insert(key, Slot { size, at: tick }).is_none()
     }
 
     /// Makes `key` the most recently used, if indexed.

@@ -126,13 +126,15 @@ impl ObjTier {
 
     async fn run_store(&self, job: StoreJob) -> JobResult {
         let inner = &self.shared;
-        // each object written is recorded as it lands: reported even if the job is dropped
+        // each object is recorded as it lands: reported even if the job is dropped
         let published = EventBatch::new(inner.events.clone(), false);
         let published = &published;
         let results: Vec<(BlockKey, Result<bool>)> = futures::stream::iter(job.blocks)
             .map(|(k, src)| async move {
                 let r = inner.store_block(k, src).await;
-                if matches!(r, Ok(true)) {
+                // written, or confirmed present: either way the tier holds it now (after a
+                // removal of the key, this is what says it is back)
+                if r.is_ok() {
                     published.add(k);
                 }
                 (k, r)
