@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! # async fn demo(manager: std::sync::Arc<kv_tier::TieringManager>) -> std::io::Result<()> {
-//! let endpoint = kv_tier::prometheus::serve("127.0.0.1:9464".parse().unwrap(), manager).await?;
+//! let endpoint = kv_tier::prometheus::serve("127.0.0.1:9464".parse().unwrap(), &manager).await?;
 //! println!("metrics at http://{}/metrics", endpoint.addr());
 //! # Ok(()) }
 //! ```
