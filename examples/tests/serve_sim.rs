@@ -600,4 +600,46 @@ fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
         "latencies are histograms"
     );
     assert!(body.contains("# HELP kv_tier_fs_gc_swept_files_total Files deleted by sweeps."));
+    // every metric the Grafana dashboard charts is one kv-tier exports: in this scrape, or
+    // (the obj tier's, absent from an fs-only run) among the obj tier's figures
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../dashboards/grafana-kv-tier.json"
+    ))
+    .unwrap();
+    let obj_names: Vec<String> = {
+        let stats = kv_tier::obj::ObjStats::default();
+        kv_tier::TierSnapshot::new("obj", stats.blocks, &stats)
+            .figures
+            .iter()
+            .map(|f| kv_tier::core::metrics::figure_metric("obj", f).0)
+            .collect()
+    };
+    let mut charted = 0;
+    for (i, _) in dashboard.match_indices("kv_tier_") {
+        let name: String = dashboard[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let base = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|sfx| name.strip_suffix(sfx))
+            .unwrap_or(&name);
+        if base == "kv_tier_" {
+            continue; // the description's kv_tier_*
+        }
+        charted += 1;
+        if base.starts_with("kv_tier_obj_") {
+            assert!(
+                obj_names.iter().any(|n| n == base),
+                "the dashboard charts {base}, not an obj figure: {obj_names:?}"
+            );
+        } else {
+            assert!(
+                body.contains(&format!("# TYPE {base} ")),
+                "the dashboard charts {base}, which is not exported"
+            );
+        }
+    }
+    assert!(charted > 20, "the dashboard charts {charted} metrics");
 }
