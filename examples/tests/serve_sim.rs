@@ -69,6 +69,10 @@ fn check_consistent(r: &Report) {
         assert_eq!(t.bytes_written, t.blocks_stored * r.block_bytes);
         assert_eq!(t.store_failures, 0);
     }
+    // every Retry waited for at least one tier's probe, and each tier counts its waits
+    let waits: u64 = r.tiers.iter().map(|t| t.retry_waits).sum();
+    assert!(waits >= r.lookup_retries, "{waits} < {}", r.lookup_retries);
+    assert_eq!(waits > 0, r.lookup_retries > 0);
     let promoted: u64 = r.tiers.iter().map(|t| t.blocks_loaded).sum();
     assert_eq!(
         r.tokens_from_secondary > 0,
@@ -559,6 +563,7 @@ fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
     for series in [
         r#"kv_tier_lookups_total{verdict="hit"}"#,
         r#"kv_tier_lookups_total{verdict="miss"}"#,
+        r#"kv_tier_retry_waits_total{tier="fs"}"#,
         r#"kv_tier_probe_seconds_count{tier="fs"}"#,
         r#"kv_tier_probe_keys_total{tier="fs",outcome="found"}"#,
         r#"kv_tier_job_seconds_count{tier="fs",direction="store"}"#,

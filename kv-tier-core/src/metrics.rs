@@ -213,6 +213,11 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
             t.hits,
         );
         c(
+            "kv_tier_retry_waits_total",
+            "Keys of lookups answered Retry while this tier's probe was out.",
+            t.retry_waits,
+        );
+        c(
             "kv_tier_store_jobs_total",
             "Store jobs finished.",
             t.store_jobs,

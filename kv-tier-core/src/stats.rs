@@ -133,6 +133,9 @@ pub struct TierStats {
     pub name: String,
     /// Lookups answered `HitPending` because this tier had the block (promotions queued).
     pub hits: u64,
+    /// Keys of lookups that waited for this tier's probe (answered `Retry` while it was
+    /// out): where a slow tier stalls admission.
+    pub retry_waits: u64,
     /// Store jobs finished.
     pub store_jobs: u64,
     /// Blocks stored (including already-present ones).

@@ -58,6 +58,9 @@ pub struct TierReport {
     pub probe_timeouts: u64,
     /// Probes that failed or panicked.
     pub probe_errors: u64,
+    /// Keys of lookups answered Retry while this tier's probe was out (where it stalled
+    /// admission).
+    pub retry_waits: u64,
 }
 
 /// GC figures of the fs tier.
@@ -274,6 +277,7 @@ fn tier_report(t: &TierStats, secs: f64) -> TierReport {
         late_answers: t.probes.late_answers,
         probe_timeouts: t.probes.probe_timeouts,
         probe_errors: t.probes.probe_errors + t.probes.probe_panics,
+        retry_waits: t.retry_waits,
     }
 }
 
@@ -458,10 +462,11 @@ fn render_tier(t: &TierReport) -> String {
         t.probe_errors
     );
     o += &format!(
-        "  {:<21} probe p50 {:.1} ms p99 {:.1} ms, {} lookups past the probe budget, {} late answers; write-back peak {:.1} MiB, {} writes dropped\n",
+        "  {:<21} probe p50 {:.1} ms p99 {:.1} ms, {} key lookups waited for it (Retry), {} past the probe budget, {} late answers; write-back peak {:.1} MiB, {} writes dropped\n",
         "",
         t.probe_p50_ms,
         t.probe_p99_ms,
+        t.retry_waits,
         t.probes_over_budget,
         t.late_answers,
         t.write_back_peak_bytes as f64 / (1u64 << 20) as f64,

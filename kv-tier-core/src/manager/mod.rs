@@ -270,7 +270,10 @@ impl TieringManager {
             }
             match st.lookups[i].ask(key, req.id) {
                 Presence::Absent => {}
-                Presence::Retry => pending = true,
+                Presence::Retry => {
+                    pending = true;
+                    st.stats.tiers[i].retry_waits += 1;
+                }
                 Presence::Present if !pending => {
                     before_reserve();
                     return self.reserve_promotion(st, i, key, req.id);
