@@ -179,14 +179,15 @@ impl TierRegistry {
     }
 
     /// Registers `type_name` for a persistent tier (one that needs the namespace): its
-    /// options are parsed and validated by `parse` (errors name their field), then `open`
-    /// makes it. A tier crate registers itself in one call (the fs tier:
+    /// options are parsed and validated by `parse` (errors name their field; the options
+    /// serialise, for [`TierRegistry::effective_options`]), then `open` makes it. A tier crate registers itself in one call (the fs tier:
     /// `registry.register_tier("fs", FsTierConfig::from_spec, Opener::Blocking(..))`):
     ///
     /// ```
     /// use kv_tier_core::registry::{Opener, TierRegistry};
     /// use kv_tier_core::{Namespace, Result, SecondaryTier, config::TierSpec};
     ///
+    /// #[derive(serde::Serialize)]
     /// struct MyOptions;
     /// fn register<T: SecondaryTier>(
     ///     reg: &mut TierRegistry,
