@@ -203,8 +203,8 @@ impl FsTier {
     /// every idle thread), with the keys protected meanwhile. `None` after shutdown.
     ///
     /// `op` records keys for the job's event in the batch it is given (stored keys for
-    /// stores, removed ones for loads); the batch is reported when the last task and the
-    /// future are done with it, so a dropped job's work is still reported.
+    /// stores, removed ones for loads), each logged as it is added, so a dropped job's work
+    /// is still reported.
     async fn run_blocks<B, R>(
         &self,
         class: Class,
@@ -325,9 +325,9 @@ impl SecondaryTier for FsTier {
             .run_blocks(Class::Store, job.blocks, false, |files, key, src, batch| {
                 let r = files.store_block(key, &src);
                 drop(src); // unpin the DRAM slot as soon as the bytes are written
-                // written, or found present: either way the tier holds it now (after a
-                // removal of the key, this is what says it is back)
-                if r.is_ok() {
+                // written by this store (a block found present was reported when written:
+                // the fs tier reports a removal only once the file is gone)
+                if matches!(r, Ok(true)) {
                     batch.add(*key);
                 }
                 r

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use kv_tier_core::{
-    BlockKey, BlockSink, BlockSource, Error, EventLog, Namespace, ProtectionSet, Result,
+    BlockKey, BlockSink, BlockSource, Error, EventBatch, EventLog, Namespace, ProtectionSet, Result,
 };
 use object_store::path::Path as ObjPath;
 use object_store::{
@@ -118,9 +118,28 @@ impl Drop for PutClaim<'_> {
     }
 }
 
+/// Forgets cached "present" answers of keys being deleted, and makes a HEAD that overlaps
+/// the deletion not cache one: bumps the delete epoch when made and again when dropped (the
+/// deletion ended, failed, or was cancelled mid-request), then drops the keys' cache entries.
+pub(crate) struct Forget<'a> {
+    inner: &'a Shared,
+    keys: Vec<BlockKey>,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.inner.delete_epoch.fetch_add(1, Ordering::SeqCst);
+        for k in &self.keys {
+            self.inner.exists.invalidate(k);
+        }
+    }
+}
+
 /// What a GET brought.
 struct Fetched {
     size: u64,
+    /// The object's version, where the store gives one.
+    e_tag: Option<String>,
     /// The checksum metadata, as stored (absent, or text that may not parse).
     crc: Option<String>,
     filled: usize,
@@ -128,6 +147,15 @@ struct Fetched {
 }
 
 impl Shared {
+    /// See [`Forget`].
+    pub(crate) fn forget_after(&self, keys: Vec<BlockKey>) -> Forget<'_> {
+        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
+        for k in &keys {
+            self.exists.invalidate(k);
+        }
+        Forget { inner: self, keys }
+    }
+
     pub(crate) fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(closed(&self.name));
@@ -278,7 +306,12 @@ impl Shared {
     /// backend confirmed it exists. Concurrent stores of one key in this tier upload once:
     /// the others wait for that upload, then have the backend confirm the object (or upload
     /// themselves if it failed). Each request within its deadline; cancellation-safe.
-    pub(crate) async fn store_block(&self, key: BlockKey, src: BlockSource) -> Result<bool> {
+    pub(crate) async fn store_block(
+        &self,
+        key: BlockKey,
+        src: BlockSource,
+        published: &EventBatch,
+    ) -> Result<bool> {
         if src.len() != self.block_size {
             return Err(Error::WrongSize {
                 key,
@@ -287,6 +320,18 @@ impl Shared {
             });
         }
         let _claim = self.claim_put(key).await;
+        let stored = self.store_claimed(key, src).await;
+        // written, or confirmed present: either way the tier holds it now (after a removal
+        // of the key, this is what says it is back); logged before the claim goes, so a
+        // damaged-object delete waiting for the claim logs its removal after
+        if stored.is_ok() {
+            published.add(key);
+        }
+        stored
+    }
+
+    /// [`Shared::store_block`] under the key's claim.
+    async fn store_claimed(&self, key: BlockKey, src: BlockSource) -> Result<bool> {
         // the key is protected by this job: a sweep that chose it before may still be
         // deleting it; write only after that
         self.wait_not_deleting(&key).await;
@@ -466,8 +511,7 @@ impl Shared {
     /// cache "present".
     async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath) {
         self.events.push(vec![*key], true);
-        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
-        self.exists.invalidate(key);
+        let _forget = self.forget_after(vec![*key]);
         match self.request(self.store.delete(path)).await {
             Ok(()) | Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
                 bump(&self.counters.blocks.corrupt_deleted, 1);
@@ -478,14 +522,28 @@ impl Shared {
                 tracing::warn!(tier = %self.name, %key, error = %err, "a damaged object could not be deleted; it stays counted, and the next load or sweep tries again");
             }
         }
-        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
-        self.exists.invalidate(key);
     }
 
-    /// [`Shared::delete_corrupt`] from a load: under the key's put claim.
-    async fn delete_damaged_loaded(&self, key: &BlockKey, path: &ObjPath) {
+    /// [`Shared::delete_corrupt`] from a load that found the object damaged: under the key's
+    /// put claim, and only if the object is still the one the load read (its ETag, where the
+    /// store gives one): a store may have replaced it meanwhile. When that cannot be told
+    /// (the HEAD fails), it is left for the next load.
+    async fn delete_damaged_loaded(&self, key: &BlockKey, path: &ObjPath, read: Option<&str>) {
         let _claim = self.claim_put(*key).await;
-        self.delete_corrupt(key, path).await;
+        match self.request(self.store.head(path)).await {
+            Ok(meta) if read.is_some() && meta.e_tag.as_deref() != read => {
+                tracing::info!(tier = %self.name, %key, "a damaged object was replaced before its delete; the new one stays");
+            }
+            Ok(_) => self.delete_corrupt(key, path).await,
+            Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
+                // gone meanwhile (a sweep, another process): it was reported if ours
+                self.exists.invalidate(key);
+            }
+            Err(e) => {
+                let err = self.err(&format!("HEAD {path}"), e);
+                tracing::warn!(tier = %self.name, %key, error = %err, "a damaged object is left for the next load: its HEAD failed");
+            }
+        }
     }
 
     /// GET `path` and stream its body into `buf`, one request within its deadline.
@@ -503,6 +561,7 @@ impl Shared {
             let size = got.meta.size;
             let mut f = Fetched {
                 size,
+                e_tag: got.meta.e_tag.clone(),
                 crc,
                 filled: 0,
                 overflow: size != buf.len() as u64,
@@ -537,16 +596,19 @@ impl Shared {
         self.check_open()?;
         let path = self.path(&key);
         let buf = sink.as_mut_slice();
+        // the key's count as it was before the GET: a NotFound takes back only that one
+        let counted = self.cap.as_ref().and_then(|c| c.lock().tick_of(&key));
         let f = match self.fetch_into(&path, buf).await {
             Ok(f) => f,
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
                 self.exists.invalidate(&key);
                 // gone: it leaves the count, unless a store of it is in flight (whose count
-                // this is; under the claims' lock, so none starts meanwhile)
-                {
+                // this is; under the claims' lock, so none starts meanwhile) or one counted
+                // it again since the GET was sent (it may be there now)
+                if let (Some(cap), Some(tick)) = (&self.cap, counted) {
                     let puts = lock(&self.puts);
                     if !puts.contains_key(&key) {
-                        self.uncount(&key);
+                        cap.lock().remove_if_at(&key, tick);
                     }
                 }
                 bump(&self.counters.blocks.load_misses, 1);
@@ -571,7 +633,8 @@ impl Shared {
                 "object is {} bytes, the block size is {} ({path})",
                 f.size, self.block_size
             );
-            self.delete_damaged_loaded(&key, &path).await;
+            self.delete_damaged_loaded(&key, &path, f.e_tag.as_deref())
+                .await;
             return Err(Error::Corrupt {
                 key,
                 tier: self.name.clone(),
@@ -609,7 +672,8 @@ impl Shared {
             };
             if let Some(reason) = refused {
                 tracing::warn!(tier = %self.name, %key, %reason, "unverifiable block; the object is deleted");
-                self.delete_damaged_loaded(&key, &path).await;
+                self.delete_damaged_loaded(&key, &path, f.e_tag.as_deref())
+                    .await;
                 return Err(Error::Corrupt {
                     key,
                     tier: self.name.clone(),

@@ -39,6 +39,22 @@ impl CapIndex {
         self.lru.remove(key)
     }
 
+    /// `key`'s tick, if indexed.
+    pub(crate) fn tick_of(&self, key: &BlockKey) -> Option<u64> {
+        self.lru.get(key).map(|e| e.at)
+    }
+
+    /// Removes `key` if its tick is still `tick` (not stored or used again since); returns
+    /// whether it did.
+    pub(crate) fn remove_if_at(&mut self, key: &BlockKey, tick: u64) -> bool {
+        if self.tick_of(key) == Some(tick) {
+            self.lru.remove(key);
+            true
+        } else {
+            false
+        }
+    }
+
     pub(crate) fn total(&self) -> u64 {
         self.lru.bytes()
     }

@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use futures::{StreamExt, TryStreamExt};
 use kv_tier_core::Result;
 use object_store::path::Path as ObjPath;
-use rustc_hash::FxHashMap;
 
 use crate::block::{Shared, bump};
 use crate::capacity::Deleting;
@@ -71,37 +70,34 @@ impl Shared {
     /// One batched DELETE of the batch's victims, within one request deadline, marking each
     /// as gone as the store confirms it (so a batch that times out or is dropped part way
     /// knows which deletes it saw end; see [`Deleting`] for the rest).
+    ///
+    /// Answers are matched to victims by position: `delete_stream` answers in the order of
+    /// its input (object_store documents it; S3's bulk delete and the default one-by-one
+    /// delete keep it), while the paths answers carry need not be the ones asked (a local
+    /// store's "not found" names the file, a prefixing wrapper's the prefixed path). A bulk
+    /// request's error stands for its whole chunk, which the batch size keeps to one: it
+    /// marks nothing.
     async fn delete_batch(&self, batch: &mut Deleting<'_>) {
-        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
-        for (k, _) in &batch.victims {
-            self.exists.invalidate(k);
-        }
+        let _forget = self.forget_after(batch.victims.iter().map(|(k, _)| *k).collect());
         let paths: Vec<ObjPath> = batch.victims.iter().map(|(k, _)| self.path(k)).collect();
-        let at: FxHashMap<String, usize> = paths
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.to_string(), i))
-            .collect();
+        let n = paths.len();
         let gone = &mut batch.gone;
         let mut errors = Vec::new();
         let done = self
             .request(async {
                 let stream = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
                 let mut results = self.store.delete_stream(stream);
+                let mut i = 0;
                 while let Some(r) = results.next().await {
-                    let path = match r {
-                        Ok(p) => p.to_string(),
-                        // already gone
-                        Err(object_store::Error::NotFound { path, .. }) => path,
-                        // a bulk request's error need not name the object
-                        Err(e) => {
-                            errors.push(e);
-                            continue;
+                    match r {
+                        // deleted, or already gone
+                        Ok(_) | Err(object_store::Error::NotFound { .. }) if i < n => {
+                            gone[i] = true;
                         }
-                    };
-                    if let Some(i) = at.get(&path) {
-                        gone[*i] = true;
+                        Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                        Err(e) => errors.push(e),
                     }
+                    i += 1;
                 }
                 Ok(())
             })
@@ -112,11 +108,6 @@ impl Shared {
             tracing::warn!(tier = %self.name, objects = doubtful, error = %err, "capacity delete did not end; the objects not confirmed gone are reported removed and stay counted");
         } else if let Some(e) = errors.first() {
             tracing::warn!(tier = %self.name, objects = doubtful, errors = errors.len(), error = %e, "capacity delete failed; the objects not confirmed gone are reported removed and stay counted");
-        }
-        // A HEAD that overlapped the delete may have cached "present" before it: forget it.
-        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
-        for (k, _) in &batch.victims {
-            self.exists.invalidate(k);
         }
     }
 }

@@ -131,12 +131,7 @@ impl ObjTier {
         let published = &published;
         let results: Vec<(BlockKey, Result<bool>)> = futures::stream::iter(job.blocks)
             .map(|(k, src)| async move {
-                let r = inner.store_block(k, src).await;
-                // written, or confirmed present: either way the tier holds it now (after a
-                // removal of the key, this is what says it is back)
-                if r.is_ok() {
-                    published.add(k);
-                }
+                let r = inner.store_block(k, src, published).await;
                 (k, r)
             })
             .buffer_unordered(inner.io_threads)

@@ -106,6 +106,9 @@ struct Faulty {
     inner: Arc<ControlledStore>,
     /// PUTs fail with a transient server error (a 503).
     fail_puts: AtomicBool,
+    /// A DELETE of a missing object answers NotFound naming another path (as a local
+    /// filesystem store names the file, or a prefixing wrapper the prefixed path).
+    not_found_elsewhere: AtomicBool,
 }
 
 impl Faulty {
@@ -113,6 +116,7 @@ impl Faulty {
         Self {
             inner,
             fail_puts: AtomicBool::new(false),
+            not_found_elsewhere: AtomicBool::new(false),
         }
     }
 }
@@ -159,6 +163,14 @@ impl ObjectStore for Faulty {
         self.inner.get_opts(location, options).await
     }
     async fn delete(&self, location: &Path) -> object_store::Result<()> {
+        if self.not_found_elsewhere.load(Ordering::SeqCst)
+            && self.inner.inner.head(location).await.is_err()
+        {
+            return Err(object_store::Error::NotFound {
+                path: format!("/var/lib/objects/{location}"),
+                source: "No such file or directory".into(),
+            });
+        }
         self.inner.delete(location).await
     }
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
@@ -667,6 +679,122 @@ async fn a_body_cut_short_is_a_failed_transfer_not_damage() {
         "an intact object was deleted"
     );
     assert!(h.take(&tier).is_empty(), "nothing was removed");
+    let (res, data) = load_keys(&*tier, &[k], BS).await;
+    assert!(res.is_success() && kv_tier_testkit::verify_block(&k, 0, &data[0].1));
+}
+
+/// A sweep's victim already gone answers NotFound naming another path (a local store names
+/// the file): it is confirmed gone all the same (answers match victims by position), and
+/// leaves the count; before, it went back to the index for good and every later sweep
+/// deleted a live object in its place.
+#[tokio::test]
+async fn a_victim_gone_before_its_delete_leaves_the_count_whatever_path_its_answer_names() {
+    let s = Arc::new(ControlledStore::new());
+    let f = Arc::new(Faulty::new(s.clone()));
+    let tier = faulty_tier(&f, bounded(4)).await;
+    let keys: Vec<_> = (0..5).map(test_key).collect();
+    for k in &keys[..4] {
+        assert!(store(&tier, &[*k]).await.is_success());
+    }
+    // the two oldest vanish behind the tier's back
+    for k in &keys[..2] {
+        s.inner
+            .delete(&Path::from(tier.object_path(k)))
+            .await
+            .unwrap();
+    }
+    f.not_found_elsewhere.store(true, Ordering::SeqCst);
+    assert!(store(&tier, &keys[4..]).await.is_success()); // over: a sweep
+    wait_sweeps_done(&tier).await;
+    assert_eq!(tier.sweep_now().await, 0, "within the bound now");
+    let (counted, present) = (tier.stats().bytes, present_bytes(&s.inner).await);
+    assert_eq!(
+        counted, present,
+        "the vanished objects are still counted ({counted} counted, {present} present)"
+    );
+    // down to the low watermark (2 of the 5 counted): the 2 vanished ones and the oldest live
+    // one went; the newer live ones stay
+    for k in &keys[3..] {
+        assert!(
+            found(&tier, *k).await,
+            "a live object was swept for phantom bytes"
+        );
+    }
+}
+
+/// A load's GET answers NotFound late; meanwhile a store of the key counted and wrote it.
+/// The late NotFound must not take back the store's count (the object is there).
+#[tokio::test(start_paused = true)]
+async fn a_late_not_found_does_not_uncount_a_key_stored_meanwhile() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded(64)).await;
+    let k = test_key(1);
+    assert!(store(&tier, &[k]).await.is_success());
+    s.inner
+        .delete(&Path::from(tier.object_path(&k)))
+        .await
+        .unwrap();
+    s.delay_replies(Op::Get, Duration::from_millis(500));
+    let t2 = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t2, &[k], BS).await.0 });
+    tokio::time::sleep(Duration::from_millis(100)).await; // the GET ran: NotFound, late
+    s.delay_replies(Op::Get, Duration::ZERO);
+    assert!(store(&tier, &[k]).await.is_success()); // writes it again
+    let lres = loading.await.unwrap();
+    assert!(
+        matches!(lres.failed[0].1, Error::NotFound { .. }),
+        "{:?}",
+        lres.failed
+    );
+    let (counted, present) = (tier.stats().bytes, present_bytes(&s.inner).await);
+    assert!(
+        counted >= present,
+        "under-count: {counted} counted, {present} present"
+    );
+}
+
+/// A load finds an object damaged (no checksum: in the way) while a store of the key is
+/// replacing it; the load's delete, which waits for the store's claim, must not delete the
+/// new object (it checks the object is still the one it read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_objects_delete_spares_the_object_a_store_put_in_its_place() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded(64);
+    c.request_timeout_s = 30.0;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    let path = tier.object_path(&k);
+    // an object without a checksum at k's path: a load refuses it, a store replaces it
+    s.inner
+        .put(&Path::from(path.clone()), PutPayload::from(vec![7u8; BS]))
+        .await
+        .unwrap();
+    let deletes = s.hold_path(Op::Delete, &path);
+    let t2 = tier.clone();
+    let storing = tokio::spawn(async move { store(&t2, &[k]).await });
+    deletes.wait_arrived(1).await; // the store, holding k's claim, deletes the old object
+    let t3 = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t3, &[k], BS).await.0 });
+    for _ in 0..200 {
+        // the load read the old object, refused it, and waits for the claim
+        if tier.stats().blocks.unverified_refused == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(tier.stats().blocks.unverified_refused, 1);
+    s.release(Op::Delete);
+    assert!(storing.await.unwrap().is_success());
+    let lres = loading.await.unwrap();
+    assert!(
+        matches!(lres.failed[0].1, Error::Corrupt { .. }),
+        "{:?}",
+        lres.failed
+    );
+    assert!(
+        s.exists(&path).await,
+        "the load deleted the store's new object"
+    );
     let (res, data) = load_keys(&*tier, &[k], BS).await;
     assert!(res.is_success() && kv_tier_testkit::verify_block(&k, 0, &data[0].1));
 }
