@@ -798,3 +798,36 @@ async fn a_damaged_objects_delete_spares_the_object_a_store_put_in_its_place() {
     let (res, data) = load_keys(&*tier, &[k], BS).await;
     assert!(res.is_success() && kv_tier_testkit::verify_block(&k, 0, &data[0].1));
 }
+
+/// The count follows what is there exactly where the tier knows: a damaged object it
+/// deleted leaves it, and so does a new key whose PUT failed (nothing was written).
+#[tokio::test]
+async fn a_deleted_damaged_object_and_a_failed_new_put_leave_the_count() {
+    let s = Arc::new(ControlledStore::new());
+    let f = Arc::new(Faulty::new(s.clone()));
+    let tier = faulty_tier(&f, bounded(64)).await;
+    let (k, fresh) = (test_key(1), test_key(2));
+    assert!(store(&tier, &[k]).await.is_success());
+    assert_eq!((tier.stats().objects, tier.stats().bytes), (1, BS as u64));
+    rot(&s, &tier.object_path(&k)).await;
+    let (res, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        matches!(res.failed[0].1, Error::Corrupt { .. }),
+        "{:?}",
+        res.failed
+    );
+    assert!(!s.exists(&tier.object_path(&k)).await);
+    assert_eq!(
+        (tier.stats().objects, tier.stats().bytes),
+        (0, 0),
+        "a deleted object is still counted"
+    );
+    f.fail_puts.store(true, Ordering::SeqCst);
+    assert!(!store(&tier, &[fresh]).await.is_success());
+    f.fail_puts.store(false, Ordering::SeqCst);
+    assert_eq!(
+        (tier.stats().objects, tier.stats().bytes),
+        (0, 0),
+        "a PUT that failed left a count"
+    );
+}
