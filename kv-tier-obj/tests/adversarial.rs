@@ -90,7 +90,7 @@ async fn found(t: &ObjTier, k: BlockKey) -> bool {
 }
 
 async fn wait_sweeps_done(t: &ObjTier) {
-    for _ in 0..10_000 {
+    for _ in 0..1_000 {
         if t.sweeps_running() == 0 {
             return;
         }
@@ -206,7 +206,7 @@ async fn faulty_tier(f: &Arc<Faulty>, cfg: ObjTierConfig) -> Arc<ObjTier> {
 async fn a1_store_during_a_damaged_loads_delete_is_not_lost() {
     let s = Arc::new(ControlledStore::new());
     let mut c = bounded(64);
-    c.request_timeout_s = 30.0;
+    c.request_timeout_s = 5.0;
     let tier = tier_on(&s, c).await;
     let mut h = History::default();
     let k = test_key(1);
@@ -258,7 +258,7 @@ async fn a1_store_during_a_damaged_loads_delete_is_not_lost() {
 async fn a2_stored_event_of_a_job_after_a_damaged_load_removed_the_key() {
     let s = Arc::new(ControlledStore::new());
     let mut c = bounded(64);
-    c.request_timeout_s = 30.0;
+    c.request_timeout_s = 5.0;
     let tier = tier_on(&s, c).await;
     let mut h = History::default();
     let (k, slow) = (test_key(1), test_key(2));
@@ -423,7 +423,7 @@ async fn c2_a_failed_put_of_a_present_key_keeps_it_counted() {
 async fn c3_a_load_missing_a_key_being_stored_does_not_uncount_it() {
     let s = Arc::new(ControlledStore::new());
     let mut c = bounded(64);
-    c.request_timeout_s = 30.0;
+    c.request_timeout_s = 5.0;
     let tier = tier_on(&s, c).await;
     let k = test_key(1);
     let puts = s.hold(Op::Put);
@@ -450,7 +450,7 @@ async fn c3_a_load_missing_a_key_being_stored_does_not_uncount_it() {
 async fn e1_dropped_sweep_now_leaves_nothing_wedged() {
     let s = Arc::new(ControlledStore::new());
     let mut c = bounded(16);
-    c.request_timeout_s = 600.0;
+    c.request_timeout_s = 10.0;
     let tier = tier_on(&s, c).await;
     let mut h = History::default();
     let keys: Vec<_> = (0..16).map(test_key).collect();
@@ -620,7 +620,7 @@ async fn f1_concurrent_stores_during_sweeps() {
 async fn g1_lookup_after_a_damaged_loads_delete_answers_absent() {
     let s = Arc::new(ControlledStore::new());
     let mut c = bounded(64);
-    c.request_timeout_s = 30.0;
+    c.request_timeout_s = 5.0;
     let tier = tier_on(&s, c).await;
     let mut h = History::default();
     let k = test_key(1);
@@ -760,7 +760,7 @@ async fn a_late_not_found_does_not_uncount_a_key_stored_meanwhile() {
 async fn a_damaged_objects_delete_spares_the_object_a_store_put_in_its_place() {
     let s = Arc::new(ControlledStore::new());
     let mut c = bounded(64);
-    c.request_timeout_s = 30.0;
+    c.request_timeout_s = 5.0;
     let tier = tier_on(&s, c).await;
     let k = test_key(1);
     let path = tier.object_path(&k);
