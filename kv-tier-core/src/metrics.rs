@@ -66,24 +66,21 @@ fn describe() {
     describe_counter!(LOOKUPS_TOTAL, "Lookups answered, by verdict.");
 }
 
-fn set_counter(name: &str, help: &str, labels: &[(&'static str, String)], v: u64) {
-    let name = name.to_string();
-    describe_counter!(name.clone(), help.to_string());
-    let labels: Vec<metrics::Label> = labels
+fn to_labels(labels: &[(&'static str, String)]) -> Vec<metrics::Label> {
+    labels
         .iter()
         .map(|(k, v)| metrics::Label::new(*k, v.clone()))
-        .collect();
-    counter!(name, labels).absolute(v);
+        .collect()
+}
+
+fn set_counter(name: &str, help: &str, labels: &[(&'static str, String)], v: u64) {
+    describe_counter!(name.to_string(), help.to_string());
+    counter!(name.to_string(), to_labels(labels)).absolute(v);
 }
 
 fn set_gauge(name: &str, help: &str, labels: &[(&'static str, String)], v: f64) {
-    let name = name.to_string();
-    describe_gauge!(name.clone(), help.to_string());
-    let labels: Vec<metrics::Label> = labels
-        .iter()
-        .map(|(k, v)| metrics::Label::new(*k, v.clone()))
-        .collect();
-    gauge!(name, labels).set(v);
+    describe_gauge!(name.to_string(), help.to_string());
+    gauge!(name.to_string(), to_labels(labels)).set(v);
 }
 
 fn causes(name: &str, help: &str, tier: &str, c: &FailureCauses) {

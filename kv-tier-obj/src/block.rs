@@ -1,16 +1,15 @@
-//! One block's requests: existence (HEAD), store (PUT), load (GET), delete. Every request
-//! holds a permit of the `io_threads` bound and ends within the request deadline; every
-//! future here can be dropped at any await point without leaving an entry, permit or
-//! protection behind.
+//! One block's requests: existence (HEAD), store (PUT), delete (the load's GET is in
+//! `load`). Every request holds a permit of the `io_threads` bound and ends within the
+//! request deadline; every future here can be dropped at any await point without leaving an
+//! entry, permit or protection behind.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use kv_tier_core::{
-    BlockKey, BlockSink, BlockSource, Error, EventBatch, EventLog, Namespace, ProtectionSet, Result,
+    BlockKey, BlockSource, Error, EventBatch, EventLog, Namespace, ProtectionSet, Result,
 };
 use object_store::path::Path as ObjPath;
 use object_store::{
@@ -21,9 +20,9 @@ use tokio::sync::{Notify, Semaphore};
 
 use crate::capacity::Cap;
 use crate::config::ObjChecksum;
-use crate::error::{classify, closed, not_found, timed_out};
+use crate::error::{classify, closed, timed_out};
 use crate::stats::Counters;
-use kv_tier_core::checksum::{self, StoredCrc, Verdict, parse_crc_hex};
+use kv_tier_core::checksum::parse_crc_hex;
 
 pub use kv_tier_core::checksum::block_crc;
 
@@ -133,17 +132,6 @@ impl Drop for Forget<'_> {
             self.inner.exists.invalidate(k);
         }
     }
-}
-
-/// What a GET brought.
-struct Fetched {
-    size: u64,
-    /// The object's version, where the store gives one.
-    e_tag: Option<String>,
-    /// The checksum metadata, as stored (absent, or text that may not parse).
-    crc: Option<String>,
-    filled: usize,
-    overflow: bool,
 }
 
 impl Shared {
@@ -528,7 +516,12 @@ impl Shared {
     /// put claim, and only if the object is still the one the load read (its ETag, where the
     /// store gives one): a store may have replaced it meanwhile. When that cannot be told
     /// (the HEAD fails), it is left for the next load.
-    async fn delete_damaged_loaded(&self, key: &BlockKey, path: &ObjPath, read: Option<&str>) {
+    pub(crate) async fn delete_damaged_loaded(
+        &self,
+        key: &BlockKey,
+        path: &ObjPath,
+        read: Option<&str>,
+    ) {
         let _claim = self.claim_put(*key).await;
         match self.request(self.store.head(path)).await {
             Ok(meta) if read.is_some() && meta.e_tag.as_deref() != read => {
@@ -542,157 +535,6 @@ impl Shared {
             Err(e) => {
                 let err = self.err(&format!("HEAD {path}"), e);
                 tracing::warn!(tier = %self.name, %key, error = %err, "a damaged object is left for the next load: its HEAD failed");
-            }
-        }
-    }
-
-    /// GET `path` and stream its body into `buf`, one request within its deadline.
-    async fn fetch_into(
-        &self,
-        path: &ObjPath,
-        buf: &mut [u8],
-    ) -> std::result::Result<Fetched, ReqError> {
-        self.request(async {
-            let got = self.store.get(path).await?;
-            let crc = got
-                .attributes
-                .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
-                .map(|v| v.to_string());
-            let size = got.meta.size;
-            let mut f = Fetched {
-                size,
-                e_tag: got.meta.e_tag.clone(),
-                crc,
-                filled: 0,
-                overflow: size != buf.len() as u64,
-            };
-            let mut stream = got.into_stream();
-            while !f.overflow
-                && let Some(chunk) = stream.next().await
-            {
-                let chunk = chunk?;
-                if f.filled + chunk.len() > buf.len() {
-                    f.overflow = true;
-                    break;
-                }
-                buf[f.filled..f.filled + chunk.len()].copy_from_slice(&chunk);
-                f.filled += chunk.len();
-            }
-            Ok(f)
-        })
-        .await
-    }
-
-    /// Loads one block into its sink: a missing object is `NotFound` (and leaves the cache
-    /// and the index), a short, long or checksum-failing one is `Corrupt` (and is deleted).
-    pub(crate) async fn load_block(&self, key: BlockKey, sink: &mut BlockSink) -> Result<()> {
-        if sink.len() != self.block_size {
-            return Err(Error::WrongSize {
-                key,
-                got: sink.len(),
-                expected: self.block_size,
-            });
-        }
-        self.check_open()?;
-        let path = self.path(&key);
-        let buf = sink.as_mut_slice();
-        // the key's count as it was before the GET: a NotFound takes back only that one
-        let counted = self.cap.as_ref().and_then(|c| c.lock().tick_of(&key));
-        let f = match self.fetch_into(&path, buf).await {
-            Ok(f) => f,
-            Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
-                self.exists.invalidate(&key);
-                // gone: it leaves the count, unless a store of it is in flight (whose count
-                // this is; under the claims' lock, so none starts meanwhile) or one counted
-                // it again since the GET was sent (it may be there now)
-                if let (Some(cap), Some(tick)) = (&self.cap, counted) {
-                    let puts = lock(&self.puts);
-                    if !puts.contains_key(&key) {
-                        cap.lock().remove_if_at(&key, tick);
-                    }
-                }
-                bump(&self.counters.blocks.load_misses, 1);
-                return Err(not_found(&self.name, key));
-            }
-            Err(e) => return Err(self.err(&format!("GET {path}"), e)),
-        };
-        if !f.overflow && f.filled < self.block_size {
-            // the object has the block's size and its body arrived short: the transfer
-            // failed, not the object
-            return Err(Error::Backend {
-                tier: self.name.clone(),
-                message: format!(
-                    "GET {path}: the body ended after {} of {} bytes",
-                    f.filled, self.block_size
-                ),
-                transient: true,
-            });
-        }
-        if f.overflow || f.filled != self.block_size {
-            let reason = format!(
-                "object is {} bytes, the block size is {} ({path})",
-                f.size, self.block_size
-            );
-            self.delete_damaged_loaded(&key, &path, f.e_tag.as_deref())
-                .await;
-            return Err(Error::Corrupt {
-                key,
-                tier: self.name.clone(),
-                reason,
-            });
-        }
-        if self.checksum == ObjChecksum::Crc32c {
-            let stored = match f.crc.as_deref() {
-                Some(text) => parse_crc_hex(text).map_or_else(
-                    || StoredCrc::Malformed(format!("malformed checksum metadata {text:?}")),
-                    StoredCrc::Crc,
-                ),
-                None => StoredCrc::Missing,
-            };
-            let refused = match checksum::verify(&stored, &key, buf, self.accept_unverified) {
-                Verdict::Verified => None,
-                Verdict::Unverified => {
-                    bump(&self.counters.blocks.unverified_loads, 1);
-                    None
-                }
-                Verdict::Mismatch { got, stored } => {
-                    bump(&self.counters.blocks.checksum_mismatches, 1);
-                    Some(format!("crc32c is {got:08x}, stored {stored:08x} ({path})"))
-                }
-                Verdict::Malformed(why) => {
-                    bump(&self.counters.blocks.checksum_mismatches, 1);
-                    Some(format!("{why} ({path})"))
-                }
-                Verdict::Missing => {
-                    bump(&self.counters.blocks.unverified_refused, 1);
-                    Some(format!(
-                        "no checksum (written without one; accept_unverified serves such objects) ({path})"
-                    ))
-                }
-            };
-            if let Some(reason) = refused {
-                tracing::warn!(tier = %self.name, %key, %reason, "unverifiable block; the object is deleted");
-                self.delete_damaged_loaded(&key, &path, f.e_tag.as_deref())
-                    .await;
-                return Err(Error::Corrupt {
-                    key,
-                    tier: self.name.clone(),
-                    reason,
-                });
-            }
-        }
-        self.exists.insert(key, ());
-        self.touch_index(&[key]);
-        bump(&self.counters.blocks.blocks_read, 1);
-        bump(&self.counters.blocks.bytes_read, self.block_size as u64);
-        Ok(())
-    }
-
-    pub(crate) fn touch_index(&self, keys: &[BlockKey]) {
-        if let Some(cap) = &self.cap {
-            let mut idx = cap.lock();
-            for k in keys {
-                idx.touch(k);
             }
         }
     }

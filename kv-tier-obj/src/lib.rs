@@ -6,6 +6,7 @@ mod client;
 mod config;
 mod error;
 mod inspect;
+mod load;
 mod stats;
 mod sweep;
 mod tier;
