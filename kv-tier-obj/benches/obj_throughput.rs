@@ -23,6 +23,7 @@ use kv_tier_obj::ObjTier;
 use kv_tier_testkit::bench::median;
 use kv_tier_testkit::{fill_block, test_key};
 use object_store::ObjectStore;
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjPath;
 
 const BLOCK: usize = 2 << 20;

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use kv_tier_core::{
     BlockKey, BlockSource, Error, EventBatch, EventLog, Namespace, ProtectionSet, Result,
 };
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjPath;
 use object_store::{
     Attribute, AttributeValue, Attributes, ObjectStore, PutMode, PutOptions, PutPayload,
@@ -73,7 +74,7 @@ pub(crate) struct Shared {
     pub(crate) create_only: AtomicBool,
     pub(crate) protection: ProtectionSet,
     pub(crate) events: Arc<EventLog>,
-    pub(crate) counters: Counters,
+    pub(crate) counters: Arc<Counters>,
     pub(crate) cap: Option<Cap>,
     pub(crate) request_deadline: Duration,
     pub(crate) lookup_deadline: Duration,
@@ -416,7 +417,7 @@ impl Shared {
                     }
                     return Ok(self.confirmed(key));
                 }
-                Err(ReqError::Store(object_store::Error::NotImplemented)) if create => {
+                Err(ReqError::Store(object_store::Error::NotImplemented { .. })) if create => {
                     uncount(&key);
                     tracing::warn!(tier = %self.name, "the store has no create-only writes; checking before writing instead");
                     self.create_only.store(false, Ordering::Relaxed);

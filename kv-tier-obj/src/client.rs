@@ -7,17 +7,74 @@ use std::time::Duration;
 use futures::TryStreamExt;
 use kv_tier_core::{BlockKey, Error, Result};
 use object_store::ObjectStore;
+use object_store::ObjectStoreExt as _;
 
 use crate::block::{ReqError, Shared};
 use crate::config::{ObjTierConfig, Scheme};
+use crate::stats::Counters;
+use kv_tier_core::stats::bump;
 
 const CREDENTIALS: &str =
     "the credentials were refused: check access_key, secret_key and session_token";
 const UNREACHABLE: &str =
     "the endpoint cannot be reached: check endpoint_override, scheme and region";
 
-/// The S3 client from the config.
-pub(crate) fn build_s3(cfg: &ObjTierConfig) -> Result<Arc<dyn ObjectStore>> {
+/// The S3 client's HTTP layer with its attempts counted: reqwest, as object_store sets it
+/// up, under a wrapper that counts every request sent (retries included) and every failure
+/// object_store retries.
+#[derive(Debug)]
+struct CountingConnector(Arc<Counters>);
+
+impl object_store::client::HttpConnector for CountingConnector {
+    fn connect(
+        &self,
+        options: &object_store::ClientOptions,
+    ) -> object_store::Result<object_store::client::HttpClient> {
+        use object_store::client::{HttpClient, ReqwestConnector};
+        let inner = ReqwestConnector::default().connect(options)?;
+        Ok(HttpClient::new(Counted {
+            inner,
+            counters: self.0.clone(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct Counted {
+    inner: object_store::client::HttpClient,
+    counters: Arc<Counters>,
+}
+
+#[async_trait::async_trait]
+impl object_store::client::HttpService for Counted {
+    async fn call(
+        &self,
+        req: object_store::client::HttpRequest,
+    ) -> std::result::Result<object_store::client::HttpResponse, object_store::client::HttpError>
+    {
+        bump(&self.counters.own.http_attempts, 1);
+        let r = self.inner.execute(req).await;
+        let retryable = match &r {
+            Err(_) => true,
+            Ok(resp) => retryable_status(resp.status().as_u16()),
+        };
+        if retryable {
+            bump(&self.counters.own.http_retryable_failures, 1);
+        }
+        r
+    }
+}
+
+/// The statuses object_store's S3 client retries: server errors, 429 and 408.
+fn retryable_status(status: u16) -> bool {
+    status >= 500 || status == 429 || status == 408
+}
+
+/// The S3 client from the config, its HTTP attempts counted in `counters`.
+pub(crate) fn build_s3(
+    cfg: &ObjTierConfig,
+    counters: Arc<Counters>,
+) -> Result<Arc<dyn ObjectStore>> {
     use object_store::aws::AmazonS3Builder;
     use object_store::{BackoffConfig, ClientOptions, RetryConfig};
     let mut b = AmazonS3Builder::from_env()
@@ -48,15 +105,18 @@ pub(crate) fn build_s3(cfg: &ObjTierConfig) -> Result<Arc<dyn ObjectStore>> {
             opts = opts.with_root_certificate(c);
         }
     }
-    b = b.with_client_options(opts).with_retry(RetryConfig {
-        backoff: BackoffConfig {
-            init_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(2),
-            base: 2.0,
-        },
-        max_retries: cfg.max_retries,
-        retry_timeout: cfg.request_deadline(),
-    });
+    b = b
+        .with_http_connector(CountingConnector(counters))
+        .with_client_options(opts)
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(50),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
+            max_retries: cfg.max_retries,
+            retry_timeout: cfg.request_deadline(),
+        });
     let store = b
         .build()
         .map_err(|e| Error::config("bucket", format!("cannot build the S3 client: {e}")))?;
@@ -86,7 +146,7 @@ pub(crate) async fn probe(inner: &Shared, bucket: &str) -> Result<()> {
     let (hint, detail) = match inner.request(inner.store.head(&path)).await {
         Ok(_) => return Ok(()),
         Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
-            let prefix = inner.rank_prefix().child(".kv-tier-probe");
+            let prefix = inner.rank_prefix().join(".kv-tier-probe");
             let list =
                 inner.request(async { inner.store.list(Some(&prefix)).try_next().await.map(drop) });
             match list.await {

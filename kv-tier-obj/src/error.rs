@@ -12,7 +12,7 @@ pub(crate) fn classify(tier: &str, what: &str, e: &object_store::Error) -> Error
         E::NotFound { .. }
             | E::AlreadyExists { .. }
             | E::Precondition { .. }
-            | E::NotImplemented
+            | E::NotImplemented { .. }
             | E::PermissionDenied { .. }
             | E::Unauthenticated { .. }
             | E::InvalidPath { .. }

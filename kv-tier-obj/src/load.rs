@@ -6,6 +6,7 @@ use futures::StreamExt;
 use kv_tier_core::checksum::{self, StoredCrc, Verdict, parse_crc_hex};
 use kv_tier_core::{BlockKey, BlockSink, Error, Result};
 use object_store::Attribute;
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjPath;
 
 use crate::block::{CRC_METADATA_KEY, ReqError, Shared, bump, lock};

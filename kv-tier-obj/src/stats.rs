@@ -36,6 +36,13 @@ kv_tier_core::counters! {
         sweeps,
         /// Sweep candidates kept because they were protected.
         skipped_in_flight,
+        /// HTTP requests the S3 client sent, its own retries included (S3 client from the
+        /// config only; a store handed to `with_store` counts none).
+        http_attempts,
+        /// HTTP attempts that failed the way the S3 client retries them (a transport error,
+        /// 5xx, 429 or 408): each was retried, unless it was its request's last attempt
+        /// (`max_retries`, `request_timeout_s`), which then failed the request.
+        http_retryable_failures,
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use futures::{StreamExt, TryStreamExt};
 use kv_tier_core::Result;
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjPath;
 
 use crate::block::{Shared, bump};

@@ -52,8 +52,9 @@ impl ObjTier {
         block_size: usize,
     ) -> Result<Self> {
         cfg.validate()?;
-        let store = crate::client::build_s3(&cfg)?;
-        Self::with_store(name, store, cfg, ns, block_size).await
+        let counters = Arc::new(Counters::default());
+        let store = crate::client::build_s3(&cfg, counters.clone())?;
+        Self::open(name, store, cfg, ns, block_size, counters).await
     }
 
     /// Opens the tier on any object store (S3, GCS, Azure, local, in-memory). Probes it, and
@@ -65,6 +66,17 @@ impl ObjTier {
         cfg: ObjTierConfig,
         ns: Namespace,
         block_size: usize,
+    ) -> Result<Self> {
+        Self::open(name, store, cfg, ns, block_size, Arc::default()).await
+    }
+
+    async fn open(
+        name: &str,
+        store: Arc<dyn ObjectStore>,
+        cfg: ObjTierConfig,
+        ns: Namespace,
+        block_size: usize,
+        counters: Arc<Counters>,
     ) -> Result<Self> {
         cfg.validate()?;
         if block_size == 0 {
@@ -93,7 +105,7 @@ impl ObjTier {
             create_only: AtomicBool::new(true),
             protection: ProtectionSet::new(),
             events: Arc::new(EventLog::new(name, Medium::Storage, Locality::Remote)),
-            counters: Counters::default(),
+            counters,
             cap,
             request_deadline: cfg.request_deadline(),
             lookup_deadline: Duration::from_secs_f64(cfg.lookup_timeout_s),

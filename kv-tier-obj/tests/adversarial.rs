@@ -20,6 +20,7 @@ use kv_tier_core::{BlockKey, Error, SecondaryTier};
 use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig};
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
 use kv_tier_testkit::{load_keys, test_key};
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
 use object_store::{
     GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
@@ -108,7 +109,7 @@ struct Faulty {
     fail_puts: AtomicBool,
     /// A DELETE of a missing object answers NotFound naming another path (as a local
     /// filesystem store names the file, or a prefixing wrapper the prefixed path).
-    not_found_elsewhere: AtomicBool,
+    not_found_elsewhere: Arc<AtomicBool>,
 }
 
 impl Faulty {
@@ -116,7 +117,7 @@ impl Faulty {
         Self {
             inner,
             fail_puts: AtomicBool::new(false),
-            not_found_elsewhere: AtomicBool::new(false),
+            not_found_elsewhere: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -162,16 +163,29 @@ impl ObjectStore for Faulty {
     ) -> object_store::Result<GetResult> {
         self.inner.get_opts(location, options).await
     }
-    async fn delete(&self, location: &Path) -> object_store::Result<()> {
-        if self.not_found_elsewhere.load(Ordering::SeqCst)
-            && self.inner.inner.head(location).await.is_err()
-        {
-            return Err(object_store::Error::NotFound {
-                path: format!("/var/lib/objects/{location}"),
-                source: "No such file or directory".into(),
-            });
-        }
-        self.inner.delete(location).await
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        let (inner, elsewhere) = (self.inner.clone(), self.not_found_elsewhere.clone());
+        locations
+            .map(move |location| {
+                let (inner, elsewhere) = (inner.clone(), elsewhere.clone());
+                async move {
+                    let location = location?;
+                    if elsewhere.load(Ordering::SeqCst)
+                        && inner.inner.head(&location).await.is_err()
+                    {
+                        return Err(object_store::Error::NotFound {
+                            path: format!("/var/lib/objects/{location}"),
+                            source: "No such file or directory".into(),
+                        });
+                    }
+                    inner.delete(&location).await.map(|()| location)
+                }
+            })
+            .buffered(10)
+            .boxed()
     }
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         self.inner.list(prefix)
@@ -179,11 +193,13 @@ impl ObjectStore for Faulty {
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
         self.inner.list_with_delimiter(prefix).await
     }
-    async fn copy(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        self.inner.copy(from, to).await
-    }
-    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        self.inner.copy_if_not_exists(from, to).await
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
     }
 }
 

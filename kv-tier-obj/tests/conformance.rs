@@ -13,6 +13,7 @@ use kv_tier_core::{BlockKey, SecondaryTier, TierSpec};
 use kv_tier_obj::{CRC_METADATA_KEY, ObjChecksum, ObjTier, ObjTierConfig};
 use kv_tier_testkit::conformance::BoxFuture;
 use kv_tier_testkit::{Bound, Damage, TierFixture};
+use object_store::ObjectStoreExt as _;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjPath;
 use object_store::{

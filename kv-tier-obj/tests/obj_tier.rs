@@ -13,6 +13,7 @@ use kv_tier_core::{BlockKey, Error, SecondaryTier};
 use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig};
 use kv_tier_testkit::{block_bytes, test_key, verify_block};
 use object_store::ObjectStore as _;
+use object_store::ObjectStoreExt as _;
 
 async fn store(t: &dyn SecondaryTier, keys: &[BlockKey], salt: u64) -> kv_tier_core::JobResult {
     kv_tier_testkit::store_keys(t, keys, salt, BS).await
@@ -85,13 +86,27 @@ async fn a_server_answering_503_for_a_while_is_retried() {
     let server = S3Server::start().await;
     let tier = server.tier(server.config()).await;
     let keys: Vec<_> = (0..4).map(test_key).collect();
+    let sent = |tier: &ObjTier| tier.stats().http_attempts;
+    let seen = || server.requests.load(std::sync::atomic::Ordering::SeqCst) as u64;
+    // every request the server saw was one the tier's client sent (its startup probe too)
+    assert_eq!(sent(&tier), seen());
+    assert_eq!(tier.stats().http_retryable_failures, 0);
     server.fail_next(3);
     let res = store(&tier, &keys, 0).await;
     assert!(res.is_success(), "{:?}", res.failed);
+    // the three 503s were each retried and counted
+    assert_eq!(tier.stats().http_retryable_failures, 3);
+    assert_eq!(sent(&tier), seen());
     server.fail_next(2);
     let (res, data) = load(&tier, &keys).await;
     assert!(res.is_success(), "{:?}", res.failed);
     assert!(data.iter().all(|(k, d)| verify_block(k, 0, d)));
+    assert_eq!(tier.stats().http_retryable_failures, 5);
+    assert_eq!(sent(&tier), seen());
+    assert_eq!(
+        tier.stats().blocks.store_failures + tier.stats().blocks.load_failures,
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,6 +131,12 @@ async fn a_stopped_server_fails_jobs_within_their_deadline_and_lookups_miss() {
         .await
         .expect("load hung");
     assert_eq!(res.failed.len(), 1);
+    // the refused connections were attempts the client retried (up to max_retries each)
+    assert!(
+        tier.stats().http_retryable_failures >= 2,
+        "{:?}",
+        tier.stats()
+    );
     let probe = tokio::time::timeout(bound, tier.lookup(&[k, test_key(3)]))
         .await
         .expect("lookup hung");
@@ -314,7 +335,6 @@ async fn a_short_object_is_a_miss_for_that_key_only() {
         .unwrap();
     let keys: Vec<_> = (0..2).map(test_key).collect();
     assert!(store(&tier, &keys, 0).await.is_success());
-    use object_store::ObjectStore;
     let path = object_store::path::Path::from(tier.object_path(&keys[1]));
     store_
         .put(&path, bytes::Bytes::from(vec![1u8; BS / 2]).into())

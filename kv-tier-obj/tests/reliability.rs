@@ -13,6 +13,7 @@ use kv_tier_obj::{ObjTier, ObjTierConfig};
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
 use kv_tier_testkit::{load_keys, store_keys, test_key, verify_block};
 use object_store::ObjectStore;
+use object_store::ObjectStoreExt as _;
 
 fn cfg() -> ObjTierConfig {
     let mut c = ObjTierConfig::new("mem");

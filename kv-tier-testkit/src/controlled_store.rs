@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::Gate;
@@ -15,20 +15,20 @@ use futures::stream::BoxStream;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{
-    GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
 /// A kind of request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
-    /// `head`, or `get_opts` with `head: true`.
+    /// `get_opts` with `head: true` (what `ObjectStoreExt::head` sends).
     Head,
     /// `put_opts`.
     Put,
     /// `get_opts`.
     Get,
-    /// `delete`.
+    /// One object's delete in `delete_stream` (what `ObjectStoreExt::delete` sends).
     Delete,
 }
 
@@ -58,7 +58,7 @@ struct Plan {
 /// ```
 /// # async fn demo() {
 /// use kv_tier_testkit::controlled_store::{ControlledStore, Op};
-/// use object_store::{ObjectStore, path::Path};
+/// use object_store::{ObjectStoreExt, path::Path};
 /// let store = ControlledStore::new();
 /// let path = Path::from("a");
 /// store.hold(Op::Put); // PUTs wait from now on
@@ -74,10 +74,17 @@ struct Plan {
 pub struct ControlledStore {
     /// The store requests reach once they pass.
     pub inner: InMemory,
+    ctl: Arc<Control>,
+}
+
+/// What the requests of a [`ControlledStore`] pass through (shared with its delete streams,
+/// which outlive the call that made them).
+#[derive(Default)]
+struct Control {
     plan: Mutex<Plan>,
     counts: Mutex<HashMap<Op, usize>>,
     /// Requests that entered (held or not), all kinds.
-    pub started: AtomicUsize,
+    started: AtomicUsize,
 }
 
 impl fmt::Debug for ControlledStore {
@@ -103,16 +110,15 @@ impl ControlledStore {
     pub fn new() -> Self {
         Self {
             inner: InMemory::new(),
-            plan: Mutex::new(Plan::default()),
-            counts: Mutex::new(HashMap::new()),
-            started: AtomicUsize::new(0),
+            ctl: Arc::default(),
         }
     }
 
     /// Requests of `op` from now on wait at the returned gate (until `release`). Holding a
     /// kind already held returns its gate.
     pub fn hold(&self, op: Op) -> Gate {
-        self.plan
+        self.ctl
+            .plan
             .lock()
             .unwrap()
             .gates
@@ -124,7 +130,8 @@ impl ControlledStore {
     /// Requests of `op` on `path` from now on wait at the returned gate (until `release`).
     pub fn hold_path(&self, op: Op, path: &str) -> Gate {
         let g = Gate::new();
-        self.plan
+        self.ctl
+            .plan
             .lock()
             .unwrap()
             .path_gates
@@ -146,12 +153,12 @@ impl ControlledStore {
         for op in Op::ALL {
             self.release(op);
         }
-        self.plan.lock().unwrap().reply_delays.clear();
+        self.ctl.plan.lock().unwrap().reply_delays.clear();
     }
 
     /// Opens `op`'s gates and lets later requests through.
     pub fn release(&self, op: Op) {
-        let mut p = self.plan.lock().unwrap();
+        let mut p = self.ctl.plan.lock().unwrap();
         if let Some(g) = p.gates.remove(&op) {
             g.open();
         }
@@ -165,52 +172,57 @@ impl ControlledStore {
 
     /// Requests of `op` take `d` (on tokio's clock) before they run.
     pub fn delay(&self, op: Op, d: Duration) {
-        self.plan.lock().unwrap().delays.insert(op, d);
+        self.ctl.plan.lock().unwrap().delays.insert(op, d);
     }
 
     /// Requests of `op` run at once, and their replies take `d` (on tokio's clock) to
     /// arrive: a client whose deadline fires meanwhile cannot tell that the request ran (a
     /// PUT that landed, a DELETE that removed its object).
     pub fn delay_replies(&self, op: Op, d: Duration) {
-        self.plan.lock().unwrap().reply_delays.insert(op, d);
-    }
-
-    /// Waits out the reply delay of `op`, if any.
-    async fn reply(&self, op: Op) {
-        let d = self.plan.lock().unwrap().reply_delays.get(&op).copied();
-        if let Some(d) = d {
-            tokio::time::sleep(d).await;
-        }
+        self.ctl.plan.lock().unwrap().reply_delays.insert(op, d);
     }
 
     /// GET bodies arrive in chunks of `n` bytes from now on (`None`: as the inner store
     /// sends them), as a network client's body stream does.
     pub fn chunk_gets(&self, n: Option<usize>) {
-        self.plan.lock().unwrap().chunk = n.map(|n| n.max(1));
+        self.ctl.plan.lock().unwrap().chunk = n.map(|n| n.max(1));
     }
 
     /// GET bodies end `n` bytes early from now on while their metadata still gives the
     /// whole size: a body cut short without the client noticing (0: whole).
     pub fn cut_gets(&self, n: usize) {
-        self.plan.lock().unwrap().cut = n;
+        self.ctl.plan.lock().unwrap().cut = n;
     }
 
     /// Refuses create-only PUTs (`PutMode::Create`) as not implemented from now on, as a
     /// store without conditional writes does.
     pub fn refuse_create(&self, on: bool) {
-        self.plan.lock().unwrap().no_create = on;
+        self.ctl.plan.lock().unwrap().no_create = on;
+    }
+
+    /// Requests that entered so far (held or not), all kinds.
+    pub fn started(&self) -> usize {
+        self.ctl.started.load(Ordering::SeqCst)
     }
 
     /// Requests of `op` received so far.
     pub fn count(&self, op: Op) -> usize {
-        self.counts.lock().unwrap().get(&op).copied().unwrap_or(0)
+        self.ctl
+            .counts
+            .lock()
+            .unwrap()
+            .get(&op)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Whether an object exists (asked of the inner store, not counted).
     pub async fn exists(&self, path: &str) -> bool {
         self.inner.head(&Path::from(path)).await.is_ok()
     }
+}
 
+impl Control {
     async fn enter(&self, op: Op, location: &Path) {
         *self.counts.lock().unwrap().entry(op).or_default() += 1;
         self.started.fetch_add(1, Ordering::SeqCst);
@@ -232,6 +244,14 @@ impl ControlledStore {
             g.pass().await;
         }
     }
+
+    /// Waits out the reply delay of `op`, if any.
+    async fn reply(&self, op: Op) {
+        let d = self.plan.lock().unwrap().reply_delays.get(&op).copied();
+        if let Some(d) = d {
+            tokio::time::sleep(d).await;
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -242,13 +262,17 @@ impl ObjectStore for ControlledStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        self.enter(Op::Put, location).await;
-        if matches!(opts.mode, object_store::PutMode::Create) && self.plan.lock().unwrap().no_create
+        self.ctl.enter(Op::Put, location).await;
+        if matches!(opts.mode, object_store::PutMode::Create)
+            && self.ctl.plan.lock().unwrap().no_create
         {
-            return Err(object_store::Error::NotImplemented);
+            return Err(object_store::Error::NotImplemented {
+                operation: "put_opts with PutMode::Create".into(),
+                implementer: "ControlledStore".into(),
+            });
         }
         let r = self.inner.put_opts(location, payload, opts).await;
-        self.reply(Op::Put).await;
+        self.ctl.reply(Op::Put).await;
         r
     }
 
@@ -262,19 +286,23 @@ impl ObjectStore for ControlledStore {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         let op = if options.head { Op::Head } else { Op::Get };
-        self.enter(op, location).await;
+        self.ctl.enter(op, location).await;
         let got = self.inner.get_opts(location, options).await;
-        self.reply(op).await;
+        self.ctl.reply(op).await;
         let got = got?;
         let (chunk, cut) = {
-            let p = self.plan.lock().unwrap();
+            let p = self.ctl.plan.lock().unwrap();
             (p.chunk, p.cut)
         };
         if op == Op::Head || (chunk.is_none() && cut == 0) {
             return Ok(got);
         }
-        let (meta, range, attributes) =
-            (got.meta.clone(), got.range.clone(), got.attributes.clone());
+        let (meta, range, attributes, extensions) = (
+            got.meta.clone(),
+            got.range.clone(),
+            got.attributes.clone(),
+            got.extensions.clone(),
+        );
         let body = got.bytes().await?;
         let body = body.slice(..body.len().saturating_sub(cut));
         let n = chunk.unwrap_or(body.len().max(1));
@@ -287,21 +315,28 @@ impl ObjectStore for ControlledStore {
             meta,
             range,
             attributes,
+            extensions,
         })
     }
 
-    async fn head(&self, location: &Path) -> Result<ObjectMeta> {
-        self.enter(Op::Head, location).await;
-        let r = self.inner.head(location).await;
-        self.reply(Op::Head).await;
-        r
-    }
-
-    async fn delete(&self, location: &Path) -> Result<()> {
-        self.enter(Op::Delete, location).await;
-        let r = self.inner.delete(location).await;
-        self.reply(Op::Delete).await;
-        r
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        let (ctl, inner) = (self.ctl.clone(), self.inner.clone());
+        locations
+            .map(move |location| {
+                let (ctl, inner) = (ctl.clone(), inner.clone());
+                async move {
+                    let location = location?;
+                    ctl.enter(Op::Delete, &location).await;
+                    let r = inner.delete(&location).await;
+                    ctl.reply(Op::Delete).await;
+                    r.map(|()| location)
+                }
+            })
+            .buffered(10)
+            .boxed()
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
@@ -312,11 +347,7 @@ impl ObjectStore for ControlledStore {
         self.inner.list_with_delimiter(prefix).await
     }
 
-    async fn copy(&self, from: &Path, to: &Path) -> Result<()> {
-        self.inner.copy(from, to).await
-    }
-
-    async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> Result<()> {
-        self.inner.copy_if_not_exists(from, to).await
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
     }
 }

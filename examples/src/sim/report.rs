@@ -421,7 +421,7 @@ pub fn render(r: &Report) -> String {
         );
     }
     for t in &r.tiers {
-        o += &render_tier(t);
+        o += &render_tier(t, r.disk.as_ref());
     }
     if let Some(g) = &r.gc {
         o += &render_gc(g);
@@ -437,17 +437,26 @@ pub fn render(r: &Report) -> String {
     o
 }
 
+/// `GB/s` of a tier's run average, with its ratio to the disk probe's figure when there is
+/// one (a tier's average over the whole run against what the disk does flat out).
+fn rate_vs_disk(gb_per_s: f64, disk_gb_per_s: Option<f64>) -> String {
+    match disk_gb_per_s {
+        Some(d) if d > 0.0 => format!("{gb_per_s:.2} GB/s, {:.2}x the disk", gb_per_s / d),
+        _ => format!("{gb_per_s:.2} GB/s"),
+    }
+}
+
 /// The three lines of a tier.
-fn render_tier(t: &TierReport) -> String {
+fn render_tier(t: &TierReport, disk: Option<&DiskProbe>) -> String {
     let mut o = String::new();
     o += &format!(
-        "  tier {:<16} {} blocks promoted, read {:.2} GiB ({:.2} GB/s), wrote {:.2} GiB ({:.2} GB/s), load job p50 {:.1} ms p99 {:.1} ms\n",
+        "  tier {:<16} {} blocks promoted, read {:.2} GiB ({}), wrote {:.2} GiB ({}), load job p50 {:.1} ms p99 {:.1} ms\n",
         t.name,
         t.blocks_loaded,
         gib(t.bytes_read),
-        t.read_gb_per_s,
+        rate_vs_disk(t.read_gb_per_s, disk.map(|d| d.read_gb_per_s)),
         gib(t.bytes_written),
-        t.write_gb_per_s,
+        rate_vs_disk(t.write_gb_per_s, disk.map(|d| d.write_gb_per_s)),
         t.load_p50_ms,
         t.load_p99_ms,
     );
@@ -502,4 +511,41 @@ fn render_gc(g: &GcReport) -> String {
 
 fn gib(b: u64) -> f64 {
     b as f64 / (1u64 << 30) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tier_rate_is_shown_as_a_ratio_of_the_disk_probe() {
+        assert_eq!(rate_vs_disk(0.5, Some(2.0)), "0.50 GB/s, 0.25x the disk");
+        assert_eq!(rate_vs_disk(0.5, None), "0.50 GB/s");
+        assert_eq!(rate_vs_disk(0.5, Some(0.0)), "0.50 GB/s");
+        let mut r = fill(
+            &SimConfig::default(),
+            &Tally::default(),
+            &ManagerStats::default(),
+            None,
+            Duration::from_secs(1),
+            Duration::ZERO,
+        );
+        r.tiers.push(TierReport {
+            read_gb_per_s: 0.3,
+            write_gb_per_s: 0.4,
+            ..tier_report(&TierStats::default(), 1.0)
+        });
+        r.disk = Some(DiskProbe {
+            bytes: 1 << 26,
+            block_bytes: 1 << 21,
+            write_gb_per_s: 1.6,
+            read_gb_per_s: 1.2,
+        });
+        let text = render(&r);
+        assert!(
+            text.contains("(0.30 GB/s, 0.25x the disk)")
+                && text.contains("(0.40 GB/s, 0.25x the disk)"),
+            "{text}"
+        );
+    }
 }

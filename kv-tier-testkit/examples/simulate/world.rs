@@ -11,6 +11,7 @@ use kv_tier_fs::{Checksum, FsTier, FsTierConfig};
 use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig};
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
 use kv_tier_testkit::sim::{BLOCK_SIZE, BoxFuture, Tamper, World};
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 
