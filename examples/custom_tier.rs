@@ -46,8 +46,8 @@ impl CappedMap {
         }
     }
 
-    /// Registers the type `"capped-map"`.
-    pub fn register(registry: &mut TierRegistry) {
+    /// Registers the type `"capped-map"` (an error if it is there already).
+    pub fn register(registry: &mut TierRegistry) -> Result<()> {
         registry.register(
             "capped-map",
             |spec: &TierSpec, ctx: &BuildContext| -> Result<Arc<dyn SecondaryTier>> {
@@ -61,7 +61,8 @@ impl CappedMap {
                     o.capacity,
                 )))
             },
-        );
+        )?;
+        Ok(())
     }
 }
 
@@ -171,7 +172,7 @@ fn main() -> std::result::Result<(), Box<dyn std::error::Error>> {
             "secondary_tiers": [{"type": "capped-map", "name": "mine", "capacity": 1000}]}"#,
     )?;
     let mut registry = kv_tier::registry(); // the built-in tiers, and this one
-    CappedMap::register(&mut registry);
+    CappedMap::register(&mut registry)?;
     let manager = kv_tier::builder(cfg)?.registry(registry).build_blocking()?;
     let (req, key) = (RequestContext::new(1), BlockKey::from_hash32([1; 32], 0));
     let mut p = manager.prepare_store(&[key])?;

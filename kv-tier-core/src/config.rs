@@ -49,7 +49,13 @@ pub struct TierSpec {
     /// A unique name for this tier (defaults to the type); used in request tier filters,
     /// statistics and events.
     pub name: String,
-    /// The type-specific options (every key but `type`, `name` and the manager's own).
+    /// vLLM's `module_path` (the Python module an out-of-tree tier type is imported from):
+    /// accepted for a registered type (and then unused, as in vLLM, which imports only
+    /// unknown types); for an unregistered type building fails naming it, since tiers here
+    /// are Rust types registered at compile time.
+    pub module_path: Option<String>,
+    /// The type-specific options (every key but `type`, `name`, `module_path` and the
+    /// manager's own).
     pub options: Map<String, Value>,
     /// What the manager does with this tier: probe budget, write-back limit and policy
     /// (`probe_budget_s`, `write_back_limit_mb`, `write_back_policy`).
@@ -63,6 +69,7 @@ impl TierSpec {
         Self {
             name: kind.clone(),
             kind,
+            module_path: None,
             options: Map::new(),
             tiering: TierOptions::default(),
         }
@@ -107,10 +114,21 @@ impl TierSpec {
             }
             None => kind.clone(),
         };
+        let module_path = match map.remove("module_path") {
+            Some(Value::String(s)) if !s.is_empty() => Some(s),
+            Some(other) => {
+                return Err(Error::config(
+                    format!("{field}.module_path"),
+                    format!("must be a non-empty string (a Python module path), got {other}"),
+                ));
+            }
+            None => None,
+        };
         let tiering = TierOptions::take_from(&mut map, field)?;
         Ok(Self {
             kind,
             name,
+            module_path,
             options: map,
             tiering,
         })
@@ -137,9 +155,22 @@ impl LayoutConfig {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     cpu_bytes_to_use: u64,
-    block_size_bytes: u64,
     #[serde(default)]
-    eviction_policy: EvictionPolicy,
+    block_size_bytes: Option<u64>,
+    #[serde(default)]
+    block_size: Option<u64>,
+    #[serde(default)]
+    blocks_per_chunk: Option<u64>,
+    #[serde(default)]
+    eviction_policy: Option<String>,
+    #[serde(default)]
+    cache_policy_module_path: Option<String>,
+    #[serde(default)]
+    store_threshold: u64,
+    #[serde(default = "default_max_tracker_size")]
+    max_tracker_size: u64,
+    #[serde(default = "default_event_buffer_keys")]
+    event_buffer_keys: u64,
     #[serde(default)]
     secondary_tiers: Vec<Value>,
     #[serde(default)]
@@ -163,6 +194,33 @@ struct RawConfig {
 fn default_write_back_fraction() -> f64 {
     0.75
 }
+fn default_max_tracker_size() -> u64 {
+    64_000
+}
+fn default_event_buffer_keys() -> u64 {
+    1_000_000
+}
+
+/// vLLM keys of `kv_connector_extra_config` that kv-tier knows and does not implement, with
+/// why: refused with that reason rather than as unknown.
+const VLLM_KEYS_NOT_HERE: &[(&str, &str)] = &[
+    (
+        "offload_prompt_only",
+        "which blocks to offload is the engine's choice here: kv-tier stores the blocks the engine passes to prepare_store",
+    ),
+    (
+        "self_describing_kv_events",
+        "kv-tier's events carry their keys, medium and locality (TierEvent); publishing them in vLLM's wire format is the engine's publisher's job",
+    ),
+    (
+        "max_recompute_pending_tokens",
+        "a scheduler policy of vLLM's connector, not of the tiers: the engine decides when to recompute instead of waiting",
+    ),
+    (
+        "canonical_layout",
+        "set the namespace's canonical_format in \"layout\" instead (the byte format the engine's blocks use)",
+    ),
+];
 
 fn default_probe_timeout() -> f64 {
     1.0
@@ -183,10 +241,36 @@ pub struct KvTierConfig {
     /// Bytes of DRAM for the primary tier (`cpu_bytes_to_use`). Must hold at least one block.
     pub cpu_bytes_to_use: u64,
     /// Bytes per block (`block_size_bytes`): all layers' KV of one block, as the engine lays
-    /// it out. Fixed per deployment.
+    /// it out. Fixed per deployment. vLLM's config has no such key (its connector reads the
+    /// size off the KV cache): absent, it is 0 here and the engine sets it before building
+    /// (the manager refuses to build without it, naming this field).
     pub block_size_bytes: u64,
+    /// vLLM's `block_size`: tokens per offloaded block (a multiple of the layout's
+    /// `tokens_per_hash`, the engine's block size; it sets the layout's `blocks_per_file`,
+    /// as vLLM sets `blocks_per_chunk`). Not with `blocks_per_chunk`.
+    pub block_size_tokens: Option<u64>,
+    /// vLLM's `blocks_per_chunk`: engine blocks per offloaded block (default 1, range 1 to
+    /// 65,536); the layout's `blocks_per_file`. Not with `block_size`.
+    pub blocks_per_chunk: Option<u64>,
     /// DRAM eviction policy (`eviction_policy`: `"lru"`, the default, or `"arc"`).
     pub eviction_policy: EvictionPolicy,
+    /// vLLM's `cache_policy_module_path`: accepted when `eviction_policy` names a built-in
+    /// policy (then unused, as in vLLM); a policy from a Python module is refused naming
+    /// this field (policies here are compiled in).
+    pub cache_policy_module_path: Option<String>,
+    /// vLLM's `store_threshold`: a block enters DRAM (`prepare_store` admits it) only once
+    /// lookups have asked for it this many times (default 0; 0 and 1: every block, as in
+    /// vLLM; range 0 to 1,000,000). Counted over the last `max_tracker_size` keys asked for.
+    pub store_threshold: u64,
+    /// vLLM's `max_tracker_size`: how many keys the lookup counts of `store_threshold` and
+    /// of the tiers' `admit_after_lookups` remember, least recently asked forgotten first
+    /// (default 64,000, range 1 to 100,000,000).
+    pub max_tracker_size: u64,
+    /// The most keys a tier's (and DRAM's) event buffer holds until the engine takes them
+    /// (`event_buffer_keys`, default 1,000,000, range 1 to 1e10): past it the oldest events
+    /// are dropped and counted (`ManagerStats::events_dropped`), so an engine that never
+    /// takes events costs bounded memory and can tell it lost some.
+    pub event_buffer_keys: u64,
     /// Secondary tiers in lookup order (`secondary_tiers`).
     pub secondary_tiers: Vec<TierSpec>,
     /// The namespace (`layout`: the run fields of `config.json` plus `"rank"`); tiers that
@@ -232,12 +316,36 @@ pub const RANGES: &[(&str, f64, f64)] = &[
         WRITE_BACK_FRACTION.0,
         WRITE_BACK_FRACTION.1,
     ),
+    (
+        "blocks_per_chunk",
+        BLOCKS_PER_CHUNK.0 as f64,
+        BLOCKS_PER_CHUNK.1 as f64,
+    ),
+    (
+        "store_threshold",
+        STORE_THRESHOLD.0 as f64,
+        STORE_THRESHOLD.1 as f64,
+    ),
+    (
+        "max_tracker_size",
+        MAX_TRACKER_SIZE.0 as f64,
+        MAX_TRACKER_SIZE.1 as f64,
+    ),
+    (
+        "event_buffer_keys",
+        EVENT_BUFFER_KEYS.0 as f64,
+        EVENT_BUFFER_KEYS.1 as f64,
+    ),
 ];
 const PROBE_TIMEOUT: (f64, f64) = (0.001, 600.0);
 const JOB_TIMEOUT: (f64, f64) = (0.01, 86_400.0);
 const JOB_TIMEOUT_PER_BLOCK: (f64, f64) = (0.0, 3_600.0);
 const LEASE: (f64, f64) = (0.001, 86_400.0);
 const WRITE_BACK_FRACTION: (f64, f64) = (0.01, 1.0);
+const BLOCKS_PER_CHUNK: (u64, u64) = (1, 65_536);
+const STORE_THRESHOLD: (u64, u64) = (0, 1_000_000);
+const MAX_TRACKER_SIZE: (u64, u64) = (1, 100_000_000);
+const EVENT_BUFFER_KEYS: (u64, u64) = (1, 10_000_000_000);
 
 /// The largest block size accepted (1 GiB): larger is a units mistake.
 pub const MAX_BLOCK_SIZE: u64 = 1 << 30;
@@ -248,7 +356,13 @@ impl KvTierConfig {
         Self {
             cpu_bytes_to_use,
             block_size_bytes,
+            block_size_tokens: None,
+            blocks_per_chunk: None,
             eviction_policy: EvictionPolicy::Lru,
+            cache_policy_module_path: None,
+            store_threshold: 0,
+            max_tracker_size: default_max_tracker_size(),
+            event_buffer_keys: default_event_buffer_keys(),
             secondary_tiers: Vec::new(),
             layout: None,
             probe_timeout_s: default_probe_timeout(),
@@ -301,8 +415,19 @@ impl KvTierConfig {
         Self::from_value(value)
     }
 
-    /// Parses and validates a JSON value.
+    /// Parses and validates a JSON value. `block_size_bytes` may be absent (vLLM's shape):
+    /// then it is 0 and must be set before building (see [`KvTierConfig::block_size_bytes`]).
     pub fn from_value(value: Value) -> Result<Self> {
+        if let Value::Object(m) = &value {
+            for (key, why) in VLLM_KEYS_NOT_HERE {
+                if m.contains_key(*key) {
+                    return Err(Error::config(
+                        *key,
+                        format!("a vLLM key kv-tier does not implement: {why}"),
+                    ));
+                }
+            }
+        }
         let raw: RawConfig = from_value(value, "")?;
         if let Some(name) = &raw.spec_name
             && name != "TieringOffloadingSpec"
@@ -312,7 +437,56 @@ impl KvTierConfig {
                 format!("only \"TieringOffloadingSpec\" is supported, got {name:?}"),
             ));
         }
-        let _ = raw.spec_module_path;
+        if let Some(m) = &raw.spec_module_path
+            && raw.spec_name.is_none()
+        {
+            return Err(Error::config(
+                "spec_module_path",
+                format!(
+                    "{m:?} without spec_name: kv-tier implements the tiering spec (\"TieringOffloadingSpec\") only and loads nothing from Python modules"
+                ),
+            ));
+        }
+        let eviction_policy = match raw.eviction_policy.as_deref() {
+            None => EvictionPolicy::Lru,
+            Some(p) if p.eq_ignore_ascii_case("lru") => EvictionPolicy::Lru,
+            Some(p) if p.eq_ignore_ascii_case("arc") => EvictionPolicy::Arc,
+            Some(p) => {
+                return Err(match &raw.cache_policy_module_path {
+                    Some(m) => Error::config(
+                        "cache_policy_module_path",
+                        format!(
+                            "policy {p:?} from module {m:?}: kv-tier does not load policies from Python modules; eviction_policy is \"lru\" or \"arc\""
+                        ),
+                    ),
+                    None => Error::config(
+                        "eviction_policy",
+                        format!("must be \"lru\" or \"arc\", got {p:?}"),
+                    ),
+                });
+            }
+        };
+        if raw.cache_policy_module_path.as_deref() == Some("") {
+            return Err(Error::config(
+                "cache_policy_module_path",
+                "must be a non-empty module path",
+            ));
+        }
+        if raw.block_size.is_some() && raw.blocks_per_chunk.is_some() {
+            return Err(Error::config(
+                "block_size",
+                "specify only one of 'block_size' or 'blocks_per_chunk' (as vLLM requires)",
+            ));
+        }
+        if raw.block_size_bytes == Some(0) {
+            return Err(Error::config("block_size_bytes", "must be positive"));
+        }
+        if raw.block_size == Some(0) {
+            return Err(Error::config(
+                "block_size",
+                "must be positive (tokens per offloaded block)",
+            ));
+        }
         let mut tiers = Vec::with_capacity(raw.secondary_tiers.len());
         for (i, v) in raw.secondary_tiers.into_iter().enumerate() {
             tiers.push(TierSpec::from_value(v, &format!("secondary_tiers[{i}]"))?);
@@ -329,7 +503,9 @@ impl KvTierConfig {
                             Error::config("layout.rank", format!("must be a u32, got {v}"))
                         })?,
                 };
-                let fields: RunFields = from_value(Value::Object(m), "layout")?;
+                let bpf_given = m.contains_key("blocks_per_file");
+                let mut fields = RunFields::from_layout(m, "layout")?;
+                cfg_apply_chunking(raw.block_size, raw.blocks_per_chunk, bpf_given, &mut fields)?;
                 Some(LayoutConfig { fields, rank })
             }
             Some(other) => {
@@ -341,8 +517,14 @@ impl KvTierConfig {
         };
         let cfg = Self {
             cpu_bytes_to_use: raw.cpu_bytes_to_use,
-            block_size_bytes: raw.block_size_bytes,
-            eviction_policy: raw.eviction_policy,
+            block_size_bytes: raw.block_size_bytes.unwrap_or(0),
+            block_size_tokens: raw.block_size,
+            blocks_per_chunk: raw.blocks_per_chunk,
+            eviction_policy,
+            cache_policy_module_path: raw.cache_policy_module_path,
+            store_threshold: raw.store_threshold,
+            max_tracker_size: raw.max_tracker_size,
+            event_buffer_keys: raw.event_buffer_keys,
             secondary_tiers: tiers,
             layout,
             probe_timeout_s: raw.probe_timeout_s,
@@ -351,15 +533,38 @@ impl KvTierConfig {
             lease_s: raw.lease_s,
             write_back_max_dram_fraction: raw.write_back_max_dram_fraction,
         };
-        cfg.validate()?;
+        cfg.validate_as_given()?;
         Ok(cfg)
     }
 
-    /// Checks every value; the manager calls this at construction.
+    /// The namespace `ns` (the engine's, or the config's layout) checked against vLLM's
+    /// chunking keys (`block_size`, `blocks_per_chunk`): each offloaded block is
+    /// `blocks_per_file` engine blocks of `tokens_per_hash` tokens.
+    pub fn check_namespace(&self, ns: &Namespace) -> Result<()> {
+        let mut fields = ns.fields().clone();
+        cfg_apply_chunking(
+            self.block_size_tokens,
+            self.blocks_per_chunk,
+            true,
+            &mut fields,
+        )
+    }
+
+    /// Checks every value, `block_size_bytes` included; the manager calls this at
+    /// construction.
     pub fn validate(&self) -> Result<()> {
         if self.block_size_bytes == 0 {
-            return Err(Error::config("block_size_bytes", "must be positive"));
+            return Err(Error::config(
+                "block_size_bytes",
+                "is required: the bytes of one offloaded block (all layers' K and V of its tokens); vLLM's config leaves it to the engine, so an engine using that config sets KvTierConfig::block_size_bytes before building",
+            ));
         }
+        self.validate_as_given()
+    }
+
+    /// Checks every value as the config gives it: a `block_size_bytes` of 0 (vLLM's shape,
+    /// left to the engine) passes. What `kv-tier config check` runs.
+    pub fn validate_as_given(&self) -> Result<()> {
         if self.block_size_bytes > MAX_BLOCK_SIZE {
             return Err(Error::config(
                 "block_size_bytes",
@@ -372,7 +577,7 @@ impl KvTierConfig {
         if self.cpu_bytes_to_use == 0 {
             return Err(Error::config("cpu_bytes_to_use", "must be positive"));
         }
-        if self.cpu_bytes_to_use < self.block_size_bytes {
+        if self.block_size_bytes > 0 && self.cpu_bytes_to_use < self.block_size_bytes {
             return Err(Error::config(
                 "cpu_bytes_to_use",
                 format!(
@@ -413,11 +618,66 @@ impl KvTierConfig {
         ] {
             check_range(field, v, min, max)?;
         }
+        let mut ints = vec![
+            ("store_threshold", self.store_threshold, STORE_THRESHOLD),
+            ("max_tracker_size", self.max_tracker_size, MAX_TRACKER_SIZE),
+            (
+                "event_buffer_keys",
+                self.event_buffer_keys,
+                EVENT_BUFFER_KEYS,
+            ),
+        ];
+        if let Some(n) = self.blocks_per_chunk {
+            ints.push(("blocks_per_chunk", n, BLOCKS_PER_CHUNK));
+        }
+        for (field, v, (min, max)) in ints {
+            check_range_u64(field, v, min, max)?;
+        }
         if let Some(l) = &self.layout {
             l.namespace()?;
         }
         Ok(())
     }
+}
+
+/// Applies vLLM's chunking keys to run fields: `blocks_per_chunk` is `blocks_per_file`;
+/// `block_size` (tokens per offloaded block) is `tokens_per_hash x blocks_per_file`. A
+/// `blocks_per_file` the layout states must agree; errors name the vLLM key.
+fn cfg_apply_chunking(
+    block_size: Option<u64>,
+    blocks_per_chunk: Option<u64>,
+    blocks_per_file_given: bool,
+    fields: &mut RunFields,
+) -> Result<()> {
+    let wanted = match (block_size, blocks_per_chunk) {
+        (Some(tokens), _) => {
+            let per = fields.tokens_per_hash.max(1);
+            if tokens % per != 0 || tokens == 0 {
+                return Err(Error::config(
+                    "block_size",
+                    format!(
+                        "{tokens} tokens is not a positive multiple of the layout's tokens_per_hash ({per}), the engine's block size"
+                    ),
+                ));
+            }
+            Some(("block_size", tokens / per))
+        }
+        (None, Some(n)) => Some(("blocks_per_chunk", n)),
+        (None, None) => None,
+    };
+    if let Some((key, n)) = wanted {
+        if blocks_per_file_given && fields.blocks_per_file != n {
+            return Err(Error::config(
+                key,
+                format!(
+                    "makes {n} engine blocks per offloaded block, but the layout's blocks_per_file is {}",
+                    fields.blocks_per_file
+                ),
+            ));
+        }
+        fields.blocks_per_file = n;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -77,6 +77,137 @@ impl TierEvent {
     }
 }
 
+/// How a tier reports its events, set by the manager from the tier's entry
+/// (`enable_kv_events`, `locality`) and the config's `event_buffer_keys`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventSettings {
+    /// Whether events are recorded at all (off: none is, nothing grows).
+    pub enabled: bool,
+    /// The locality events carry instead of the tier's own.
+    pub locality: Option<Locality>,
+    /// The most keys held until taken; past it the oldest are dropped, counted.
+    pub max_keys: u64,
+}
+
+impl Default for EventSettings {
+    /// Recorded, the tier's own locality, at most 1,000,000 keys held.
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            locality: None,
+            max_keys: 1_000_000,
+        }
+    }
+}
+
+/// A queue of events holding at most `max_keys` keys: past it the oldest keys go first
+/// (whole events, or the oldest keys of the one event left), counted in
+/// [`BoundedEvents::dropped`], so a consumer that never takes events costs bounded memory
+/// and can tell that it lost some.
+///
+/// ```
+/// use kv_tier_core::{BlockKey, BoundedEvents, Locality, Medium, TierEvent};
+/// let k = |i: u8| BlockKey::from_hash32([i; 32], 0);
+/// let mut q = BoundedEvents::new(3);
+/// q.push(TierEvent::stored("fs", vec![k(1), k(2)], Medium::Storage, Locality::Local));
+/// q.push(TierEvent::stored("fs", vec![k(3), k(4)], Medium::Storage, Locality::Local));
+/// assert_eq!(q.dropped(), 1); // the oldest key went
+/// q.push(TierEvent::stored("fs", vec![k(5)], Medium::Storage, Locality::Local));
+/// assert_eq!(q.dropped(), 2); // then the rest of the oldest event
+/// let ev = q.take();
+/// assert_eq!(ev.len(), 2);
+/// assert_eq!((ev[0].keys.clone(), ev[1].keys.clone()), (vec![k(3), k(4)], vec![k(5)]));
+/// ```
+#[derive(Debug)]
+pub struct BoundedEvents {
+    events: std::collections::VecDeque<TierEvent>,
+    keys: u64,
+    max_keys: u64,
+    dropped: u64,
+}
+
+impl BoundedEvents {
+    /// An empty queue holding at most `max_keys` keys (at least 1).
+    pub fn new(max_keys: u64) -> Self {
+        Self {
+            events: std::collections::VecDeque::new(),
+            keys: 0,
+            max_keys: max_keys.max(1),
+            dropped: 0,
+        }
+    }
+
+    /// Changes the bound (dropping the oldest keys now if past it).
+    pub fn set_max_keys(&mut self, max_keys: u64) {
+        self.max_keys = max_keys.max(1);
+        self.trim();
+    }
+
+    /// Appends an event (one with no keys is skipped), then drops the oldest keys past the
+    /// bound.
+    pub fn push(&mut self, ev: TierEvent) {
+        if ev.keys.is_empty() {
+            return;
+        }
+        self.keys += ev.keys.len() as u64;
+        self.events.push_back(ev);
+        self.trim();
+    }
+
+    /// Appends `key` to the newest event (the caller checked it is the one to extend).
+    pub fn extend_last(&mut self, key: BlockKey) -> bool {
+        match self.events.back_mut() {
+            Some(last) => {
+                last.keys.push(key);
+                self.keys += 1;
+                self.trim();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn trim(&mut self) {
+        while self.keys > self.max_keys {
+            let excess = self.keys - self.max_keys;
+            let several = self.events.len() > 1;
+            let Some(front) = self.events.front_mut() else {
+                break;
+            };
+            let n = front.keys.len() as u64;
+            if n <= excess && several {
+                self.events.pop_front();
+                self.keys -= n;
+                self.dropped += n;
+            } else {
+                let cut = excess.min(n) as usize;
+                front.keys.drain(..cut);
+                self.keys -= cut as u64;
+                self.dropped += cut as u64;
+                if front.keys.is_empty() {
+                    self.events.pop_front();
+                }
+            }
+        }
+    }
+
+    /// Takes every event held, oldest first.
+    pub fn take(&mut self) -> Vec<TierEvent> {
+        self.keys = 0;
+        std::mem::take(&mut self.events).into()
+    }
+
+    /// Whether no event is held.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Keys dropped so far because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
 /// The event queue a tier keeps for [`crate::SecondaryTier::take_events`]: one tier name,
 /// medium and locality, events appended in order, taken all at once.
 ///
@@ -99,11 +230,12 @@ pub struct EventLog {
     next_batch: std::sync::atomic::AtomicU64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct LogState {
-    events: Vec<TierEvent>,
+    events: BoundedEvents,
     /// The [`EventBatch`] whose keys the last event gathers, while nothing else came after.
     open: Option<u64>,
+    settings: EventSettings,
 }
 
 impl EventLog {
@@ -113,28 +245,53 @@ impl EventLog {
             tier: tier.into(),
             medium,
             locality,
-            events: std::sync::Mutex::new(LogState::default()),
+            events: std::sync::Mutex::new(LogState {
+                events: BoundedEvents::new(EventSettings::default().max_keys),
+                open: None,
+                settings: EventSettings::default(),
+            }),
             next_batch: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    fn event(&self, keys: Vec<BlockKey>, removed: bool) -> TierEvent {
+    /// Applies the manager's settings: off records nothing from now on (and drops what is
+    /// held), a locality overrides the tier's, `max_keys` bounds what is held.
+    pub fn configure(&self, settings: EventSettings) {
+        let mut st = self.lock();
+        st.settings = settings;
+        st.events.set_max_keys(settings.max_keys);
+        if !settings.enabled {
+            st.events.take();
+            st.open = None;
+        }
+    }
+
+    /// Keys dropped because the log was full.
+    pub fn dropped(&self) -> u64 {
+        self.lock().events.dropped()
+    }
+
+    fn event(&self, locality: Option<Locality>, keys: Vec<BlockKey>, removed: bool) -> TierEvent {
         TierEvent {
             tier: self.tier.clone(),
             keys,
             medium: self.medium,
-            locality: self.locality,
+            locality: locality.unwrap_or(self.locality),
             removed,
         }
     }
 
-    /// Appends a stored (`removed == false`) or removed event; empty key lists are skipped.
+    /// Appends a stored (`removed == false`) or removed event; empty key lists are skipped,
+    /// and nothing is recorded while events are off.
     pub fn push(&self, keys: Vec<BlockKey>, removed: bool) {
         if keys.is_empty() {
             return;
         }
-        let ev = self.event(keys, removed);
         let mut st = self.lock();
+        if !st.settings.enabled {
+            return;
+        }
+        let ev = self.event(st.settings.locality, keys, removed);
         st.events.push(ev);
         st.open = None;
     }
@@ -143,13 +300,13 @@ impl EventLog {
     /// else opens a new event with it.
     fn push_in_batch(&self, batch: u64, key: BlockKey, removed: bool) {
         let mut st = self.lock();
-        if st.open == Some(batch)
-            && let Some(last) = st.events.last_mut()
-        {
-            last.keys.push(key);
+        if !st.settings.enabled {
             return;
         }
-        let ev = self.event(vec![key], removed);
+        if st.open == Some(batch) && st.events.extend_last(key) {
+            return;
+        }
+        let ev = self.event(st.settings.locality, vec![key], removed);
         st.events.push(ev);
         st.open = Some(batch);
     }
@@ -158,7 +315,7 @@ impl EventLog {
     pub fn take(&self) -> Vec<TierEvent> {
         let mut st = self.lock();
         st.open = None;
-        std::mem::take(&mut st.events)
+        st.events.take()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogState> {

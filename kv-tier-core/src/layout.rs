@@ -68,15 +68,23 @@ pub struct RunFields {
     /// The engine, `"vllm"` by default.
     #[serde(default = "vllm")]
     pub inference_engine: String,
-    /// Whether the namespace is shared across parallel layouts (the default).
+    /// Whether the namespace is shared across parallel layouts: tp/pp/pcp/dcp are written as
+    /// 1 and the rank is 0, so every parallel layout of the run reads and writes one
+    /// directory. `config.json` omits it when true. In a config's `layout`, see
+    /// [`RunFields::from_layout`] for how it is decided when not given.
     #[serde(default = "yes")]
     pub parallel_agnostic: bool,
-    /// Whether the layout is replicated across ranks.
+    /// vLLM's replicated layout (MLA models on TP-only single-node runs: every rank holds the
+    /// same KV): the namespace is parallelism-agnostic (tp/pp/pcp/dcp 1, rank 0), so TP2 and
+    /// TP4 writers share one directory; `config.json` says `"replicated_layout": true`.
     #[serde(default)]
     pub replicated_layout: bool,
     /// A canonical byte format, when one is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canonical_format: Option<String>,
+    /// A storage format, when one is used (vLLM hashes it when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_format: Option<String>,
 }
 
 impl RunFields {
@@ -100,7 +108,81 @@ impl RunFields {
             parallel_agnostic: true,
             replicated_layout: false,
             canonical_format: None,
+            storage_format: None,
         }
+    }
+
+    /// The run fields of a config's `layout` object (`field`: its path, for errors), with
+    /// vLLM's defaults for what it omits (`blocks_per_file`, the parallel sizes: 1;
+    /// `kv_cache_groups`: none; `inference_engine`: `"vllm"`) and `parallel_agnostic` decided
+    /// as vLLM decides it where the fields alone tell:
+    ///
+    /// - `replicated_layout: true` makes the namespace agnostic (stating `parallel_agnostic:
+    ///   false` with it is refused);
+    /// - with context parallelism (`pcp_size` or `dcp_size` above 1), or several
+    ///   `kv_cache_groups` without a `canonical_format`, vLLM never shares the namespace:
+    ///   not agnostic;
+    /// - with `tp_size` above 1 vLLM's answer depends on the model (its KV heads must shard
+    ///   evenly across the TP ranks), which the fields do not say: refused unless
+    ///   `parallel_agnostic` is given, rather than guessed into another directory;
+    /// - otherwise (one rank of TP, one full-attention group) agnostic, vLLM's answer for a
+    ///   standard model. vLLM does not share the namespace of MLA models (unless replicated),
+    ///   of its V2 model runner or of per-token-head KV quantisation: such runs must say
+    ///   `"parallel_agnostic": false`.
+    ///
+    /// ```
+    /// use kv_tier_core::RunFields;
+    /// let m = |v: serde_json::Value| v.as_object().unwrap().clone();
+    /// let f = RunFields::from_layout(
+    ///     m(serde_json::json!({"model_name": "m", "dtype": "float16", "tokens_per_hash": 16})),
+    ///     "layout",
+    /// )?;
+    /// assert!(f.parallel_agnostic);
+    /// let err = RunFields::from_layout(
+    ///     m(serde_json::json!({"model_name": "m", "dtype": "float16", "tokens_per_hash": 16, "tp_size": 2})),
+    ///     "layout",
+    /// )
+    /// .unwrap_err();
+    /// assert!(err.to_string().contains("layout.parallel_agnostic"), "{err}");
+    /// # Ok::<(), kv_tier_core::Error>(())
+    /// ```
+    pub fn from_layout(mut map: Map<String, Value>, field: &str) -> Result<Self> {
+        let given = match map.remove("parallel_agnostic") {
+            None => None,
+            Some(Value::Bool(b)) => Some(b),
+            Some(other) => {
+                return Err(Error::config(
+                    format!("{field}.parallel_agnostic"),
+                    format!("must be true or false, got {other}"),
+                ));
+            }
+        };
+        let mut fields: RunFields = crate::json::from_value(Value::Object(map), field)?;
+        let groups = fields.kv_cache_groups.len();
+        fields.parallel_agnostic = match given {
+            Some(false) if fields.replicated_layout => {
+                return Err(Error::config(
+                    format!("{field}.parallel_agnostic"),
+                    "false contradicts replicated_layout: true (vLLM's replicated layout is always parallelism-agnostic)",
+                ));
+            }
+            Some(b) => b,
+            None if fields.replicated_layout => true,
+            None if fields.pcp_size > 1 || fields.dcp_size > 1 => false,
+            None if groups > 1 && fields.canonical_format.is_none() => false,
+            None if fields.tp_size > 1 => {
+                return Err(Error::config(
+                    format!("{field}.parallel_agnostic"),
+                    format!(
+                        "is required with tp_size {} > 1: vLLM shares the namespace across parallel layouts only when the model's KV heads shard evenly across the TP ranks (num_kv_heads x tp_size == total KV heads) in one full-attention, non-MLA group; say which (true or false) so the blocks land in the directory vLLM uses",
+                        fields.tp_size
+                    ),
+                ));
+            }
+            None => true,
+        };
+        fields.validate_in(field)?;
+        Ok(fields)
     }
 
     /// The fields as written into `config.json` and digested (sorted keys; the optional
@@ -134,15 +216,29 @@ impl RunFields {
         if let Some(f) = &self.canonical_format {
             m.insert("canonical_format".into(), f.clone().into());
         }
+        if let Some(f) = &self.storage_format {
+            m.insert("storage_format".into(), f.clone().into());
+        }
         Value::Object(m)
     }
 
     fn validate(&self) -> Result<()> {
+        self.validate_in("layout")
+    }
+
+    fn validate_in(&self, field: &str) -> Result<()> {
+        let at = |k: &str| format!("{field}.{k}");
         if self.model_name.is_empty() {
-            return Err(Error::config("layout.model_name", "must not be empty"));
+            return Err(Error::config(at("model_name"), "must not be empty"));
         }
         if self.dtype.is_empty() {
-            return Err(Error::config("layout.dtype", "must not be empty"));
+            return Err(Error::config(at("dtype"), "must not be empty"));
+        }
+        if self.replicated_layout && !self.parallel_agnostic {
+            return Err(Error::config(
+                at("replicated_layout"),
+                "a replicated layout is parallelism-agnostic (as in vLLM): parallel_agnostic must be true",
+            ));
         }
         for (name, v) in [
             ("tokens_per_hash", self.tokens_per_hash),
@@ -153,7 +249,7 @@ impl RunFields {
             ("dcp_size", self.dcp_size),
         ] {
             if v == 0 {
-                return Err(Error::config(format!("layout.{name}"), "must be positive"));
+                return Err(Error::config(at(name), "must be positive"));
             }
         }
         Ok(())

@@ -24,7 +24,7 @@ pub use buf::{AlignedBuf, BlockSink, BlockSource, PAGE_SIZE, SinkReader};
 pub use checksum::Checksum;
 pub use config::{EvictionPolicy, KvTierConfig, TierSpec};
 pub use error::{Error, Result};
-pub use event::{EventBatch, EventLog, Locality, Medium, TierEvent};
+pub use event::{BoundedEvents, EventBatch, EventLog, EventSettings, Locality, Medium, TierEvent};
 pub use key::{BlockKey, InvalidKey};
 pub use layout::{Namespace, RunFields};
 pub use manager::{PendingStore, TieringManager, TieringManagerBuilder};

@@ -215,6 +215,21 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
             t.retry_waits,
         );
         c(
+            "kv_tier_events_dropped_total",
+            "Event keys dropped because the tier's buffer was full.",
+            t.events_dropped,
+        );
+        c(
+            "kv_tier_not_admitted_total",
+            "Blocks not written to the tier: not looked up admit_after_lookups times.",
+            t.not_admitted,
+        );
+        c(
+            "kv_tier_over_write_budget_total",
+            "Blocks not written to the tier: its write budget (bytes/s) was spent.",
+            t.over_write_budget,
+        );
+        c(
             "kv_tier_store_jobs_total",
             "Store jobs finished.",
             t.store_jobs,

@@ -152,10 +152,15 @@ where
 /// use std::sync::Arc;
 /// use kv_tier_core::{registry::TierRegistry, SecondaryTier};
 /// let mut reg = TierRegistry::new();
-/// reg.register("mine", |_spec: &kv_tier_core::config::TierSpec, _ctx: &kv_tier_core::registry::BuildContext|
+/// let builder = |_spec: &kv_tier_core::config::TierSpec, _ctx: &kv_tier_core::registry::BuildContext|
 ///     -> kv_tier_core::Result<Arc<dyn SecondaryTier>> {
-///     Err(kv_tier_core::Error::config("root", "example builder")) });
+///     Err(kv_tier_core::Error::config("root", "example builder")) };
+/// reg.register("mine", builder)?;
 /// assert!(reg.contains("mine"));
+/// // a type registers once (as in vLLM's tier factory): a second registration is an error
+/// let err = reg.register("mine", builder).unwrap_err();
+/// assert!(err.to_string().contains("\"mine\" is already registered"), "{err}");
+/// # Ok::<(), kv_tier_core::Error>(())
 /// ```
 #[derive(Clone, Default)]
 pub struct TierRegistry {
@@ -168,14 +173,31 @@ impl TierRegistry {
         Self::default()
     }
 
-    /// Registers (or replaces) the builder of `type_name`.
+    /// Registers the builder of `type_name`. A type registers once: a name already
+    /// registered is an error (vLLM's tier factory raises too), never a silent replacement;
+    /// [`TierRegistry::unregister`] first to replace one on purpose.
     pub fn register(
         &mut self,
         type_name: impl Into<String>,
         builder: impl TierBuilder,
-    ) -> &mut Self {
-        self.builders.insert(type_name.into(), Arc::new(builder));
-        self
+    ) -> Result<&mut Self> {
+        let type_name = type_name.into();
+        if type_name.is_empty() {
+            return Err(Error::config("type", "a tier type name must not be empty"));
+        }
+        if self.builders.contains_key(&type_name) {
+            return Err(Error::config(
+                "type",
+                format!("tier type {type_name:?} is already registered"),
+            ));
+        }
+        self.builders.insert(type_name, Arc::new(builder));
+        Ok(self)
+    }
+
+    /// Removes the builder of `type_name`; whether it was registered.
+    pub fn unregister(&mut self, type_name: &str) -> bool {
+        self.builders.remove(type_name).is_some()
     }
 
     /// Registers `type_name` for a persistent tier (one that needs the namespace): its
@@ -194,7 +216,7 @@ impl TierRegistry {
     ///     parse: fn(&TierSpec) -> Result<MyOptions>,
     ///     open: fn(String, MyOptions, Namespace, usize) -> Result<T>,
     /// ) {
-    ///     reg.register_tier("mine", parse, Opener::Blocking(open));
+    ///     reg.register_tier("mine", parse, Opener::Blocking(open)).unwrap();
     ///     assert!(reg.contains("mine"));
     /// }
     /// ```
@@ -203,7 +225,7 @@ impl TierRegistry {
         type_name: impl Into<String>,
         parse: fn(&TierSpec) -> Result<C>,
         open: Opener<C, T>,
-    ) -> &mut Self
+    ) -> Result<&mut Self>
     where
         C: serde::Serialize + Send + 'static,
         T: SecondaryTier + 'static,
@@ -224,6 +246,22 @@ impl TierRegistry {
 
     fn builder(&self, prefix: &str, spec: &TierSpec) -> Result<&Arc<dyn TierBuilder>> {
         self.builders.get(&spec.kind).ok_or_else(|| {
+            if let Some(module) = &spec.module_path {
+                // vLLM imports an out-of-tree tier class from `module_path`; here tiers are
+                // Rust types registered at compile time
+                return Error::config(
+                    format!("{prefix}.module_path"),
+                    format!(
+                        "tier type {:?} from module {module:?}: kv-tier does not load tiers from Python modules; a tier is a Rust type registered at compile time (TierRegistry::register), before the manager is built. Registered types: {}",
+                        spec.kind,
+                        if self.builders.is_empty() {
+                            "none".to_string()
+                        } else {
+                            self.type_names().join(", ")
+                        }
+                    ),
+                );
+            }
             Error::config(
                 format!("{prefix}.type"),
                 format!(

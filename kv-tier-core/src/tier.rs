@@ -256,6 +256,20 @@ pub trait SecondaryTier: std::any::Any + Send + Sync + fmt::Debug {
     /// Takes the events accumulated since the last call (stores, then removals, in order).
     fn take_events(&self) -> Vec<TierEvent>;
 
+    /// How to record events, from the tier's entry (vLLM's `enable_kv_events`, `locality`)
+    /// and the config's `event_buffer_keys`; the manager calls it once, when it is built.
+    /// A tier should record nothing while `enabled` is false (nothing grows), give its
+    /// events `locality` when set, and hold at most `max_keys` keys, dropping the oldest
+    /// ([`EventLog::configure`](crate::EventLog::configure) does all three). The manager
+    /// also filters and relabels what `take_events` returns, so a tier that ignores this
+    /// (the default) is still reported as configured; only its buffer is not bounded.
+    fn configure_events(&self, _settings: crate::event::EventSettings) {}
+
+    /// Event keys dropped because the tier's buffer was full. The default: none.
+    fn events_dropped(&self) -> u64 {
+        0
+    }
+
     /// The tier's own statistics as a serialisable snapshot (see [`TierSnapshot`]); the
     /// manager includes it in [`TierStats::own`](crate::TierStats::own) and metrics export
     /// it. Cheap and non-blocking (it is called from the scheduler's thread and on every
@@ -403,6 +417,16 @@ pub trait PrimaryTier: Send + Sync + fmt::Debug + 'static {
 
     /// Takes the events since the last call (removals before the stores that caused them).
     fn take_events(&self) -> Vec<TierEvent>;
+
+    /// Bounds the events held until taken (the config's `event_buffer_keys`): past it the
+    /// oldest are dropped and counted ([`PrimaryTier::events_dropped`]). The manager calls
+    /// it once, when it is built. The default does nothing.
+    fn bound_events(&self, _max_keys: u64) {}
+
+    /// Event keys dropped because the buffer was full. The default: none.
+    fn events_dropped(&self) -> u64 {
+        0
+    }
 
     /// Drops every block not pinned by I/O; returns how many remain pinned.
     fn reset(&self) -> usize;

@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::Result;
+use crate::event::Locality;
 use crate::ranges::check_range;
 
 /// What happens to a store cascade that would take a tier's write-back past its limit.
@@ -63,10 +64,48 @@ pub struct TierOptions {
     pub write_back_limit_mb: Option<f64>,
     /// `write_back_policy`: `"drop"` (the default) or `"wait"`.
     pub write_back_policy: Option<WriteBackPolicy>,
+    /// vLLM's `enable_kv_events`: whether the manager reports this tier's events
+    /// ([`crate::TieringManager::take_events`]). Off by default, as in vLLM: the tier records
+    /// none, so nothing grows.
+    pub enable_kv_events: Option<bool>,
+    /// vLLM's `locality` (`"LOCAL"` or `"REMOTE"`, any casing): the locality this tier's
+    /// events carry. Absent: the tier's own ([`crate::TierInfo::locality`]). Events only: the
+    /// manager's defaults (probe budget, write-back limit) follow the tier's own locality.
+    pub locality: Option<Locality>,
+    /// `admit_after_lookups`: write a block to this tier only once lookups have asked for
+    /// it this many times (default 0: every block; range 0 to 1,000,000), counted over the
+    /// last `max_tracker_size` keys asked for. Saves writes (SSD endurance) of blocks that
+    /// are never asked for again; blocks not admitted stay in the tiers above and are counted
+    /// (`not_admitted`).
+    pub admit_after_lookups: Option<u64>,
+    /// `write_budget_mb_per_s`: the most bytes per second written to this tier, in MiB
+    /// (absent: no budget; range 0.001 to 1e9), a token bucket holding one second of it (at
+    /// least one block). Stores beyond it are dropped and counted (`over_write_budget`).
+    pub write_budget_mb_per_s: Option<f64>,
 }
 
 /// The keys of [`TierOptions`] in a tier entry.
-const KEYS: [&str; 3] = ["probe_budget_s", "write_back_limit_mb", "write_back_policy"];
+const KEYS: [&str; 7] = [
+    "probe_budget_s",
+    "write_back_limit_mb",
+    "write_back_policy",
+    "enable_kv_events",
+    "locality",
+    "admit_after_lookups",
+    "write_budget_mb_per_s",
+];
+
+/// Parses vLLM's `locality` value: `LOCAL` or `REMOTE`, any casing.
+fn parse_locality(v: &Value, field: &str) -> Result<Locality> {
+    match v.as_str() {
+        Some(s) if s.eq_ignore_ascii_case("local") => Ok(Locality::Local),
+        Some(s) if s.eq_ignore_ascii_case("remote") => Ok(Locality::Remote),
+        _ => Err(crate::error::Error::config(
+            field,
+            format!("must be \"LOCAL\" or \"REMOTE\" (vLLM's Locality), got {v}"),
+        )),
+    }
+}
 
 /// The resolved settings of one tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +116,14 @@ pub struct TierSettings {
     pub write_back_limit_bytes: u64,
     /// See [`TierOptions::write_back_policy`].
     pub write_back_policy: WriteBackPolicy,
+    /// See [`TierOptions::enable_kv_events`].
+    pub events: bool,
+    /// See [`TierOptions::locality`].
+    pub locality: Option<Locality>,
+    /// See [`TierOptions::admit_after_lookups`] (0: every block).
+    pub admit_after_lookups: u64,
+    /// See [`TierOptions::write_budget_mb_per_s`], in bytes per second.
+    pub write_budget_bytes_per_s: Option<u64>,
 }
 
 /// A remote tier's default write-back limit, in blocks: a queue its `io_threads` drain in
@@ -96,18 +143,36 @@ impl TierOptions {
                 mine.insert(k.to_string(), v);
             }
         }
+        let at = |k: &str| {
+            if field.is_empty() {
+                k.to_string()
+            } else {
+                format!("{field}.{k}")
+            }
+        };
+        let locality = mine
+            .remove("locality")
+            .map(|v| parse_locality(&v, &at("locality")))
+            .transpose()?;
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Raw {
             probe_budget_s: Option<f64>,
             write_back_limit_mb: Option<f64>,
             write_back_policy: Option<WriteBackPolicy>,
+            enable_kv_events: Option<bool>,
+            admit_after_lookups: Option<u64>,
+            write_budget_mb_per_s: Option<f64>,
         }
         let raw: Raw = crate::json::from_value(Value::Object(mine), field)?;
         let o = Self {
             probe_budget_s: raw.probe_budget_s,
             write_back_limit_mb: raw.write_back_limit_mb,
             write_back_policy: raw.write_back_policy,
+            enable_kv_events: raw.enable_kv_events,
+            locality,
+            admit_after_lookups: raw.admit_after_lookups,
+            write_budget_mb_per_s: raw.write_budget_mb_per_s,
         };
         o.validate(field)?;
         Ok(o)
@@ -127,6 +192,12 @@ impl TierOptions {
         }
         if let Some(v) = self.write_back_limit_mb {
             check_range(&at("write_back_limit_mb"), v, 0.000001, 1e9)?;
+        }
+        if let Some(v) = self.admit_after_lookups {
+            crate::ranges::check_range_u64(&at("admit_after_lookups"), v, 0, 1_000_000)?;
+        }
+        if let Some(v) = self.write_budget_mb_per_s {
+            check_range(&at("write_budget_mb_per_s"), v, 0.001, 1e9)?;
         }
         Ok(())
     }
@@ -157,7 +228,19 @@ impl TierOptions {
                 )
                 .max(1),
             write_back_policy: self.write_back_policy.unwrap_or(WriteBackPolicy::Drop),
+            events: self.enable_kv_events.unwrap_or(false),
+            locality: self.locality,
+            admit_after_lookups: self.admit_after_lookups.unwrap_or(0),
+            write_budget_bytes_per_s: self
+                .write_budget_mb_per_s
+                .map(|mb| ((mb * (1u64 << 20) as f64) as u64).max(1)),
         }
+    }
+
+    /// These options with the tier's events reported (`enable_kv_events: true`).
+    pub fn with_events(mut self) -> Self {
+        self.enable_kv_events = Some(true);
+        self
     }
 }
 
@@ -173,6 +256,16 @@ mod tests {
             (r#"{"probe_budget_s": "1"}"#, "t.probe_budget_s"),
             (r#"{"write_back_limit_mb": -1}"#, "t.write_back_limit_mb"),
             (r#"{"write_back_policy": "later"}"#, "t.write_back_policy"),
+            (r#"{"locality": "nearby"}"#, "t.locality"),
+            (r#"{"locality": ""}"#, "t.locality"),
+            (r#"{"locality": 1}"#, "t.locality"),
+            (r#"{"enable_kv_events": "yes"}"#, "t.enable_kv_events"),
+            (r#"{"admit_after_lookups": -1}"#, "t.admit_after_lookups"),
+            (
+                r#"{"admit_after_lookups": 2000000}"#,
+                "t.admit_after_lookups",
+            ),
+            (r#"{"write_budget_mb_per_s": 0}"#, "t.write_budget_mb_per_s"),
         ];
         for (json, want) in cases {
             let mut m: Map<String, Value> = serde_json::from_str(json).unwrap();
@@ -185,6 +278,17 @@ mod tests {
             serde_json::from_str(r#"{"root_dir": "/x", "probe_budget_s": 0.5}"#).unwrap();
         let o = TierOptions::take_from(&mut m, "t").unwrap();
         assert_eq!(o.probe_budget_s, Some(0.5));
+        for (text, want) in [
+            ("LOCAL", Locality::Local),
+            ("local", Locality::Local),
+            ("Remote", Locality::Remote),
+            ("REMOTE", Locality::Remote),
+        ] {
+            let mut m: Map<String, Value> =
+                serde_json::from_value(serde_json::json!({ "locality": text })).unwrap();
+            let o = TierOptions::take_from(&mut m, "t").unwrap();
+            assert_eq!(o.locality, Some(want), "{text}");
+        }
         assert!(m.contains_key("root_dir") && !m.contains_key("probe_budget_s"));
     }
 
@@ -208,6 +312,10 @@ mod tests {
             probe_budget_s: Some(0.25),
             write_back_limit_mb: Some(1.0),
             write_back_policy: Some(WriteBackPolicy::Wait),
+            enable_kv_events: Some(true),
+            locality: Some(Locality::Local),
+            admit_after_lookups: Some(2),
+            write_budget_mb_per_s: Some(0.5),
         }
         .resolve(true, budget, block);
         assert_eq!(
@@ -216,7 +324,12 @@ mod tests {
                 probe_budget: Duration::from_millis(250),
                 write_back_limit_bytes: 1 << 20,
                 write_back_policy: WriteBackPolicy::Wait,
+                events: true,
+                locality: Some(Locality::Local),
+                admit_after_lookups: 2,
+                write_budget_bytes_per_s: Some(1 << 19),
             }
         );
+        assert!(!local.events, "events are off unless asked for, as in vLLM");
     }
 }

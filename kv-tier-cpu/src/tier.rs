@@ -54,7 +54,7 @@ struct State {
     status: Vec<Status>,
     free: Vec<usize>,
     policy: Policy,
-    events: Vec<TierEvent>,
+    events: kv_tier_core::BoundedEvents,
     ready: usize,
     writing: usize,
     evictions: u64,
@@ -137,7 +137,7 @@ impl CpuTier {
                 status: vec![Status::Free; n_slots],
                 free: (0..n_slots).rev().collect(),
                 policy: Policy::new(n_slots, cfg.policy == EvictionPolicy::Arc),
-                events: Vec::new(),
+                events: kv_tier_core::BoundedEvents::new(1_000_000),
                 ready: 0,
                 writing: 0,
                 evictions: 0,
@@ -340,7 +340,15 @@ impl PrimaryTier for CpuTier {
     }
 
     fn take_events(&self) -> Vec<TierEvent> {
-        std::mem::take(&mut self.lock().events)
+        self.lock().events.take()
+    }
+
+    fn bound_events(&self, max_keys: u64) {
+        self.lock().events.set_max_keys(max_keys);
+    }
+
+    fn events_dropped(&self) -> u64 {
+        self.lock().events.dropped()
     }
 
     fn reset(&self) -> usize {

@@ -32,7 +32,8 @@ async fn manager(slots: usize, tiers: Vec<Arc<dyn SecondaryTier>>) -> Fx {
     let mut b = TieringManager::builder(KvTierConfig::new((slots * BS) as u64, BS as u64))
         .primary(cpu.clone());
     for t in tiers {
-        b = b.tier(t);
+        // the tests read the tiers' events: reported (vLLM's enable_kv_events)
+        b = b.tier_with_options(t, kv_tier_core::TierOptions::default().with_events());
     }
     Fx {
         m: b.build().await.unwrap(),
@@ -502,7 +503,7 @@ fn build_blocking_owns_a_runtime_and_unknown_types_are_refused() {
     )
     .unwrap();
     let mut reg = kv_tier_core::TierRegistry::new();
-    MemoryTier::register(&mut reg);
+    MemoryTier::register(&mut reg).unwrap();
     let err = kv_tier_testkit::dram_manager_builder(cfg.clone())
         .unwrap()
         .registry(reg.clone())

@@ -190,13 +190,14 @@ impl FsTier {
         })
     }
 
-    /// Registers the type `"fs"` in `registry`.
-    pub fn register(registry: &mut TierRegistry) {
+    /// Registers the type `"fs"` in `registry` (an error if it is there already).
+    pub fn register(registry: &mut TierRegistry) -> Result<()> {
         registry.register_tier(
             "fs",
             FsTierConfig::from_spec,
             Opener::Blocking(FsTier::open),
-        );
+        )?;
+        Ok(())
     }
 
     /// Runs `op` once per block on the I/O threads (one task per block, so a job spreads over
@@ -417,6 +418,14 @@ impl SecondaryTier for FsTier {
 
     fn take_events(&self) -> Vec<TierEvent> {
         self.shared.events.take()
+    }
+
+    fn configure_events(&self, settings: kv_tier_core::EventSettings) {
+        self.shared.events.configure(settings);
+    }
+
+    fn events_dropped(&self) -> u64 {
+        self.shared.events.dropped()
     }
 
     /// [`FsTier::stats`] as a snapshot: bounded, its allocated bytes against its cap.

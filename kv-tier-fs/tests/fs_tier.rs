@@ -462,7 +462,7 @@ async fn registered_by_type_name_through_the_config_json() {
     );
     let cfg = kv_tier_core::KvTierConfig::from_json_str(&json).unwrap();
     let mut reg = kv_tier_core::TierRegistry::new();
-    FsTier::register(&mut reg);
+    FsTier::register(&mut reg).unwrap();
     let cpu = primary(4096, 16);
     let m = kv_tier_core::TieringManager::builder(cfg.clone())
         .primary(cpu)

@@ -34,6 +34,18 @@ pub const RANGES: &[(&str, f64, f64)] = &[
     ("low_watermark", 1e-9, 1.0),
 ];
 
+/// The keys of vLLM's obj `store_config`, taken here beside the tier's other options.
+pub const STORE_CONFIG_KEYS: [&str; 8] = [
+    "bucket",
+    "endpoint_override",
+    "access_key",
+    "secret_key",
+    "session_token",
+    "region",
+    "scheme",
+    "ca_bundle",
+];
+
 fn range(field: &str) -> (f64, f64) {
     RANGES
         .iter()
@@ -146,9 +158,67 @@ impl ObjTierConfig {
         }
     }
 
-    /// Parses and validates a tier spec's options.
+    /// Parses and validates a tier spec's options. The connection may be given flat or, as
+    /// vLLM's obj tier takes it, nested in `store_config` (`bucket`, `endpoint_override`,
+    /// `access_key`, `secret_key`, `session_token`, `region`, `scheme`, `ca_bundle`; empty
+    /// strings mean unset, and `scheme` defaults to `"http"` there, as in vLLM); a key given
+    /// both ways is refused.
     pub fn from_spec(spec: &TierSpec) -> Result<Self> {
-        let c: Self = spec.parse_options()?;
+        let mut options = spec.options.clone();
+        let nested = options.remove("store_config");
+        let vllm_shape = nested.is_some();
+        if let Some(nested) = nested {
+            let serde_json::Value::Object(nested) = nested else {
+                return Err(Error::config(
+                    "store_config",
+                    format!("must be an object (vLLM's store_config), got {nested}"),
+                ));
+            };
+            for (k, v) in nested {
+                if !STORE_CONFIG_KEYS.contains(&k.as_str()) {
+                    return Err(Error::config(
+                        format!("store_config.{k}"),
+                        format!(
+                            "unknown key (check the spelling); store_config takes {}",
+                            STORE_CONFIG_KEYS.join(", ")
+                        ),
+                    ));
+                }
+                if options.contains_key(&k) {
+                    return Err(Error::config(
+                        format!("store_config.{k}"),
+                        "given twice: in store_config and beside it; keep one",
+                    ));
+                }
+                options.insert(k, v);
+            }
+            if !options.contains_key("scheme") {
+                options.insert("scheme".into(), "http".into());
+            }
+        }
+        let mut c: Self = kv_tier_core::config::from_value(serde_json::Value::Object(options), "")
+            .map_err(|e| match e {
+                // a nested key's error names it where it was written
+                Error::InvalidConfig { field, reason }
+                    if vllm_shape
+                        && STORE_CONFIG_KEYS.contains(&field.as_str())
+                        && !spec.options.contains_key(&field) =>
+                {
+                    Error::config(format!("store_config.{field}"), reason)
+                }
+                e => e,
+            })?;
+        // vLLM writes "" for unset values
+        for v in [
+            &mut c.endpoint_override,
+            &mut c.session_token,
+            &mut c.region,
+            &mut c.ca_bundle,
+        ] {
+            if v.as_deref() == Some("") {
+                *v = None;
+            }
+        }
         c.validate()?;
         Ok(c)
     }

@@ -12,7 +12,7 @@ mod sweep;
 mod tier;
 
 pub use block::{CRC_METADATA_KEY, block_crc};
-pub use config::{ObjChecksum, ObjTierConfig, RANGES, Scheme};
+pub use config::{ObjChecksum, ObjTierConfig, RANGES, STORE_CONFIG_KEYS, Scheme};
 pub use stats::ObjStats;
 pub use tier::ObjTier;
 

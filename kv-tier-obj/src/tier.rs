@@ -124,8 +124,8 @@ impl ObjTier {
         Ok(tier)
     }
 
-    /// Registers the type `"obj"` in `registry`.
-    pub fn register(registry: &mut TierRegistry) {
+    /// Registers the type `"obj"` in `registry` (an error if it is there already).
+    pub fn register(registry: &mut TierRegistry) -> Result<()> {
         // the client connects on the manager's runtime (its I/O lives there)
         registry.register_tier(
             "obj",
@@ -133,7 +133,8 @@ impl ObjTier {
             Opener::Connect(|name, cfg, ns, block_size| {
                 Box::pin(async move { ObjTier::connect(&name, cfg, ns, block_size).await })
             }),
-        );
+        )?;
+        Ok(())
     }
 
     async fn run_store(&self, job: StoreJob) -> JobResult {
@@ -274,6 +275,14 @@ impl SecondaryTier for ObjTier {
 
     fn take_events(&self) -> Vec<TierEvent> {
         self.shared.events.take()
+    }
+
+    fn configure_events(&self, settings: kv_tier_core::EventSettings) {
+        self.shared.events.configure(settings);
+    }
+
+    fn events_dropped(&self) -> u64 {
+        self.shared.events.dropped()
     }
 
     /// [`ObjTier::stats`] as a snapshot: bounded, its indexed bytes against its bound.

@@ -111,7 +111,8 @@ fn on_memory(store: Arc<InMemory>, cfg: ObjTierConfig) -> BoxFuture<TierFixture>
         let s = store.clone();
         let fx = TierFixture::new(tier.clone(), common::BS).registered(
             move |r: &mut TierRegistry| {
-                r.register("obj", OnMemory(s.clone()));
+                r.register("obj", OnMemory(s.clone()))?;
+                Ok(())
             },
             serde_json::json!({"layout": layout(), "secondary_tiers": [entry]}),
         );

@@ -432,7 +432,7 @@ async fn registered_as_obj_through_the_config_json() {
     );
     let cfg = kv_tier_core::KvTierConfig::from_json_str(&json).unwrap();
     let mut reg = kv_tier_core::TierRegistry::new();
-    ObjTier::register(&mut reg);
+    ObjTier::register(&mut reg).unwrap();
     let cpu = Arc::new(
         kv_tier_cpu::CpuTier::new(kv_tier_cpu::CpuTierConfig {
             capacity_bytes: 65536,

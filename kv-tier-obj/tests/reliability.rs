@@ -440,7 +440,10 @@ async fn with_default_deadlines_the_tier_reports_before_the_manager_gives_up() {
     );
     let m = kv_tier_core::TieringManager::builder(mgr)
         .primary(cpu)
-        .tier(tier.clone())
+        .tier_with_options(
+            tier.clone(),
+            kv_tier_core::TierOptions::default().with_events(),
+        )
         .build()
         .await
         .unwrap();

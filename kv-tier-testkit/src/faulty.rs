@@ -362,6 +362,14 @@ impl SecondaryTier for FaultyTier {
         self.inner.take_events()
     }
 
+    fn configure_events(&self, settings: kv_tier_core::EventSettings) {
+        self.inner.configure_events(settings);
+    }
+
+    fn events_dropped(&self) -> u64 {
+        self.inner.events_dropped()
+    }
+
     fn stats(&self) -> kv_tier_core::TierSnapshot {
         self.inner.stats()
     }

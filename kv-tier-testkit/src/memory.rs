@@ -123,8 +123,9 @@ impl MemoryTier {
         )
     }
 
-    /// Registers the type `"memory"` (no options) in `registry`.
-    pub fn register(registry: &mut TierRegistry) {
+    /// Registers the type `"memory"` (no options) in `registry` (an error if it is there
+    /// already).
+    pub fn register(registry: &mut TierRegistry) -> Result<()> {
         registry.register(
             "memory",
             |spec: &TierSpec, ctx: &BuildContext| -> Result<std::sync::Arc<dyn SecondaryTier>> {
@@ -134,7 +135,8 @@ impl MemoryTier {
                     ctx.block_size,
                 )))
             },
-        );
+        )?;
+        Ok(())
     }
 }
 
@@ -237,6 +239,14 @@ impl SecondaryTier for MemoryTier {
 
     fn take_events(&self) -> Vec<TierEvent> {
         self.events.take()
+    }
+
+    fn configure_events(&self, settings: kv_tier_core::EventSettings) {
+        self.events.configure(settings);
+    }
+
+    fn events_dropped(&self) -> u64 {
+        self.events.dropped()
     }
 
     async fn shutdown(&self) -> Result<()> {

@@ -298,9 +298,9 @@ pub fn registry() -> TierRegistry {
     #[allow(unused_mut)] // with neither feature, nothing is registered
     let mut registry = TierRegistry::new();
     #[cfg(feature = "fs")]
-    kv_tier_fs::FsTier::register(&mut registry);
+    kv_tier_fs::FsTier::register(&mut registry).expect("a fresh registry has no \"fs\"");
     #[cfg(feature = "obj")]
-    kv_tier_obj::ObjTier::register(&mut registry);
+    kv_tier_obj::ObjTier::register(&mut registry).expect("a fresh registry has no \"obj\"");
     registry
 }
 
@@ -355,12 +355,15 @@ pub fn effective_config(
     registry: &TierRegistry,
 ) -> Result<serde_json::Value> {
     use serde_json::{Value, json};
-    config.validate()?;
+    config.validate_as_given()?;
     let mut tiers = Vec::new();
     for (i, spec) in config.secondary_tiers.iter().enumerate() {
         let mut entry = serde_json::Map::new();
         entry.insert("type".into(), Value::from(spec.kind.clone()));
         entry.insert("name".into(), Value::from(spec.name.clone()));
+        if let Some(m) = &spec.module_path {
+            entry.insert("module_path".into(), Value::from(m.clone()));
+        }
         match registry.effective_options(i, spec)? {
             Value::Object(options) => entry.extend(options),
             other => {
@@ -385,6 +388,27 @@ pub fn effective_config(
                 WriteBackPolicy::Wait => "wait",
             }),
         );
+        entry.insert("enable_kv_events".into(), json!(s.events));
+        let locality = s.locality.unwrap_or(if remote {
+            kv_tier_core::Locality::Remote
+        } else {
+            kv_tier_core::Locality::Local
+        });
+        entry.insert(
+            "locality".into(),
+            json!(match locality {
+                kv_tier_core::Locality::Local => "LOCAL",
+                kv_tier_core::Locality::Remote => "REMOTE",
+            }),
+        );
+        entry.insert("admit_after_lookups".into(), json!(s.admit_after_lookups));
+        entry.insert(
+            "write_budget_mb_per_s".into(),
+            json!(
+                s.write_budget_bytes_per_s
+                    .map(|b| b as f64 / (1u64 << 20) as f64)
+            ),
+        );
         tiers.push(Value::Object(entry));
     }
     let layout = config.layout.as_ref().map(|l| {
@@ -396,11 +420,18 @@ pub fn effective_config(
     });
     Ok(json!({
         "cpu_bytes_to_use": config.cpu_bytes_to_use,
-        "block_size_bytes": config.block_size_bytes,
+        // null: left to the engine (vLLM's shape)
+        "block_size_bytes": (config.block_size_bytes > 0).then_some(config.block_size_bytes),
+        "block_size": config.block_size_tokens,
+        "blocks_per_chunk": config.blocks_per_chunk,
         "eviction_policy": match config.eviction_policy {
             EvictionPolicy::Lru => "lru",
             EvictionPolicy::Arc => "arc",
         },
+        "cache_policy_module_path": config.cache_policy_module_path,
+        "store_threshold": config.store_threshold,
+        "max_tracker_size": config.max_tracker_size,
+        "event_buffer_keys": config.event_buffer_keys,
         "probe_timeout_s": config.probe_timeout_s,
         "job_timeout_s": config.job_timeout_s,
         "job_timeout_per_block_s": config.job_timeout_per_block_s,

@@ -218,6 +218,7 @@ impl SimConfig {
             "n_read_threads": 8,
             "n_write_threads": 8,
             "checksum": "crc32c",
+            "enable_kv_events": true,
         });
         if let Some(cap) = self.fs_cap_gb {
             // Seconds-scale GC for a run that lasts a minute.
@@ -240,6 +241,7 @@ impl SimConfig {
                 "prefix": "serve-sim",
                 "io_threads": 16,
                 "checksum": "crc32c",
+                "enable_kv_events": true,
             }));
         }
         let v = serde_json::json!({

@@ -102,7 +102,7 @@ pub struct DiskProbe {
 /// The effective tier config of the run (secrets masked).
 pub(super) fn effective_tiers(manager: &TieringManager) -> serde_json::Value {
     let mut registry = kv_tier::registry();
-    kv_tier_testkit::MemoryTier::register(&mut registry);
+    kv_tier_testkit::MemoryTier::register(&mut registry).expect("a fresh registry");
     let mut v = kv_tier::effective_config(manager.config(), &registry)
         .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
     kv_tier::redact_secrets(&mut v);
@@ -185,7 +185,7 @@ fn build_manager(cfg: &SimConfig, root: &Path) -> Result<TieringManager, BoxErro
         0,
     )?;
     let mut registry = kv_tier::registry();
-    kv_tier_testkit::MemoryTier::register(&mut registry);
+    kv_tier_testkit::MemoryTier::register(&mut registry).expect("a fresh registry");
     Ok(kv_tier::builder(tier_cfg)?
         .registry(registry)
         .namespace(ns)

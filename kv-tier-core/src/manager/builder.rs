@@ -199,6 +199,9 @@ impl TieringManagerBuilder {
                 ));
             }
         }
+        if let Some(ns) = &namespace {
+            self.config.check_namespace(ns)?;
+        }
         check_timers(&handle).await?;
         let notify = Arc::new(Notify::new());
         let settings: Vec<_> = options
@@ -212,6 +215,15 @@ impl TieringManagerBuilder {
                 )
             })
             .collect();
+        primary.bound_events(self.config.event_buffer_keys);
+        let events: Vec<_> = settings.iter().map(|s| (s.events, s.locality)).collect();
+        for (t, s) in tiers.iter().zip(&settings) {
+            t.configure_events(crate::event::EventSettings {
+                enabled: s.events,
+                locality: s.locality,
+                max_keys: self.config.event_buffer_keys,
+            });
+        }
         let lookups = tiers
             .iter()
             .zip(&settings)
@@ -253,6 +265,7 @@ impl TieringManagerBuilder {
             primary,
             tiers,
             names,
+            events,
             config: self.config,
             notify,
             inbox: Arc::new(Mutex::new(Vec::new())),

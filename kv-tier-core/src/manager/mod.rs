@@ -88,6 +88,8 @@ pub struct TieringManager {
     primary: Arc<dyn PrimaryTier>,
     tiers: Vec<Arc<dyn SecondaryTier>>,
     names: Vec<String>,
+    /// Per tier: whether its events are reported, and the locality they carry.
+    events: Vec<(bool, Option<crate::event::Locality>)>,
     config: KvTierConfig,
     notify: Arc<Notify>,
     inbox: Arc<Mutex<Vec<Completion>>>,
@@ -454,11 +456,23 @@ impl TieringManager {
     }
 
     /// Events since the last call: the primary's first, then each secondary tier's in order.
+    /// A tier's events are reported only if its entry says `enable_kv_events: true` (vLLM's
+    /// key; off by default), with the `locality` its entry gives. Buffers hold at most
+    /// `event_buffer_keys` keys each until taken; past that the oldest are dropped and
+    /// counted in [`ManagerStats::events_dropped`].
     pub fn take_events(&self) -> Vec<TierEvent> {
         let _st = self.begin();
         let mut out = self.primary.take_events();
-        for t in &self.tiers {
-            out.extend(take_events_caught(&**t));
+        for (t, &(on, locality)) in self.tiers.iter().zip(&self.events) {
+            let evs = take_events_caught(&**t);
+            if on {
+                out.extend(evs.into_iter().map(|mut e| {
+                    if let Some(l) = locality {
+                        e.locality = l;
+                    }
+                    e
+                }));
+            }
         }
         out
     }
@@ -488,8 +502,11 @@ impl TieringManager {
         s.holding_requests = st.holds.requests();
         drop(st);
         // the tiers' own, off the manager's lock (a tier's may take locks of its own)
+        s.events_dropped = self.primary.events_dropped();
         for (t, tier) in s.tiers.iter_mut().zip(&self.tiers) {
             t.own = stats_caught(&**tier);
+            t.events_dropped = tier.events_dropped();
+            s.events_dropped += t.events_dropped;
         }
         s
     }

@@ -201,6 +201,10 @@ mod tests {
             probe_budget: Duration::from_millis(50),
             write_back_limit_bytes: limit,
             write_back_policy: policy,
+            events: false,
+            locality: None,
+            admit_after_lookups: 0,
+            write_budget_bytes_per_s: None,
         }
     }
 

@@ -139,6 +139,13 @@ pub struct TierStats {
     /// Keys of lookups that waited for this tier's probe (answered `Retry` while it was
     /// out): where a slow tier stalls admission.
     pub retry_waits: u64,
+    /// Event keys this tier dropped because its buffer was full (`event_buffer_keys`).
+    pub events_dropped: u64,
+    /// Blocks not written to this tier because lookups had not asked for them
+    /// `admit_after_lookups` times.
+    pub not_admitted: u64,
+    /// Blocks not written to this tier because its `write_budget_mb_per_s` was spent.
+    pub over_write_budget: u64,
     /// Store jobs finished.
     pub store_jobs: u64,
     /// Blocks stored (including already-present ones).
@@ -311,6 +318,9 @@ pub struct ManagerStats {
     pub primary: PrimaryStats,
     /// Per secondary tier, in order.
     pub tiers: Vec<TierStats>,
+    /// Event keys dropped, DRAM's and every tier's, because their buffer was full
+    /// (`event_buffer_keys`) when the engine had not taken them.
+    pub events_dropped: u64,
 }
 
 #[cfg(test)]

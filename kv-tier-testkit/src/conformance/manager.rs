@@ -20,7 +20,7 @@ async fn build(fx: &TierFixture) -> TieringManager {
             let cfg = KvTierConfig::from_json_str(&json.to_string())
                 .unwrap_or_else(|e| panic!("the fixture's config is refused: {e}\n{json}"));
             let mut registry = TierRegistry::new();
-            (r.register)(&mut registry);
+            (r.register)(&mut registry).expect("registering the tier's type");
             crate::util::dram_manager_builder(cfg)
                 .expect("DRAM tier")
                 .registry(registry)

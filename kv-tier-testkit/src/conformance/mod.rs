@@ -141,10 +141,13 @@ impl Damage {
     }
 }
 
+/// Adds a tier's type to a registry.
+type RegisterFn = dyn Fn(&mut TierRegistry) -> kv_tier_core::Result<()> + Send + Sync;
+
 /// How to build the tier by type name from a config JSON, for the [`manager`] section.
 #[derive(Clone)]
 struct Registration {
-    register: Arc<dyn Fn(&mut TierRegistry) + Send + Sync>,
+    register: Arc<RegisterFn>,
     config: serde_json::Value,
 }
 
@@ -233,7 +236,7 @@ impl TierFixture {
     /// must use the same storage as [`TierFixture::tier`].
     pub fn registered<R>(mut self, register: R, config: serde_json::Value) -> Self
     where
-        R: Fn(&mut TierRegistry) + Send + Sync + 'static,
+        R: Fn(&mut TierRegistry) -> kv_tier_core::Result<()> + Send + Sync + 'static,
     {
         self.registration = Some(Registration {
             register: Arc::new(register),

@@ -24,7 +24,8 @@ impl Driver<'_> {
         for (t, o) in tiers {
             self.names.push(t.info().name);
             let faulty = Arc::new(FaultyTier::new(t));
-            b = b.tier_with_options(faulty.clone(), o);
+            // the model reads the tiers' events (vLLM's enable_kv_events)
+            b = b.tier_with_options(faulty.clone(), o.with_events());
             self.tiers.push(Tier {
                 faulty,
                 gates: Vec::new(),
