@@ -157,6 +157,12 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
         s.promotions_refused,
     );
     set_counter(
+        "kv_tier_stores_not_admitted_total",
+        "Keys prepare_store left out: not looked up store_threshold times.",
+        none,
+        s.stores_not_admitted,
+    );
+    set_counter(
         "kv_tier_stores_refused_for_write_back_total",
         "prepare_store calls refused because a wait tier's write-back was at its limit.",
         none,

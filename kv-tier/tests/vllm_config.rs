@@ -372,3 +372,86 @@ fn event_buffers_are_bounded_and_their_losses_counted() {
     assert_eq!(quiet.len(), 10, "stored all the same");
     assert!(kv_tier::SecondaryTier::take_events(&*quiet).is_empty());
 }
+
+fn memory_manager(top: &str, tiers: &str) -> kv_tier::TieringManager {
+    let cfg = KvTierConfig::from_json_str(&format!(
+        r#"{{"cpu_bytes_to_use": {}, "block_size_bytes": {BS}{top}, "secondary_tiers": [{tiers}]}}"#,
+        64 * BS
+    ))
+    .unwrap();
+    let mut registry = kv_tier::registry();
+    kv_tier_testkit::MemoryTier::register(&mut registry).unwrap();
+    kv_tier::builder(cfg)
+        .unwrap()
+        .registry(registry)
+        .build_blocking()
+        .unwrap()
+}
+
+#[test]
+fn store_threshold_admits_to_dram_only_blocks_looked_up_that_often() {
+    let m = memory_manager(r#", "store_threshold": 2"#, "");
+    let req = kv_tier::RequestContext::new(1);
+    let (a, b) = (test_key(1), test_key(2));
+    // one lookup each: neither is admitted yet
+    m.lookup_prefix(&[a, b], &req);
+    let mut p = m.prepare_store(&[a, b]).unwrap();
+    assert!(p.slots().is_empty(), "no slot before the second lookup");
+    drop(p);
+    assert_eq!(m.stats().stores_not_admitted, 2);
+    // a's second lookup (b is past the miss at a, and counts too, as in vLLM)
+    m.lookup(&a, &req);
+    let mut p = m.prepare_store(&[a, b]).unwrap();
+    let slots: Vec<BlockKey> = p.slots().iter().map(|(k, _)| *k).collect();
+    assert_eq!(slots, [a], "a asked twice, b once");
+    for (k, sink) in p.slots() {
+        fill_block(k, 0, sink.as_mut_slice());
+    }
+    p.commit(RequestId(1));
+    assert_eq!(m.lookup(&a, &req), kv_tier::LookupResult::Hit);
+    assert_eq!(m.stats().stores_not_admitted, 3);
+}
+
+#[test]
+fn a_tier_admits_after_n_lookups_and_within_its_write_budget() {
+    // 1 MiB/s of 64 KiB blocks: a bucket of 16 blocks, then 16 a second
+    let m = memory_manager(
+        "",
+        r#"{"type": "memory", "name": "ssd", "admit_after_lookups": 2},
+           {"type": "memory", "name": "budget", "write_budget_mb_per_s": 1},
+           {"type": "memory", "name": "all"}"#,
+    );
+    let req = kv_tier::RequestContext::new(1);
+    let twice: Vec<_> = (0..4).map(test_key).collect();
+    let once: Vec<_> = (10..30).map(test_key).collect();
+    m.lookup_prefix(&twice, &req);
+    m.lookup_prefix(&twice, &req);
+    m.lookup_prefix(&once, &req);
+    let mut all = twice.clone();
+    all.extend(&once);
+    store(&m, &all);
+    m.runtime().block_on(m.wait_idle());
+    let tier = |n: &str| m.tier::<kv_tier_testkit::MemoryTier>(n).unwrap();
+    assert_eq!(tier("all").len(), 24);
+    let ssd = tier("ssd");
+    assert_eq!(ssd.len(), 4, "only the blocks asked for twice");
+    assert!(twice.iter().all(|k| ssd.get(k).is_some()));
+    assert!(
+        (1..=17).contains(&tier("budget").len()),
+        "about one second of budget: {}",
+        tier("budget").len()
+    );
+    let s = m.stats();
+    let by = |n: &str| s.tiers.iter().find(|t| t.name == n).unwrap();
+    assert_eq!(by("ssd").not_admitted, 20);
+    assert_eq!(by("ssd").over_write_budget, 0);
+    assert_eq!(
+        by("budget").over_write_budget + tier("budget").len() as u64,
+        24,
+        "every block written or counted"
+    );
+    assert_eq!(
+        (by("all").not_admitted, by("all").over_write_budget),
+        (0, 0)
+    );
+}

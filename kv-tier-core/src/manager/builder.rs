@@ -236,6 +236,12 @@ impl TieringManagerBuilder {
         let pool = primary.stats().capacity_blocks as u64 * primary.block_size() as u64;
         let max_pinned = ((pool as f64 * self.config.write_back_max_dram_fraction) as u64)
             .max(primary.block_size() as u64);
+        let admission = super::admission::Admission::new(
+            self.config.store_threshold,
+            self.config.max_tracker_size,
+            &settings,
+            self.config.block_size_bytes,
+        );
         let write_back = super::write_back::WriteBack::new(settings, max_pinned);
         let stats = ManagerStats {
             tiers: names
@@ -261,6 +267,7 @@ impl TieringManagerBuilder {
                 stats,
                 shut_down: false,
                 write_back,
+                admission,
             }),
             primary,
             tiers,

@@ -18,6 +18,7 @@ use crate::probe_cache::{Presence, ProbeCache};
 use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count_prefix};
 use crate::stats::ManagerStats;
 pub(crate) use crate::sync::lock;
+mod admission;
 mod builder;
 mod holds;
 mod jobs;
@@ -52,6 +53,7 @@ struct State {
     stats: ManagerStats,
     shut_down: bool,
     write_back: write_back::WriteBack,
+    admission: admission::Admission,
 }
 /// The tiering manager: answers lookups without blocking, cascades stores to every secondary
 /// tier, and promotes secondary hits into DRAM in batched background jobs.
@@ -185,6 +187,7 @@ impl TieringManager {
     /// at or before it), or `req` finishes.
     pub fn lookup(&self, key: &BlockKey, req: &RequestContext) -> LookupResult {
         let mut st = self.begin();
+        st.admission.asked(key);
         self.lookup_inner(&mut st, key, req, || {})
     }
 
@@ -205,6 +208,10 @@ impl TieringManager {
     /// nothing else can make room, the promotion is refused and that key is a `Miss`.
     pub fn lookup_many(&self, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
         let mut st = self.begin();
+        // every key asked for counts towards admission, past a miss too (as vLLM counts)
+        for k in keys {
+            st.admission.asked(k);
+        }
         let mut results = Vec::with_capacity(keys.len());
         let mut pins: Vec<BlockSource> = Vec::new();
         let mut unpinned = 0;
@@ -355,6 +362,19 @@ impl TieringManager {
     pub fn prepare_store(&self, keys: &[BlockKey]) -> Result<PendingStore<'_>> {
         let mut st = self.begin();
         let per_block = self.primary.block_size() as u64;
+        // vLLM's store_threshold: only blocks lookups asked for often enough enter DRAM
+        let admitted: Vec<BlockKey>;
+        let keys = if st.admission.dram_admits_all() {
+            keys
+        } else {
+            admitted = keys
+                .iter()
+                .filter(|k| st.admission.dram_admits(k))
+                .copied()
+                .collect();
+            st.stats.stores_not_admitted += (keys.len() - admitted.len()) as u64;
+            &admitted[..]
+        };
         let new: FxHashSet<&BlockKey> = keys
             .iter()
             .filter(|k| self.primary.lookup(k) == LookupResult::Miss)
@@ -395,8 +415,14 @@ impl TieringManager {
                 .zip(&sources)
                 .filter_map(|(k, s)| s.clone().map(|s| (*k, s)))
                 .collect();
-            // within the tier's write-back bound (its policy decides past it)
-            let a = st.write_back.admit(i, blocks);
+            // the tier's admission rule and write budget, then its write-back bound (its
+            // policy decides past it)
+            let adm = st
+                .admission
+                .for_tier(i, blocks, self.primary.block_size() as u64);
+            st.stats.tiers[i].not_admitted += adm.not_admitted;
+            st.stats.tiers[i].over_write_budget += adm.over_budget;
+            let a = st.write_back.admit(i, adm.blocks);
             st.stats.tiers[i].writes_dropped += a.dropped;
             st.stats.tiers[i].writes_deduplicated += a.duplicates;
             if a.blocks.is_empty() {

@@ -302,6 +302,9 @@ pub struct ManagerStats {
     pub promotions_refused: u64,
     /// Store cascades started (one per successful `complete_store` with new blocks).
     pub cascades: u64,
+    /// Keys `prepare_store` left out because lookups had not asked for them
+    /// `store_threshold` times.
+    pub stores_not_admitted: u64,
     /// `prepare_store` calls refused because a `wait` tier's write-back (or the DRAM pinned by
     /// write-back) was at its limit.
     pub stores_refused_for_write_back: u64,
