@@ -12,7 +12,7 @@ use crate::buf::{BlockSink, BlockSource};
 use crate::error::{Error, Result};
 use crate::event::{Locality, Medium, TierEvent};
 use crate::key::BlockKey;
-use crate::request::LookupResult;
+use crate::request::{LookupResult, RequestContext, RequestId};
 pub use crate::stats::PrimaryStats;
 use crate::stats::TierSnapshot;
 use crate::sync::lock;
@@ -22,6 +22,10 @@ use crate::sync::lock;
 pub struct StoreJob {
     /// The keys and their bytes. Each source pins its slot until dropped.
     pub blocks: Vec<(BlockKey, BlockSource)>,
+    /// The requests the job serves (the manager's cascades: the request whose store
+    /// completed), so a tier can apply request-level policies (vLLM's `REQUEST_LEVEL`
+    /// offload) or route peer-to-peer transfers. Empty when none is known.
+    pub requests: Vec<RequestId>,
 }
 
 impl StoreJob {
@@ -36,6 +40,9 @@ impl StoreJob {
 pub struct LoadJob {
     /// The keys and the buffers to fill. Each sink is exclusive and pins its slot until dropped.
     pub blocks: Vec<(BlockKey, BlockSink)>,
+    /// The requests the job serves (the manager's promotions: one load job per tier and
+    /// request). Empty when none is known.
+    pub requests: Vec<RequestId>,
 }
 
 impl LoadJob {
@@ -270,6 +277,16 @@ pub trait SecondaryTier: std::any::Any + Send + Sync + fmt::Debug {
         0
     }
 
+    /// A request the engine started ([`crate::TieringManager::on_new_request`], vLLM's
+    /// `on_new_request`), for tiers with request-level policies (vLLM's `REQUEST_LEVEL`
+    /// offload) or peer-to-peer transfers; the manager's jobs for it carry its id
+    /// ([`StoreJob::requests`], [`LoadJob::requests`]). Never blocks. The default: nothing.
+    fn on_new_request(&self, _req: &RequestContext) {}
+
+    /// The request is done and every store job it caused has ended (as vLLM forwards it).
+    /// Never blocks. The default: nothing.
+    fn on_request_finished(&self, _req: RequestId) {}
+
     /// The tier's own statistics as a serialisable snapshot (see [`TierSnapshot`]); the
     /// manager includes it in [`TierStats::own`](crate::TierStats::own) and metrics export
     /// it. Cheap and non-blocking (it is called from the scheduler's thread and on every
@@ -455,6 +472,17 @@ pub(crate) fn protect_caught(tier: &dyn SecondaryTier, keys: &[BlockKey]) -> Pro
 pub(crate) fn touch_caught(tier: &dyn SecondaryTier, keys: &[BlockKey]) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tier.touch(keys))).is_err() {
         tracing::error!(keys = keys.len(), "a tier panicked in touch()");
+    }
+}
+
+/// A request hook of a tier, with a panic of the tier caught (logged).
+pub(crate) fn hook_caught(
+    tier: &dyn SecondaryTier,
+    what: &str,
+    f: impl FnOnce(&dyn SecondaryTier),
+) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(tier))).is_err() {
+        tracing::error!(hook = what, "a tier panicked in a request hook");
     }
 }
 

@@ -35,6 +35,7 @@ async fn settle(al: &mut ProbeCache, notify: &Notify) {
 
 async fn seed(t: &MemoryTier, keys: &[BlockKey]) {
     let job = StoreJob {
+        requests: Vec::new(),
         blocks: keys.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
     };
     assert!(t.store(job).await.is_success());

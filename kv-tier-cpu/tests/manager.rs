@@ -54,6 +54,7 @@ use kv_tier_testkit::util::engine_store as store;
 /// Puts blocks straight into a secondary tier (as if stored by an earlier process).
 async fn seed(t: &dyn SecondaryTier, keys: &[BlockKey]) {
     let job = StoreJob {
+        requests: Vec::new(),
         blocks: keys.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
     };
     assert!(t.store(job).await.is_success());
@@ -761,4 +762,107 @@ async fn a_local_tier_gets_local_defaults_and_stats_and_debug_name_things() {
         "{shown}"
     );
     p.abort();
+}
+
+/// A memory tier that records the request hooks and the requests its jobs carry.
+#[derive(Debug)]
+struct Recording {
+    inner: Arc<MemoryTier>,
+    log: std::sync::Mutex<Vec<String>>,
+}
+
+impl Recording {
+    fn note(&self, s: String) {
+        self.log.lock().unwrap().push(s);
+    }
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+#[kv_tier_core::async_trait]
+impl SecondaryTier for Recording {
+    fn info(&self) -> kv_tier_core::TierInfo {
+        self.inner.info()
+    }
+    async fn lookup(&self, keys: &[BlockKey]) -> kv_tier_core::Result<Vec<bool>> {
+        self.inner.lookup(keys).await
+    }
+    async fn store(&self, job: StoreJob) -> kv_tier_core::JobResult {
+        self.note(format!("store {:?} x{}", job.requests, job.blocks.len()));
+        self.inner.store(job).await
+    }
+    async fn load(&self, job: kv_tier_core::LoadJob) -> kv_tier_core::JobResult {
+        self.note(format!("load {:?} x{}", job.requests, job.blocks.len()));
+        self.inner.load(job).await
+    }
+    fn touch(&self, keys: &[BlockKey]) {
+        self.inner.touch(keys)
+    }
+    fn protect(&self, keys: &[BlockKey]) -> kv_tier_core::ProtectGuard {
+        self.inner.protect(keys)
+    }
+    fn is_protected(&self, key: &BlockKey) -> bool {
+        self.inner.is_protected(key)
+    }
+    fn take_events(&self) -> Vec<kv_tier_core::TierEvent> {
+        self.inner.take_events()
+    }
+    fn on_new_request(&self, req: &RequestContext) {
+        self.note(format!("new {:?}", req.id));
+    }
+    fn on_request_finished(&self, req: RequestId) {
+        self.note(format!("finished {req:?}"));
+    }
+    async fn shutdown(&self) -> kv_tier_core::Result<()> {
+        self.inner.shutdown().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_carry_their_request_and_tiers_see_requests_start_and_finish() {
+    let rec = Arc::new(Recording {
+        inner: mem("rec"),
+        log: Default::default(),
+    });
+    let fx = manager(4, vec![rec.clone()]).await;
+    let (r1, r2) = (RequestContext::new(1), RequestContext::new(2));
+    fx.m.on_new_request(&r1);
+    let keys: Vec<BlockKey> = (0..2).map(test_key).collect();
+    // r1 stores two blocks: the cascade to the tier is r1's
+    store(&fx.m, r1.id, &keys);
+    fx.m.on_request_finished(r1.id);
+    fx.m.wait_idle().await;
+    fx.m.on_schedule_end(); // applies the store's completion: r1's state may go now
+    assert_eq!(
+        rec.log(),
+        [
+            "new RequestId(1)",
+            "store [RequestId(1)] x2",
+            "finished RequestId(1)"
+        ]
+    );
+    // evict them from DRAM, then r2's lookups promote them back: a load job of r2's
+    fx.m.on_new_request(&r2);
+    let others: Vec<BlockKey> = (10..14).map(test_key).collect();
+    store(&fx.m, RequestId(9), &others);
+    fx.m.wait_idle().await;
+    for _ in 0..20 {
+        if fx.m.lookup_prefix(&keys, &r2).hit == keys.len() {
+            break;
+        }
+        fx.m.on_schedule_end();
+        fx.m.wait_idle().await;
+    }
+    fx.m.on_request_finished(r2.id);
+    let log = rec.log();
+    assert!(log.contains(&"new RequestId(2)".to_string()), "{log:?}");
+    assert!(
+        log.iter().any(|l| l.starts_with("load [RequestId(2)]")),
+        "the promotion's load job carries r2: {log:?}"
+    );
+    assert_eq!(
+        log.last().map(String::as_str),
+        Some("finished RequestId(2)")
+    );
 }

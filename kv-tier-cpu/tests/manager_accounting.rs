@@ -28,6 +28,7 @@ async fn manager(slots: usize, tier: Arc<dyn SecondaryTier>) -> (TieringManager,
 
 async fn seed(t: &dyn SecondaryTier, keys: &[BlockKey]) {
     let job = StoreJob {
+        requests: Vec::new(),
         blocks: keys.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
     };
     assert!(t.store(job).await.is_success());

@@ -52,6 +52,7 @@ fn mem() -> Arc<MemoryTier> {
 
 async fn seed(t: &dyn SecondaryTier, keys: &[BlockKey]) {
     let job = StoreJob {
+        requests: Vec::new(),
         blocks: keys.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
     };
     assert!(t.store(job).await.is_success());

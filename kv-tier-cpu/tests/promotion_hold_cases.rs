@@ -31,6 +31,7 @@ async fn fx_with(cfg: impl FnOnce(&mut KvTierConfig), seeded: &[BlockKey]) -> Fx
     let mem = Arc::new(MemoryTier::new("fs", BS));
     if !seeded.is_empty() {
         let job = StoreJob {
+            requests: Vec::new(),
             blocks: seeded.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
         };
         assert!(mem.store(job).await.is_success());

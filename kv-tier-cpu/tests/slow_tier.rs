@@ -39,6 +39,7 @@ async fn manager(
 
 async fn seed(t: &dyn SecondaryTier, keys: &[BlockKey]) {
     let job = StoreJob {
+        requests: Vec::new(),
         blocks: keys.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
     };
     assert!(t.store(job).await.is_success());

@@ -236,6 +236,7 @@ fn fs_store(
         .chunks(c.job_blocks)
         .zip(srcs.chunks(c.job_blocks))
         .map(|(ks, ss)| StoreJob {
+            requests: Vec::new(),
             blocks: ks
                 .iter()
                 .zip(ss)
@@ -271,7 +272,10 @@ fn fs_load(
         if blocks.is_empty() {
             break;
         }
-        jobs.push(LoadJob { blocks });
+        jobs.push(LoadJob {
+            requests: Vec::new(),
+            blocks,
+        });
     }
     let t = Instant::now();
     rt.block_on(async {

@@ -320,6 +320,7 @@ async fn a_load_into_an_unaligned_sink_goes_through_a_bounce_buffer() {
     assert!(!sink.is_aligned(512));
     let res = tier
         .load(kv_tier_core::LoadJob {
+            requests: Vec::new(),
             blocks: vec![(k, sink)],
         })
         .await;

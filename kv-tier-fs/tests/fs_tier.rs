@@ -379,6 +379,7 @@ async fn stores_create_directories_and_wrong_sizes_write_nothing() {
     let k = test_key(3);
     let res = tier
         .store(kv_tier_core::StoreJob {
+            requests: Vec::new(),
             blocks: vec![(k, kv_tier_testkit::source_for(&k, 0, BS - 512))],
         })
         .await;
@@ -391,6 +392,7 @@ async fn stores_create_directories_and_wrong_sizes_write_nothing() {
     shifted.remove(0);
     let res = tier
         .store(kv_tier_core::StoreJob {
+            requests: Vec::new(),
             blocks: vec![(k, kv_tier_core::BlockSource::from_bytes(unaligned))],
         })
         .await;

@@ -81,6 +81,7 @@ fn main() {
                 let store: Arc<dyn ObjectStore> = tier.object_store().clone();
                 let run_tier = || async {
                     let job = StoreJob {
+                        requests: Vec::new(),
                         blocks: keys
                             .iter()
                             .zip(&srcs)
@@ -92,6 +93,7 @@ fn main() {
                     let put = t.elapsed();
                     let mut p = cpu.prepare_store(&keys).unwrap();
                     let job = LoadJob {
+                        requests: Vec::new(),
                         blocks: std::mem::take(&mut p.to_store),
                     };
                     let t = Instant::now();

@@ -264,7 +264,14 @@ pub async fn store_keys(
         .iter()
         .map(|k| (*k, source_for(k, salt, block_size)))
         .collect();
-    within_deadline("store", tier.store(kv_tier_core::StoreJob { blocks })).await
+    within_deadline(
+        "store",
+        tier.store(kv_tier_core::StoreJob {
+            requests: Vec::new(),
+            blocks,
+        }),
+    )
+    .await
 }
 
 /// Loads `keys` from `tier` as one job; returns the result and the bytes of each key that

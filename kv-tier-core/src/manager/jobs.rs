@@ -233,9 +233,7 @@ impl TieringManager {
                     if left == Some(0) {
                         st.pending_stores.remove(&info.req);
                         if st.finishing.remove(&info.req) {
-                            for l in &mut st.lookups {
-                                l.finish_request(info.req);
-                            }
+                            self.request_done(st, info.req);
                         }
                     }
                 }
@@ -291,7 +289,15 @@ impl TieringManager {
     }
     pub(super) fn flush(&self, st: &mut State) {
         for ((tier, req), blocks) in std::mem::take(&mut st.promotions) {
-            self.submit(st, tier, req, Job::Load(LoadJob { blocks }));
+            self.submit(
+                st,
+                tier,
+                req,
+                Job::Load(LoadJob {
+                    requests: vec![req],
+                    blocks,
+                }),
+            );
         }
         for l in &mut st.lookups {
             l.flush();

@@ -428,7 +428,15 @@ impl TieringManager {
             if a.blocks.is_empty() {
                 continue;
             }
-            self.submit(&mut st, i, req, Job::Store(StoreJob { blocks: a.blocks }));
+            self.submit(
+                &mut st,
+                i,
+                req,
+                Job::Store(StoreJob {
+                    requests: vec![req],
+                    blocks: a.blocks,
+                }),
+            );
         }
     }
     /// Ends the scheduling step: applies what has completed, then sends the queued promotions
@@ -475,9 +483,28 @@ impl TieringManager {
         if st.pending_stores.contains_key(&req) {
             st.finishing.insert(req);
         } else {
-            for l in &mut st.lookups {
-                l.finish_request(req);
-            }
+            self.request_done(&mut st, req);
+        }
+    }
+
+    /// A request the engine starts (vLLM's `on_new_request`): passed to every tier
+    /// ([`SecondaryTier::on_new_request`]) for request-level policies. Optional: lookups and
+    /// jobs work without it.
+    pub fn on_new_request(&self, req: &RequestContext) {
+        let _st = self.begin();
+        for t in &self.tiers {
+            crate::tier::hook_caught(&**t, "on_new_request", |t| t.on_new_request(req));
+        }
+    }
+
+    /// The request's per-request state goes, in the probe caches and in every tier (once its
+    /// store jobs have ended).
+    fn request_done(&self, st: &mut State, req: RequestId) {
+        for l in &mut st.lookups {
+            l.finish_request(req);
+        }
+        for t in &self.tiers {
+            crate::tier::hook_caught(&**t, "on_request_finished", |t| t.on_request_finished(req));
         }
     }
 

@@ -119,6 +119,7 @@ pub async fn concurrent_stores_of_one_key_leave_one_copy(fx: &TierFixture) {
         let src = source_for(&k, 100 + w, fx.block_size);
         tasks.push(tokio::spawn(async move {
             tier.store(StoreJob {
+                requests: Vec::new(),
                 blocks: vec![(k, src)],
             })
             .await
@@ -223,6 +224,7 @@ pub async fn wrong_sizes_are_refused_per_key(fx: &TierFixture) {
     let res = fx
         .tier
         .load(LoadJob {
+            requests: Vec::new(),
             blocks: vec![(ks[1], s), (ks[1], s2)],
         })
         .await;
@@ -302,7 +304,12 @@ pub(crate) async fn store_tracked(
         .iter()
         .map(|k| (*k, tracked_source(k, salt, fx.block_size, live)))
         .collect();
-    fx.tier.store(StoreJob { blocks }).await
+    fx.tier
+        .store(StoreJob {
+            requests: Vec::new(),
+            blocks,
+        })
+        .await
 }
 
 /// How long the suite waits for something that must happen before it calls a tier hung.
@@ -375,6 +382,7 @@ pub async fn a_job_holding_a_key_twice_stores_one_whole_copy(fx: &TierFixture) {
     let ks = keys(12, 2);
     let bs = fx.block_size;
     let job = StoreJob {
+        requests: Vec::new(),
         blocks: vec![
             (ks[0], source_for(&ks[0], 1, bs)),
             (ks[1], source_for(&ks[1], 0, bs)),
@@ -408,6 +416,7 @@ pub async fn a_job_holding_a_key_twice_stores_one_whole_copy(fx: &TierFixture) {
     let res = within(
         "a load with a key twice",
         fx.tier.load(LoadJob {
+            requests: Vec::new(),
             blocks: vec![(ks[0], s1), (ks[0], s2)],
         }),
     )
@@ -474,7 +483,13 @@ pub async fn shutdown_ends_work_in_flight_and_later_calls_fail_cleanly(fx: &Tier
         .map(|k| (*k, tracked_source(k, 1, fx.block_size, &live)))
         .collect();
     let t = fx.tier.clone();
-    let storing = tokio::spawn(async move { t.store(StoreJob { blocks }).await });
+    let storing = tokio::spawn(async move {
+        t.store(StoreJob {
+            requests: Vec::new(),
+            blocks,
+        })
+        .await
+    });
     let t = fx.tier.clone();
     let bs = fx.block_size;
     let ks = stored.clone();
