@@ -22,6 +22,20 @@ impl ObjTier {
         self.shared.path(key).to_string()
     }
 
+    /// The key vLLM's obj tier gives the same block in the same bucket and prefix (its
+    /// `f"{prefix}/"` root joined to the fs layout's path with another `/`): with a prefix
+    /// it holds `//`, without one it starts with `/`. kv-tier cannot write or read those
+    /// keys (see the crate README, "Sharing a bucket with vLLM"): it is [`ObjTier::object_path`]
+    /// with the empty path segments put back, for migrating a bucket between the two.
+    pub fn vllm_object_key(&self, key: &BlockKey) -> String {
+        let root = if self.shared.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.shared.prefix)
+        };
+        format!("{root}/{}", self.shared.ns.block_rel_path(key))
+    }
+
     /// The underlying store.
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.shared.store

@@ -451,3 +451,38 @@ async fn registered_as_obj_through_the_config_json() {
     assert_eq!(m.tier_names(), ["obj"]);
     assert_eq!(m.tiers()[0].info().locality, kv_tier_core::Locality::Remote);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_keys_differ_from_ours_by_the_empty_segment_that_object_store_cannot_address() {
+    let store = Arc::new(object_store::memory::InMemory::new());
+    let k = test_key(5);
+    for prefix in ["kv", "a/b", ""] {
+        let mut cfg = ObjTierConfig::new("m");
+        cfg.prefix = prefix.into();
+        let tier = ObjTier::with_store("obj", store.clone(), cfg, ns(), BS)
+            .await
+            .unwrap();
+        let (ours, vllm) = (tier.object_path(&k), tier.vllm_object_key(&k));
+        let rel = ns().block_rel_path(&k);
+        // vLLM's f"{root}/{model}_{digest}..." with root = f"{prefix}/" or ""
+        let want = if prefix.is_empty() {
+            format!("/{rel}")
+        } else {
+            format!("{prefix}//{rel}")
+        };
+        assert_eq!(vllm, want);
+        assert_eq!(
+            ours,
+            vllm.split('/')
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join("/")
+        );
+        assert!(!ours.starts_with('/') && !ours.contains("//"), "{ours}");
+        // object_store cannot name vLLM's key: parsing refuses it, building drops the gap
+        if !prefix.is_empty() {
+            assert!(object_store::path::Path::parse(&vllm).is_err(), "{vllm}");
+        }
+        assert_eq!(object_store::path::Path::from(vllm.as_str()).as_ref(), ours);
+    }
+}
