@@ -29,6 +29,8 @@ fn small(seed: u64) -> SimConfig {
         dram_bytes: 1 << 20, // 128 blocks of 8 KiB: the fs tier gets the rest
         root_dir: None,
         fs_cap_gb: None,
+        fs_admit_after_lookups: 0,
+        fs_write_budget_mb_per_s: None,
         config_json: None,
         s3_endpoint: None,
         s3_bucket: String::new(),
@@ -647,4 +649,33 @@ fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
         }
     }
     assert!(charted > 20, "the dashboard charts {charted} metrics");
+}
+
+#[test]
+fn admission_after_two_lookups_writes_less_to_the_fs_tier_and_the_comparison_shows_it() {
+    let without = run(&small(21)).unwrap();
+    let mut cfg = small(21);
+    cfg.fs_admit_after_lookups = 2;
+    let with = run(&cfg).unwrap();
+    check_consistent(&without);
+    check_consistent(&with);
+    let (a, b) = (&without.tiers[0], &with.tiers[0]);
+    assert_eq!((a.not_admitted, a.over_write_budget), (0, 0));
+    assert!(b.not_admitted > 0, "{b:?}");
+    // every block the cascades offered was written or kept out (none is both)
+    assert!(a.blocks_written_new > 0 && b.blocks_written_new > 0);
+    assert!(b.blocks_written_new <= b.blocks_stored, "{b:?}");
+    assert_eq!(without.requests, with.requests, "the same workload");
+    let text = kv_tier_examples::sim::render_admission_comparison(&without, &with);
+    eprintln!("{text}");
+    for want in [
+        "hit rate",
+        "tier fs written (device)",
+        "not admitted",
+        "fs admit_after_lookups 2",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from\n{text}");
+    }
+    // the report says what was kept out
+    assert!(kv_tier_examples::sim::render(&with).contains("blocks not admitted"));
 }

@@ -114,6 +114,12 @@ struct TierArgs {
     #[arg(long, value_name = "X", value_parser = cap_gb, allow_negative_numbers = true,
           default_value_t = SimConfig::default().fs_cap_gb.unwrap_or(0.0))]
     fs_cap_gb: f64,
+    /// The fs tier writes a block only once lookups asked for it N times (0: every block)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    fs_admit_after_lookups: u64,
+    /// The fs tier's write budget in MiB/s (stores past it are dropped, counted)
+    #[arg(long, value_name = "X", value_parser = budget_mb)]
+    fs_write_budget_mb_per_s: Option<f64>,
     /// Also an obj tier below fs, on this S3 endpoint
     #[arg(long, value_name = "URL")]
     s3_endpoint: Option<String>,
@@ -151,6 +157,11 @@ struct OutputArgs {
     /// Serve Prometheus metrics at ADDR (e.g. 127.0.0.1:9464; port 0: any) while it runs
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Run the workload twice, without and with the fs tier's admission rule (the
+    /// --fs-admit-after-lookups / --fs-write-budget-mb-per-s given, else admit after 2
+    /// lookups), each in a fresh directory, and print them side by side
+    #[arg(long, conflicts_with_all = ["root_dir", "config_json"])]
+    compare_admission: bool,
 }
 
 /// A count that must be positive.
@@ -197,13 +208,23 @@ fn model_name(v: &str) -> Result<String, String> {
 }
 
 /// The text of a file.
+/// A write budget in MiB/s: positive.
+fn budget_mb(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && (0.001..=1e9).contains(&x) => Ok(x),
+        Ok(x) => Err(format!("{x} is outside 0.001 to 1e9")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn read_file(path: &str) -> Result<String, String> {
     std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
 
 impl Cli {
-    /// The simulator's config and the path of the JSON report, if asked for.
-    fn into_config(self) -> (SimConfig, Option<PathBuf>) {
+    /// The simulator's config, the path of the JSON report if asked for, and whether to
+    /// compare admission.
+    fn into_config(self) -> (SimConfig, Option<PathBuf>, bool) {
         let Self {
             workload: w,
             model: m,
@@ -244,6 +265,8 @@ impl Cli {
             dram_bytes: t.dram_mb << 20,
             root_dir: t.root_dir,
             fs_cap_gb: (t.fs_cap_gb > 0.0).then_some(t.fs_cap_gb),
+            fs_admit_after_lookups: t.fs_admit_after_lookups,
+            fs_write_budget_mb_per_s: t.fs_write_budget_mb_per_s,
             config_json: t.config_json,
             s3_endpoint: t.s3_endpoint,
             s3_bucket: t.s3_bucket,
@@ -255,15 +278,17 @@ impl Cli {
             metrics_addr: o.metrics_addr,
             ..SimConfig::default()
         };
-        (cfg, o.json)
+        (cfg, o.json, o.compare_admission)
     }
 }
 
 /// The tier flags `--config` replaces, by argument id.
-const TIER_FLAGS: [&str; 8] = [
+const TIER_FLAGS: [&str; 10] = [
     "dram_mb",
     "root_dir",
     "fs_cap_gb",
+    "fs_admit_after_lookups",
+    "fs_write_budget_mb_per_s",
     "s3_endpoint",
     "s3_bucket",
     "s3_access_key",
@@ -299,7 +324,7 @@ fn parse() -> Cli {
 }
 
 fn main() -> ExitCode {
-    let (cfg, json) = parse().into_config();
+    let (cfg, json, compare) = parse().into_config();
     kv_tier_examples::init_logging();
     eprintln!(
         "serve_sim: model {} ({} KiB blocks), {} streams x {} turns over {} shared prefixes of {} tokens",
@@ -310,6 +335,9 @@ fn main() -> ExitCode {
         cfg.prefixes,
         cfg.prefix_tokens
     );
+    if compare {
+        return compare_admission(cfg, json);
+    }
     match run(&cfg) {
         Ok(mut report) => {
             report.inputs.argv = std::env::args().collect();
@@ -330,6 +358,45 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--compare-admission`: the workload without, then with, the fs tier's admission rule.
+fn compare_admission(cfg: SimConfig, json: Option<PathBuf>) -> ExitCode {
+    let mut without = cfg.clone();
+    without.fs_admit_after_lookups = 0;
+    without.fs_write_budget_mb_per_s = None;
+    let mut with = cfg;
+    if with.fs_admit_after_lookups == 0 && with.fs_write_budget_mb_per_s.is_none() {
+        with.fs_admit_after_lookups = 2;
+    }
+    let mut reports = Vec::new();
+    for (what, c) in [("without admission", &without), ("with admission", &with)] {
+        eprintln!("serve_sim: run {} of 2, {what}", reports.len() + 1);
+        match run(c) {
+            Ok(mut r) => {
+                r.inputs.argv = std::env::args().collect();
+                print!("{what}:\n{}", render(&r));
+                reports.push(r);
+            }
+            Err(e) => {
+                eprintln!("serve_sim: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    print!(
+        "{}",
+        kv_tier_examples::sim::render_admission_comparison(&reports[0], &reports[1])
+    );
+    if let Some(path) = json {
+        let v = serde_json::json!({"without": reports[0], "with": reports[1]});
+        let text = serde_json::to_string_pretty(&v).expect("reports serialize");
+        if let Err(e) = std::fs::write(&path, text + "\n") {
+            eprintln!("serve_sim: --json {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -343,8 +410,9 @@ mod tests {
 
     #[test]
     fn no_flags_give_the_default_config() {
-        let (cfg, json) = Cli::parse_from(["serve_sim"]).into_config();
+        let (cfg, json, compare) = Cli::parse_from(["serve_sim"]).into_config();
         assert_eq!(cfg, SimConfig::default());
         assert_eq!(json, None);
+        assert!(!compare);
     }
 }

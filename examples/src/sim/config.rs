@@ -110,6 +110,10 @@ pub struct SimConfig {
     pub root_dir: Option<PathBuf>,
     /// The fs tier's cap in GiB (`None`: unbounded).
     pub fs_cap_gb: Option<f64>,
+    /// The fs tier's `admit_after_lookups` (0: every block).
+    pub fs_admit_after_lookups: u64,
+    /// The fs tier's `write_budget_mb_per_s` (`None`: no budget).
+    pub fs_write_budget_mb_per_s: Option<f64>,
     /// A tier config JSON (vLLM-shaped) replacing the built-in one.
     pub config_json: Option<String>,
     /// An S3 endpoint: adds an `obj` tier below the fs tier.
@@ -170,6 +174,8 @@ impl Default for SimConfig {
             dram_bytes: 1 << 30,
             root_dir: None,
             fs_cap_gb: Some(4.0),
+            fs_admit_after_lookups: 0,
+            fs_write_budget_mb_per_s: None,
             config_json: None,
             s3_endpoint: None,
             s3_bucket: "kv-tier".into(),
@@ -227,6 +233,18 @@ impl SimConfig {
             o.insert("gc_interval_s".into(), self.fs_gc_interval_s.into());
             o.insert("gc_stamp_interval_s".into(), self.fs_gc_stamp_s.into());
             o.insert("gc_grace_s".into(), self.fs_gc_grace_s.into());
+        }
+        {
+            let o = fs.as_object_mut().expect("object");
+            if self.fs_admit_after_lookups > 0 {
+                o.insert(
+                    "admit_after_lookups".into(),
+                    self.fs_admit_after_lookups.into(),
+                );
+            }
+            if let Some(mb) = self.fs_write_budget_mb_per_s {
+                o.insert("write_budget_mb_per_s".into(), mb.into());
+            }
         }
         let mut tiers = vec![fs];
         if let Some(endpoint) = &self.s3_endpoint {

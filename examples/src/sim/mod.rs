@@ -16,7 +16,10 @@ mod setup;
 mod step;
 
 pub use config::{DEFAULT_MODEL, ModelPreset, PRESETS, SimConfig, preset};
-pub use report::{DiskProbe, GcReport, Inputs, Report, TierReport, ideal_hit_rate, render};
+pub use report::{
+    DiskProbe, GcReport, Inputs, Report, TierReport, ideal_hit_rate, render,
+    render_admission_comparison,
+};
 
 use report::Progress;
 use setup::Setup;
