@@ -50,6 +50,45 @@
 //! # Ok::<(), kv_tier::Error>(())
 //! ```
 //!
+//! #### vLLM's config, unchanged
+//!
+//! A `kv_connector_extra_config` written for vLLM's tiering spec parses as is. vLLM's keys
+//! keep their meaning: `spec_name` (`"TieringOffloadingSpec"`), `cpu_bytes_to_use`,
+//! `block_size` or `blocks_per_chunk` (engine blocks per offloaded block: the layout's
+//! `blocks_per_file`), `eviction_policy` with `cache_policy_module_path` (a built-in policy
+//! only), `store_threshold` and `max_tracker_size` (DRAM admits a block once lookups asked for
+//! it that often); per tier `type`, `module_path` (a registered type only: tiers are Rust types
+//! registered at compile time), `enable_kv_events` (off by default, as in vLLM),
+//! `locality` (`"LOCAL"`/`"REMOTE"`, the locality its events carry), the fs tier's `root_dir`,
+//! `n_read_threads`, `n_write_threads` and the obj tier's `store_config`, `prefix`,
+//! `io_threads`. vLLM keys kv-tier does not implement (`offload_prompt_only`,
+//! `self_describing_kv_events`, `max_recompute_pending_tokens`, `canonical_layout`) are
+//! refused saying why. What vLLM's connector reads off the engine, the engine gives: the bytes
+//! of a block ([`KvTierConfig::block_size_bytes`]) and the namespace
+//! ([`TieringManagerBuilder::namespace`], or a `layout` in the config; see
+//! [`RunFields::from_layout`] for how `parallel_agnostic` and `replicated_layout` are decided
+//! as vLLM decides them).
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let mut cfg = kv_tier::KvTierConfig::from_json_str(&format!(r#"{{
+//!     "spec_name": "TieringOffloadingSpec",
+//!     "cpu_bytes_to_use": 4194304,
+//!     "eviction_policy": "lru",
+//!     "secondary_tiers": [{{"type": "fs", "root_dir": {:?}, "n_read_threads": 16,
+//!                           "enable_kv_events": true, "locality": "LOCAL"}}]
+//! }}"#, dir.path()))?;
+//! cfg.block_size_bytes = 65536; // the engine's: all layers' K and V of one block
+//! let ns = kv_tier::Namespace::new(
+//!     kv_tier::RunFields::new("org/model", "torch.bfloat16", 16),
+//!     0, // the worker rank
+//! )?;
+//! let manager = kv_tier::builder(cfg)?.namespace(ns).build_blocking()?;
+//! assert_eq!(manager.tier_names(), ["fs"]);
+//! # Ok(()) }
+//! ```
+//!
 //! ### 2. Building the manager
 //!
 //! [`builder`] gives a [`TieringManagerBuilder`] whose primary is the DRAM tier the config
