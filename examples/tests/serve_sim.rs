@@ -662,8 +662,14 @@ fn admission_after_two_lookups_writes_less_to_the_fs_tier_and_the_comparison_sho
     let (a, b) = (&without.tiers[0], &with.tiers[0]);
     assert_eq!((a.not_admitted, a.over_write_budget), (0, 0));
     assert!(b.not_admitted > 0, "{b:?}");
-    // every block the cascades offered was written or kept out (none is both)
-    assert!(a.blocks_written_new > 0 && b.blocks_written_new > 0);
+    // sync_steps makes both runs deterministic: the rule keeps writes out
+    assert!(b.blocks_written_new > 0, "{b:?}");
+    assert!(
+        b.blocks_written_new < a.blocks_written_new,
+        "with admission {} blocks written, without {}",
+        b.blocks_written_new,
+        a.blocks_written_new
+    );
     assert!(b.blocks_written_new <= b.blocks_stored, "{b:?}");
     assert_eq!(without.requests, with.requests, "the same workload");
     let text = kv_tier_examples::sim::render_admission_comparison(&without, &with);

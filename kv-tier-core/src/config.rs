@@ -116,6 +116,7 @@ impl TierSpec {
         };
         let module_path = match map.remove("module_path") {
             Some(Value::String(s)) if !s.is_empty() => Some(s),
+            Some(Value::Null) => None,
             Some(other) => {
                 return Err(Error::config(
                     format!("{field}.module_path"),
@@ -259,8 +260,10 @@ pub struct KvTierConfig {
     /// this field (policies here are compiled in).
     pub cache_policy_module_path: Option<String>,
     /// vLLM's `store_threshold`: a block enters DRAM (`prepare_store` admits it) only once
-    /// lookups have asked for it this many times (default 0; 0 and 1: every block, as in
-    /// vLLM; range 0 to 1,000,000). Counted over the last `max_tracker_size` keys asked for.
+    /// this many requests have looked it up (default 0; 0 and 1: every block, as in vLLM;
+    /// range 0 to 1,000,000). Counted over the last `max_tracker_size` keys asked for; a
+    /// request asking again while it waits counts once (vLLM counts every lookup call). vLLM
+    /// refuses it for its tiering spec; here it applies with secondary tiers too.
     pub store_threshold: u64,
     /// vLLM's `max_tracker_size`: how many keys the lookup counts of `store_threshold` and
     /// of the tiers' `admit_after_lookups` remember, least recently asked forgotten first

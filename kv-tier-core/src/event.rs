@@ -191,6 +191,12 @@ impl BoundedEvents {
         }
     }
 
+    /// Drops every event held, counting their keys as dropped.
+    pub fn discard(&mut self) {
+        self.dropped += self.keys;
+        self.take();
+    }
+
     /// Takes every event held, oldest first.
     pub fn take(&mut self) -> Vec<TierEvent> {
         self.keys = 0;
@@ -255,13 +261,14 @@ impl EventLog {
     }
 
     /// Applies the manager's settings: off records nothing from now on (and drops what is
-    /// held), a locality overrides the tier's, `max_keys` bounds what is held.
+    /// held, counted as dropped), a locality overrides the tier's, `max_keys` bounds what is
+    /// held.
     pub fn configure(&self, settings: EventSettings) {
         let mut st = self.lock();
         st.settings = settings;
         st.events.set_max_keys(settings.max_keys);
         if !settings.enabled {
-            st.events.take();
+            st.events.discard();
             st.open = None;
         }
     }
@@ -368,5 +375,51 @@ impl EventBatch {
     /// Adds a key (to the log, now).
     pub fn add(&self, key: BlockKey) {
         self.log.push_in_batch(self.id, key, self.removed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(i: u8) -> BlockKey {
+        BlockKey::from_hash32([i; 32], 0)
+    }
+
+    #[test]
+    fn a_batch_under_the_bound_keeps_its_newest_keys_and_goes_on_in_one_event() {
+        let log = std::sync::Arc::new(EventLog::new("fs", Medium::Storage, Locality::Local));
+        log.configure(EventSettings {
+            enabled: true,
+            locality: Some(Locality::Remote),
+            max_keys: 3,
+        });
+        let batch = EventBatch::new(log.clone(), false);
+        for i in 0..5 {
+            batch.add(k(i));
+        }
+        assert_eq!(log.dropped(), 2);
+        let ev = log.take();
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].keys, vec![k(2), k(3), k(4)]);
+        assert_eq!(ev[0].locality, Locality::Remote, "the configured locality");
+        // the batch goes on after a take: a new event
+        batch.add(k(5));
+        assert_eq!(log.take()[0].keys, vec![k(5)]);
+    }
+
+    #[test]
+    fn turning_events_off_drops_what_is_held_counted_and_records_nothing_after() {
+        let log = EventLog::new("fs", Medium::Storage, Locality::Local);
+        log.push(vec![k(1), k(2)], false);
+        log.configure(EventSettings {
+            enabled: false,
+            locality: None,
+            max_keys: 10,
+        });
+        assert_eq!(log.dropped(), 2);
+        log.push(vec![k(3)], true);
+        assert!(log.take().is_empty());
+        assert_eq!(log.dropped(), 2, "what is not recorded is not a loss");
     }
 }

@@ -117,8 +117,9 @@ impl RunFields {
     /// `kv_cache_groups`: none; `inference_engine`: `"vllm"`) and `parallel_agnostic` decided
     /// as vLLM decides it where the fields alone tell:
     ///
-    /// - `replicated_layout: true` makes the namespace agnostic (stating `parallel_agnostic:
-    ///   false` with it is refused);
+    /// - `replicated_layout: true` (only with `tp_size` above 1 and no other parallelism, as
+    ///   vLLM sets it) makes the namespace agnostic (stating `parallel_agnostic: false` with
+    ///   it is refused);
     /// - with context parallelism (`pcp_size` or `dcp_size` above 1), or several
     ///   `kv_cache_groups` without a `canonical_format`, vLLM never shares the namespace:
     ///   not agnostic;
@@ -159,6 +160,20 @@ impl RunFields {
         };
         let mut fields: RunFields = crate::json::from_value(Value::Object(map), field)?;
         let groups = fields.kv_cache_groups.len();
+        if fields.replicated_layout
+            && !(fields.tp_size > 1
+                && fields.pp_size == 1
+                && fields.pcp_size == 1
+                && fields.dcp_size == 1)
+        {
+            return Err(Error::config(
+                format!("{field}.replicated_layout"),
+                format!(
+                    "vLLM replicates the layout only across tensor-parallel ranks (tp_size > 1, pp_size, pcp_size and dcp_size 1), got tp {} pp {} pcp {} dcp {}",
+                    fields.tp_size, fields.pp_size, fields.pcp_size, fields.dcp_size
+                ),
+            ));
+        }
         fields.parallel_agnostic = match given {
             Some(false) if fields.replicated_layout => {
                 return Err(Error::config(

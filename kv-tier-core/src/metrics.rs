@@ -157,6 +157,13 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
         s.promotions_refused,
     );
     set_counter(
+        "kv_tier_dram_events_dropped_total",
+        "DRAM event keys dropped because its buffer was full.",
+        none,
+        s.events_dropped
+            .saturating_sub(s.tiers.iter().map(|t| t.events_dropped).sum::<u64>()),
+    );
+    set_counter(
         "kv_tier_stores_not_admitted_total",
         "Keys prepare_store left out: not looked up store_threshold times.",
         none,

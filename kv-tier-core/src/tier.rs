@@ -283,8 +283,9 @@ pub trait SecondaryTier: std::any::Any + Send + Sync + fmt::Debug {
     /// ([`StoreJob::requests`], [`LoadJob::requests`]). Never blocks. The default: nothing.
     fn on_new_request(&self, _req: &RequestContext) {}
 
-    /// The request is done and every store job it caused has ended (as vLLM forwards it).
-    /// Never blocks. The default: nothing.
+    /// The request is done and every store job it committed has ended (as vLLM forwards
+    /// it). Called with the manager's lock held, like `touch`: it must not block or call
+    /// back into the manager. The default: nothing.
     fn on_request_finished(&self, _req: RequestId) {}
 
     /// The tier's own statistics as a serialisable snapshot (see [`TierSnapshot`]); the

@@ -72,9 +72,11 @@ pub struct TierOptions {
     /// events carry. Absent: the tier's own ([`crate::TierInfo::locality`]). Events only: the
     /// manager's defaults (probe budget, write-back limit) follow the tier's own locality.
     pub locality: Option<Locality>,
-    /// `admit_after_lookups`: write a block to this tier only once lookups have asked for
-    /// it this many times (default 0: every block; range 0 to 1,000,000), counted over the
-    /// last `max_tracker_size` keys asked for. Saves writes (SSD endurance) of blocks that
+    /// `admit_after_lookups`: write a block to this tier only once this many requests have
+    /// looked it up (a request asking again while it waits counts once; default 0: every
+    /// block; range 0 to 1,000,000), counted over the last `max_tracker_size` keys asked
+    /// for. Checked when the block cascades from DRAM (its store completes): a block first
+    /// kept out is written if a later store of it passes. Saves writes (SSD endurance) of blocks that
     /// are never asked for again; blocks not admitted stay in the tiers above and are counted
     /// (`not_admitted`).
     pub admit_after_lookups: Option<u64>,
@@ -150,8 +152,10 @@ impl TierOptions {
                 format!("{field}.{k}")
             }
         };
+        // null: unspecified, as vLLM's None
         let locality = mine
             .remove("locality")
+            .filter(|v| !v.is_null())
             .map(|v| parse_locality(&v, &at("locality")))
             .transpose()?;
         #[derive(Deserialize)]

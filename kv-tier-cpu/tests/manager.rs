@@ -769,6 +769,8 @@ async fn a_local_tier_gets_local_defaults_and_stats_and_debug_name_things() {
 struct Recording {
     inner: Arc<MemoryTier>,
     log: std::sync::Mutex<Vec<String>>,
+    /// Stores wait for a permit while this is closed.
+    gate: tokio::sync::Semaphore,
 }
 
 impl Recording {
@@ -790,7 +792,10 @@ impl SecondaryTier for Recording {
     }
     async fn store(&self, job: StoreJob) -> kv_tier_core::JobResult {
         self.note(format!("store {:?} x{}", job.requests, job.blocks.len()));
-        self.inner.store(job).await
+        let _pass = self.gate.acquire().await;
+        let r = self.inner.store(job).await;
+        self.note("stored".into());
+        r
     }
     async fn load(&self, job: kv_tier_core::LoadJob) -> kv_tier_core::JobResult {
         self.note(format!("load {:?} x{}", job.requests, job.blocks.len()));
@@ -824,14 +829,25 @@ async fn jobs_carry_their_request_and_tiers_see_requests_start_and_finish() {
     let rec = Arc::new(Recording {
         inner: mem("rec"),
         log: Default::default(),
+        gate: tokio::sync::Semaphore::new(0), // stores held
     });
     let fx = manager(4, vec![rec.clone()]).await;
     let (r1, r2) = (RequestContext::new(1), RequestContext::new(2));
     fx.m.on_new_request(&r1);
     let keys: Vec<BlockKey> = (0..2).map(test_key).collect();
-    // r1 stores two blocks: the cascade to the tier is r1's
+    // r1 stores two blocks: the cascade to the tier is r1's; r1 finishes while it is held
     store(&fx.m, r1.id, &keys);
     fx.m.on_request_finished(r1.id);
+    for _ in 0..3 {
+        fx.m.on_schedule_end();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        rec.log(),
+        ["new RequestId(1)", "store [RequestId(1)] x2"],
+        "not finished for the tier while its store runs"
+    );
+    rec.gate.add_permits(1 << 20);
     fx.m.wait_idle().await;
     fx.m.on_schedule_end(); // applies the store's completion: r1's state may go now
     assert_eq!(
@@ -839,6 +855,7 @@ async fn jobs_carry_their_request_and_tiers_see_requests_start_and_finish() {
         [
             "new RequestId(1)",
             "store [RequestId(1)] x2",
+            "stored",
             "finished RequestId(1)"
         ]
     );

@@ -147,8 +147,47 @@ impl FsTierConfig {
     }
 
     /// Parses and validates a tier spec's options.
+    ///
+    /// The keys of the bounded-fs evictor in vLLM's tiering branch are taken too:
+    /// `max_storage_size_gb` is `gc_max_size_gb`, and `evictor_type` may be `"lru"` (what the
+    /// GC does: least recently used block files first, by mtime); its testing-only
+    /// `"fail_on_full"` is refused saying so.
     pub fn from_spec(spec: &TierSpec) -> Result<Self> {
-        let cfg: Self = spec.parse_options()?;
+        let mut options = spec.options.clone();
+        if let Some(v) = options.remove("max_storage_size_gb") {
+            if options.contains_key("gc_max_size_gb") {
+                return Err(Error::config(
+                    "max_storage_size_gb",
+                    "given with gc_max_size_gb, its kv-tier name: keep one",
+                ));
+            }
+            options.insert("gc_max_size_gb".into(), v);
+        }
+        match options.remove("evictor_type") {
+            None => {}
+            Some(serde_json::Value::String(t))
+                if t == "lru" && !options.contains_key("gc_max_size_gb") =>
+            {
+                return Err(Error::config(
+                    "evictor_type",
+                    "\"lru\" evicts down from max_storage_size_gb (or gc_max_size_gb), which is not given",
+                ));
+            }
+            Some(serde_json::Value::String(t)) if t == "lru" => {}
+            Some(serde_json::Value::String(t)) if t == "fail_on_full" => {
+                return Err(Error::config(
+                    "evictor_type",
+                    "\"fail_on_full\" (vLLM's testing-only evictor) is not implemented: the bounded tier evicts least recently used block files (\"lru\")",
+                ));
+            }
+            Some(other) => {
+                return Err(Error::config(
+                    "evictor_type",
+                    format!("must be \"lru\", got {other}"),
+                ));
+            }
+        }
+        let cfg: Self = kv_tier_core::config::from_value(serde_json::Value::Object(options), "")?;
         cfg.validate()?;
         Ok(cfg)
     }

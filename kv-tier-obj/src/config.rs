@@ -46,6 +46,32 @@ pub const STORE_CONFIG_KEYS: [&str; 8] = [
     "ca_bundle",
 ];
 
+/// Keys of newer versions of vLLM's `store_config` (options of its NIXL object backend)
+/// that kv-tier does not implement, with why.
+const NIXL_KEYS: [(&str, &str); 6] = [
+    (
+        "use_virtual_addressing",
+        "the S3 client here addresses buckets by path (what S3-compatible servers expect)",
+    ),
+    (
+        "req_checksum",
+        "integrity is the tier's own \"checksum\": \"crc32c\" (kept in the object's metadata)",
+    ),
+    (
+        "resp_checksum",
+        "integrity is the tier's own \"checksum\": \"crc32c\" (kept in the object's metadata)",
+    ),
+    ("accelerated", "S3 Transfer Acceleration is not supported"),
+    (
+        "type",
+        "the store is S3 or S3-compatible (or any object_store through ObjTier::with_store)",
+    ),
+    (
+        "backend_params",
+        "NIXL backend parameters have no meaning here",
+    ),
+];
+
 fn range(field: &str) -> (f64, f64) {
     RANGES
         .iter()
@@ -166,7 +192,7 @@ impl ObjTierConfig {
     pub fn from_spec(spec: &TierSpec) -> Result<Self> {
         let mut options = spec.options.clone();
         let nested = options.remove("store_config");
-        let vllm_shape = nested.is_some();
+        let mut nested_keys: Vec<String> = Vec::new();
         if let Some(nested) = nested {
             let serde_json::Value::Object(nested) = nested else {
                 return Err(Error::config(
@@ -175,6 +201,14 @@ impl ObjTierConfig {
                 ));
             };
             for (k, v) in nested {
+                if let Some((_, why)) = NIXL_KEYS.iter().find(|(n, _)| *n == k) {
+                    return Err(Error::config(
+                        format!("store_config.{k}"),
+                        format!(
+                            "an option of vLLM's NIXL object backend kv-tier does not implement: {why}"
+                        ),
+                    ));
+                }
                 if !STORE_CONFIG_KEYS.contains(&k.as_str()) {
                     return Err(Error::config(
                         format!("store_config.{k}"),
@@ -190,27 +224,46 @@ impl ObjTierConfig {
                         "given twice: in store_config and beside it; keep one",
                     ));
                 }
+                nested_keys.push(k.clone());
                 options.insert(k, v);
             }
-            if !options.contains_key("scheme") {
-                options.insert("scheme".into(), "http".into());
-            }
         }
+        let vllm_shape = !nested_keys.is_empty();
+        // vLLM writes "" for unset values, and its scheme defaults to http
+        if options
+            .get("scheme")
+            .is_some_and(|v| v.as_str() == Some(""))
+        {
+            options.remove("scheme");
+        }
+        if vllm_shape && !options.contains_key("scheme") {
+            options.insert("scheme".into(), "http".into());
+        }
+        // vLLM's endpoint_override is a host[:port], its scheme apart
+        if let Some(serde_json::Value::String(e)) = options.get("endpoint_override")
+            && !e.is_empty()
+            && !e.contains("://")
+        {
+            let scheme = match options.get("scheme").and_then(|v| v.as_str()) {
+                Some(s) => s.to_ascii_lowercase(),
+                None => "https".into(),
+            };
+            let url = format!("{scheme}://{e}");
+            options.insert("endpoint_override".into(), url.into());
+        }
+        let rename = |e: Error| match e {
+            // an error about a key written in store_config names it there
+            Error::InvalidConfig { field, reason } if nested_keys.contains(&field) => {
+                Error::config(format!("store_config.{field}"), reason)
+            }
+            e => e,
+        };
         let mut c: Self = kv_tier_core::config::from_value(serde_json::Value::Object(options), "")
-            .map_err(|e| match e {
-                // a nested key's error names it where it was written
-                Error::InvalidConfig { field, reason }
-                    if vllm_shape
-                        && STORE_CONFIG_KEYS.contains(&field.as_str())
-                        && !spec.options.contains_key(&field) =>
-                {
-                    Error::config(format!("store_config.{field}"), reason)
-                }
-                e => e,
-            })?;
-        // vLLM writes "" for unset values
+            .map_err(rename)?;
         for v in [
             &mut c.endpoint_override,
+            &mut c.access_key,
+            &mut c.secret_key,
             &mut c.session_token,
             &mut c.region,
             &mut c.ca_bundle,
@@ -219,7 +272,7 @@ impl ObjTierConfig {
                 *v = None;
             }
         }
-        c.validate()?;
+        c.validate().map_err(rename)?;
         Ok(c)
     }
 

@@ -22,11 +22,12 @@ impl ObjTier {
         self.shared.path(key).to_string()
     }
 
-    /// The key vLLM's obj tier gives the same block in the same bucket and prefix (its
-    /// `f"{prefix}/"` root joined to the fs layout's path with another `/`): with a prefix
-    /// it holds `//`, without one it starts with `/`. kv-tier cannot write or read those
-    /// keys (see the crate README, "Sharing a bucket with vLLM"): it is [`ObjTier::object_path`]
-    /// with the empty path segments put back, for migrating a bucket between the two.
+    /// The key vLLM's obj tier hands its client for the same block in the same bucket and
+    /// prefix (its `f"{prefix}/"` root joined to the fs layout's path with another `/`):
+    /// with a prefix it holds `//`, without one it starts with `/`. It is
+    /// [`ObjTier::object_path`] with the empty path segment put back; the AWS C++ SDK under
+    /// vLLM collapses it by default, so the object lands at kv-tier's key (see the crate
+    /// README, "Sharing a bucket with vLLM").
     pub fn vllm_object_key(&self, key: &BlockKey) -> String {
         let root = if self.shared.prefix.is_empty() {
             String::new()

@@ -394,7 +394,7 @@ fn every_bad_option_names_its_field() {
         (r#"{"bucket": "b", "max_size_gb": -1}"#, "max_size_gb"),
         (r#"{"bucket": "b", "low_watermark": 2}"#, "low_watermark"),
         (
-            r#"{"bucket": "b", "endpoint_override": "localhost:9000"}"#,
+            r#"{"bucket": "b", "endpoint_override": "localhost:notaport"}"#,
             "endpoint_override",
         ),
         (

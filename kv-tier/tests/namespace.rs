@@ -109,6 +109,13 @@ fn canonical_format_is_hashed_only_when_set() {
         with.config_json()
             .contains("\"canonical_format\": \"fmt-v1\"")
     );
+    let storage =
+        namespace_of(&config(dir.path(), &layout(r#", "storage_format": "sf1""#)).unwrap());
+    assert_eq!(
+        storage.digest(),
+        "e2a37cdcc4f7",
+        "storage_format is hashed when set"
+    );
     let without = namespace_of(&config(dir.path(), &layout("")).unwrap());
     assert!(!without.canonical_json().contains("canonical_format"));
     assert_ne!(with.digest(), without.digest());
@@ -157,14 +164,28 @@ fn the_parallel_agnostic_decision_follows_vllm_or_is_refused_when_the_fields_can
             "{extra}"
         );
     }
-    // one TP rank, one group: agnostic, vLLM's answer for a standard model
+    // one TP rank, one group: agnostic, vLLM's answer for a standard (non-MLA) model
+    let standard = r#"{"model_name": "meta-llama/Llama-3.1-8B-Instruct", "dtype": "torch.bfloat16", "tokens_per_hash": 16}"#;
     assert!(
-        namespace_of(&config(dir.path(), &layout("")).unwrap())
+        namespace_of(&config(dir.path(), standard).unwrap())
             .fields()
             .parallel_agnostic
     );
+    // an MLA model (this one) is not shared by vLLM unless replicated: it says so
+    let ns = namespace_of(&config(dir.path(), &layout(r#", "parallel_agnostic": false"#)).unwrap());
+    assert!(ns.canonical_json().contains("\"parallel_agnostic\":false"));
+    // vLLM replicates only across TP ranks
+    for extra in [
+        r#", "replicated_layout": true"#,
+        r#", "replicated_layout": true, "tp_size": 2, "pp_size": 2"#,
+        r#", "replicated_layout": true, "tp_size": 2, "dcp_size": 2"#,
+    ] {
+        let (field, _) = err(extra);
+        assert_eq!(field, "layout.replicated_layout", "{extra}");
+    }
     // contradictions
-    let (field, _) = err(r#", "replicated_layout": true, "parallel_agnostic": false"#);
+    let (field, _) =
+        err(r#", "tp_size": 2, "replicated_layout": true, "parallel_agnostic": false"#);
     assert_eq!(field, "layout.parallel_agnostic");
     let (field, _) = err(r#", "parallel_agnostic": "yes""#);
     assert_eq!(field, "layout.parallel_agnostic");

@@ -120,14 +120,15 @@ fn the_fs_and_obj_shape_builds_unchanged_and_events_follow_each_tier() {
             {{"type": "fs", "root_dir": {:?}}},
             {{"type": "obj", "prefix": "kv", "io_threads": 4,
               "enable_kv_events": true, "locality": "remote",
-              "store_config": {{"bucket": "{}", "endpoint_override": "{}",
+              "store_config": {{"bucket": "{}", "endpoint_override": "{}", "scheme": "http",
                                 "access_key": "{}", "secret_key": "{}",
                                 "session_token": "", "region": "", "ca_bundle": ""}}}}
         ]}}"#,
         64 * BS,
         dir.path(),
         s3::BUCKET,
-        server.endpoint,
+        // vLLM's form: host:port, the scheme in its own key
+        server.endpoint.trim_start_matches("http://"),
         s3::AK,
         s3::SK
     );
@@ -185,7 +186,8 @@ fn the_bounded_fs_shape_of_the_fork_builds_unchanged() {
         "blocks_per_chunk": 1,
         "secondary_tiers": [
             {{"type": "fs", "root_dir": {:?}, "n_read_threads": 8, "n_write_threads": 8,
-              "gc_max_size_gb": 0.5, "gc_low_watermark": 0.8, "gc_grace_s": 60,
+              "max_storage_size_gb": 0.5, "evictor_type": "lru",
+              "gc_low_watermark": 0.8, "gc_grace_s": 60,
               "gc_interval_s": 10, "gc_stamp_interval_s": 30, "enable_kv_events": false}}
         ]}}"#,
         64 * BS,
@@ -280,6 +282,24 @@ fn vllm_values_kv_tier_cannot_honour_are_refused_naming_the_field() {
             "secondary_tiers[0].store_config",
             "object",
         ),
+        (
+            r#"{"cpu_bytes_to_use": 1048576, "secondary_tiers": [{"type": "obj", "store_config": {"bucket": "b", "endpoint_override": "h:1", "use_virtual_addressing": true}}]}"#.to_string(),
+            "secondary_tiers[0].store_config.use_virtual_addressing",
+            "NIXL",
+        ),
+        (
+            r#"{"cpu_bytes_to_use": 1048576, "secondary_tiers": [{"type": "obj", "store_config": {"bucket": "b", "endpoint_override": "h:notaport"}}]}"#.to_string(),
+            "secondary_tiers[0].store_config.endpoint_override",
+            "",
+        ),
+        (
+            r#"{"cpu_bytes_to_use": 1048576, "secondary_tiers": [{"type": "obj", "store_config": {"bucket": "b b"}}]}"#.to_string(),
+            "secondary_tiers[0].store_config.bucket",
+            "",
+        ),
+        (base(r#", "evictor_type": "fail_on_full", "max_storage_size_gb": 1"#, ""), "secondary_tiers[0].evictor_type", "lru"),
+        (base(r#", "evictor_type": "lru""#, ""), "secondary_tiers[0].evictor_type", "max_storage_size_gb"),
+        (base(r#", "max_storage_size_gb": 1, "gc_max_size_gb": 1"#, ""), "secondary_tiers[0].max_storage_size_gb", "keep one"),
     ];
     for (text, field, hint) in cases {
         let (f, reason) = refused(&text);
@@ -399,8 +419,14 @@ fn store_threshold_admits_to_dram_only_blocks_looked_up_that_often() {
     assert!(p.slots().is_empty(), "no slot before the second lookup");
     drop(p);
     assert_eq!(m.stats().stores_not_admitted, 2);
-    // a's second lookup (b is past the miss at a, and counts too, as in vLLM)
+    // the same request asking again (polling while it waits) does not count twice
     m.lookup(&a, &req);
+    let mut p = m.prepare_store(&[a]).unwrap();
+    assert!(p.slots().is_empty(), "one request asked, twice");
+    drop(p);
+    // another request's lookup of a: two requests asked for it (b, past the miss at a,
+    // was asked for by one)
+    m.lookup(&a, &kv_tier::RequestContext::new(2));
     let mut p = m.prepare_store(&[a, b]).unwrap();
     let slots: Vec<BlockKey> = p.slots().iter().map(|(k, _)| *k).collect();
     assert_eq!(slots, [a], "a asked twice, b once");
@@ -409,7 +435,7 @@ fn store_threshold_admits_to_dram_only_blocks_looked_up_that_often() {
     }
     p.commit(RequestId(1));
     assert_eq!(m.lookup(&a, &req), kv_tier::LookupResult::Hit);
-    assert_eq!(m.stats().stores_not_admitted, 3);
+    assert_eq!(m.stats().stores_not_admitted, 4);
 }
 
 #[test]
@@ -421,12 +447,17 @@ fn a_tier_admits_after_n_lookups_and_within_its_write_budget() {
            {"type": "memory", "name": "budget", "write_budget_mb_per_s": 1},
            {"type": "memory", "name": "all"}"#,
     );
-    let req = kv_tier::RequestContext::new(1);
+    let (r1, r2) = (
+        kv_tier::RequestContext::new(1),
+        kv_tier::RequestContext::new(2),
+    );
     let twice: Vec<_> = (0..4).map(test_key).collect();
     let once: Vec<_> = (10..30).map(test_key).collect();
-    m.lookup_prefix(&twice, &req);
-    m.lookup_prefix(&twice, &req);
-    m.lookup_prefix(&once, &req);
+    m.lookup_prefix(&twice, &r1);
+    m.lookup_prefix(&twice, &r2);
+    // one request polling: counts once
+    m.lookup_prefix(&once, &r1);
+    m.lookup_prefix(&once, &r1);
     let mut all = twice.clone();
     all.extend(&once);
     store(&m, &all);
@@ -437,8 +468,8 @@ fn a_tier_admits_after_n_lookups_and_within_its_write_budget() {
     assert_eq!(ssd.len(), 4, "only the blocks asked for twice");
     assert!(twice.iter().all(|k| ssd.get(k).is_some()));
     assert!(
-        (1..=17).contains(&tier("budget").len()),
-        "about one second of budget: {}",
+        (16..=17).contains(&tier("budget").len()),
+        "one second of budget (16 blocks, one more if the clock ticked): {}",
         tier("budget").len()
     );
     let s = m.stats();

@@ -10,13 +10,16 @@ use std::time::Instant;
 use rustc_hash::FxHashMap;
 
 use crate::key::BlockKey;
+use crate::request::RequestId;
 use crate::tier_options::TierSettings;
 
-/// How many times lookups asked for each of the last `max` keys asked for (least recently
-/// asked forgotten first), vLLM's `max_tracker_size`.
+/// How many requests asked for each of the last `max` keys asked for (least recently asked
+/// forgotten first), vLLM's `max_tracker_size`. A request asking again for a key it was the
+/// last to ask for (polling while it waits) does not count again.
 #[derive(Debug)]
 pub(super) struct LookupCounts {
-    map: FxHashMap<BlockKey, (u64, u64)>,
+    /// key -> (requests that asked, sequence of the last ask, the last request that asked)
+    map: FxHashMap<BlockKey, (u64, u64, RequestId)>,
     order: VecDeque<(BlockKey, u64)>,
     next: u64,
     max: usize,
@@ -32,12 +35,15 @@ impl LookupCounts {
         }
     }
 
-    pub(super) fn bump(&mut self, key: BlockKey) {
+    pub(super) fn bump(&mut self, key: BlockKey, req: RequestId) {
         let seq = self.next;
         self.next += 1;
-        let e = self.map.entry(key).or_insert((0, seq));
-        e.0 += 1;
+        let e = self.map.entry(key).or_insert((0, seq, req));
+        if e.0 == 0 || e.2 != req {
+            e.0 += 1;
+        }
         e.1 = seq;
+        e.2 = req;
         self.order.push_back((key, seq));
         while self.map.len() > self.max {
             let Some((k, s)) = self.order.pop_front() else {
@@ -138,10 +144,18 @@ impl Admission {
         }
     }
 
-    /// A lookup asked for `key`.
-    pub(super) fn asked(&mut self, key: &BlockKey) {
+    /// Request `req` asked for `key`.
+    pub(super) fn asked(&mut self, key: &BlockKey, req: RequestId) {
         if let Some(c) = &mut self.counts {
-            c.bump(*key);
+            c.bump(*key, req);
+        }
+    }
+
+    /// Gives tier `i`'s write budget back the bytes of `n` blocks it was charged for and did
+    /// not write (dropped or already queued past the budget).
+    pub(super) fn refund(&mut self, i: usize, n: u64, block_bytes: u64) {
+        if let Some(b) = &mut self.tiers[i].1 {
+            b.level = (b.level + (n * block_bytes) as f64).min(b.cap);
         }
     }
 
@@ -201,17 +215,19 @@ mod tests {
 
     #[test]
     fn counts_remember_the_most_recently_asked_keys_only() {
+        let r = RequestId;
         let mut c = LookupCounts::new(2);
-        c.bump(k(1));
-        c.bump(k(1));
-        c.bump(k(2));
+        c.bump(k(1), r(1));
+        c.bump(k(1), r(1)); // the same request polling: counted once
+        c.bump(k(1), r(2));
+        c.bump(k(2), r(1));
         assert_eq!((c.count(&k(1)), c.count(&k(2))), (2, 1));
-        c.bump(k(1)); // k(2) is now the least recently asked
-        c.bump(k(3));
+        c.bump(k(1), r(3)); // k(2) is now the least recently asked
+        c.bump(k(3), r(1));
         assert_eq!((c.count(&k(1)), c.count(&k(2)), c.count(&k(3))), (3, 0, 1));
         assert_eq!(c.len(), 2);
-        for _ in 0..10_000 {
-            c.bump(k(1));
+        for i in 0..10_000 {
+            c.bump(k(1), r(10 + i % 2));
         }
         assert!(c.order.len() <= 2 * 2 + 64, "stale entries stay bounded");
         assert_eq!(c.count(&k(1)), 10_003);

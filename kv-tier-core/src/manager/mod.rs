@@ -187,7 +187,7 @@ impl TieringManager {
     /// at or before it), or `req` finishes.
     pub fn lookup(&self, key: &BlockKey, req: &RequestContext) -> LookupResult {
         let mut st = self.begin();
-        st.admission.asked(key);
+        st.admission.asked(key, req.id);
         self.lookup_inner(&mut st, key, req, || {})
     }
 
@@ -210,7 +210,7 @@ impl TieringManager {
         let mut st = self.begin();
         // every key asked for counts towards admission, past a miss too (as vLLM counts)
         for k in keys {
-            st.admission.asked(k);
+            st.admission.asked(k, req.id);
         }
         let mut results = Vec::with_capacity(keys.len());
         let mut pins: Vec<BlockSource> = Vec::new();
@@ -367,12 +367,19 @@ impl TieringManager {
         let keys = if st.admission.dram_admits_all() {
             keys
         } else {
+            let mut left_out = 0;
             admitted = keys
                 .iter()
-                .filter(|k| st.admission.dram_admits(k))
+                .filter(|k| {
+                    // a key already in DRAM is not a store: neither admitted nor left out
+                    let admit =
+                        st.admission.dram_admits(k) || self.primary.lookup(k) != LookupResult::Miss;
+                    left_out += u64::from(!admit);
+                    admit
+                })
                 .copied()
                 .collect();
-            st.stats.stores_not_admitted += (keys.len() - admitted.len()) as u64;
+            st.stats.stores_not_admitted += left_out;
             &admitted[..]
         };
         let new: FxHashSet<&BlockKey> = keys
@@ -423,6 +430,12 @@ impl TieringManager {
             st.stats.tiers[i].not_admitted += adm.not_admitted;
             st.stats.tiers[i].over_write_budget += adm.over_budget;
             let a = st.write_back.admit(i, adm.blocks);
+            // what the write-back did not take was not written: its budget is not spent
+            st.admission.refund(
+                i,
+                a.dropped + a.duplicates,
+                self.primary.block_size() as u64,
+            );
             st.stats.tiers[i].writes_dropped += a.dropped;
             st.stats.tiers[i].writes_deduplicated += a.duplicates;
             if a.blocks.is_empty() {
@@ -491,7 +504,7 @@ impl TieringManager {
     /// ([`SecondaryTier::on_new_request`]) for request-level policies. Optional: lookups and
     /// jobs work without it.
     pub fn on_new_request(&self, req: &RequestContext) {
-        let _st = self.begin();
+        // off the manager's lock: a tier's hook may take locks of its own
         for t in &self.tiers {
             crate::tier::hook_caught(&**t, "on_new_request", |t| t.on_new_request(req));
         }
