@@ -248,7 +248,10 @@ pub struct KvTierConfig {
     pub block_size_bytes: u64,
     /// vLLM's `block_size`: tokens per offloaded block (a multiple of the layout's
     /// `tokens_per_hash`, the engine's block size; it sets the layout's `blocks_per_file`,
-    /// as vLLM sets `blocks_per_chunk`). Not with `blocks_per_chunk`.
+    /// as vLLM sets `blocks_per_chunk`). Not with `blocks_per_chunk`. vLLM divides by its KV
+    /// group's block size times the decode context-parallel size; here `tokens_per_hash`
+    /// stands for both, which is the same for a single-group model without decode context
+    /// parallelism: other runs give `blocks_per_chunk` instead.
     pub block_size_tokens: Option<u64>,
     /// vLLM's `blocks_per_chunk`: engine blocks per offloaded block (default 1, range 1 to
     /// 65,536); the layout's `blocks_per_file`. Not with `block_size`.

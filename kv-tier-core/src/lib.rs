@@ -36,8 +36,8 @@ pub use stats::{
     TierStats,
 };
 pub use tier::{
-    Capability, JobResult, LoadJob, PreparedStore, PrimaryStats, PrimaryTier, ProtectGuard,
-    ProtectionSet, SecondaryTier, StoreJob, TierInfo,
+    Capability, JobResult, LoadJob, OffloadPolicy, PreparedStore, PrimaryStats, PrimaryTier,
+    ProtectGuard, ProtectionSet, SecondaryTier, StoreJob, TierInfo,
 };
 pub use tier_options::{TierOptions, TierSettings, WriteBackPolicy};
 

@@ -278,10 +278,15 @@ pub trait SecondaryTier: std::any::Any + Send + Sync + fmt::Debug {
     }
 
     /// A request the engine started ([`crate::TieringManager::on_new_request`], vLLM's
-    /// `on_new_request`), for tiers with request-level policies (vLLM's `REQUEST_LEVEL`
-    /// offload) or peer-to-peer transfers; the manager's jobs for it carry its id
-    /// ([`StoreJob::requests`], [`LoadJob::requests`]). Never blocks. The default: nothing.
-    fn on_new_request(&self, _req: &RequestContext) {}
+    /// `on_new_request`), for tiers with request-level policies or peer-to-peer transfers;
+    /// the manager's jobs for it carry its id ([`StoreJob::requests`], [`LoadJob::requests`]).
+    /// Answering [`OffloadPolicy::RequestLevel`] asks for every block the request stores,
+    /// the ones already in DRAM (its prefix hits) included, as vLLM's `REQUEST_LEVEL`
+    /// tiers get them. Never blocks. The default: [`OffloadPolicy::ChunkLevel`] (the blocks
+    /// the request newly stores).
+    fn on_new_request(&self, _req: &RequestContext) -> OffloadPolicy {
+        OffloadPolicy::ChunkLevel
+    }
 
     /// The request is done and every store job it committed has ended (as vLLM forwards
     /// it). Called with the manager's lock held, like `touch`: it must not block or call
@@ -474,6 +479,16 @@ pub(crate) fn touch_caught(tier: &dyn SecondaryTier, keys: &[BlockKey]) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tier.touch(keys))).is_err() {
         tracing::error!(keys = keys.len(), "a tier panicked in touch()");
     }
+}
+
+/// Which of a request's blocks a tier is sent (vLLM's `OffloadPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OffloadPolicy {
+    /// The blocks the request newly stores (vLLM's `CHUNK_LEVEL`; the default).
+    #[default]
+    ChunkLevel,
+    /// Every block the request stores, those already in DRAM included (`REQUEST_LEVEL`).
+    RequestLevel,
 }
 
 /// A request hook of a tier, with a panic of the tier caught (logged).

@@ -771,6 +771,19 @@ struct Recording {
     log: std::sync::Mutex<Vec<String>>,
     /// Stores wait for a permit while this is closed.
     gate: tokio::sync::Semaphore,
+    /// What it answers `on_new_request`.
+    policy: kv_tier_core::OffloadPolicy,
+}
+
+impl Recording {
+    fn new(name: &str, policy: kv_tier_core::OffloadPolicy, open: bool) -> Arc<Self> {
+        Arc::new(Self {
+            inner: mem(name),
+            log: Default::default(),
+            gate: tokio::sync::Semaphore::new(if open { 1 << 20 } else { 0 }),
+            policy,
+        })
+    }
 }
 
 impl Recording {
@@ -791,7 +804,13 @@ impl SecondaryTier for Recording {
         self.inner.lookup(keys).await
     }
     async fn store(&self, job: StoreJob) -> kv_tier_core::JobResult {
-        self.note(format!("store {:?} x{}", job.requests, job.blocks.len()));
+        let mut keys = job.keys();
+        keys.sort();
+        self.note(format!(
+            "store {:?} x{} {keys:?}",
+            job.requests,
+            job.blocks.len()
+        ));
         let _pass = self.gate.acquire().await;
         let r = self.inner.store(job).await;
         self.note("stored".into());
@@ -813,8 +832,9 @@ impl SecondaryTier for Recording {
     fn take_events(&self) -> Vec<kv_tier_core::TierEvent> {
         self.inner.take_events()
     }
-    fn on_new_request(&self, req: &RequestContext) {
+    fn on_new_request(&self, req: &RequestContext) -> kv_tier_core::OffloadPolicy {
         self.note(format!("new {:?}", req.id));
+        self.policy
     }
     fn on_request_finished(&self, req: RequestId) {
         self.note(format!("finished {req:?}"));
@@ -826,15 +846,18 @@ impl SecondaryTier for Recording {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_carry_their_request_and_tiers_see_requests_start_and_finish() {
-    let rec = Arc::new(Recording {
-        inner: mem("rec"),
-        log: Default::default(),
-        gate: tokio::sync::Semaphore::new(0), // stores held
-    });
+    // stores held
+    let rec = Recording::new("rec", kv_tier_core::OffloadPolicy::ChunkLevel, false);
     let fx = manager(4, vec![rec.clone()]).await;
     let (r1, r2) = (RequestContext::new(1), RequestContext::new(2));
-    fx.m.on_new_request(&r1);
+    assert_eq!(
+        fx.m.on_new_request(&r1),
+        kv_tier_core::OffloadPolicy::ChunkLevel
+    );
     let keys: Vec<BlockKey> = (0..2).map(test_key).collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    let stored_line = format!("store [RequestId(1)] x2 {sorted:?}");
     // r1 stores two blocks: the cascade to the tier is r1's; r1 finishes while it is held
     store(&fx.m, r1.id, &keys);
     fx.m.on_request_finished(r1.id);
@@ -844,7 +867,7 @@ async fn jobs_carry_their_request_and_tiers_see_requests_start_and_finish() {
     }
     assert_eq!(
         rec.log(),
-        ["new RequestId(1)", "store [RequestId(1)] x2"],
+        ["new RequestId(1)", stored_line.as_str()],
         "not finished for the tier while its store runs"
     );
     rec.gate.add_permits(1 << 20);
@@ -854,7 +877,7 @@ async fn jobs_carry_their_request_and_tiers_see_requests_start_and_finish() {
         rec.log(),
         [
             "new RequestId(1)",
-            "store [RequestId(1)] x2",
+            stored_line.as_str(),
             "stored",
             "finished RequestId(1)"
         ]
@@ -881,5 +904,58 @@ async fn jobs_carry_their_request_and_tiers_see_requests_start_and_finish() {
     assert_eq!(
         log.last().map(String::as_str),
         Some("finished RequestId(2)")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_level_tier_also_gets_the_blocks_already_in_dram() {
+    use kv_tier_core::OffloadPolicy;
+    let rl = Recording::new("rl", OffloadPolicy::RequestLevel, true);
+    let chunk = Recording::new("chunk", OffloadPolicy::ChunkLevel, true);
+    let fx = manager(8, vec![rl.clone(), chunk.clone()]).await;
+    let (a, b) = (test_key(1), test_key(2));
+    // r1 computes a: both tiers get it
+    let r1 = RequestContext::new(1);
+    assert_eq!(fx.m.on_new_request(&r1), OffloadPolicy::RequestLevel);
+    store(&fx.m, r1.id, &[a]);
+    fx.m.wait_idle().await;
+    // r2 finds a in DRAM and computes b: the chunk-level tier gets b, the request-level
+    // tier a and b
+    let r2 = RequestContext::new(2);
+    fx.m.on_new_request(&r2);
+    store(&fx.m, r2.id, &[a, b]);
+    fx.m.wait_idle().await;
+    let stores = |t: &Recording| -> Vec<String> {
+        t.log()
+            .into_iter()
+            .filter(|l| l.starts_with("store ["))
+            .collect()
+    };
+    let mut ab = vec![a, b];
+    ab.sort();
+    assert_eq!(
+        stores(&chunk),
+        [
+            format!("store [RequestId(1)] x1 {:?}", [a]),
+            format!("store [RequestId(2)] x1 {:?}", [b])
+        ]
+    );
+    assert_eq!(
+        stores(&rl),
+        [
+            format!("store [RequestId(1)] x1 {:?}", [a]),
+            format!("store [RequestId(2)] x2 {ab:?}")
+        ]
+    );
+    // once r2 is finished its request-level state is gone: a later store under its id
+    // sends the request-level tier only the new block
+    fx.m.on_request_finished(r2.id);
+    fx.m.on_schedule_end();
+    let c = test_key(3);
+    store(&fx.m, r2.id, &[a, c]);
+    fx.m.wait_idle().await;
+    assert_eq!(
+        stores(&rl).last().unwrap(),
+        &format!("store [RequestId(2)] x1 {:?}", [c])
     );
 }

@@ -268,6 +268,7 @@ impl TieringManagerBuilder {
                 shut_down: false,
                 write_back,
                 admission,
+                request_level: FxHashMap::default(),
             }),
             primary,
             tiers,

@@ -32,8 +32,8 @@ use jobs::{Completion, Job, JobInfo};
 pub use pending::PendingStore;
 
 use crate::tier::{
-    PreparedStore, PrimaryTier, SecondaryTier, StoreJob, stats_caught, take_events_caught,
-    touch_caught,
+    OffloadPolicy, PreparedStore, PrimaryTier, SecondaryTier, StoreJob, stats_caught,
+    take_events_caught, touch_caught,
 };
 struct State {
     in_step: bool,
@@ -54,6 +54,8 @@ struct State {
     shut_down: bool,
     write_back: write_back::WriteBack,
     admission: admission::Admission,
+    /// Per request, the tiers that asked for its blocks at request level.
+    request_level: FxHashMap<RequestId, Vec<usize>>,
 }
 /// The tiering manager: answers lookups without blocking, cascades stores to every secondary
 /// tier, and promotes secondary hits into DRAM in batched background jobs.
@@ -403,7 +405,12 @@ impl TieringManager {
     /// dropped; see [`PendingStore`]). Committed for a request, the blocks become `Hit` in
     /// DRAM and one store job per secondary tier copies them down; aborted (`None`), the slots
     /// are freed and nothing cascades.
-    fn finish_store(&self, keys: &[BlockKey], commit: Option<RequestId>) {
+    ///
+    /// A tier that asked for the request's blocks at request level
+    /// ([`OffloadPolicy::RequestLevel`] from [`SecondaryTier::on_new_request`]) also gets the
+    /// store's keys that were already in DRAM (`present`), as vLLM sends prefix hits to such
+    /// tiers.
+    fn finish_store(&self, keys: &[BlockKey], present: &[BlockKey], commit: Option<RequestId>) {
         let mut st = self.begin();
         // a store's slots are its own: a slot a promotion reserved is never handed to one
         debug_assert!(!keys.iter().any(|k| st.promoting.contains_key(k)));
@@ -411,17 +418,35 @@ impl TieringManager {
             .unreserve(keys, self.primary.block_size() as u64);
         let stored = self.primary.complete_store(keys, commit.is_some());
         let Some(req) = commit else { return };
-        if stored.is_empty() || self.tiers.is_empty() || st.shut_down {
+        let request_level = st.request_level.get(&req).cloned().unwrap_or_default();
+        let present: &[BlockKey] = if request_level.is_empty() {
+            &[]
+        } else {
+            present
+        };
+        if (stored.is_empty() && present.is_empty()) || self.tiers.is_empty() || st.shut_down {
             return;
         }
         let sources = self.primary.sources(&stored);
+        let present_sources = self.primary.sources(present);
         st.stats.cascades += 1;
         for i in 0..self.tiers.len() {
-            let blocks: Vec<_> = stored
+            let mut blocks: Vec<_> = stored
                 .iter()
                 .zip(&sources)
                 .filter_map(|(k, s)| s.clone().map(|s| (*k, s)))
                 .collect();
+            if request_level.contains(&i) {
+                blocks.extend(
+                    present
+                        .iter()
+                        .zip(&present_sources)
+                        .filter_map(|(k, s)| s.clone().map(|s| (*k, s))),
+                );
+            }
+            if blocks.is_empty() {
+                continue;
+            }
             // the tier's admission rule and write budget, then its write-back bound (its
             // policy decides past it)
             let adm = st
@@ -503,16 +528,35 @@ impl TieringManager {
     /// A request the engine starts (vLLM's `on_new_request`): passed to every tier
     /// ([`SecondaryTier::on_new_request`]) for request-level policies. Optional: lookups and
     /// jobs work without it.
-    pub fn on_new_request(&self, req: &RequestContext) {
-        // off the manager's lock: a tier's hook may take locks of its own
-        for t in &self.tiers {
-            crate::tier::hook_caught(&**t, "on_new_request", |t| t.on_new_request(req));
+    ///
+    /// A tier answering [`OffloadPolicy::RequestLevel`] gets every block the request stores,
+    /// those already in DRAM included (vLLM's `REQUEST_LEVEL`); the answer is
+    /// `RequestLevel` if any tier asked for it.
+    pub fn on_new_request(&self, req: &RequestContext) -> OffloadPolicy {
+        // the hooks run off the manager's lock: a tier's may take locks of its own
+        let mut request_level = Vec::new();
+        for (i, t) in self.tiers.iter().enumerate() {
+            let mut policy = OffloadPolicy::ChunkLevel;
+            crate::tier::hook_caught(&**t, "on_new_request", |t| {
+                policy = t.on_new_request(req);
+            });
+            if policy == OffloadPolicy::RequestLevel {
+                request_level.push(i);
+            }
         }
+        if request_level.is_empty() {
+            return OffloadPolicy::ChunkLevel;
+        }
+        lock(&self.state)
+            .request_level
+            .insert(req.id, request_level);
+        OffloadPolicy::RequestLevel
     }
 
     /// The request's per-request state goes, in the probe caches and in every tier (once its
     /// store jobs have ended).
     fn request_done(&self, st: &mut State, req: RequestId) {
+        st.request_level.remove(&req);
         for l in &mut st.lookups {
             l.finish_request(req);
         }

@@ -65,7 +65,8 @@ impl<'m> PendingStore<'m> {
     /// block's bytes, and counts against the tier's write-back limit until the job ends.
     pub fn commit(mut self, req: RequestId) {
         let keys = self.take_keys();
-        self.manager.finish_store(&keys, Some(req));
+        let present = std::mem::take(&mut self.prepared.present);
+        self.manager.finish_store(&keys, &present, Some(req));
     }
 
     /// Frees the slots; nothing is stored or cascaded. The same as dropping it.
@@ -84,7 +85,7 @@ impl Drop for PendingStore<'_> {
     fn drop(&mut self) {
         if !self.prepared.to_store.is_empty() {
             let keys = self.take_keys();
-            self.manager.finish_store(&keys, None);
+            self.manager.finish_store(&keys, &[], None);
         }
     }
 }
