@@ -263,7 +263,7 @@ pub struct KvTierConfig {
     /// this field (policies here are compiled in).
     pub cache_policy_module_path: Option<String>,
     /// vLLM's `store_threshold`: a block enters DRAM (`prepare_store` admits it) only once
-    /// this many requests have looked it up (default 0; 0 and 1: every block, as in vLLM;
+    /// this many distinct requests have looked it up (default 0; 0 and 1: every block, as in vLLM;
     /// range 0 to 1,000,000). Counted over the last `max_tracker_size` keys asked for; a
     /// request asking again while it waits counts once (vLLM counts every lookup call). vLLM
     /// refuses it for its tiering spec; here it applies with secondary tiers too.
@@ -349,7 +349,7 @@ const JOB_TIMEOUT_PER_BLOCK: (f64, f64) = (0.0, 3_600.0);
 const LEASE: (f64, f64) = (0.001, 86_400.0);
 const WRITE_BACK_FRACTION: (f64, f64) = (0.01, 1.0);
 const BLOCKS_PER_CHUNK: (u64, u64) = (1, 65_536);
-const STORE_THRESHOLD: (u64, u64) = (0, 1_000_000);
+const STORE_THRESHOLD: (u64, u64) = (0, 10_000);
 const MAX_TRACKER_SIZE: (u64, u64) = (1, 100_000_000);
 const EVENT_BUFFER_KEYS: (u64, u64) = (1, 10_000_000_000);
 
@@ -666,7 +666,17 @@ fn cfg_apply_chunking(
                     ),
                 ));
             }
-            Some(("block_size", tokens / per))
+            let n = tokens / per;
+            if !(BLOCKS_PER_CHUNK.0..=BLOCKS_PER_CHUNK.1).contains(&n) {
+                return Err(Error::config(
+                    "block_size",
+                    format!(
+                        "{tokens} tokens make {n} engine blocks of {per} tokens per offloaded block, outside 1 to {}",
+                        BLOCKS_PER_CHUNK.1
+                    ),
+                ));
+            }
+            Some(("block_size", n))
         }
         (None, Some(n)) => Some(("blocks_per_chunk", n)),
         (None, None) => None,

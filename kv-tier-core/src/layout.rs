@@ -290,7 +290,10 @@ pub struct Namespace {
 }
 
 impl Namespace {
-    /// Resolves run fields and a worker rank (forced to 0 when parallelism-agnostic).
+    /// Resolves run fields and a worker rank (forced to 0 when parallelism-agnostic). The
+    /// fields are taken as given (they may come from a `config.json`, where a replicated
+    /// layout's sizes are written as 1): vLLM's rules for a config's `layout` are
+    /// [`RunFields::from_layout`]'s.
     pub fn new(fields: RunFields, rank: u32) -> Result<Self> {
         fields.validate()?;
         let canonical = canonical_json(&fields.to_json());

@@ -72,9 +72,9 @@ pub struct TierOptions {
     /// events carry. Absent: the tier's own ([`crate::TierInfo::locality`]). Events only: the
     /// manager's defaults (probe budget, write-back limit) follow the tier's own locality.
     pub locality: Option<Locality>,
-    /// `admit_after_lookups`: write a block to this tier only once this many requests have
-    /// looked it up (a request asking again while it waits counts once; default 0: every
-    /// block; range 0 to 1,000,000), counted over the last `max_tracker_size` keys asked
+    /// `admit_after_lookups`: write a block to this tier only once this many distinct
+    /// requests have looked it up (a request asking again while it waits counts once;
+    /// default 0: every block; range 0 to 10,000), counted over the last `max_tracker_size` keys asked
     /// for. Checked when the block cascades from DRAM (its store completes): a block first
     /// kept out is written if a later store of it passes. Saves writes (SSD endurance) of blocks that
     /// are never asked for again; blocks not admitted stay in the tiers above and are counted
@@ -198,7 +198,7 @@ impl TierOptions {
             check_range(&at("write_back_limit_mb"), v, 0.000001, 1e9)?;
         }
         if let Some(v) = self.admit_after_lookups {
-            crate::ranges::check_range_u64(&at("admit_after_lookups"), v, 0, 1_000_000)?;
+            crate::ranges::check_range_u64(&at("admit_after_lookups"), v, 0, 10_000)?;
         }
         if let Some(v) = self.write_budget_mb_per_s {
             check_range(&at("write_budget_mb_per_s"), v, 0.001, 1e9)?;

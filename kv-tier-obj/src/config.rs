@@ -242,7 +242,7 @@ impl ObjTierConfig {
         // vLLM's endpoint_override is a host[:port], its scheme apart
         if let Some(serde_json::Value::String(e)) = options.get("endpoint_override")
             && !e.is_empty()
-            && !e.contains("://")
+            && !e.contains(['/', '@', '?', '#'])
         {
             let scheme = match options.get("scheme").and_then(|v| v.as_str()) {
                 Some(s) => s.to_ascii_lowercase(),
@@ -252,8 +252,14 @@ impl ObjTierConfig {
             options.insert("endpoint_override".into(), url.into());
         }
         let rename = |e: Error| match e {
-            // an error about a key written in store_config names it there
-            Error::InvalidConfig { field, reason } if nested_keys.contains(&field) => {
+            // an error about a connection key names it in store_config when the config
+            // uses that form and did not write the key flat
+            Error::InvalidConfig { field, reason }
+                if nested_keys.contains(&field)
+                    || (vllm_shape
+                        && STORE_CONFIG_KEYS.contains(&field.as_str())
+                        && !spec.options.contains_key(&field)) =>
+            {
                 Error::config(format!("store_config.{field}"), reason)
             }
             e => e,
@@ -391,6 +397,12 @@ fn check_endpoint(e: &str) -> Result<()> {
     };
     if u.host_str().is_none_or(str::is_empty) {
         return bad(format!("{e:?} has no host"));
+    }
+    let authority = e
+        .split_once("://")
+        .map_or(e, |(_, rest)| rest.split('/').next().unwrap_or(rest));
+    if authority.ends_with(':') {
+        return bad(format!("{e:?} has an empty port"));
     }
     if !u.username().is_empty() || u.password().is_some() {
         return bad(format!(

@@ -13,22 +13,25 @@ use crate::key::BlockKey;
 use crate::request::RequestId;
 use crate::tier_options::TierSettings;
 
-/// How many requests asked for each of the last `max` keys asked for (least recently asked
-/// forgotten first), vLLM's `max_tracker_size`. A request asking again for a key it was the
-/// last to ask for (polling while it waits) does not count again.
+/// How many distinct requests asked for each of the last `max` keys asked for (least
+/// recently asked forgotten first), vLLM's `max_tracker_size`. A request asking again (polling
+/// while it waits, however the asks of others interleave) does not count again. Counts stop
+/// at `cap`, the highest threshold any rule uses: past it the answer no longer changes.
 #[derive(Debug)]
 pub(super) struct LookupCounts {
-    /// key -> (requests that asked, sequence of the last ask, the last request that asked)
-    map: FxHashMap<BlockKey, (u64, u64, RequestId)>,
+    /// key -> (the distinct requests that asked, up to `cap`; sequence of the last ask)
+    map: FxHashMap<BlockKey, (Vec<RequestId>, u64)>,
+    cap: usize,
     order: VecDeque<(BlockKey, u64)>,
     next: u64,
     max: usize,
 }
 
 impl LookupCounts {
-    pub(super) fn new(max: u64) -> Self {
+    pub(super) fn new(max: u64, cap: u64) -> Self {
         Self {
             map: FxHashMap::default(),
+            cap: usize::try_from(cap).unwrap_or(usize::MAX).max(1),
             order: VecDeque::new(),
             next: 0,
             max: usize::try_from(max).unwrap_or(usize::MAX).max(1),
@@ -38,12 +41,11 @@ impl LookupCounts {
     pub(super) fn bump(&mut self, key: BlockKey, req: RequestId) {
         let seq = self.next;
         self.next += 1;
-        let e = self.map.entry(key).or_insert((0, seq, req));
-        if e.0 == 0 || e.2 != req {
-            e.0 += 1;
+        let e = self.map.entry(key).or_insert((Vec::new(), seq));
+        if e.0.len() < self.cap && !e.0.contains(&req) {
+            e.0.push(req);
         }
         e.1 = seq;
-        e.2 = req;
         self.order.push_back((key, seq));
         while self.map.len() > self.max {
             let Some((k, s)) = self.order.pop_front() else {
@@ -62,7 +64,7 @@ impl LookupCounts {
     }
 
     pub(super) fn count(&self, key: &BlockKey) -> u64 {
-        self.map.get(key).map_or(0, |e| e.0)
+        self.map.get(key).map_or(0, |e| e.0.len() as u64)
     }
 
     #[cfg(test)]
@@ -128,8 +130,12 @@ impl Admission {
         block_bytes: u64,
     ) -> Self {
         let counting = store_threshold >= 2 || tiers.iter().any(|t| t.admit_after_lookups > 0);
+        let cap = tiers
+            .iter()
+            .map(|t| t.admit_after_lookups)
+            .fold(store_threshold, u64::max);
         Self {
-            counts: counting.then(|| LookupCounts::new(max_tracker_size)),
+            counts: counting.then(|| LookupCounts::new(max_tracker_size, cap)),
             store_threshold,
             tiers: tiers
                 .iter()
@@ -216,7 +222,7 @@ mod tests {
     #[test]
     fn counts_remember_the_most_recently_asked_keys_only() {
         let r = RequestId;
-        let mut c = LookupCounts::new(2);
+        let mut c = LookupCounts::new(2, 100);
         c.bump(k(1), r(1));
         c.bump(k(1), r(1)); // the same request polling: counted once
         c.bump(k(1), r(2));
@@ -226,11 +232,18 @@ mod tests {
         c.bump(k(3), r(1));
         assert_eq!((c.count(&k(1)), c.count(&k(2)), c.count(&k(3))), (3, 0, 1));
         assert_eq!(c.len(), 2);
+        // two requests taking turns, polling: still two (with the earlier three: 5)
         for i in 0..10_000 {
             c.bump(k(1), r(10 + i % 2));
         }
         assert!(c.order.len() <= 2 * 2 + 64, "stale entries stay bounded");
-        assert_eq!(c.count(&k(1)), 10_003);
+        assert_eq!(c.count(&k(1)), 5);
+        // counts stop at the cap
+        let mut capped = LookupCounts::new(10, 3);
+        for i in 0..10 {
+            capped.bump(k(9), r(i));
+        }
+        assert_eq!(capped.count(&k(9)), 3);
     }
 
     #[test]

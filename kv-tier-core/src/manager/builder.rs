@@ -79,7 +79,8 @@ impl TieringManagerBuilder {
         self
     }
 
-    /// The namespace (overrides the config's `layout`).
+    /// The namespace (the engine's). With a `layout` in the config too, the two must name
+    /// the same directory (building fails naming `layout` otherwise).
     pub fn namespace(mut self, ns: Namespace) -> Self {
         self.namespace = Some(ns);
         self
@@ -157,7 +158,23 @@ impl TieringManagerBuilder {
             ));
         }
         let namespace = match self.namespace {
-            Some(ns) => Some(ns),
+            Some(ns) => {
+                // two namespaces that disagree: refused, not one silently chosen
+                if let Some(l) = &self.config.layout {
+                    let from_config = l.namespace()?;
+                    if from_config.rank_dir_name() != ns.rank_dir_name() {
+                        return Err(Error::config(
+                            "layout",
+                            format!(
+                                "the config's layout names {} but the engine's namespace is {}: drop one, or make them agree",
+                                from_config.rank_dir_name(),
+                                ns.rank_dir_name()
+                            ),
+                        ));
+                    }
+                }
+                Some(ns)
+            }
             None => self
                 .config
                 .layout

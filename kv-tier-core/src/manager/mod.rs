@@ -502,7 +502,9 @@ impl TieringManager {
     /// leases are released); promotions in flight land for others to use, and a failure of
     /// one is ignored. The blocks promoted for it and not yet read are no longer held. Its
     /// per-request lookup state is dropped in every tier, but only once its pending store
-    /// jobs have finished.
+    /// jobs have finished; tiers hear of it ([`SecondaryTier::on_request_finished`]) then.
+    /// Call it after the request's stores are committed: a store committed later is not
+    /// waited for (a `PendingStore` belongs to no request until its commit). Call it once.
     pub fn on_request_finished(&self, req: RequestId) {
         let mut st = self.begin();
         st.holds.finish(req);
