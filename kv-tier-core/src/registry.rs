@@ -254,11 +254,7 @@ impl TierRegistry {
                     format!(
                         "tier type {:?} from module {module:?}: kv-tier does not load tiers from Python modules; a tier is a Rust type registered at compile time (TierRegistry::register), before the manager is built. Registered types: {}",
                         spec.kind,
-                        if self.builders.is_empty() {
-                            "none".to_string()
-                        } else {
-                            self.type_names().join(", ")
-                        }
+                        self.registered_list()
                     ),
                 );
             }
@@ -267,14 +263,19 @@ impl TierRegistry {
                 format!(
                     "unknown tier type {:?}; registered types: {}",
                     spec.kind,
-                    if self.builders.is_empty() {
-                        "none".to_string()
-                    } else {
-                        self.type_names().join(", ")
-                    }
+                    self.registered_list()
                 ),
             )
         })
+    }
+
+    /// The registered type names for an error message (`none` when empty).
+    fn registered_list(&self) -> String {
+        if self.builders.is_empty() {
+            "none".to_string()
+        } else {
+            self.type_names().join(", ")
+        }
     }
 
     /// Whether `type_name` is registered.
