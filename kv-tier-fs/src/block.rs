@@ -61,6 +61,9 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) tmp_seq: AtomicU64,
     pub(crate) tmp_salt: u64,
+    /// The leaf directories this process made or found (a hint: a sweep may remove an
+    /// emptied one, and a create that finds it gone makes it again).
+    pub(crate) leaves: LeafDirs,
     pub(crate) top_dirs_ready: AtomicBool,
     /// Tells the thread pre-creating the top directories to stop (the tier is closing).
     pub(crate) stop_top_dirs: AtomicBool,
@@ -69,6 +72,52 @@ pub(crate) struct Shared {
     pub(crate) stamped: std::sync::Mutex<StampMemo>,
     pub(crate) events: Arc<EventLog>,
     pub(crate) gc: Option<Arc<Gc>>,
+}
+
+/// Which leaf directories (`<hex[0..3]>/<hex[3..5]>_g<group>`) are known to exist, one bit
+/// each for KV-cache groups 0 to 3 (2^20 leaves per group, 512 KiB in all); other groups
+/// are never known. Lock-free: a store asks before its first create, so a new leaf costs
+/// a `mkdir` before the create instead of a failed create first, and a known one nothing.
+pub(crate) struct LeafDirs {
+    bits: Vec<std::sync::atomic::AtomicU64>,
+}
+
+const LEAF_GROUPS: u32 = 4;
+const LEAVES_PER_GROUP: usize = 1 << 20;
+
+impl LeafDirs {
+    pub(crate) fn new() -> Self {
+        let words = LEAF_GROUPS as usize * LEAVES_PER_GROUP / 64;
+        Self {
+            bits: (0..words).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// The bit of `key`'s leaf: its group and the first 20 bits of its hash (the directory
+    /// names' five hex digits).
+    fn slot(key: &BlockKey) -> Option<(usize, u64)> {
+        let h = key.hash_bytes();
+        if key.group() >= LEAF_GROUPS || h.len() < 3 {
+            return None;
+        }
+        let leaf = (u32::from(h[0]) << 12) | (u32::from(h[1]) << 4) | (u32::from(h[2]) >> 4);
+        let i = key.group() as usize * LEAVES_PER_GROUP + leaf as usize;
+        Some((i / 64, 1u64 << (i % 64)))
+    }
+
+    pub(crate) fn known(&self, key: &BlockKey) -> bool {
+        Self::slot(key).is_some_and(|(w, b)| self.bits[w].load(Ordering::Relaxed) & b != 0)
+    }
+
+    pub(crate) fn set(&self, key: &BlockKey, exists: bool) {
+        if let Some((w, b)) = Self::slot(key) {
+            if exists {
+                self.bits[w].fetch_or(b, Ordering::Relaxed);
+            } else {
+                self.bits[w].fetch_and(!b, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 pub(crate) fn random_salt() -> u64 {
@@ -256,5 +305,43 @@ mod tests {
         assert_eq!(m.due(120, &[k(4), k(5)]), vec![k(4), k(5)]);
         assert_eq!(m.len(), 3);
         assert_eq!(m.due(120, &[k(3)]), vec![], "k(3) was kept");
+    }
+}
+
+#[cfg(test)]
+mod leaf_tests {
+    use super::*;
+
+    #[test]
+    fn a_leaf_is_its_group_and_the_first_twenty_bits_of_the_hash() {
+        let leaves = LeafDirs::new();
+        let key = |b0: u8, b1: u8, b2: u8, group: u32| {
+            let mut h = [0xeeu8; 32];
+            (h[0], h[1], h[2]) = (b0, b1, b2);
+            BlockKey::from_hash32(h, group)
+        };
+        let a = key(0xab, 0xcd, 0xe1, 0);
+        leaves.set(&a, true);
+        // same five hex digits (abcde), same group: the same directory
+        assert!(leaves.known(&key(0xab, 0xcd, 0xef, 0)));
+        // the sixth digit is not part of it; the fifth is
+        assert!(!leaves.known(&key(0xab, 0xcd, 0xd1, 0)));
+        // another group is another directory
+        assert!(!leaves.known(&key(0xab, 0xcd, 0xe1, 1)));
+        // groups past 3 are never known (the create finds out)
+        let far = key(0xab, 0xcd, 0xe1, 9);
+        leaves.set(&far, true);
+        assert!(!leaves.known(&far));
+        leaves.set(&a, false);
+        assert!(!leaves.known(&a));
+        // the layout agrees: both keys are in one directory
+        let ns =
+            Namespace::new(kv_tier_core::RunFields::new("m", "torch.bfloat16", 16), 0).unwrap();
+        let dir = |k: &BlockKey| {
+            let p = ns.block_rel_path(k);
+            p[..p.rfind('/').unwrap()].to_string()
+        };
+        assert_eq!(dir(&a), dir(&key(0xab, 0xcd, 0xef, 0)));
+        assert_ne!(dir(&a), dir(&key(0xab, 0xcd, 0xd1, 0)));
     }
 }

@@ -28,10 +28,12 @@ impl Drop for TmpGuard<'_> {
 }
 
 impl Shared {
-    /// Writes one block: skip if a regular file is present (with a checksum, when they are
-    /// required), temp file with O_EXCL, publish without replacing. Damage at the block's path
-    /// (a directory, a link, a file without the required checksum) is removed first and
-    /// reported. `Ok(true)` when this call published the file.
+    /// Writes one block: temp file with O_EXCL, publish without replacing, so the first
+    /// writer wins with no look at the path first (a new block costs `openat`, `pwrite`,
+    /// `close`, `renameat2`). When the publish finds a file there, that file is looked at:
+    /// a regular block (with a checksum, when they are required) stands and the store is a
+    /// skip; damage (a directory, a link, a file without the required checksum) is removed,
+    /// reported, and the block written once more. `Ok(true)` when this call published it.
     pub(crate) fn store_block(&self, key: &BlockKey, src: &BlockSource) -> Result<bool> {
         if src.len() != self.block_size {
             return Err(Error::WrongSize {
@@ -43,60 +45,91 @@ impl Shared {
         let dest = self.ns.block_path(&self.root, key);
         if let Some(gc) = &self.gc {
             // the key is protected by this job: a sweep that decided on it before may still
-            // be unlinking it; look for the file only after that
+            // be unlinking it; publish only after that
             gc.wait_not_deleting(key);
         }
-        if let Ok(m) = std::fs::symlink_metadata(&dest) {
-            match self.present_damage(&dest, &m) {
-                None => {
-                    bump(&self.counters.blocks.stores_skipped, 1);
-                    if let Some(gc) = &self.gc {
-                        // stored again: the block is in use (and maybe written by another
-                        // process)
-                        gc.on_seen(*key, &m);
-                        gc.queue_stamps(std::slice::from_ref(key));
-                    }
-                    return Ok(false);
+        let room = self.reserve_room(key)?;
+        let mut retried = false;
+        loop {
+            if self.write_block_making_room(key, &dest, src)? {
+                bump(&self.counters.blocks.blocks_written, 1);
+                bump(&self.counters.blocks.bytes_written, self.block_size as u64);
+                if let (Some(gc), Some(mut room)) = (&self.gc, room)
+                    && gc.on_published(*key, gc.file_bytes(self.alloc_block), room.take())
+                    && let Some(Ok(m)) = dest.parent().map(std::fs::symlink_metadata)
+                {
+                    gc.set_leaf_bytes(key, crate::gc::allocated(&m));
                 }
-                Some(reason) => {
-                    if self.remove_damaged(key, &dest, None) {
-                        tracing::warn!(tier = %self.name, %key, path = %dest.display(), %reason, "removed a damaged block before storing it again");
-                        self.events.push(vec![*key], true);
+                return Ok(true);
+            }
+            // something is at the path: a block another writer published, or damage
+            let damage = match std::fs::symlink_metadata(&dest) {
+                Ok(m) => match self.present_damage(&dest, &m) {
+                    None => {
+                        bump(&self.counters.blocks.stores_skipped, 1);
+                        if let Some(gc) = &self.gc {
+                            // stored again: the block is in use (and maybe written by
+                            // another process)
+                            gc.on_seen(*key, &m);
+                            gc.queue_stamps(std::slice::from_ref(key));
+                        }
+                        return Ok(false);
                     }
-                }
+                    Some(reason) => Some(reason),
+                },
+                // gone since (a sweep, another process): publish again
+                Err(_) => None,
+            };
+            if retried {
+                // damage again, or a file that keeps coming and going: another writer's
+                // business now
+                bump(&self.counters.blocks.stores_skipped, 1);
+                return Ok(false);
+            }
+            retried = true;
+            if let Some(reason) = damage
+                && self.remove_damaged(key, &dest, None)
+            {
+                tracing::warn!(tier = %self.name, %key, path = %dest.display(), %reason, "removed a damaged block before storing it again");
+                self.events.push(vec![*key], true);
             }
         }
-        let room = self.reserve_room(key)?;
-        let written = match (self.write_block(key, &dest, src), &self.gc) {
+    }
+
+    /// [`Shared::write_block`]; on a full filesystem with a GC, room is made by the oldest
+    /// files and the write tried once more.
+    fn write_block_making_room(
+        &self,
+        key: &BlockKey,
+        dest: &Path,
+        src: &BlockSource,
+    ) -> Result<bool> {
+        match (self.write_block(key, dest, src), &self.gc) {
             (Err(Error::NoSpace { .. }), Some(gc)) => {
                 // The filesystem is full (a cap larger than the disk, or other files): make
                 // room by the oldest files and try once more.
                 gc.counters.enospc_sweeps.fetch_add(1, Ordering::Relaxed);
                 gc.sweep(Goal::Space);
-                self.write_block(key, &dest, src)
+                self.write_block(key, dest, src)
             }
             (r, _) => r,
-        }?;
-        if !written {
-            // Another writer was first: its file stands.
-            bump(&self.counters.blocks.stores_skipped, 1);
-            return Ok(false);
         }
-        bump(&self.counters.blocks.blocks_written, 1);
-        bump(&self.counters.blocks.bytes_written, self.block_size as u64);
-        if let (Some(gc), Some(mut room)) = (&self.gc, room)
-            && gc.on_published(*key, gc.file_bytes(self.alloc_block), room.take())
-            && let Some(Ok(m)) = dest.parent().map(std::fs::symlink_metadata)
-        {
-            gc.set_leaf_bytes(key, crate::gc::allocated(&m));
-        }
-        Ok(true)
     }
 
     /// Writes `src` to a temp file next to `dest` and publishes it there without replacing.
     /// `Ok(false)` when another writer published first.
     fn write_block(&self, key: &BlockKey, dest: &Path, src: &BlockSource) -> Result<bool> {
         let tmp = self.tmp_path(dest);
+        let parent = dest.parent().expect("block paths have a parent");
+        if !self.leaves.known(key) {
+            // a leaf not seen yet: make it before the create rather than after a failed one
+            match std::fs::create_dir(parent) {
+                Ok(()) => self.leaves.set(key, true),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => self.leaves.set(key, true),
+                // its top directory is missing too: the create below makes both
+                Err(_) => {}
+            }
+        }
         let mut tries = 0;
         let f = loop {
             let created = self
@@ -108,8 +141,9 @@ impl Shared {
                 // emptied ones)
                 Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => {
                     tries += 1;
-                    let parent = dest.parent().expect("block paths have a parent");
+                    self.leaves.set(key, false);
                     std::fs::create_dir_all(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
+                    self.leaves.set(key, true);
                 }
                 Err(e) => return Err(self.io_err("create", &tmp, e)),
             }

@@ -143,6 +143,7 @@ impl FsTier {
             counters: Counters::default(),
             tmp_seq: AtomicU64::new(0),
             tmp_salt: random_salt(),
+            leaves: crate::block::LeafDirs::new(),
             top_dirs_ready: AtomicBool::new(false),
             stop_top_dirs: AtomicBool::new(false),
             protection,
