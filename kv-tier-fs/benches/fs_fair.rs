@@ -18,6 +18,9 @@
 //! `cargo bench -p kv-tier-fs --bench fs_fair` (directory: `KV_TIER_BENCH_DIR`, default the
 //! system temp dir; rounds: `KV_TIER_BENCH_ROUNDS`, default 5).
 
+mod common;
+use common::{clear_blocks, settle};
+
 use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -33,6 +36,7 @@ use kv_tier_core::{
 };
 use kv_tier_cpu::{CpuTier, CpuTierConfig};
 use kv_tier_fs::{FsTier, FsTierConfig};
+use kv_tier_testkit::bench::median;
 use kv_tier_testkit::{fill_block, test_key};
 
 const JOB_BLOCKS: usize = 16;
@@ -46,13 +50,7 @@ fn main() {
         syscall_child(n.parse().unwrap());
         return;
     }
-    let base = std::env::var("KV_TIER_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| std::env::temp_dir());
-    let rounds: usize = std::env::var("KV_TIER_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let (base, rounds) = common::dir_and_rounds();
     let dir = tempfile::Builder::new()
         .prefix("kv-tier-fair-")
         .tempdir_in(&base)
@@ -422,27 +420,6 @@ fn drop_caches() -> bool {
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
     std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
-}
-
-/// Deletes the blocks and their second-level directories, keeping the first level.
-fn clear_blocks(rank_dir: &Path) {
-    for top in std::fs::read_dir(rank_dir).unwrap().flatten() {
-        for leaf in std::fs::read_dir(top.path()).unwrap().flatten() {
-            std::fs::remove_dir_all(leaf.path()).unwrap();
-        }
-    }
-}
-
-/// Lets the disk finish discarding deleted files before the next round.
-fn settle() {
-    // SAFETY: sync(2) takes no arguments and cannot fail.
-    unsafe { libc::sync() };
-    std::thread::sleep(Duration::from_millis(300));
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn span(v: &[f64]) -> String {
