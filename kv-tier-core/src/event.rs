@@ -38,6 +38,16 @@ pub enum Locality {
     Remote,
 }
 
+impl Locality {
+    /// vLLM's name (`"LOCAL"`, `"REMOTE"`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Locality::Local => "LOCAL",
+            Locality::Remote => "REMOTE",
+        }
+    }
+}
+
 /// Blocks were stored in (`removed == false`) or removed from (`removed == true`) a tier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TierEvent {

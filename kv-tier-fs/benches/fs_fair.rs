@@ -19,7 +19,7 @@
 //! system temp dir; rounds: `KV_TIER_BENCH_ROUNDS`, default 5).
 
 mod common;
-use common::{clear_blocks, settle};
+use common::{clear_blocks, settle, tier_load, tier_store};
 
 use std::collections::HashSet;
 use std::fs::OpenOptions;
@@ -29,10 +29,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
 use kv_tier_core::{
-    AlignedBuf, BlockKey, BlockSource, EvictionPolicy, LoadJob, Namespace, PrimaryTier, RunFields,
-    SecondaryTier, StoreJob,
+    AlignedBuf, BlockKey, EvictionPolicy, Namespace, PrimaryTier, RunFields, SecondaryTier,
 };
 use kv_tier_cpu::{CpuTier, CpuTierConfig};
 use kv_tier_fs::{FsTier, FsTierConfig};
@@ -133,7 +131,9 @@ fn run_case(
         for k in 0..4 {
             let g = |d: Duration| gb / d.as_secs_f64();
             match (k + round) % 4 {
-                0 => w.tier.push(g(tier_store(rt, &tier, &keys, &srcs, jobs))),
+                0 => w
+                    .tier
+                    .push(g(tier_store(rt, &tier, &keys, &srcs, JOB_BLOCKS, jobs))),
                 1 => w
                     .raw_t
                     .push(g(raw_store(&raw_t, &ns, &keys, &srcs, TIER_THREADS))),
@@ -145,12 +145,18 @@ fn run_case(
             drop_caches();
             let g = |d: Duration| gb / d.as_secs_f64();
             match (k + round) % 4 {
-                0 => r.tier.push(g(tier_load(rt, &tier, &cpu, &keys, jobs))),
+                0 => r
+                    .tier
+                    .push(g(tier_load(rt, &tier, &cpu, &keys, JOB_BLOCKS, jobs))),
                 1 => r
                     .raw_t
-                    .push(g(raw_load(&raw_t, &ns, &keys, &cpu, TIER_THREADS))),
-                2 => r.raw_j.push(g(raw_load(&raw_j, &ns, &keys, &cpu, jobs))),
-                _ => r.vllm.push(g(vllm_load(&vllm, &ns, &keys, &cpu, jobs))),
+                    .push(g(direct_load(&raw_t, &ns, &keys, &cpu, TIER_THREADS, 1))),
+                2 => r
+                    .raw_j
+                    .push(g(direct_load(&raw_j, &ns, &keys, &cpu, jobs, 1))),
+                _ => r
+                    .vllm
+                    .push(g(direct_load(&vllm, &ns, &keys, &cpu, jobs, JOB_BLOCKS))),
             }
         }
         for d in [&raw_t, &raw_j, &vllm] {
@@ -180,77 +186,6 @@ fn run_case(
         ratio(&w.tier, &w.vllm),
         ratio(&r.tier, &r.vllm)
     )
-}
-
-fn tier_store(
-    rt: &tokio::runtime::Runtime,
-    tier: &Arc<FsTier>,
-    keys: &[BlockKey],
-    srcs: &[Bytes],
-    jobs: usize,
-) -> Duration {
-    let js: Vec<StoreJob> = keys
-        .chunks(JOB_BLOCKS)
-        .zip(srcs.chunks(JOB_BLOCKS))
-        .map(|(ks, ss)| StoreJob {
-            requests: Vec::new(),
-            blocks: ks
-                .iter()
-                .zip(ss)
-                .map(|(k, s)| (*k, BlockSource::from_bytes(s.clone())))
-                .collect(),
-        })
-        .collect();
-    let t = Instant::now();
-    rt.block_on(async {
-        let results: Vec<_> = futures::stream::iter(js)
-            .map(|j| tier.store(j))
-            .buffer_unordered(jobs)
-            .collect()
-            .await;
-        assert!(results.iter().all(|r| r.is_success()));
-    });
-    t.elapsed()
-}
-
-/// Loads into the DRAM tier's slots (pre-faulted, as an engine's are).
-fn tier_load(
-    rt: &tokio::runtime::Runtime,
-    tier: &Arc<FsTier>,
-    cpu: &CpuTier,
-    keys: &[BlockKey],
-    jobs: usize,
-) -> Duration {
-    let mut prepared = cpu.prepare_store(keys).unwrap();
-    assert_eq!(
-        prepared.to_store.len(),
-        keys.len(),
-        "a DRAM slot for every block"
-    );
-    let mut sinks = std::mem::take(&mut prepared.to_store).into_iter();
-    let mut js = Vec::new();
-    loop {
-        let blocks: Vec<_> = sinks.by_ref().take(JOB_BLOCKS).collect();
-        if blocks.is_empty() {
-            break;
-        }
-        js.push(LoadJob {
-            requests: Vec::new(),
-            blocks,
-        });
-    }
-    let t = Instant::now();
-    rt.block_on(async {
-        let results: Vec<_> = futures::stream::iter(js)
-            .map(|j| tier.load(j))
-            .buffer_unordered(jobs)
-            .collect()
-            .await;
-        assert!(results.iter().all(|r| r.is_success()));
-    });
-    let took = t.elapsed();
-    cpu.complete_store(keys, false);
-    took
 }
 
 /// The block's path under `root` at the tier's depth.
@@ -329,22 +264,29 @@ fn raw_store(
     })
 }
 
-fn raw_load(
+/// O_DIRECT `open`, `read`, `close` of every block into the DRAM tier's slots, on `threads`
+/// threads, each task `per_task` consecutive blocks: 1 for the raw baseline (threads take
+/// the next block), a job's 16 for vLLM's pattern (one thread per job).
+fn direct_load(
     root: &Path,
     ns: &Namespace,
     keys: &[BlockKey],
     cpu: &CpuTier,
     threads: usize,
+    per_task: usize,
 ) -> Duration {
     let slots = dram_slots(cpu, keys);
-    let took = on_threads(keys.len(), threads, |_, i| {
-        let mut sink = slots[i].lock().unwrap();
-        let f = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(block_path(root, ns, &keys[i]))
-            .unwrap();
-        f.read_exact_at(sink.as_mut_slice(), 0).unwrap();
+    let tasks = keys.len().div_ceil(per_task);
+    let took = on_threads(tasks, threads, |_, t| {
+        for i in t * per_task..((t + 1) * per_task).min(keys.len()) {
+            let mut sink = slots[i].lock().unwrap();
+            let f = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(block_path(root, ns, &keys[i]))
+                .unwrap();
+            f.read_exact_at(sink.as_mut_slice(), 0).unwrap();
+        }
     });
     drop(slots);
     cpu.complete_store(keys, false);
@@ -386,32 +328,6 @@ fn vllm_store(
             std::fs::remove_file(&tmp).unwrap(); // unlink
         }
     })
-}
-
-/// vLLM's load of one job: one thread per job, O_DIRECT open, read, close per block.
-fn vllm_load(
-    root: &Path,
-    ns: &Namespace,
-    keys: &[BlockKey],
-    cpu: &CpuTier,
-    jobs: usize,
-) -> Duration {
-    let slots = dram_slots(cpu, keys);
-    let n_jobs = keys.len().div_ceil(JOB_BLOCKS);
-    let took = on_threads(n_jobs, jobs, |_, j| {
-        for i in j * JOB_BLOCKS..((j + 1) * JOB_BLOCKS).min(keys.len()) {
-            let mut sink = slots[i].lock().unwrap();
-            let f = OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(block_path(root, ns, &keys[i]))
-                .unwrap();
-            f.read_exact_at(sink.as_mut_slice(), 0).unwrap();
-        }
-    });
-    drop(slots);
-    cpu.complete_store(keys, false);
-    took
 }
 
 /// Drops the page cache (and cached directory entries and inodes) so loads start cold;
@@ -460,8 +376,8 @@ fn syscall_child(n: usize) {
         prefault: true,
     })
     .unwrap();
-    tier_store(&rt, &tier, &keys, &srcs, 1);
-    tier_load(&rt, &tier, &cpu, &keys, 1);
+    tier_store(&rt, &tier, &keys, &srcs, JOB_BLOCKS, 1);
+    tier_load(&rt, &tier, &cpu, &keys, JOB_BLOCKS, 1);
     // the block's own file syscalls only: leave the directory in place at exit
     rt.block_on(tier.shutdown()).unwrap();
     std::mem::forget(dir);

@@ -12,7 +12,7 @@
 //! the system temp dir; rounds: `KV_TIER_BENCH_ROUNDS`, default 5).
 
 mod common;
-use common::{clear_blocks, settle};
+use common::{clear_blocks, settle, tier_load, tier_store};
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -22,11 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
-use kv_tier_core::{
-    AlignedBuf, BlockKey, BlockSource, EvictionPolicy, LoadJob, Namespace, PrimaryTier, RunFields,
-    SecondaryTier, StoreJob,
-};
+use kv_tier_core::{AlignedBuf, BlockKey, EvictionPolicy, Namespace, RunFields, SecondaryTier};
 use kv_tier_cpu::{CpuTier, CpuTierConfig};
 use kv_tier_fs::{FsTier, FsTierConfig};
 use kv_tier_testkit::bench::median;
@@ -164,24 +160,44 @@ fn run_size(rt: &tokio::runtime::Runtime, dir: &Path, s: &Sizes, rounds: usize) 
             std::fs::create_dir_all(&raw_dir).unwrap();
             // writes, in alternating order
             let (f_w, r_w) = if round % 2 == 0 {
-                let f = fs_store(rt, &tier, &keys, &srcs, case);
+                let f = tier_store(
+                    rt,
+                    &tier,
+                    &keys,
+                    &srcs,
+                    case.job_blocks,
+                    case.jobs_in_flight,
+                );
                 (
                     f,
                     raw_write(&raw_dir, &srcs, case.raw_threads, case.raw_batch()),
                 )
             } else {
                 let r = raw_write(&raw_dir, &srcs, case.raw_threads, case.raw_batch());
-                (fs_store(rt, &tier, &keys, &srcs, case), r)
+                (
+                    tier_store(
+                        rt,
+                        &tier,
+                        &keys,
+                        &srcs,
+                        case.job_blocks,
+                        case.jobs_in_flight,
+                    ),
+                    r,
+                )
             };
             let (f_r, r_r) = if round % 2 == 0 {
-                let f = fs_load(rt, &tier, &cpu, &keys, case);
+                let f = tier_load(rt, &tier, &cpu, &keys, case.job_blocks, case.jobs_in_flight);
                 (
                     f,
                     raw_read(&raw_dir, s.n, &mut dst, case.raw_threads, case.raw_batch()),
                 )
             } else {
                 let r = raw_read(&raw_dir, s.n, &mut dst, case.raw_threads, case.raw_batch());
-                (fs_load(rt, &tier, &cpu, &keys, case), r)
+                (
+                    tier_load(rt, &tier, &cpu, &keys, case.job_blocks, case.jobs_in_flight),
+                    r,
+                )
             };
             std::fs::remove_dir_all(&raw_dir).unwrap();
             clear_blocks(&root.join(ns.rank_dir_name()));
@@ -207,76 +223,6 @@ fn run_size(rt: &tokio::runtime::Runtime, dir: &Path, s: &Sizes, rounds: usize) 
         );
     }
     let _ = rt.block_on(tier.shutdown());
-}
-
-fn fs_store(
-    rt: &tokio::runtime::Runtime,
-    tier: &Arc<FsTier>,
-    keys: &[BlockKey],
-    srcs: &[Bytes],
-    c: Case,
-) -> Duration {
-    let jobs: Vec<StoreJob> = keys
-        .chunks(c.job_blocks)
-        .zip(srcs.chunks(c.job_blocks))
-        .map(|(ks, ss)| StoreJob {
-            requests: Vec::new(),
-            blocks: ks
-                .iter()
-                .zip(ss)
-                .map(|(k, s)| (*k, BlockSource::from_bytes(s.clone())))
-                .collect(),
-        })
-        .collect();
-    let t = Instant::now();
-    rt.block_on(async {
-        let results: Vec<_> = futures::stream::iter(jobs)
-            .map(|j| tier.store(j))
-            .buffer_unordered(c.jobs_in_flight)
-            .collect()
-            .await;
-        assert!(results.iter().all(|r| r.is_success()));
-    });
-    t.elapsed()
-}
-
-fn fs_load(
-    rt: &tokio::runtime::Runtime,
-    tier: &Arc<FsTier>,
-    cpu: &CpuTier,
-    keys: &[BlockKey],
-    c: Case,
-) -> Duration {
-    let mut prepared = cpu.prepare_store(keys).unwrap();
-    let sinks = std::mem::take(&mut prepared.to_store);
-    let mut jobs = Vec::new();
-    let mut it = sinks.into_iter();
-    loop {
-        let blocks: Vec<_> = it.by_ref().take(c.job_blocks).collect();
-        if blocks.is_empty() {
-            break;
-        }
-        jobs.push(LoadJob {
-            requests: Vec::new(),
-            blocks,
-        });
-    }
-    let t = Instant::now();
-    rt.block_on(async {
-        let results: Vec<_> = futures::stream::iter(jobs)
-            .map(|j| tier.load(j))
-            .buffer_unordered(c.jobs_in_flight)
-            .collect()
-            .await;
-        assert!(
-            results.iter().all(|r| r.is_success()),
-            "{:?}",
-            results.iter().find(|r| !r.is_success())
-        );
-    });
-    let took = t.elapsed();
-    cpu.complete_store(keys, false);
-    took
 }
 
 fn raw_write(dir: &Path, srcs: &[Bytes], threads: usize, batch: usize) -> Duration {

@@ -112,13 +112,9 @@ impl Shared {
                 "object is {} bytes, the block size is {} ({path})",
                 f.size, self.block_size
             );
-            self.delete_damaged_loaded(&key, &path, f.e_tag.as_deref())
-                .await;
-            return Err(Error::Corrupt {
-                key,
-                tier: self.name.clone(),
-                reason,
-            });
+            return Err(self
+                .refuse_damaged(key, &path, f.e_tag.as_deref(), reason)
+                .await);
         }
         if self.checksum == ObjChecksum::Crc32c {
             let stored = match f.crc.as_deref() {
@@ -151,13 +147,9 @@ impl Shared {
             };
             if let Some(reason) = refused {
                 tracing::warn!(tier = %self.name, %key, %reason, "unverifiable block; the object is deleted");
-                self.delete_damaged_loaded(&key, &path, f.e_tag.as_deref())
-                    .await;
-                return Err(Error::Corrupt {
-                    key,
-                    tier: self.name.clone(),
-                    reason,
-                });
+                return Err(self
+                    .refuse_damaged(key, &path, f.e_tag.as_deref(), reason)
+                    .await);
             }
         }
         self.exists.insert(key, ());
@@ -173,6 +165,25 @@ impl Shared {
             for k in keys {
                 idx.touch(k);
             }
+        }
+    }
+}
+
+impl Shared {
+    /// A loaded object that cannot be served for good: deleted (if it is still the one read,
+    /// see [`Shared::delete_damaged_loaded`]), and the load's error.
+    async fn refuse_damaged(
+        &self,
+        key: BlockKey,
+        path: &ObjPath,
+        e_tag: Option<&str>,
+        reason: String,
+    ) -> Error {
+        self.delete_damaged_loaded(&key, path, e_tag).await;
+        Error::Corrupt {
+            key,
+            tier: self.name.clone(),
+            reason,
         }
     }
 }

@@ -433,13 +433,7 @@ pub fn effective_config(
         } else {
             kv_tier_core::Locality::Local
         });
-        entry.insert(
-            "locality".into(),
-            json!(match locality {
-                kv_tier_core::Locality::Local => "LOCAL",
-                kv_tier_core::Locality::Remote => "REMOTE",
-            }),
-        );
+        entry.insert("locality".into(), json!(locality.as_str()));
         entry.insert("admit_after_lookups".into(), json!(s.admit_after_lookups));
         entry.insert(
             "write_budget_mb_per_s".into(),

@@ -3,10 +3,11 @@
 //! reads off the engine itself (the block's bytes and the namespace); events are gated and
 //! labelled per tier, and their buffers are bounded.
 
+mod common;
+use common::{BS, memory_manager};
 use kv_tier::{BlockKey, KvTierConfig, Locality, Namespace, RequestId, RunFields};
+use kv_tier_testkit::util::engine_store;
 use kv_tier_testkit::{fill_block, s3, test_key};
-
-const BS: usize = 65536;
 
 fn namespace() -> Namespace {
     Namespace::new(RunFields::new("org/model", "torch.bfloat16", 16), 0).unwrap()
@@ -18,14 +19,6 @@ fn engine_config(text: &str) -> KvTierConfig {
     assert_eq!(cfg.block_size_bytes, 0, "vLLM's shape has no byte size");
     cfg.block_size_bytes = BS as u64;
     cfg
-}
-
-fn store(m: &kv_tier::TieringManager, keys: &[BlockKey]) {
-    let mut p = m.prepare_store(keys).expect("DRAM room");
-    for (k, sink) in p.slots() {
-        fill_block(k, 0, sink.as_mut_slice());
-    }
-    p.commit(RequestId(1));
 }
 
 #[test]
@@ -80,7 +73,7 @@ fn the_fs_only_shape_builds_unchanged_with_events_and_locality() {
         .build_blocking()
         .unwrap();
     let keys: Vec<_> = (0..3).map(test_key).collect();
-    store(&m, &keys);
+    engine_store(&m, RequestId(1), &keys);
     m.runtime().block_on(m.wait_idle());
     let fs_events: Vec<_> = m
         .take_events()
@@ -152,7 +145,7 @@ fn the_fs_and_obj_shape_builds_unchanged_and_events_follow_each_tier() {
             .unwrap()
     });
     let keys: Vec<_> = (0..3).map(test_key).collect();
-    store(&m, &keys);
+    engine_store(&m, RequestId(1), &keys);
     rt.block_on(m.wait_idle());
     let ev = m.take_events();
     assert!(
@@ -366,7 +359,7 @@ fn event_buffers_are_bounded_and_their_losses_counted() {
         .unwrap();
     let keys: Vec<_> = (0..10).map(test_key).collect();
     for k in &keys {
-        store(&m, &[*k]); // one event per block
+        engine_store(&m, RequestId(1), &[*k]); // one event per block
         m.runtime().block_on(m.wait_idle());
     }
     // nobody took the events: each buffer kept the newest 4 keys and counted the rest
@@ -391,21 +384,6 @@ fn event_buffers_are_bounded_and_their_losses_counted() {
     let quiet = m.tier::<kv_tier_testkit::MemoryTier>("quiet").unwrap();
     assert_eq!(quiet.len(), 10, "stored all the same");
     assert!(kv_tier::SecondaryTier::take_events(&*quiet).is_empty());
-}
-
-fn memory_manager(top: &str, tiers: &str) -> kv_tier::TieringManager {
-    let cfg = KvTierConfig::from_json_str(&format!(
-        r#"{{"cpu_bytes_to_use": {}, "block_size_bytes": {BS}{top}, "secondary_tiers": [{tiers}]}}"#,
-        64 * BS
-    ))
-    .unwrap();
-    let mut registry = kv_tier::registry();
-    kv_tier_testkit::MemoryTier::register(&mut registry).unwrap();
-    kv_tier::builder(cfg)
-        .unwrap()
-        .registry(registry)
-        .build_blocking()
-        .unwrap()
 }
 
 #[test]
@@ -460,7 +438,7 @@ fn a_tier_admits_after_n_lookups_and_within_its_write_budget() {
     m.lookup_prefix(&once, &r1);
     let mut all = twice.clone();
     all.extend(&once);
-    store(&m, &all);
+    engine_store(&m, RequestId(1), &all);
     m.runtime().block_on(m.wait_idle());
     let tier = |n: &str| m.tier::<kv_tier_testkit::MemoryTier>(n).unwrap();
     assert_eq!(tier("all").len(), 24);

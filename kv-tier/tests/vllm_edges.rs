@@ -7,9 +7,11 @@ use kv_tier::{
     OffloadPolicy, ProtectGuard, RequestContext, RequestId, RunFields, SecondaryTier, StoreJob,
     TierEvent, TierInfo, async_trait,
 };
-use kv_tier_testkit::{MemoryTier, fill_block, s3, test_key};
+use kv_tier_testkit::util::engine_store;
+use kv_tier_testkit::{MemoryTier, s3, test_key};
 
-const BS: usize = 65536;
+mod common;
+use common::{BS, memory_manager};
 
 fn ns() -> Namespace {
     Namespace::new(RunFields::new("org/model", "torch.bfloat16", 16), 0).unwrap()
@@ -20,29 +22,6 @@ fn field_of(e: Error) -> String {
         Error::InvalidConfig { field, .. } => field,
         other => panic!("expected InvalidConfig, got {other}"),
     }
-}
-
-fn store_for(m: &kv_tier::TieringManager, keys: &[BlockKey], req: u64) {
-    let mut p = m.prepare_store(keys).expect("DRAM room");
-    for (k, sink) in p.slots() {
-        fill_block(k, 0, sink.as_mut_slice());
-    }
-    p.commit(RequestId(req));
-}
-
-fn memory_manager(top: &str, tiers: &str) -> kv_tier::TieringManager {
-    let cfg = KvTierConfig::from_json_str(&format!(
-        r#"{{"cpu_bytes_to_use": {}, "block_size_bytes": {BS}{top}, "secondary_tiers": [{tiers}]}}"#,
-        64 * BS
-    ))
-    .unwrap();
-    let mut registry = kv_tier::registry();
-    MemoryTier::register(&mut registry).unwrap();
-    kv_tier::builder(cfg)
-        .unwrap()
-        .registry(registry)
-        .build_blocking()
-        .unwrap()
 }
 
 // ---------------------------------------------------------------- config errors and panics
@@ -363,7 +342,7 @@ fn vllm_fs_and_obj_shape_with_nested_store_config_builds_and_stores() {
         .build_blocking()
         .unwrap();
     let keys: Vec<_> = (0..3).map(test_key).collect();
-    store_for(&m, &keys, 1);
+    engine_store(&m, RequestId(1), &keys);
     m.on_request_finished(RequestId(1));
     rt.block_on(m.wait_idle());
     let ev = m.take_events();
@@ -411,7 +390,7 @@ fn locality_override_applies_both_ways_and_off_records_nothing() {
         .build_blocking()
         .unwrap();
     let keys: Vec<_> = (0..4).map(test_key).collect();
-    store_for(&m, &keys, 1);
+    engine_store(&m, RequestId(1), &keys);
     rt.block_on(m.wait_idle());
     let ev = m.take_events();
     assert!(
@@ -463,7 +442,7 @@ fn events_off_counts_no_losses_from_open_time_gc() {
         .unwrap();
     let keys: Vec<_> = (0..40).map(test_key).collect();
     for c in keys.chunks(8) {
-        store_for(&m, c, 1);
+        engine_store(&m, RequestId(1), c);
         m.runtime().block_on(m.wait_idle());
     }
     m.shutdown_blocking().unwrap();
@@ -502,7 +481,7 @@ fn fs_event_buffer_bound_within_one_job() {
         .build_blocking()
         .unwrap();
     let keys: Vec<_> = (0..5).map(test_key).collect();
-    store_for(&m, &keys, 1);
+    engine_store(&m, RequestId(1), &keys);
     m.runtime().block_on(m.wait_idle());
     let s = m.stats();
     assert_eq!(s.tiers[0].events_dropped, 3);
@@ -550,7 +529,7 @@ fn admit_after_lookups_counts_requests_not_interleaved_polls() {
         m.lookup_prefix(&[a], &r1);
         m.lookup_prefix(&[a], &r2);
     }
-    store_for(&m, &[a], 1);
+    engine_store(&m, RequestId(1), &[a]);
     m.runtime().block_on(m.wait_idle());
     let ssd = m.tier::<MemoryTier>("ssd").unwrap();
     assert_eq!(ssd.len(), 0, "2 requests asked; 3 required");
@@ -570,7 +549,7 @@ fn exact_write_budget_and_admission_do_not_charge_each_other() {
     // only keys[3] and keys[4] asked for
     m.lookup(&keys[3], &r);
     m.lookup(&keys[4], &r);
-    store_for(&m, &keys, 1);
+    engine_store(&m, RequestId(1), &keys);
     m.runtime().block_on(m.wait_idle());
     let s = m.stats();
     let t = |n: &str| m.tier::<MemoryTier>(n).unwrap().len();
@@ -594,7 +573,7 @@ fn store_threshold_blocks_never_cascade_and_are_counted_once() {
     let keys: Vec<_> = (0..3).map(test_key).collect();
     m.lookup_prefix(&keys, &RequestContext::new(1));
     m.lookup_prefix(&keys[..1], &RequestContext::new(2));
-    store_for(&m, &keys, 1);
+    engine_store(&m, RequestId(1), &keys);
     m.runtime().block_on(m.wait_idle());
     assert_eq!(m.tier::<MemoryTier>("memory").unwrap().len(), 1);
     assert_eq!(m.stats().stores_not_admitted, 2);
@@ -693,8 +672,8 @@ fn jobs_carry_request_ids_and_finished_waits_for_every_store() {
     let r7 = RequestContext::new(7);
     assert_eq!(m.on_new_request(&r7), OffloadPolicy::ChunkLevel);
     rec.gate.send_replace(false);
-    store_for(&m, &[test_key(1)], 7);
-    store_for(&m, &[test_key(2)], 7); // a second store of the same request
+    engine_store(&m, RequestId(7), &[test_key(1)]);
+    engine_store(&m, RequestId(7), &[test_key(2)]); // a second store of the same request
     m.on_schedule_end();
     std::thread::sleep(std::time::Duration::from_millis(100));
     m.on_request_finished(RequestId(7));
@@ -734,7 +713,7 @@ fn jobs_carry_request_ids_and_finished_waits_for_every_store() {
 fn promotion_load_jobs_carry_the_request() {
     let (m, rec, log) = rec_manager();
     let k = test_key(5);
-    store_for(&m, &[k], 1);
+    engine_store(&m, RequestId(1), &[k]);
     m.on_request_finished(RequestId(1));
     m.runtime().block_on(m.wait_idle());
     m.runtime().block_on(m.reset_cache());

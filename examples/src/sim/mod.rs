@@ -8,18 +8,18 @@
 //! - `step`: the engine, one scheduler step at a time (admit, look up, load and verify,
 //!   store, finish; with `sync_steps`, the fs GC at the end of the step), counting as it goes;
 //! - `report`: the [`Report`] made of those counts and the manager's stats, [`render`]ed as
-//!   text, and the live progress line.
+//!   text, and the live progress line;
+//! - `compare`: two reports side by side ([`render_admission_comparison`]).
 
+mod compare;
 mod config;
 mod report;
 mod setup;
 mod step;
 
+pub use compare::render_admission_comparison;
 pub use config::{DEFAULT_MODEL, ModelPreset, PRESETS, SimConfig, preset};
-pub use report::{
-    DiskProbe, GcReport, Inputs, Report, TierReport, ideal_hit_rate, render,
-    render_admission_comparison,
-};
+pub use report::{DiskProbe, GcReport, Inputs, Report, TierReport, ideal_hit_rate, render};
 
 use report::Progress;
 use setup::Setup;

@@ -169,11 +169,6 @@ impl Admission {
         self.counts.as_ref().map_or(0, |c| c.count(key))
     }
 
-    /// Whether DRAM takes every key (no `store_threshold`).
-    pub(super) fn dram_admits_all(&self) -> bool {
-        self.store_threshold < 2
-    }
-
     /// Whether DRAM takes `key` (vLLM's `store_threshold`: below 2, every key).
     pub(super) fn dram_admits(&self, key: &BlockKey) -> bool {
         self.store_threshold < 2 || self.count(key) >= self.store_threshold

@@ -24,6 +24,7 @@ mod holds;
 mod jobs;
 mod lifecycle;
 mod pending;
+mod requests;
 mod write_back;
 
 use builder::OwnedRuntime;
@@ -32,8 +33,8 @@ use jobs::{Completion, Job, JobInfo};
 pub use pending::PendingStore;
 
 use crate::tier::{
-    OffloadPolicy, PreparedStore, PrimaryTier, SecondaryTier, StoreJob, stats_caught,
-    take_events_caught, touch_caught,
+    PreparedStore, PrimaryTier, SecondaryTier, StoreJob, stats_caught, take_events_caught,
+    touch_caught,
 };
 struct State {
     in_step: bool,
@@ -364,30 +365,22 @@ impl TieringManager {
     pub fn prepare_store(&self, keys: &[BlockKey]) -> Result<PendingStore<'_>> {
         let mut st = self.begin();
         let per_block = self.primary.block_size() as u64;
-        // vLLM's store_threshold: only blocks lookups asked for often enough enter DRAM
-        let admitted: Vec<BlockKey>;
-        let keys = if st.admission.dram_admits_all() {
-            keys
-        } else {
-            let mut left_out = 0;
-            admitted = keys
-                .iter()
-                .filter(|k| {
-                    // a key already in DRAM is not a store: neither admitted nor left out
-                    let admit =
-                        st.admission.dram_admits(k) || self.primary.lookup(k) != LookupResult::Miss;
-                    left_out += u64::from(!admit);
-                    admit
-                })
-                .copied()
-                .collect();
-            st.stats.stores_not_admitted += left_out;
-            &admitted[..]
-        };
-        let new: FxHashSet<&BlockKey> = keys
-            .iter()
-            .filter(|k| self.primary.lookup(k) == LookupResult::Miss)
-            .collect();
+        // one DRAM lookup per key: a key already there is not a store (neither admitted nor
+        // left out); a missing one enters only if vLLM's store_threshold admits it
+        let mut admitted = Vec::with_capacity(keys.len());
+        let mut new: FxHashSet<&BlockKey> = FxHashSet::default();
+        for k in keys {
+            let missing = self.primary.lookup(k) == LookupResult::Miss;
+            if missing && !st.admission.dram_admits(k) {
+                st.stats.stores_not_admitted += 1;
+                continue;
+            }
+            if missing {
+                new.insert(k);
+            }
+            admitted.push(*k);
+        }
+        let keys = &admitted[..];
         if let Some(e) = st
             .write_back
             .refusal(&self.names, new.len() as u64 * per_block)
@@ -407,7 +400,7 @@ impl TieringManager {
     /// are freed and nothing cascades.
     ///
     /// A tier that asked for the request's blocks at request level
-    /// ([`OffloadPolicy::RequestLevel`] from [`SecondaryTier::on_new_request`]) also gets the
+    /// ([`OffloadPolicy::RequestLevel`](crate::OffloadPolicy::RequestLevel) from [`SecondaryTier::on_new_request`]) also gets the
     /// store's keys that were already in DRAM (`present`), as vLLM sends prefix hits to such
     /// tiers.
     fn finish_store(&self, keys: &[BlockKey], present: &[BlockKey], commit: Option<RequestId>) {
@@ -495,75 +488,6 @@ impl TieringManager {
         self.primary.touch(keys);
         for t in &self.tiers {
             touch_caught(&**t, keys);
-        }
-    }
-
-    /// The request is done. Its queued promotions are not sent (their DRAM reservations and
-    /// leases are released); promotions in flight land for others to use, and a failure of
-    /// one is ignored. The blocks promoted for it and not yet read are no longer held. Its
-    /// per-request lookup state is dropped in every tier, but only once its pending store
-    /// jobs have finished; tiers hear of it ([`SecondaryTier::on_request_finished`]) then.
-    /// Call it after the request's stores are committed: a store committed later is not
-    /// waited for (a `PendingStore` belongs to no request until its commit). Call it once.
-    pub fn on_request_finished(&self, req: RequestId) {
-        let mut st = self.begin();
-        st.holds.finish(req);
-        let queued: Vec<(usize, RequestId)> = st
-            .promotions
-            .keys()
-            .filter(|(_, r)| *r == req)
-            .copied()
-            .collect();
-        for at in queued {
-            if let Some(blocks) = st.promotions.remove(&at) {
-                st.stats.tiers[at.0].promotions_cancelled += blocks.len() as u64;
-                self.cancel(&mut st, at.0, blocks);
-            }
-        }
-        if st.pending_stores.contains_key(&req) {
-            st.finishing.insert(req);
-        } else {
-            self.request_done(&mut st, req);
-        }
-    }
-
-    /// A request the engine starts (vLLM's `on_new_request`): passed to every tier
-    /// ([`SecondaryTier::on_new_request`]) for request-level policies. Optional: lookups and
-    /// jobs work without it.
-    ///
-    /// A tier answering [`OffloadPolicy::RequestLevel`] gets every block the request stores,
-    /// those already in DRAM included (vLLM's `REQUEST_LEVEL`); the answer is
-    /// `RequestLevel` if any tier asked for it.
-    pub fn on_new_request(&self, req: &RequestContext) -> OffloadPolicy {
-        // the hooks run off the manager's lock: a tier's may take locks of its own
-        let mut request_level = Vec::new();
-        for (i, t) in self.tiers.iter().enumerate() {
-            let mut policy = OffloadPolicy::ChunkLevel;
-            crate::tier::hook_caught(&**t, "on_new_request", |t| {
-                policy = t.on_new_request(req);
-            });
-            if policy == OffloadPolicy::RequestLevel {
-                request_level.push(i);
-            }
-        }
-        if request_level.is_empty() {
-            return OffloadPolicy::ChunkLevel;
-        }
-        lock(&self.state)
-            .request_level
-            .insert(req.id, request_level);
-        OffloadPolicy::RequestLevel
-    }
-
-    /// The request's per-request state goes, in the probe caches and in every tier (once its
-    /// store jobs have ended).
-    fn request_done(&self, st: &mut State, req: RequestId) {
-        st.request_level.remove(&req);
-        for l in &mut st.lookups {
-            l.finish_request(req);
-        }
-        for t in &self.tiers {
-            crate::tier::hook_caught(&**t, "on_request_finished", |t| t.on_request_finished(req));
         }
     }
 

@@ -1,7 +1,15 @@
-//! What the fs benches share: their directory and rounds, cleanup between rounds.
+//! What the fs benches share: their directory and rounds, the tier's store and load of a
+//! round, cleanup between rounds.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use kv_tier_core::{BlockKey, BlockSource, LoadJob, PrimaryTier, SecondaryTier, StoreJob};
+use kv_tier_cpu::CpuTier;
+use kv_tier_fs::FsTier;
 
 /// The benchmark directory (`KV_TIER_BENCH_DIR`, default the system temp dir) and the
 /// rounds (`KV_TIER_BENCH_ROUNDS`, default 5).
@@ -32,4 +40,84 @@ pub(crate) fn settle() {
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
     std::thread::sleep(Duration::from_millis(300));
+}
+
+/// Stores `keys` (bytes `srcs`) through the tier in jobs of `job_blocks`, `jobs` in flight;
+/// the time it took.
+pub(crate) fn tier_store(
+    rt: &tokio::runtime::Runtime,
+    tier: &Arc<FsTier>,
+    keys: &[BlockKey],
+    srcs: &[Bytes],
+    job_blocks: usize,
+    jobs: usize,
+) -> Duration {
+    let js: Vec<StoreJob> = keys
+        .chunks(job_blocks)
+        .zip(srcs.chunks(job_blocks))
+        .map(|(ks, ss)| StoreJob {
+            requests: Vec::new(),
+            blocks: ks
+                .iter()
+                .zip(ss)
+                .map(|(k, s)| (*k, BlockSource::from_bytes(s.clone())))
+                .collect(),
+        })
+        .collect();
+    let t = Instant::now();
+    rt.block_on(async {
+        let results: Vec<_> = futures::stream::iter(js)
+            .map(|j| tier.store(j))
+            .buffer_unordered(jobs)
+            .collect()
+            .await;
+        assert!(results.iter().all(|r| r.is_success()));
+    });
+    t.elapsed()
+}
+
+/// Loads `keys` through the tier into the DRAM tier's slots (pre-faulted, as an engine's
+/// are) in jobs of `job_blocks`, `jobs` in flight; the time it took.
+pub(crate) fn tier_load(
+    rt: &tokio::runtime::Runtime,
+    tier: &Arc<FsTier>,
+    cpu: &CpuTier,
+    keys: &[BlockKey],
+    job_blocks: usize,
+    jobs: usize,
+) -> Duration {
+    let mut prepared = cpu.prepare_store(keys).unwrap();
+    assert_eq!(
+        prepared.to_store.len(),
+        keys.len(),
+        "a DRAM slot for every block"
+    );
+    let mut sinks = std::mem::take(&mut prepared.to_store).into_iter();
+    let mut js = Vec::new();
+    loop {
+        let blocks: Vec<_> = sinks.by_ref().take(job_blocks).collect();
+        if blocks.is_empty() {
+            break;
+        }
+        js.push(LoadJob {
+            requests: Vec::new(),
+            blocks,
+        });
+    }
+    let t = Instant::now();
+    rt.block_on(async {
+        let results: Vec<_> = futures::stream::iter(js)
+            .map(|j| tier.load(j))
+            .buffer_unordered(jobs)
+            .collect()
+            .await;
+        assert!(
+            results.iter().all(|r| r.is_success()),
+            "{:?}",
+            results.iter().find(|r| !r.is_success())
+        );
+    });
+    let took = t.elapsed();
+    cpu.complete_store(keys, false);
+    took
 }

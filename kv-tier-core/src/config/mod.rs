@@ -21,14 +21,19 @@
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::{Error, Result};
 pub use crate::json::from_value;
 use crate::layout::{Namespace, RunFields};
 pub use crate::ranges::{check_range, check_range_u64};
 use crate::tier_options::{TierOptions, TierSettings};
+
+mod tier_spec;
+mod vllm;
+
+pub use tier_spec::TierSpec;
+use vllm::{VLLM_KEYS_NOT_HERE, apply_chunking};
 
 /// DRAM eviction policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -39,101 +44,6 @@ pub enum EvictionPolicy {
     Lru,
     /// Adaptive replacement cache (recency + frequency).
     Arc,
-}
-
-/// One entry of `secondary_tiers`: `{"type": "...", "name": "...", ...options}`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TierSpec {
-    /// The registered type name (`"fs"`, `"obj"`, `"memory"`, or a user's own).
-    pub kind: String,
-    /// A unique name for this tier (defaults to the type); used in request tier filters,
-    /// statistics and events.
-    pub name: String,
-    /// vLLM's `module_path` (the Python module an out-of-tree tier type is imported from):
-    /// accepted for a registered type (and then unused, as in vLLM, which imports only
-    /// unknown types); for an unregistered type building fails naming it, since tiers here
-    /// are Rust types registered at compile time.
-    pub module_path: Option<String>,
-    /// The type-specific options (every key but `type`, `name`, `module_path` and the
-    /// manager's own).
-    pub options: Map<String, Value>,
-    /// What the manager does with this tier: probe budget, write-back limit and policy
-    /// (`probe_budget_s`, `write_back_limit_mb`, `write_back_policy`).
-    pub tiering: TierOptions,
-}
-
-impl TierSpec {
-    /// A spec of the given type with no options.
-    pub fn new(kind: impl Into<String>) -> Self {
-        let kind = kind.into();
-        Self {
-            name: kind.clone(),
-            kind,
-            module_path: None,
-            options: Map::new(),
-            tiering: TierOptions::default(),
-        }
-    }
-
-    /// Adds an option.
-    pub fn option(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.options.insert(key.to_string(), value.into());
-        self
-    }
-
-    /// Parses the options into a tier's own config type (use `#[serde(deny_unknown_fields)]`);
-    /// errors name the field relative to the tier entry.
-    pub fn parse_options<T: DeserializeOwned>(&self) -> Result<T> {
-        from_value(Value::Object(self.options.clone()), "")
-    }
-
-    fn from_value(v: Value, field: &str) -> Result<Self> {
-        let Value::Object(mut map) = v else {
-            return Err(Error::config(
-                field,
-                "must be an object with a \"type\" key",
-            ));
-        };
-        let kind = match map.remove("type") {
-            Some(Value::String(s)) if !s.is_empty() => s,
-            Some(other) => {
-                return Err(Error::config(
-                    format!("{field}.type"),
-                    format!("must be a non-empty string, got {other}"),
-                ));
-            }
-            None => return Err(Error::config(format!("{field}.type"), "is required")),
-        };
-        let name = match map.remove("name") {
-            Some(Value::String(s)) if !s.is_empty() => s,
-            Some(other) => {
-                return Err(Error::config(
-                    format!("{field}.name"),
-                    format!("must be a non-empty string, got {other}"),
-                ));
-            }
-            None => kind.clone(),
-        };
-        let module_path = match map.remove("module_path") {
-            Some(Value::String(s)) if !s.is_empty() => Some(s),
-            Some(Value::Null) => None,
-            Some(other) => {
-                return Err(Error::config(
-                    format!("{field}.module_path"),
-                    format!("must be a non-empty string (a Python module path), got {other}"),
-                ));
-            }
-            None => None,
-        };
-        let tiering = TierOptions::take_from(&mut map, field)?;
-        Ok(Self {
-            kind,
-            name,
-            module_path,
-            options: map,
-            tiering,
-        })
-    }
 }
 
 /// The namespace of the blocks: run fields plus the worker rank.
@@ -201,27 +111,6 @@ fn default_max_tracker_size() -> u64 {
 fn default_event_buffer_keys() -> u64 {
     1_000_000
 }
-
-/// vLLM keys of `kv_connector_extra_config` that kv-tier knows and does not implement, with
-/// why: refused with that reason rather than as unknown.
-const VLLM_KEYS_NOT_HERE: &[(&str, &str)] = &[
-    (
-        "offload_prompt_only",
-        "which blocks to offload is the engine's choice here: kv-tier stores the blocks the engine passes to prepare_store",
-    ),
-    (
-        "self_describing_kv_events",
-        "kv-tier's events carry their keys, medium and locality (TierEvent); publishing them in vLLM's wire format is the engine's publisher's job",
-    ),
-    (
-        "max_recompute_pending_tokens",
-        "a scheduler policy of vLLM's connector, not of the tiers: the engine decides when to recompute instead of waiting",
-    ),
-    (
-        "canonical_layout",
-        "set the namespace's canonical_format in \"layout\" instead (the byte format the engine's blocks use)",
-    ),
-];
 
 fn default_probe_timeout() -> f64 {
     1.0
@@ -511,7 +400,7 @@ impl KvTierConfig {
                 };
                 let bpf_given = m.contains_key("blocks_per_file");
                 let mut fields = RunFields::from_layout(m, "layout")?;
-                cfg_apply_chunking(raw.block_size, raw.blocks_per_chunk, bpf_given, &mut fields)?;
+                apply_chunking(raw.block_size, raw.blocks_per_chunk, bpf_given, &mut fields)?;
                 Some(LayoutConfig { fields, rank })
             }
             Some(other) => {
@@ -548,7 +437,7 @@ impl KvTierConfig {
     /// `blocks_per_file` engine blocks of `tokens_per_hash` tokens.
     pub fn check_namespace(&self, ns: &Namespace) -> Result<()> {
         let mut fields = ns.fields().clone();
-        cfg_apply_chunking(
+        apply_chunking(
             self.block_size_tokens,
             self.blocks_per_chunk,
             true,
@@ -646,185 +535,5 @@ impl KvTierConfig {
     }
 }
 
-/// Applies vLLM's chunking keys to run fields: `blocks_per_chunk` is `blocks_per_file`;
-/// `block_size` (tokens per offloaded block) is `tokens_per_hash x blocks_per_file`. A
-/// `blocks_per_file` the layout states must agree; errors name the vLLM key.
-fn cfg_apply_chunking(
-    block_size: Option<u64>,
-    blocks_per_chunk: Option<u64>,
-    blocks_per_file_given: bool,
-    fields: &mut RunFields,
-) -> Result<()> {
-    let wanted = match (block_size, blocks_per_chunk) {
-        (Some(tokens), _) => {
-            let per = fields.tokens_per_hash.max(1);
-            if tokens % per != 0 || tokens == 0 {
-                return Err(Error::config(
-                    "block_size",
-                    format!(
-                        "{tokens} tokens is not a positive multiple of the layout's tokens_per_hash ({per}), the engine's block size"
-                    ),
-                ));
-            }
-            let n = tokens / per;
-            if !(BLOCKS_PER_CHUNK.0..=BLOCKS_PER_CHUNK.1).contains(&n) {
-                return Err(Error::config(
-                    "block_size",
-                    format!(
-                        "{tokens} tokens make {n} engine blocks of {per} tokens per offloaded block, outside 1 to {}",
-                        BLOCKS_PER_CHUNK.1
-                    ),
-                ));
-            }
-            Some(("block_size", n))
-        }
-        (None, Some(n)) => Some(("blocks_per_chunk", n)),
-        (None, None) => None,
-    };
-    if let Some((key, n)) = wanted {
-        if blocks_per_file_given && fields.blocks_per_file != n {
-            return Err(Error::config(
-                key,
-                format!(
-                    "makes {n} engine blocks per offloaded block, but the layout's blocks_per_file is {}",
-                    fields.blocks_per_file
-                ),
-            ));
-        }
-        fields.blocks_per_file = n;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn err_field(text: &str) -> (String, String) {
-        match KvTierConfig::from_json_str(text).unwrap_err() {
-            Error::InvalidConfig { field, reason } => (field, reason),
-            other => panic!("expected InvalidConfig, got {other}"),
-        }
-    }
-
-    #[test]
-    fn full_config_parses() {
-        let cfg = KvTierConfig::from_json_str(
-            r#"{"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 8192, "block_size_bytes": 4096,
-                "eviction_policy": "lru",
-                "secondary_tiers": [{"type": "fs", "root_dir": "/x", "n_read_threads": 4},
-                                    {"type": "fs", "name": "fs2", "root_dir": "/y"}],
-                "layout": {"model_name": "m", "dtype": "float16", "tokens_per_hash": 16, "rank": 2}}"#,
-        )
-        .unwrap();
-        assert_eq!(cfg.secondary_tiers.len(), 2);
-        assert_eq!(cfg.secondary_tiers[0].name, "fs");
-        assert_eq!(cfg.secondary_tiers[1].name, "fs2");
-        assert_eq!(cfg.secondary_tiers[0].options["n_read_threads"], 4);
-        assert!(!cfg.secondary_tiers[0].options.contains_key("type"));
-        assert_eq!(cfg.layout.unwrap().rank, 2);
-    }
-
-    #[test]
-    fn every_invalid_value_names_its_field() {
-        let cases = [
-            (
-                r#"{"cpu_bytes_to_use": 0, "block_size_bytes": 1}"#,
-                "cpu_bytes_to_use",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": -5, "block_size_bytes": 1}"#,
-                "cpu_bytes_to_use",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": "1G", "block_size_bytes": 1}"#,
-                "cpu_bytes_to_use",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 0}"#,
-                "block_size_bytes",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 20}"#,
-                "cpu_bytes_to_use",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "eviction_policy": "lfu"}"#,
-                "eviction_policy",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "cpu_byte_to_use": 3}"#,
-                "cpu_byte_to_use",
-            ),
-            (r#"{"block_size_bytes": 1}"#, "cpu_bytes_to_use"),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"root_dir": "/x"}]}"#,
-                "secondary_tiers[0].type",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"type": 3}]}"#,
-                "secondary_tiers[0].type",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"type": "a"}, {"type": "a"}]}"#,
-                "secondary_tiers[1].name",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": {}}"#,
-                "secondary_tiers",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 0}}"#,
-                "layout.tokens_per_hash",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "rank": -1}}"#,
-                "layout.rank",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "tp": 1}}"#,
-                "layout.tp",
-            ),
-            (
-                r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "spec_name": "CPUOffloadingSpec"}"#,
-                "spec_name",
-            ),
-        ];
-        for (text, want) in cases {
-            let (field, reason) = err_field(text);
-            assert_eq!(field, want, "for {text}: reason {reason}");
-            assert!(!reason.is_empty());
-        }
-    }
-
-    #[test]
-    fn syntax_errors_are_reported() {
-        let (field, reason) = err_field("{\"cpu_bytes_to_use\": ");
-        assert_eq!(field, "");
-        assert!(reason.contains("not valid JSON"), "{reason}");
-    }
-
-    #[test]
-    fn tier_options_parse_with_field_paths() {
-        #[derive(Deserialize, Debug)]
-        #[serde(deny_unknown_fields)]
-        #[allow(dead_code)]
-        struct Opts {
-            root_dir: String,
-            #[serde(default)]
-            n_read_threads: Option<u32>,
-        }
-        let spec = TierSpec::new("fs")
-            .option("root_dir", "/x")
-            .option("n_read_threads", "many");
-        let err = spec
-            .parse_options::<Opts>()
-            .unwrap_err()
-            .within("secondary_tiers[0]");
-        assert!(
-            err.to_string()
-                .contains("`secondary_tiers[0].n_read_threads`"),
-            "{err}"
-        );
-    }
-}
+mod tests;
