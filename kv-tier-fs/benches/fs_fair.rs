@@ -4,7 +4,10 @@
 //! - `raw@T`: plain O_DIRECT `open`/`pwrite`/`close` and `open`/`pread`/`close` of files at
 //!   the tier's directory depth (`<rank>/<hex[0..3]>/<hex[3..5]>_g0/<hex>.bin`, leaf
 //!   directories made on first use) on as many threads as the tier runs (16 writers, 16
-//!   readers);
+//!   readers), driven as the tier is: J jobs of 16 blocks in flight, a job ending when its
+//!   last block does and the next one starting then;
+//! - `stream@T`: the same threads without jobs (each takes the next block: no job ever
+//!   waits for its slowest block), the ceiling of the thread count;
 //! - `raw@J`: the same on as many threads as jobs in flight;
 //! - `vllm`: vLLM's C++ fs path as vLLM drives it: one thread per 16-block job, per block
 //!   `access`, `stat` x2, `mkdir`, `open`, `write`, `close`, `link`, `unlink` to store and
@@ -12,7 +15,8 @@
 //!
 //! Every case ends with a line `summary block=<bytes> jobs=<n> store_vs_raw=<r>
 //! load_vs_raw=<r> store_vs_vllm=<r> load_vs_vllm=<r>`: same-run median ratios of the tier's
-//! GB/s to raw@T's and vllm's. Then `summary syscalls store=<n> load=<n>`: file syscalls per
+//! GB/s to raw@T's and vllm's; and a `detail` line with the tier against `stream@T` and
+//! `raw@J`. Then `summary syscalls store=<n> load=<n>`: file syscalls per
 //! block of the tier, counted under `strace -f -c` (the bench runs itself as the child).
 //!
 //! `cargo bench -p kv-tier-fs --bench fs_fair` (directory: `KV_TIER_BENCH_DIR`, default the
@@ -85,6 +89,7 @@ fn main() {
 struct Figures {
     tier: Vec<f64>,
     raw_t: Vec<f64>,
+    stream_t: Vec<f64>,
     raw_j: Vec<f64>,
     vllm: Vec<f64>,
 }
@@ -125,41 +130,63 @@ fn run_case(
             .map(|i| test_key((round as u64) << 40 | (jobs as u64) << 32 | i as u64))
             .collect();
         let raw_t = dir.join(format!("raw-t-{bs}-{jobs}-{round}"));
+        let stream_t = dir.join(format!("stream-t-{bs}-{jobs}-{round}"));
         let raw_j = dir.join(format!("raw-j-{bs}-{jobs}-{round}"));
         let vllm = dir.join(format!("vllm-{bs}-{jobs}-{round}"));
-        // four competitors, the order rotating round by round
-        for k in 0..4 {
+        // five competitors, the order rotating round by round
+        const N: usize = 5;
+        for k in 0..N {
             let g = |d: Duration| gb / d.as_secs_f64();
-            match (k + round) % 4 {
+            match (k + round) % N {
                 0 => w
                     .tier
                     .push(g(tier_store(rt, &tier, &keys, &srcs, JOB_BLOCKS, jobs))),
-                1 => w
-                    .raw_t
-                    .push(g(raw_store(&raw_t, &ns, &keys, &srcs, TIER_THREADS))),
-                2 => w.raw_j.push(g(raw_store(&raw_j, &ns, &keys, &srcs, jobs))),
+                1 => w.raw_t.push(g(raw_store(
+                    &raw_t,
+                    &ns,
+                    &keys,
+                    &srcs,
+                    Drive::Jobs(TIER_THREADS, jobs),
+                ))),
+                2 => w.stream_t.push(g(raw_store(
+                    &stream_t,
+                    &ns,
+                    &keys,
+                    &srcs,
+                    Drive::Stream(TIER_THREADS),
+                ))),
+                3 => w
+                    .raw_j
+                    .push(g(raw_store(&raw_j, &ns, &keys, &srcs, Drive::Stream(jobs)))),
                 _ => w.vllm.push(g(vllm_store(&vllm, &ns, &keys, &srcs, jobs))),
             }
         }
-        for k in 0..4 {
+        for k in 0..N {
             drop_caches();
             let g = |d: Duration| gb / d.as_secs_f64();
-            match (k + round) % 4 {
+            let raw = |d: &Path, drive| direct_load(d, &ns, &keys, &cpu, drive, 1);
+            match (k + round) % N {
                 0 => r
                     .tier
                     .push(g(tier_load(rt, &tier, &cpu, &keys, JOB_BLOCKS, jobs))),
                 1 => r
                     .raw_t
-                    .push(g(direct_load(&raw_t, &ns, &keys, &cpu, TIER_THREADS, 1))),
+                    .push(g(raw(&raw_t, Drive::Jobs(TIER_THREADS, jobs)))),
                 2 => r
-                    .raw_j
-                    .push(g(direct_load(&raw_j, &ns, &keys, &cpu, jobs, 1))),
-                _ => r
-                    .vllm
-                    .push(g(direct_load(&vllm, &ns, &keys, &cpu, jobs, JOB_BLOCKS))),
+                    .stream_t
+                    .push(g(raw(&stream_t, Drive::Stream(TIER_THREADS)))),
+                3 => r.raw_j.push(g(raw(&raw_j, Drive::Stream(jobs)))),
+                _ => r.vllm.push(g(direct_load(
+                    &vllm,
+                    &ns,
+                    &keys,
+                    &cpu,
+                    Drive::Stream(jobs),
+                    JOB_BLOCKS,
+                ))),
             }
         }
-        for d in [&raw_t, &raw_j, &vllm] {
+        for d in [&raw_t, &stream_t, &raw_j, &vllm] {
             std::fs::remove_dir_all(d).unwrap();
         }
         clear_blocks(&root.join(ns.rank_dir_name()));
@@ -167,11 +194,12 @@ fn run_case(
     }
     let show = |name: &str, f: &Figures| {
         println!(
-            "{:>4} KiB {:>2} job(s) {name:<5}: tier {} | raw@{TIER_THREADS} {} | raw@{jobs} {} | vllm {}",
+            "{:>4} KiB {:>2} job(s) {name:<5}: tier {} | raw@{TIER_THREADS} {} | stream@{TIER_THREADS} {} | raw@{jobs} {} | vllm {}",
             bs >> 10,
             jobs,
             span(&f.tier),
             span(&f.raw_t),
+            span(&f.stream_t),
             span(&f.raw_j),
             span(&f.vllm)
         );
@@ -180,11 +208,16 @@ fn run_case(
     show("load", &r);
     let ratio = |a: &[f64], b: &[f64]| median(a.iter().zip(b).map(|(x, y)| x / y).collect());
     format!(
-        "summary block={bs} jobs={jobs} store_vs_raw={:.2} load_vs_raw={:.2} store_vs_vllm={:.2} load_vs_vllm={:.2}",
+        "summary block={bs} jobs={jobs} store_vs_raw={:.2} load_vs_raw={:.2} store_vs_vllm={:.2} load_vs_vllm={:.2}\n\
+         detail block={bs} jobs={jobs} store_vs_stream={:.2} load_vs_stream={:.2} store_vs_raw_at_jobs={:.2} load_vs_raw_at_jobs={:.2}",
         ratio(&w.tier, &w.raw_t),
         ratio(&r.tier, &r.raw_t),
         ratio(&w.tier, &w.vllm),
-        ratio(&r.tier, &r.vllm)
+        ratio(&r.tier, &r.vllm),
+        ratio(&w.tier, &w.stream_t),
+        ratio(&r.tier, &r.stream_t),
+        ratio(&w.tier, &w.raw_j),
+        ratio(&r.tier, &r.raw_j),
     )
 }
 
@@ -193,25 +226,98 @@ fn block_path(root: &Path, ns: &Namespace, k: &BlockKey) -> PathBuf {
     root.join(ns.block_rel_path(k))
 }
 
-/// Runs `f(thread, index)` for every index below `n` on `threads` threads (each takes the
-/// next index).
-fn on_threads(n: usize, threads: usize, f: impl Fn(usize, usize) + Sync) -> Duration {
-    let next = std::sync::atomic::AtomicUsize::new(0);
+/// How a raw competitor runs its blocks.
+#[derive(Clone, Copy)]
+enum Drive {
+    /// On this many threads, each taking the next block (no job boundaries).
+    Stream(usize),
+    /// On `.0` threads, as `.1` jobs of [`JOB_BLOCKS`] blocks in flight: a job's blocks are
+    /// queued together, and the next job starts when one has ended (as the tier is driven).
+    Jobs(usize, usize),
+}
+
+/// Runs `f(index)` for every index below `n`, driven as `drive` says; the time it took.
+fn on_threads(n: usize, drive: Drive, f: impl Fn(usize) + Sync) -> Duration {
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::sync::{Condvar, Mutex};
+    let next = AtomicUsize::new(0);
     let (next, f) = (&next, &f);
     let t = Instant::now();
-    std::thread::scope(|s| {
-        for th in 0..threads.min(n) {
-            s.spawn(move || {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= n {
-                        break;
+    match drive {
+        Drive::Stream(threads) => std::thread::scope(|s| {
+            for _ in 0..threads.min(n) {
+                s.spawn(move || {
+                    loop {
+                        let i = next.fetch_add(1, Relaxed);
+                        if i >= n {
+                            break;
+                        }
+                        f(i);
                     }
-                    f(th, i);
+                });
+            }
+        }),
+        Drive::Jobs(threads, jobs) => {
+            let n_jobs = n.div_ceil(JOB_BLOCKS);
+            // (queued block indices with their job, stop) and each job's blocks left
+            let queue = Mutex::new((std::collections::VecDeque::<(usize, usize)>::new(), false));
+            let (work, ended) = (Condvar::new(), Condvar::new());
+            let left: Vec<AtomicUsize> = (0..n_jobs)
+                .map(|j| AtomicUsize::new(JOB_BLOCKS.min(n - j * JOB_BLOCKS)))
+                .collect();
+            let (queue, work, ended, left) = (&queue, &work, &ended, &left);
+            std::thread::scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(move || {
+                        loop {
+                            let (j, i) = {
+                                let mut q = queue.lock().unwrap();
+                                loop {
+                                    if let Some(t) = q.0.pop_front() {
+                                        break t;
+                                    }
+                                    if q.1 {
+                                        return;
+                                    }
+                                    q = work.wait(q).unwrap();
+                                }
+                            };
+                            f(i);
+                            if left[j].fetch_sub(1, Relaxed) == 1 {
+                                let _q = queue.lock().unwrap();
+                                ended.notify_all();
+                            }
+                        }
+                    });
                 }
+                let drivers: Vec<_> = (0..jobs.min(n_jobs))
+                    .map(|_| {
+                        s.spawn(move || {
+                            loop {
+                                let j = next.fetch_add(1, Relaxed);
+                                if j >= n_jobs {
+                                    break;
+                                }
+                                let mut q = queue.lock().unwrap();
+                                q.0.extend(
+                                    (j * JOB_BLOCKS..((j + 1) * JOB_BLOCKS).min(n)).map(|i| (j, i)),
+                                );
+                                work.notify_all();
+                                while left[j].load(Relaxed) > 0 {
+                                    q = ended.wait(q).unwrap();
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for d in drivers {
+                    d.join().unwrap();
+                }
+                queue.lock().unwrap().1 = true;
+                work.notify_all();
             });
         }
-    });
+    }
     t.elapsed()
 }
 
@@ -244,11 +350,11 @@ fn raw_store(
     ns: &Namespace,
     keys: &[BlockKey],
     srcs: &[Bytes],
-    threads: usize,
+    drive: Drive,
 ) -> Duration {
     top_dirs(root, ns, keys);
     let made = std::sync::Mutex::new(HashSet::new());
-    on_threads(keys.len(), threads, |_, i| {
+    on_threads(keys.len(), drive, |i| {
         let p = block_path(root, ns, &keys[i]);
         let parent = p.parent().unwrap().to_path_buf();
         if made.lock().unwrap().insert(parent.clone()) {
@@ -264,20 +370,20 @@ fn raw_store(
     })
 }
 
-/// O_DIRECT `open`, `read`, `close` of every block into the DRAM tier's slots, on `threads`
-/// threads, each task `per_task` consecutive blocks: 1 for the raw baseline (threads take
-/// the next block), a job's 16 for vLLM's pattern (one thread per job).
+/// O_DIRECT `open`, `read`, `close` of every block into the DRAM tier's slots, driven as
+/// `drive` says, each task `per_task` consecutive blocks: 1 for the raw baselines, a job's 16
+/// for vLLM's pattern (one thread per job).
 fn direct_load(
     root: &Path,
     ns: &Namespace,
     keys: &[BlockKey],
     cpu: &CpuTier,
-    threads: usize,
+    drive: Drive,
     per_task: usize,
 ) -> Duration {
     let slots = dram_slots(cpu, keys);
     let tasks = keys.len().div_ceil(per_task);
-    let took = on_threads(tasks, threads, |_, t| {
+    let took = on_threads(tasks, drive, |t| {
         for i in t * per_task..((t + 1) * per_task).min(keys.len()) {
             let mut sink = slots[i].lock().unwrap();
             let f = OpenOptions::new()
@@ -303,7 +409,7 @@ fn vllm_store(
 ) -> Duration {
     top_dirs(root, ns, keys);
     let n_jobs = keys.len().div_ceil(JOB_BLOCKS);
-    on_threads(n_jobs, jobs, |_, j| {
+    on_threads(n_jobs, Drive::Stream(jobs), |j| {
         for i in j * JOB_BLOCKS..((j + 1) * JOB_BLOCKS).min(keys.len()) {
             let p = block_path(root, ns, &keys[i]);
             let parent = p.parent().unwrap();
@@ -422,19 +528,19 @@ fn syscall_summary() -> String {
         .iter()
         .map(|s| per(s))
         .sum::<f64>();
-    let load = per("pread64");
-    // open, close and statx serve both: split by the phases' known shape (the store opens
-    // and closes once, the load opens, stats and closes once)
+    let load = per("pread64") + per("preadv");
+    // open and close serve both: split by the phases' known shape (each opens and closes
+    // once); a stat is counted to the load (the store makes none)
     let opens = per("openat");
     let closes = per("close");
     let statx = per("statx") + per("newfstatat");
     let store_total = store + opens / 2.0 + closes / 2.0;
     let load_total = load + opens / 2.0 + closes / 2.0 + statx;
     format!(
-        "summary syscalls store={store_total:.2} load={load_total:.2} (openat {opens:.2}, close {closes:.2}, stat {statx:.2}, mkdir {:.2}, renameat2 {:.2}, pwrite {:.2}, pread {:.2} per block, store+load)",
+        "summary syscalls store={store_total:.2} load={load_total:.2} (openat {opens:.2}, close {closes:.2}, stat {statx:.2}, mkdir {:.2}, renameat2 {:.2}, pwrite {:.2}, pread/preadv {:.2} per block, store+load)",
         per("mkdir"),
         per("renameat2"),
         per("pwrite64"),
-        per("pread64")
+        load
     )
 }

@@ -4,6 +4,7 @@
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
@@ -20,19 +21,50 @@ fn cstr(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
-/// Opens a block file for reading, never through a symbolic link (`ELOOP`): a link at a
-/// block's path is damage, not a block.
-pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<File> {
-    let mut o = OpenOptions::new();
-    o.read(true);
-    // O_NONBLOCK: a FIFO at the path must not block the open (it changes nothing for the
-    // reads of a regular file)
-    let mut flags = libc::O_NOFOLLOW | libc::O_NONBLOCK;
+/// Opens a block file (`rel`, relative to the directory `dir`) for reading, never through a
+/// symbolic link (`ELOOP`): a link at a block's path is damage, not a block. `O_NONBLOCK`:
+/// a FIFO at the path must not block the open (it changes nothing for the reads of a
+/// regular file).
+pub(crate) fn open_read_at(dir: &OwnedFd, rel: &str, direct: bool) -> io::Result<File> {
+    let c = CString::new(rel).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK;
     if direct {
         flags |= libc::O_DIRECT;
     }
-    o.custom_flags(flags);
-    o.open(path)
+    // SAFETY: a valid directory descriptor and NUL-terminated relative path; the returned
+    // descriptor is owned by the File.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Opens a directory as an `O_PATH` descriptor (for `*at` calls relative to it).
+pub(crate) fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
+    let c = cstr(path)?;
+    // SAFETY: a valid NUL-terminated path; the returned descriptor is owned by the OwnedFd.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the directory open at `dir` has been removed (no links left).
+pub(crate) fn is_removed_dir(dir: &OwnedFd) -> bool {
+    // SAFETY: zeroed is a valid `stat`; fstat fills it for a valid descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a `stat` to fill.
+    let rc = unsafe { libc::fstat(dir.as_raw_fd(), &mut st) };
+    rc == 0 && st.st_nlink == 0
 }
 
 /// Creates `path` exclusively (`O_CREAT | O_EXCL`), mode 0644.
@@ -45,18 +77,55 @@ pub(crate) fn create_excl(path: &Path, direct: bool) -> io::Result<File> {
     o.open(path)
 }
 
-/// Reads from offset 0 until `buf` is full or end of file; returns the bytes read.
-pub(crate) fn read_full(f: &File, buf: &mut [u8]) -> io::Result<usize> {
+/// Reads the file from offset 0 into `buf` and, in the same `preadv`, up to `tail.len()`
+/// bytes past it: returns the bytes read in all, so `buf.len()` exactly means the file is
+/// exactly `buf.len()` bytes long (fewer: short; more: long) with no `fstat`. Under
+/// `O_DIRECT` `tail` must be aligned like `buf` (a whole logical block).
+pub(crate) fn read_sized(f: &File, buf: &mut [u8], tail: &mut [u8]) -> io::Result<usize> {
     let mut done = 0;
-    while done < buf.len() {
-        match f.read_at(&mut buf[done..], done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+    loop {
+        let n = if done < buf.len() {
+            let iov = [
+                libc::iovec {
+                    iov_base: buf[done..].as_mut_ptr().cast(),
+                    iov_len: buf.len() - done,
+                },
+                libc::iovec {
+                    iov_base: tail.as_mut_ptr().cast(),
+                    iov_len: tail.len(),
+                },
+            ];
+            // SAFETY: both vectors point into live, exclusively borrowed buffers of the
+            // given lengths; the fd is open for reading.
+            let rc = unsafe { libc::preadv(f.as_raw_fd(), iov.as_ptr(), 2, done as libc::off_t) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            rc as usize
+        } else {
+            // the block is whole; only the tail is left (a partial read at the end)
+            let from = done - buf.len();
+            if from >= tail.len() {
+                return Ok(done);
+            }
+            match f.read_at(&mut tail[from..], done as u64) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            return Ok(done);
+        }
+        done += n;
+        if done >= buf.len() + tail.len() {
+            return Ok(done);
         }
     }
-    Ok(done)
 }
 
 pub(crate) fn write_full(f: &File, buf: &[u8]) -> io::Result<()> {
@@ -342,23 +411,53 @@ mod tests {
         let f = File::open(dir.path()).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut buf = [0u8; 16];
-            let _ = tx.send(read_full(&f, &mut buf).map_err(|e| e.raw_os_error()));
+            let (mut buf, mut tail) = ([0u8; 16], [0u8; 4]);
+            let _ = tx.send(read_sized(&f, &mut buf, &mut tail).map_err(|e| e.raw_os_error()));
         });
         let r = rx
             .recv_timeout(std::time::Duration::from_secs(30))
-            .expect("read_full kept retrying an error");
+            .expect("read_sized kept retrying an error");
         assert_eq!(r, Err(Some(libc::EISDIR)));
     }
 
+    /// `read_sized` tells a short, an exact and a long file apart by its count alone, with
+    /// and without O_DIRECT.
     #[test]
-    fn read_full_reads_a_short_file_whole_and_stops_at_its_end() {
+    fn read_sized_tells_short_exact_and_long_files_apart() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f");
-        std::fs::write(&p, b"abc").unwrap();
-        let mut buf = [0u8; 8];
-        assert_eq!(read_full(&File::open(&p).unwrap(), &mut buf).unwrap(), 3);
-        assert_eq!(&buf[..3], b"abc");
+        let bs = 8192;
+        for (len, expect) in [
+            (3usize, 3usize),
+            (bs, bs),
+            (bs + 1, bs + 1),
+            (3 * bs, bs + 512),
+        ] {
+            let p = dir.path().join(format!("f{len}"));
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            std::fs::write(&p, &data).unwrap();
+            for direct in [false, true] {
+                let d = open_dir_path(dir.path()).unwrap();
+                let f = open_read_at(&d, &format!("f{len}"), direct).unwrap();
+                let mut buf = kv_tier_core::AlignedBuf::zeroed(bs);
+                let mut tail = kv_tier_core::AlignedBuf::zeroed(512);
+                let n = match read_sized(&f, buf.as_mut_slice(), tail.as_mut_slice()) {
+                    Ok(n) => n,
+                    // O_DIRECT refuses a read ending in a partial block on some filesystems
+                    Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => continue,
+                    Err(e) => panic!("{len} bytes, direct {direct}: {e}"),
+                };
+                assert_eq!(n, expect, "{len} bytes, direct {direct}");
+                let m = n.min(bs);
+                assert_eq!(
+                    &buf.as_slice()[..m],
+                    &data[..m],
+                    "{len} bytes, direct {direct}"
+                );
+                if n > bs {
+                    assert_eq!(&tail.as_slice()[..n - bs], &data[bs..n]);
+                }
+            }
+        }
     }
 
     #[test]

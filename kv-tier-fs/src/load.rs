@@ -134,10 +134,10 @@ impl Shared {
         let path = self.ns.block_path(&self.root, key);
         // the index entry this load may find gone (see `remove_damaged`)
         let seq = self.gc.as_ref().and_then(|gc| gc.seq_of(key));
-        let f = match self
-            .fault(FsOp::OpenRead, &path)
-            .and_then(|()| file::open_read(&path, self.direct))
-        {
+        let f = match self.fault(FsOp::OpenRead, &path).and_then(|()| {
+            self.rank_dir
+                .open_block(&rank_rel(&self.ns, key), self.direct)
+        }) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if let (Some(gc), Some(seq)) = (&self.gc, seq) {
@@ -159,46 +159,67 @@ impl Shared {
                 return Err(plain(self.io_err("open", &path, e)));
             }
         };
-        let meta = f
-            .metadata()
-            .map_err(|e| plain(self.io_err("fstat", &path, e)))?;
-        if !meta.is_file() {
-            let reason = format!("not a regular file ({:?})", meta.file_type());
-            return Err(self.damaged(key, &path, Some(&f), reason));
-        }
-        if meta.len() != self.block_size as u64 {
-            let reason = format!(
-                "file is {} bytes, the block size is {}",
-                meta.len(),
-                self.block_size
-            );
-            return Err(self.damaged(key, &path, Some(&f), reason));
-        }
-        let n = if self.direct && !sink.is_aligned(self.align) {
-            let mut bounce = AlignedBuf::zeroed(self.block_size);
-            let n = self
-                .fault(FsOp::Read, &path)
-                .and_then(|()| file::read_full(&f, bounce.as_mut_slice()))
-                .map_err(|e| plain(self.io_err("read", &path, e)))?;
-            sink.as_mut_slice()[..n].copy_from_slice(&bounce.as_slice()[..n]);
-            n
-        } else {
-            self.fault(FsOp::Read, &path)
-                .and_then(|()| file::read_full(&f, sink.as_mut_slice()))
-                .map_err(|e| plain(self.io_err("read", &path, e)))?
+        // read first: the count tells the file's size (`read_sized`), so a whole block
+        // costs no `fstat`; the rare paths that need the inode stat it then
+        let mut meta: Option<std::fs::Metadata> = None;
+        let stat = |meta: &mut Option<std::fs::Metadata>| -> io::Result<std::fs::Metadata> {
+            if let Some(m) = meta {
+                return Ok(m.clone());
+            }
+            let m = f.metadata()?;
+            *meta = Some(m.clone());
+            Ok(m)
         };
-        if n < self.block_size {
-            let reason = format!("read {n} of {} bytes", self.block_size);
+        let read = |buf: &mut [u8]| {
+            self.fault(FsOp::Read, &path)
+                .and_then(|()| with_tail(self.align, |tail| file::read_sized(&f, buf, tail)))
+        };
+        let got = if self.direct && !sink.is_aligned(self.align) {
+            let mut bounce = AlignedBuf::zeroed(self.block_size);
+            let got = read(bounce.as_mut_slice());
+            let n = got.as_ref().map_or(0, |n| (*n).min(self.block_size));
+            sink.as_mut_slice()[..n].copy_from_slice(&bounce.as_slice()[..n]);
+            got
+        } else {
+            read(sink.as_mut_slice())
+        };
+        let n = match got {
+            Ok(n) => n,
+            Err(e) => {
+                // a directory (EISDIR) or a FIFO (ESPIPE) is damage; anything else an error
+                if let Ok(m) = stat(&mut meta)
+                    && !m.is_file()
+                {
+                    let reason = format!("not a regular file ({:?})", m.file_type());
+                    return Err(self.damaged(key, &path, Some(&f), reason));
+                }
+                return Err(plain(self.io_err("read", &path, e)));
+            }
+        };
+        if n != self.block_size {
+            let reason = match stat(&mut meta) {
+                Ok(m) if !m.is_file() => format!("not a regular file ({:?})", m.file_type()),
+                Ok(m) if m.len() != self.block_size as u64 => format!(
+                    "file is {} bytes, the block size is {}",
+                    m.len(),
+                    self.block_size
+                ),
+                _ if n < self.block_size => format!("read {n} of {} bytes", self.block_size),
+                _ => format!("file is longer than the block size {}", self.block_size),
+            };
             return Err(self.damaged(key, &path, Some(&f), reason));
         }
         if self.checksum == Checksum::Crc32c {
             let stored = if self.xattrs {
                 file::get_crc_xattr(&f)
             } else {
-                file::read_sidecar(&path, meta.ino())
+                stat(&mut meta).and_then(|m| file::read_sidecar(&path, m.ino()))
             }
             .map_err(|e| plain(self.io_err("read checksum", &path, e)))?;
             let verdict = checksum::verify(&stored, key, sink.as_slice(), self.accept_unverified);
+            let pending = |meta: &mut Option<std::fs::Metadata>| {
+                stat(meta).is_ok_and(|m| self.sidecar_pending(&m))
+            };
             match verdict {
                 Verdict::Verified => {}
                 Verdict::Mismatch { got, stored } => {
@@ -207,7 +228,7 @@ impl Shared {
                     return Err(self.damaged(key, &path, Some(&f), reason));
                 }
                 Verdict::Unverified => bump(&self.counters.blocks.unverified_loads, 1),
-                Verdict::Missing if self.sidecar_pending(&meta) => {
+                Verdict::Missing if pending(&mut meta) => {
                     return Err(plain(Error::Backend {
                         tier: self.name.clone(),
                         message: format!(
@@ -232,9 +253,39 @@ impl Shared {
         bump(&self.counters.blocks.blocks_read, 1);
         bump(&self.counters.blocks.bytes_read, self.block_size as u64);
         if let Some(gc) = &self.gc {
-            gc.on_seen(*key, &meta);
+            // the index learns a file it did not know (written by another process, or
+            // adopted late) from its inode; a known one only gets its recency stamped
+            if seq.is_none()
+                && let Ok(m) = stat(&mut meta)
+            {
+                gc.on_seen(*key, &m);
+            }
             gc.queue_stamps(std::slice::from_ref(key));
         }
         Ok(())
     }
+}
+
+/// `key`'s path relative to the rank directory.
+fn rank_rel(ns: &kv_tier_core::Namespace, key: &BlockKey) -> String {
+    let mut rel = ns.block_rel_path(key);
+    let cut = rel.find('/').map_or(0, |i| i + 1);
+    rel.drain(..cut);
+    rel
+}
+
+/// Runs `f` with this thread's scratch tail for [`file::read_sized`]: one aligned logical
+/// block (`align` bytes, at least 512), kept per I/O thread.
+fn with_tail<R>(align: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    thread_local! {
+        static TAIL: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+    }
+    let len = align.max(512);
+    TAIL.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.as_ref().is_none_or(|b| b.len() != len) {
+            *t = Some(AlignedBuf::zeroed(len));
+        }
+        f(t.as_mut().expect("just set").as_mut_slice())
+    })
 }

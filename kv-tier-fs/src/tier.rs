@@ -150,6 +150,8 @@ impl FsTier {
             stamped: std::sync::Mutex::new(Default::default()),
             events,
             gc,
+            rank_dir: crate::block::RankDir::open(rank_dir.clone())
+                .map_err(|e| Error::io("open", &rank_dir, e))?,
         });
         let tmp_age = Duration::from_secs(cfg.tmp_reap_age_s);
         let (mut reaped, _) = reap_tmp(std::slice::from_ref(&ns_dir), tmp_age);
