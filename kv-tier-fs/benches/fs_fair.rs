@@ -524,7 +524,7 @@ fn syscall_summary() -> String {
     let per = |name: &str| {
         (counts[1].get(name).unwrap_or(&0.0) - counts[0].get(name).unwrap_or(&0.0)) / 256.0
     };
-    let store = ["mkdir", "renameat2", "pwrite64"]
+    let store = ["mkdir", "renameat2", "linkat", "pwrite64"]
         .iter()
         .map(|s| per(s))
         .sum::<f64>();
@@ -537,9 +537,10 @@ fn syscall_summary() -> String {
     let store_total = store + opens / 2.0 + closes / 2.0;
     let load_total = load + opens / 2.0 + closes / 2.0 + statx;
     format!(
-        "summary syscalls store={store_total:.2} load={load_total:.2} (openat {opens:.2}, close {closes:.2}, stat {statx:.2}, mkdir {:.2}, renameat2 {:.2}, pwrite {:.2}, pread/preadv {:.2} per block, store+load)",
+        "summary syscalls store={store_total:.2} load={load_total:.2} (openat {opens:.2}, close {closes:.2}, stat {statx:.2}, mkdir {:.2}, renameat2 {:.2}, linkat {:.2}, pwrite {:.2}, pread/preadv {:.2} per block, store+load)",
         per("mkdir"),
         per("renameat2"),
+        per("linkat"),
         per("pwrite64"),
         load
     )

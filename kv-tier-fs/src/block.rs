@@ -23,7 +23,8 @@ pub enum FsOp {
     /// Reading a block file.
     Read,
     /// Creating a temp file for a store (each attempt: a missing leaf directory is made and
-    /// the create tried again, at most three times).
+    /// the create tried again, at most three times). The path is the temp file's, or the
+    /// leaf directory's for an unnamed (`O_TMPFILE`) one.
     CreateTmp,
     /// Writing a temp file.
     Write,
@@ -54,6 +55,8 @@ pub(crate) struct Shared {
     pub(crate) checksum: Checksum,
     pub(crate) accept_unverified: bool,
     pub(crate) xattrs: bool,
+    /// Blocks are written unnamed (`O_TMPFILE`) and linked into place.
+    pub(crate) tmpfile: bool,
     /// See [`SIDECAR_GRACE`].
     pub(crate) sidecar_grace_ns: AtomicU64,
     pub(crate) fsync: bool,

@@ -43,6 +43,13 @@ pub struct FsTierConfig {
     /// Use `O_DIRECT` where the filesystem supports it (probed once at open; buffered I/O is
     /// the logged fallback). Default true.
     pub direct_io: bool,
+    /// Write each block into an unnamed temp file (`O_TMPFILE`) and publish it with one
+    /// `linkat`, which never replaces (the first writer wins): one directory insert per block
+    /// and no temp name to reap after a crash. Probed once at open; filesystems without
+    /// `O_TMPFILE` (or without `/proc/self/fd` to link through) get the named temp file and
+    /// `renameat2(RENAME_NOREPLACE)` (with `link` + `unlink` where that is refused). Default
+    /// true; false forces the named temp file.
+    pub tmpfile_publish: bool,
     /// At open, `.tmp` files of killed writers older than this many seconds are deleted.
     /// Default 600, range 0 to 31,536,000 (0 reaps every temp file at open: only when no other
     /// process writes to the root). A live writer's temp file exists for milliseconds.
@@ -100,6 +107,7 @@ impl Default for FsTierConfig {
             accept_unverified: false,
             fsync: false,
             direct_io: true,
+            tmpfile_publish: true,
             tmp_reap_age_s: 600,
             gc_max_size_gb: None,
             gc_hard_ceiling: None,

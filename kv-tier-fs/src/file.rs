@@ -67,6 +67,49 @@ pub(crate) fn is_removed_dir(dir: &OwnedFd) -> bool {
     rc == 0 && st.st_nlink == 0
 }
 
+/// Opens an unnamed temp file in `dir` (`O_TMPFILE`), mode 0644: invisible until
+/// [`link_unnamed`] gives it a name, gone with its descriptor otherwise.
+pub(crate) fn create_unnamed(dir: &Path, direct: bool) -> io::Result<File> {
+    let c = cstr(dir)?;
+    let mut flags = libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC;
+    if direct {
+        flags |= libc::O_DIRECT;
+    }
+    // SAFETY: a valid NUL-terminated path; the returned descriptor is owned by the File.
+    let fd = unsafe { libc::open(c.as_ptr(), flags, 0o644 as libc::c_uint) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Gives the unnamed file `f` ([`create_unnamed`]) the name `dest`, never replacing:
+/// `Ok(false)` when `dest` exists. Links through `/proc/self/fd` (`AT_EMPTY_PATH` needs a
+/// capability).
+pub(crate) fn link_unnamed(f: &File, dest: &Path) -> io::Result<bool> {
+    let from = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).expect("no NUL");
+    let to = cstr(dest)?;
+    // SAFETY: valid NUL-terminated paths; AT_FDCWD resolves them like link(2).
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EEXIST) => Ok(false),
+        _ => Err(e),
+    }
+}
+
 /// Creates `path` exclusively (`O_CREAT | O_EXCL`), mode 0644.
 pub(crate) fn create_excl(path: &Path, direct: bool) -> io::Result<File> {
     let mut o = OpenOptions::new();
@@ -121,8 +164,11 @@ pub(crate) fn read_sized(f: &File, buf: &mut [u8], tail: &mut [u8]) -> io::Resul
         if n == 0 {
             return Ok(done);
         }
+        let asked = buf.len() + tail.len() - done;
         done += n;
-        if done >= buf.len() + tail.len() {
+        // a regular file reads short only at its end: a whole block read short of the tail
+        // is the file's size (no second call to see the end)
+        if done >= buf.len() + tail.len() || (n < asked && done >= buf.len()) {
             return Ok(done);
         }
     }

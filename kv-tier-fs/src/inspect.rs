@@ -109,6 +109,7 @@ impl FsTier {
         let mut s = FsStats {
             blocks: sh.counters.blocks.snapshot(),
             direct_io: sh.direct,
+            tmpfile_publish: sh.tmpfile,
             top_dirs_ready: sh.top_dirs_ready.load(Ordering::Acquire),
             gc: sh.gc.as_ref().map(|gc| {
                 let mut g = GcStats {

@@ -135,10 +135,18 @@ fn write_config(ns: &Namespace, path: &Path, replace: bool) -> Result<()> {
 pub(crate) struct Probe {
     pub(crate) direct_align: Option<usize>,
     pub(crate) xattrs: bool,
+    /// Whether a block can be written unnamed and linked into place (`O_TMPFILE`).
+    pub(crate) tmpfile: bool,
 }
 
-/// One probe file per open: writability, O_DIRECT (and its alignment), user xattrs.
-pub(crate) fn probe_dir(dir: &Path, want_direct: bool, want_xattrs: bool) -> Result<Probe> {
+/// One probe file per open: writability, O_DIRECT (and its alignment), user xattrs, and
+/// (`want_tmpfile`) publishing an `O_TMPFILE` file by `linkat`.
+pub(crate) fn probe_dir(
+    dir: &Path,
+    want_direct: bool,
+    want_xattrs: bool,
+    want_tmpfile: bool,
+) -> Result<Probe> {
     let path = dir.join(format!(".kv-tier-probe-{:016x}.tmp", random_salt()));
     let unwritable = |e: io::Error| {
         Error::config(
@@ -179,9 +187,27 @@ pub(crate) fn probe_dir(dir: &Path, want_direct: bool, want_xattrs: bool) -> Res
         };
     drop(f);
     let _ = std::fs::remove_file(&path);
+    let tmpfile = want_tmpfile
+        && {
+            let linked = file::create_unnamed(dir, direct_align.is_some()).and_then(|f| {
+                use std::os::unix::fs::FileExt;
+                let buf = AlignedBuf::zeroed(direct_align.unwrap_or(512));
+                f.write_all_at(buf.as_slice(), 0)?;
+                file::link_unnamed(&f, &path)
+            });
+            let _ = std::fs::remove_file(&path);
+            match linked {
+                Ok(true) => true,
+                r => {
+                    tracing::info!(dir = %dir.display(), result = ?r, "no O_TMPFILE publish here; blocks are written to named temp files and renamed");
+                    false
+                }
+            }
+        };
     Ok(Probe {
         direct_align,
         xattrs,
+        tmpfile,
     })
 }
 

@@ -15,6 +15,9 @@ kv_tier_core::counters! {
         blocks: BlockStats,
         /// Whether I/O uses `O_DIRECT`.
         direct_io: bool,
+        /// Whether blocks are published by `linkat` of an unnamed `O_TMPFILE` file (else a
+        /// named temp file and a rename).
+        tmpfile_publish: bool,
         /// Whether the 4,096 first-level directories of the layout exist (created in the
         /// background after open).
         top_dirs_ready: bool,

@@ -116,10 +116,9 @@ impl Shared {
         }
     }
 
-    /// Writes `src` to a temp file next to `dest` and publishes it there without replacing.
-    /// `Ok(false)` when another writer published first.
+    /// Writes `src` to a temp file next to `dest` (unnamed, where `O_TMPFILE` is used) and
+    /// publishes it there without replacing. `Ok(false)` when another writer published first.
     fn write_block(&self, key: &BlockKey, dest: &Path, src: &BlockSource) -> Result<bool> {
-        let tmp = self.tmp_path(dest);
         let parent = dest.parent().expect("block paths have a parent");
         if !self.leaves.known(key) {
             // a leaf not seen yet: make it before the create rather than after a failed one
@@ -130,54 +129,16 @@ impl Shared {
                 Err(_) => {}
             }
         }
-        let mut tries = 0;
-        let f = loop {
-            let created = self
-                .fault(FsOp::CreateTmp, &tmp)
-                .and_then(|()| file::create_excl(&tmp, self.direct));
-            match created {
-                Ok(f) => break f,
-                // the leaf directory does not exist (yet, or any more: a sweep removes
-                // emptied ones)
-                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => {
-                    tries += 1;
-                    self.leaves.set(key, false);
-                    std::fs::create_dir_all(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
-                    self.leaves.set(key, true);
-                }
-                Err(e) => return Err(self.io_err("create", &tmp, e)),
-            }
-        };
+        if self.tmpfile {
+            return self.write_unnamed(key, dest, parent, src);
+        }
+        let tmp = self.tmp_path(dest);
+        let f = self.create_in_leaf(key, parent, &tmp, || file::create_excl(&tmp, self.direct))?;
         let mut guard = TmpGuard {
             path: &tmp,
             armed: true,
         };
-        let bounce;
-        let data: &[u8] = if self.direct && !src.is_aligned(self.align) {
-            bounce = AlignedBuf::copy_from(src.as_slice());
-            bounce.as_slice()
-        } else {
-            src.as_slice()
-        };
-        self.fault(FsOp::Write, &tmp)
-            .and_then(|()| file::write_full(&f, data))
-            .map_err(|e| self.io_err("write", &tmp, e))?;
-        let crc = (self.checksum == Checksum::Crc32c).then(|| file::block_crc(key, data));
-        let mut sidecar = None;
-        if let Some(crc) = crc {
-            if self.xattrs {
-                file::set_crc_xattr(&f, crc).map_err(|e| self.io_err("fsetxattr", &tmp, e))?;
-            } else {
-                let ino = f
-                    .metadata()
-                    .map_err(|e| self.io_err("fstat", &tmp, e))?
-                    .ino();
-                sidecar = Some(file::sidecar_bytes(crc, ino));
-            }
-        }
-        if self.fsync {
-            f.sync_all().map_err(|e| self.io_err("fsync", &tmp, e))?;
-        }
+        let sidecar = self.fill(key, &f, &tmp, src)?;
         drop(f);
         self.fault(FsOp::Publish, dest)
             .map_err(|e| self.io_err("publish", dest, e))?;
@@ -188,6 +149,109 @@ impl Shared {
         }
         guard.armed = false;
         drop(guard);
+        self.published(dest, sidecar)
+    }
+
+    /// [`Shared::write_block`] through an unnamed file: `O_TMPFILE` in the leaf directory,
+    /// written, linked at `dest` (`linkat` never replaces). Nothing is left on any failure:
+    /// the file has no name until the link.
+    fn write_unnamed(
+        &self,
+        key: &BlockKey,
+        dest: &Path,
+        parent: &Path,
+        src: &BlockSource,
+    ) -> Result<bool> {
+        let f = self.create_in_leaf(key, parent, parent, || {
+            file::create_unnamed(parent, self.direct)
+        })?;
+        let sidecar = self.fill(key, &f, dest, src)?;
+        self.fault(FsOp::Publish, dest)
+            .map_err(|e| self.io_err("publish", dest, e))?;
+        let published = match file::link_unnamed(&f, dest) {
+            // the leaf was removed since the create (a sweep found it empty: an unnamed
+            // file is no entry): make it again and link once more
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.leaves.set(key, false);
+                std::fs::create_dir_all(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
+                self.leaves.set(key, true);
+                file::link_unnamed(&f, dest)
+            }
+            r => r,
+        }
+        .map_err(|e| self.io_err("publish", dest, e))?;
+        drop(f);
+        if !published {
+            return Ok(false);
+        }
+        self.published(dest, sidecar)
+    }
+
+    /// Creates a block's temp file with `create` in its leaf directory `parent`, making the
+    /// directory when the create finds it missing (at most three times: a sweep may keep
+    /// emptying it). `at` names the file in faults and errors.
+    fn create_in_leaf(
+        &self,
+        key: &BlockKey,
+        parent: &Path,
+        at: &Path,
+        create: impl Fn() -> io::Result<std::fs::File>,
+    ) -> Result<std::fs::File> {
+        let mut tries = 0;
+        loop {
+            match self.fault(FsOp::CreateTmp, at).and_then(|()| create()) {
+                Ok(f) => return Ok(f),
+                // the leaf directory does not exist (yet, or any more: a sweep removes
+                // emptied ones)
+                Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => {
+                    tries += 1;
+                    self.leaves.set(key, false);
+                    std::fs::create_dir_all(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
+                    self.leaves.set(key, true);
+                }
+                Err(e) => return Err(self.io_err("create", at, e)),
+            }
+        }
+    }
+
+    /// Writes the block's bytes (and its checksum xattr) into the temp file `f` (`at` in
+    /// errors) and syncs it when asked; returns the sidecar to write after publishing, where
+    /// checksums live in sidecars.
+    fn fill(
+        &self,
+        key: &BlockKey,
+        f: &std::fs::File,
+        at: &Path,
+        src: &BlockSource,
+    ) -> Result<Option<[u8; 12]>> {
+        let bounce;
+        let data: &[u8] = if self.direct && !src.is_aligned(self.align) {
+            bounce = AlignedBuf::copy_from(src.as_slice());
+            bounce.as_slice()
+        } else {
+            src.as_slice()
+        };
+        self.fault(FsOp::Write, at)
+            .and_then(|()| file::write_full(f, data))
+            .map_err(|e| self.io_err("write", at, e))?;
+        let crc = (self.checksum == Checksum::Crc32c).then(|| file::block_crc(key, data));
+        let mut sidecar = None;
+        if let Some(crc) = crc {
+            if self.xattrs {
+                file::set_crc_xattr(f, crc).map_err(|e| self.io_err("fsetxattr", at, e))?;
+            } else {
+                let ino = f.metadata().map_err(|e| self.io_err("fstat", at, e))?.ino();
+                sidecar = Some(file::sidecar_bytes(crc, ino));
+            }
+        }
+        if self.fsync {
+            f.sync_all().map_err(|e| self.io_err("fsync", at, e))?;
+        }
+        Ok(sidecar)
+    }
+
+    /// After a publish: the sidecar, and the directory's sync when asked.
+    fn published(&self, dest: &Path, sidecar: Option<[u8; 12]>) -> Result<bool> {
         if let Some(bytes) = sidecar {
             self.write_sidecar(dest, &bytes);
         }
@@ -198,6 +262,7 @@ impl Shared {
         }
         Ok(true)
     }
+
     /// Only the publisher writes the sidecar, after publishing (a reader that finds the block
     /// within [`SIDECAR_GRACE`] of its publication and no sidecar yet fails the load without
     /// calling the block damaged).

@@ -64,7 +64,12 @@ impl FsTier {
         write_or_check_config(&ns, &root)?;
         let rank_dir = root.join(ns.rank_dir_name());
         std::fs::create_dir_all(&rank_dir).map_err(|e| Error::io("mkdir", &rank_dir, e))?;
-        let probe = probe_dir(&rank_dir, cfg.direct_io, cfg.checksum == Checksum::Crc32c)?;
+        let probe = probe_dir(
+            &rank_dir,
+            cfg.direct_io,
+            cfg.checksum == Checksum::Crc32c,
+            cfg.tmpfile_publish,
+        )?;
         let direct = match probe.direct_align {
             Some(a) if block_size.is_multiple_of(a) => true,
             Some(a) => {
@@ -137,6 +142,7 @@ impl FsTier {
             checksum: cfg.checksum,
             accept_unverified: cfg.accept_unverified,
             xattrs: probe.xattrs,
+            tmpfile: probe.tmpfile,
             sidecar_grace_ns: AtomicU64::new(crate::block::SIDECAR_GRACE.as_nanos() as u64),
             fsync: cfg.fsync,
             faults: RwLock::new(None),

@@ -38,7 +38,15 @@ fn fixture(root: PathBuf, cfg: FsTierConfig) -> TierFixture {
         tier.stats().direct_io,
         "O_DIRECT is expected to work on the test filesystem"
     );
+    assert_eq!(
+        tier.stats().tmpfile_publish,
+        cfg.tmpfile_publish,
+        "O_TMPFILE publishing is expected to work on the test filesystem"
+    );
     let mut entry = serde_json::json!({"type": "fs", "root_dir": root.join("from-config")});
+    if !cfg.tmpfile_publish {
+        entry["tmpfile_publish"] = false.into();
+    }
     if cfg.checksum == Checksum::Crc32c {
         entry["checksum"] = "crc32c".into();
     }
@@ -157,5 +165,18 @@ mod bounded {
     kv_tier_testkit::conformance_tests!(|| async {
         let root = temp_root();
         fixture(root.path().to_path_buf(), bounded_cfg(root.path())).keep(root)
+    });
+}
+
+/// Checksums on, published through a named temp file and a rename (the fallback where
+/// `O_TMPFILE` is missing).
+mod renamed {
+    use super::*;
+    kv_tier_testkit::conformance_tests!(|| async {
+        let root = temp_root();
+        let mut c = common::cfg(root.path());
+        c.checksum = Checksum::Crc32c;
+        c.tmpfile_publish = false;
+        fixture(root.path().to_path_buf(), c).keep(root)
     });
 }

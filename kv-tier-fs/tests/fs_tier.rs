@@ -237,6 +237,60 @@ async fn blocks_stored_after_the_root_was_removed_are_found_again() {
     }
 }
 
+/// With `O_TMPFILE` a block has no name until it is published: at the moment of the publish
+/// its leaf directory holds no temp file (with the named fallback, it holds one). Both
+/// publish the same bytes, and neither replaces a block already there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unnamed_temp_file_has_no_name_until_published() {
+    for tmpfile in [true, false] {
+        let root = temp_root();
+        let mut c = common::cfg(root.path());
+        c.tmpfile_publish = tmpfile;
+        c.checksum = kv_tier_fs::Checksum::Crc32c;
+        let tier = FsTier::open("fs", c, common::ns(), BS).unwrap();
+        assert_eq!(tier.stats().tmpfile_publish, tmpfile);
+        let k = test_key(7);
+        let leaf = tier.block_path(&k).parent().unwrap().to_path_buf();
+        let names = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = names.clone();
+        tier.set_fault_injector(Some(Arc::new(move |o, _: &Path| {
+            if o == FsOp::Publish {
+                let mut v: Vec<String> = std::fs::read_dir(&leaf)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                v.sort();
+                seen.lock().unwrap().push(v);
+            }
+            None
+        })));
+        assert!(store(&tier, &[k], 0).await.is_success());
+        let at_publish = names.lock().unwrap().clone();
+        assert_eq!(at_publish.len(), 1, "tmpfile {tmpfile}");
+        let tmps = at_publish[0].iter().filter(|n| n.ends_with(".tmp")).count();
+        assert_eq!(
+            tmps,
+            usize::from(!tmpfile),
+            "tmpfile {tmpfile}: {at_publish:?}"
+        );
+        let (res, data) = load(&tier, &[k]).await;
+        assert!(res.is_success() && verify_block(&k, 0, &data[0].1));
+        // a second store of the key does not replace it (a skip) and leaves nothing
+        let path = tier.block_path(&k);
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+        tier.set_fault_injector(None);
+        assert!(store(&tier, &[k], 1).await.is_success());
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap()),
+            ino,
+            "tmpfile {tmpfile}: a second store replaced the block"
+        );
+        assert!(verify_block(&k, 0, &load(&tier, &[k]).await.1[0].1));
+        assert!(find_files(root.path(), ".tmp").is_empty());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transient_error_keeps_the_file_and_its_bytes() {
     let root = temp_root();
