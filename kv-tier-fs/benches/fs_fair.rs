@@ -23,7 +23,7 @@
 //! system temp dir; rounds: `KV_TIER_BENCH_ROUNDS`, default 5).
 
 mod common;
-use common::{clear_blocks, settle, tier_load, tier_store};
+use common::{settle, tier_load, tier_store};
 
 use std::collections::HashSet;
 use std::fs::OpenOptions;
@@ -103,12 +103,18 @@ fn run_case(
     rounds: usize,
 ) -> String {
     let ns = Namespace::new(RunFields::new("bench/model", "torch.bfloat16", 16), 0).unwrap();
-    let root = dir.join(format!("tier-{bs}-{jobs}"));
-    let tier = Arc::new(FsTier::open("fs", FsTierConfig::new(&root), ns.clone(), bs).unwrap());
-    while !tier.stats().top_dirs_ready {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(tier.stats().direct_io, "O_DIRECT is not available here");
+    // a fresh root per round, as every raw competitor gets a fresh directory tree (reusing
+    // one root would have the tier alone write into space freed and discarded a moment
+    // before, which this virtual disk makes slow); its top directories made before the clock
+    let open_tier = |round: usize| {
+        let root = dir.join(format!("tier-{bs}-{jobs}-{round}"));
+        let tier = Arc::new(FsTier::open("fs", FsTierConfig::new(&root), ns.clone(), bs).unwrap());
+        while !tier.stats().top_dirs_ready {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(tier.stats().direct_io, "O_DIRECT is not available here");
+        (root, tier)
+    };
     let cpu = CpuTier::new(CpuTierConfig {
         capacity_bytes: (n * bs) as u64,
         block_size: bs,
@@ -126,6 +132,7 @@ fn run_case(
     let gb = (n * bs) as f64 / 1e9;
     let (mut w, mut r) = (Figures::default(), Figures::default());
     for round in 0..rounds {
+        let (root, tier) = open_tier(round);
         let keys: Vec<BlockKey> = (0..n)
             .map(|i| test_key((round as u64) << 40 | (jobs as u64) << 32 | i as u64))
             .collect();
@@ -189,7 +196,9 @@ fn run_case(
         for d in [&raw_t, &stream_t, &raw_j, &vllm] {
             std::fs::remove_dir_all(d).unwrap();
         }
-        clear_blocks(&root.join(ns.rank_dir_name()));
+        rt.block_on(tier.shutdown()).unwrap();
+        drop(tier);
+        std::fs::remove_dir_all(&root).unwrap();
         settle();
     }
     let show = |name: &str, f: &Figures| {

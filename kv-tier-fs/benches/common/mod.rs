@@ -26,6 +26,7 @@ pub(crate) fn dir_and_rounds() -> (PathBuf, usize) {
 
 /// Deletes the blocks and their second-level directories, keeping the first level as a
 /// cache in use has it.
+#[allow(dead_code)] // fs_throughput's, not fs_fair's
 pub(crate) fn clear_blocks(rank_dir: &Path) {
     for top in std::fs::read_dir(rank_dir).unwrap().flatten() {
         for leaf in std::fs::read_dir(top.path()).unwrap().flatten() {
