@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     pub(crate) gc: Option<Arc<Gc>>,
     /// The rank directory, open: loads open their block relative to it.
     pub(crate) rank_dir: RankDir,
+    /// A shared root's coordination (`shared: true`).
+    pub(crate) coord: Option<Arc<crate::shared::Coord>>,
 }
 
 /// The rank directory as an open descriptor (`O_PATH`): a load opens

@@ -38,6 +38,10 @@ impl Shared {
     /// left is protected or being written): the block is then not in this tier.
     pub(crate) fn reserve_room(&self, key: &BlockKey) -> Result<Option<Room<'_>>> {
         let Some(gc) = &self.gc else { return Ok(None) };
+        if self.coord.is_some() {
+            // a shared root: the credit taken for the job stands for the room
+            return Ok(None);
+        }
         let file_bytes = gc.file_bytes(self.alloc_block);
         let deadline = crate::gc::room_deadline();
         let mut waited = false;

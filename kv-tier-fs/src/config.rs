@@ -94,6 +94,22 @@ pub struct FsTierConfig {
     /// `TieringManager::tier::<FsTier>`), for engines that schedule the GC themselves, and for
     /// deterministic tests and benchmarks.
     pub gc_background: bool,
+    /// Several instances (processes, possibly on several hosts over a shared filesystem)
+    /// share this root's rank directory under one cap: `gc_max_size_gb` is then the bound of
+    /// the directory as a whole, not of this process's files. One instance at a time holds
+    /// the leader lease and sweeps for all (true LRU across instances); every instance
+    /// writes only with credit the leader grants. Requires `gc_max_size_gb`. The protocol
+    /// and its failure modes: the fs README, "Shared root". Default false.
+    pub shared: bool,
+    /// Shared root: the leader lease's period in seconds. The leader renews it four times
+    /// per period; an instance that sees it unchanged for a whole period (by its own clock)
+    /// takes it over, so a killed leader is replaced within about one to two periods.
+    /// Default 2, range 0.05 to 600.
+    pub shared_lease_s: Option<f64>,
+    /// Shared root: this instance's name in the coordination directory (letters, digits,
+    /// `.`, `_`, `-`; 1 to 64). Default `<host>-<pid>-<random>`; unique among the instances
+    /// sharing the root.
+    pub instance_id: Option<String>,
 }
 
 impl Default for FsTierConfig {
@@ -118,6 +134,9 @@ impl Default for FsTierConfig {
             gc_max_tracked: None,
             gc_rescan_interval_s: None,
             gc_background: true,
+            shared: false,
+            shared_lease_s: None,
+            instance_id: None,
         }
     }
 }
@@ -222,7 +241,58 @@ impl FsTierConfig {
         self.validate_gc()
     }
 
+    fn validate_shared(&self) -> Result<()> {
+        if !self.shared {
+            for (name, set) in [
+                ("shared_lease_s", self.shared_lease_s.is_some()),
+                ("instance_id", self.instance_id.is_some()),
+            ] {
+                if set {
+                    return Err(Error::config(
+                        name,
+                        "is set but shared is not: it only applies to a shared root",
+                    ));
+                }
+            }
+            return Ok(());
+        }
+        if self.gc_max_size_gb.is_none() {
+            return Err(Error::config(
+                "shared",
+                "needs gc_max_size_gb: a shared root is one bounded directory",
+            ));
+        }
+        if !self.gc_background {
+            return Err(Error::config(
+                "gc_background",
+                "must be true on a shared root: the leader sweeps for every instance on its GC thread",
+            ));
+        }
+        if let Some(v) = self.shared_lease_s {
+            let (min, max) = range("shared_lease_s");
+            check_range("shared_lease_s", v, min, max)?;
+        }
+        if let Some(id) = &self.instance_id {
+            let ok = (1..=64).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                && id != "."
+                && id != "..";
+            if !ok {
+                return Err(Error::config(
+                    "instance_id",
+                    format!(
+                        "must be 1 to 64 letters, digits, '.', '_' or '-' (not \".\" or \"..\"), got {id:?}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_gc(&self) -> Result<()> {
+        self.validate_shared()?;
         if self.gc_max_size_gb.is_none() {
             let set = [
                 ("gc_low_watermark", self.gc_low_watermark.is_some()),
@@ -298,6 +368,7 @@ pub const RANGES: &[(&str, f64, f64)] = &[
     ("gc_grace_s", 1e-6, 31_536_000.0),
     ("gc_max_tracked", 1.0, 100_000_000.0),
     ("gc_rescan_interval_s", 1.0, 31_536_000.0),
+    ("shared_lease_s", 0.05, 600.0),
 ];
 
 fn range(field: &str) -> (f64, f64) {
@@ -349,6 +420,58 @@ mod tests {
         );
         assert_eq!(field(r#"{"root_dir": "/x", "fsync": "yes"}"#), "fsync");
         assert_eq!(field(r#"{"root_dir": "/x", "root": "/y"}"#), "root");
+    }
+
+    #[test]
+    fn shared_root_options_are_validated_by_name() {
+        let ok = parse(
+            r#"{"root_dir": "/x", "gc_max_size_gb": 1, "shared": true, "shared_lease_s": 0.5,
+                "instance_id": "node-1.gpu_0"}"#,
+        )
+        .unwrap();
+        assert!(ok.shared);
+        assert!(!parse(r#"{"root_dir": "/x"}"#).unwrap().shared);
+        let cases = [
+            (r#"{"root_dir": "/x", "shared": true}"#, "shared"),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "shared": true, "gc_background": false}"#,
+                "gc_background",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "shared_lease_s": 2}"#,
+                "shared_lease_s",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "instance_id": "a"}"#,
+                "instance_id",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "shared": true, "shared_lease_s": 0.01}"#,
+                "shared_lease_s",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "shared": true, "shared_lease_s": 601}"#,
+                "shared_lease_s",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "shared": true, "shared_lease_s": "2"}"#,
+                "shared_lease_s",
+            ),
+            (
+                r#"{"root_dir": "/x", "gc_max_size_gb": 1, "shared": "yes"}"#,
+                "shared",
+            ),
+        ];
+        for (json, want) in cases {
+            assert_eq!(field(json), want, "{json}");
+        }
+        for bad in ["", ".", "..", "a/b", "a b", "ü", &"x".repeat(65)] {
+            let json = format!(
+                r#"{{"root_dir": "/x", "gc_max_size_gb": 1, "shared": true, "instance_id": {}}}"#,
+                serde_json::to_string(bad).unwrap()
+            );
+            assert_eq!(field(&json), "instance_id", "{bad:?}");
+        }
     }
 
     #[test]

@@ -110,6 +110,7 @@ impl FsTier {
             blocks: sh.counters.blocks.snapshot(),
             direct_io: sh.direct,
             tmpfile_publish: sh.tmpfile,
+            shared: sh.coord.as_ref().map(|c| c.stats()),
             top_dirs_ready: sh.top_dirs_ready.load(Ordering::Acquire),
             gc: sh.gc.as_ref().map(|gc| {
                 let mut g = GcStats {

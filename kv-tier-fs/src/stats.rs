@@ -21,8 +21,12 @@ kv_tier_core::counters! {
         /// Whether the 4,096 first-level directories of the layout exist (created in the
         /// background after open).
         top_dirs_ready: bool,
-        /// Garbage collection (bounded mode only; `None` when unbounded).
+        /// Garbage collection (bounded mode only; `None` when unbounded). On a shared root's
+        /// followers its `bytes` is this process's view; `shared.global_bytes` is the
+        /// leader's.
         gc: Option<GcStats>,
+        /// The shared root's coordination (`None` unless `shared`).
+        shared: Option<crate::SharedStats>,
     }
     counted {
         /// Store failures for lack of space.

@@ -15,6 +15,10 @@ use crate::gc::{Gc, Place};
 use crate::io::{Class, Collector, Engine, Task};
 use crate::root::{prepare_root, probe_dir, reap_tmp, spawn_top_dirs, write_or_check_config};
 
+/// How long a store on a shared root waits for credit before the blocks it lacks are
+/// refused (`NoSpace`).
+const CREDIT_WAIT: Duration = Duration::from_secs(1);
+
 /// The filesystem tier.
 ///
 /// Blocks are files in vLLM's layout under `root_dir` (see [`kv_tier_core::layout`]): a cache
@@ -130,6 +134,31 @@ impl FsTier {
             gc.set_sidecar_unit(sidecar_unit);
             Arc::new(gc)
         });
+        let coord = match (&gc, cfg.shared) {
+            (Some(gc), true) => {
+                // the coordination thread makes this instance the leader when it takes the
+                // lease; until then it does not sweep
+                gc.set_may_sweep(false);
+                let g = &gc.cfg;
+                let sizes = crate::shared::Sizes {
+                    block_credit: alloc_block + sidecar_unit + 2 * dir_alloc,
+                    file_bytes: alloc_block + sidecar_unit,
+                    cap: g.cap_bytes,
+                    hard: g.hard_bytes,
+                    low: g.low_bytes,
+                    stamp_interval: Duration::from_nanos(g.stamp_interval_ns.max(0) as u64),
+                };
+                let id = cfg
+                    .instance_id
+                    .clone()
+                    .unwrap_or_else(crate::shared::default_id);
+                let lease = Duration::from_secs_f64(cfg.shared_lease_s.unwrap_or(2.0));
+                let c = crate::shared::Coord::new(&root, &ns, id, lease, sizes)
+                    .map_err(|e| Error::config("shared", e.to_string()))?;
+                Some(Arc::new(c))
+            }
+            _ => None,
+        };
         let files = Arc::new(Shared {
             name: name.clone(),
             root: root.clone(),
@@ -158,6 +187,7 @@ impl FsTier {
             gc,
             rank_dir: crate::block::RankDir::open(rank_dir.clone())
                 .map_err(|e| Error::io("open", &rank_dir, e))?,
+            coord,
         });
         let tmp_age = Duration::from_secs(cfg.tmp_reap_age_s);
         let (mut reaped, _) = reap_tmp(std::slice::from_ref(&ns_dir), tmp_age);
@@ -190,6 +220,11 @@ impl FsTier {
                 crate::gc::spawn(gc.clone()).map_err(|e| Error::io("spawn GC thread", &root, e))?;
             threads.push(h);
         }
+        if let (Some(c), Some(gc)) = (&files.coord, &files.gc) {
+            let h = crate::shared::spawn(c.clone(), gc.clone())
+                .map_err(|e| Error::io("spawn the shared root's thread", &root, e))?;
+            threads.push(h);
+        }
         Ok(Self {
             shared: files,
             engine,
@@ -220,6 +255,7 @@ impl FsTier {
         class: Class,
         blocks: Vec<(BlockKey, B)>,
         removed: bool,
+        hold: Option<Arc<crate::shared::Finish>>,
         op: fn(&Shared, &BlockKey, B, &EventBatch) -> R,
     ) -> Option<Vec<(BlockKey, R)>>
     where
@@ -239,10 +275,12 @@ impl FsTier {
             .into_iter()
             .map(|(key, buf)| {
                 let (files, col, protect) = (self.shared.clone(), col.clone(), protect.clone());
-                let batch = batch.clone();
+                let (batch, hold) = (batch.clone(), hold.clone());
                 Box::new(move || {
                     let r = op(&files, &key, buf, &batch);
                     drop(batch);
+                    // (a shared root's store: the last task closes the job's announcements)
+                    drop(hold);
                     // released before the result is handed over: when the job's future sees
                     // its results, no protection of its own is left
                     drop(protect);
@@ -252,6 +290,7 @@ impl FsTier {
             .collect();
         drop(protect);
         drop(batch);
+        drop(hold);
         drop(col);
         if !self.engine.submit(class, tasks) {
             return None;
@@ -259,11 +298,72 @@ impl FsTier {
         rx.await.ok()
     }
 
+    /// Shared root: takes credit for `blocks` (announcing each in the journal before it is
+    /// written), waiting up to [`CREDIT_WAIT`] for the leader to grant more; the blocks it
+    /// could not cover are taken out of `blocks` and returned as `NoSpace` (not stored).
+    async fn take_credit(
+        &self,
+        c: &crate::shared::Coord,
+        blocks: &mut Vec<(BlockKey, kv_tier_core::BlockSource)>,
+    ) -> Vec<(BlockKey, Error)> {
+        let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
+        let deadline = std::time::Instant::now() + CREDIT_WAIT;
+        let mut got = 0;
+        let mut failure = None;
+        let mut waited = false;
+        while got < keys.len() {
+            match c.take_credit(&keys[got..]) {
+                Ok(n) => got += n,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            if got == keys.len()
+                || std::time::Instant::now() >= deadline
+                || self.shut_down.load(Ordering::SeqCst)
+            {
+                break;
+            }
+            if !waited {
+                waited = true;
+                c.note_credit_wait();
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let rest = blocks.split_off(got);
+        if failure.is_none() {
+            c.note_no_credit(rest.len() as u64);
+        }
+        rest.into_iter()
+            .map(|(k, _)| {
+                let e = match &failure {
+                    Some(e) => Error::Backend {
+                        tier: self.shared.name.clone(),
+                        message: format!("shared root: could not announce block {k} in this instance's journal: {e}"),
+                        transient: true,
+                    },
+                    None => Error::NoSpace {
+                        tier: self.shared.name.clone(),
+                        detail: format!(
+                            "block {k}: no credit from the shared root's leader within {CREDIT_WAIT:?} (instance {}; the directory is at its bound, or no leader holds the lease right now)",
+                            c.id()
+                        ),
+                    },
+                };
+                (k, e)
+            })
+            .collect()
+    }
+
     /// Signals the I/O and GC threads to stop; returns them, to be joined.
     fn stop_threads(&self) -> Vec<std::thread::JoinHandle<()>> {
         let mut threads = self.engine.stop();
         if let Some(gc) = &self.shared.gc {
             gc.stop();
+        }
+        if let Some(c) = &self.shared.coord {
+            c.stop();
         }
         self.shared.stop_top_dirs.store(true, Ordering::Relaxed);
         threads.extend(std::mem::take(
@@ -331,22 +431,43 @@ impl SecondaryTier for FsTier {
 
     async fn store(&self, job: StoreJob) -> JobResult {
         let keys = job.keys();
+        let mut blocks = job.blocks;
+        let (refused, hold) = match &self.shared.coord {
+            Some(c) => {
+                let refused = self.take_credit(c, &mut blocks).await;
+                let finish = crate::shared::Finish {
+                    coord: c.clone(),
+                    keys: blocks.iter().map(|(k, _)| *k).collect(),
+                };
+                (refused, Some(Arc::new(finish)))
+            }
+            None => (Vec::new(), None),
+        };
         let Some(results) = self
-            .run_blocks(Class::Store, job.blocks, false, |files, key, src, batch| {
-                let r = files.store_block(key, &src);
-                drop(src); // unpin the DRAM slot as soon as the bytes are written
-                // written by this store (a block found present was reported when written:
-                // the fs tier reports a removal only once the file is gone)
-                if matches!(r, Ok(true)) {
-                    batch.add(*key);
-                }
-                r
-            })
+            .run_blocks(
+                Class::Store,
+                blocks,
+                false,
+                hold,
+                |files, key, src, batch| {
+                    let r = files.store_block(key, &src);
+                    drop(src); // unpin the DRAM slot as soon as the bytes are written
+                    // written by this store (a block found present was reported when written:
+                    // the fs tier reports a removal only once the file is gone)
+                    if matches!(r, Ok(true)) {
+                        batch.add(*key);
+                    }
+                    r
+                },
+            )
             .await
         else {
             return JobResult::all_failed(keys, &self.closed());
         };
         let c = &self.shared.counters;
+        let results = results
+            .into_iter()
+            .chain(refused.into_iter().map(|(k, e)| (k, Err(e))));
         JobResult::from_results(results, |e| {
             bump(&c.blocks.store_failures, 1);
             if matches!(e, Error::NoSpace { .. }) {
@@ -357,11 +478,16 @@ impl SecondaryTier for FsTier {
 
     async fn load(&self, job: LoadJob) -> JobResult {
         let keys = job.keys();
+        if let Some(coord) = &self.shared.coord {
+            // announced before the reads: the leader keeps what is about to be read
+            coord.note_reads(&keys);
+        }
         let Some(results) = self
             .run_blocks(
                 Class::Load,
                 job.blocks,
                 true,
+                None,
                 |files, key, mut sink, batch| {
                     let r = files.load_block(key, &mut sink);
                     if matches!(r, Err(LoadFailure { deleted: true, .. })) {
@@ -378,19 +504,23 @@ impl SecondaryTier for FsTier {
         let results = results
             .into_iter()
             .map(|(key, r)| (key, r.map_err(|f: LoadFailure| f.error)));
-        JobResult::from_results(results, |e| {
+        let res = JobResult::from_results(results, |e| {
             if matches!(e, Error::NotFound { .. }) {
                 bump(&c.load_misses, 1);
             } else {
                 bump(&c.load_failures, 1);
             }
-        })
+        });
+        res
     }
 
     /// Bounded: queues mtime stamps for the GC thread. Unbounded: stamps the keys' files on an
     /// I/O thread, as a task of the store queue (at most once per key per minute), so this process's reads count as
     /// recency for bounded tiers of other processes on the same root. Never blocks.
     fn touch(&self, keys: &[BlockKey]) {
+        if let Some(c) = &self.shared.coord {
+            c.note_reads(keys);
+        }
         if let Some(gc) = &self.shared.gc {
             gc.queue_stamps(keys);
             return;

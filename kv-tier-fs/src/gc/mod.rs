@@ -138,6 +138,16 @@ pub(crate) struct Gc {
     sweeping: Mutex<()>,
     /// Woken when bytes are freed: stores waiting for room under the hard ceiling.
     room_cv: Condvar,
+    /// Whether this process sweeps (and rescans): always, except on a shared root where only
+    /// the leader does.
+    may_sweep: AtomicBool,
+    /// Shared root (leader): when each key was last read by any instance; a sweep never takes
+    /// a key read within two stamp intervals (pruned past that).
+    recent_reads: Mutex<rustc_hash::FxHashMap<BlockKey, i64>>,
+    /// Shared root (leader): keys announced for a store whose job has not ended (its file
+    /// may not be there yet: a sweep or rescan that finds it missing keeps it), with how many
+    /// announcements of each are open.
+    announced: Mutex<rustc_hash::FxHashMap<BlockKey, u32>>,
 }
 
 pub(crate) fn to_ns(t: SystemTime) -> i64 {
@@ -188,7 +198,130 @@ impl Gc {
             unlinking_cv: Condvar::new(),
             sweeping: Mutex::new(()),
             room_cv: Condvar::new(),
+            may_sweep: AtomicBool::new(true),
+            recent_reads: Mutex::new(Default::default()),
+            announced: Mutex::new(Default::default()),
         }
+    }
+
+    /// Whether this process sweeps and rescans (see `may_sweep`).
+    pub(crate) fn set_may_sweep(&self, on: bool) {
+        self.may_sweep.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn may_sweep(&self) -> bool {
+        self.may_sweep.load(Ordering::SeqCst)
+    }
+
+    /// Shared root (leader): another instance (or this one) is about to publish `key`
+    /// (`size` allocated bytes): indexed now with mtime now, or its recency renewed if known.
+    /// A publish that then fails leaves an entry without a file: counted until a sweep or a
+    /// rescan finds it gone (the bound errs on the safe side).
+    pub(crate) fn on_remote_store(&self, key: BlockKey, size: u64) {
+        let now = self.now_ns();
+        let over = {
+            let mut idx = self.lock();
+            if idx.lru.contains(&key) {
+                idx.set_mtime(&key, now);
+            } else {
+                idx.foreign.remove(&key);
+                idx.insert(key, size, now);
+            }
+            self.is_over(&idx)
+        };
+        if over {
+            self.kick();
+        }
+    }
+
+    /// Shared root (leader): an instance read `key`: its recency is renewed and no sweep
+    /// takes it within two stamp intervals.
+    pub(crate) fn on_remote_read(&self, key: BlockKey) {
+        let now = self.now_ns();
+        self.recent_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, now);
+        let mut idx = self.lock();
+        if idx.lru.contains(&key) {
+            idx.set_mtime(&key, now);
+        }
+    }
+
+    /// Whether `key` was read (by any instance, as far as the leader knows) within two stamp
+    /// intervals of `now`.
+    pub(crate) fn read_recently(&self, key: &BlockKey, now: i64) -> bool {
+        let r = self.recent_reads.lock().unwrap_or_else(|p| p.into_inner());
+        !r.is_empty()
+            && r.get(key)
+                .is_some_and(|t| now - t < 2 * self.cfg.stamp_interval_ns)
+    }
+
+    /// Shared root (leader): a store of `key` is under way (announced, its job not ended).
+    pub(crate) fn announce(&self, key: BlockKey) {
+        *self
+            .announced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_insert(0) += 1;
+    }
+
+    /// Shared root (leader): a store of `key` announced before has ended (or its instance
+    /// died).
+    pub(crate) fn unannounce(&self, key: &BlockKey) {
+        let mut a = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = a.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                a.remove(key);
+            }
+        }
+    }
+
+    /// Whether a store of `key` is under way on a shared root (its file may not be there
+    /// yet).
+    pub(crate) fn announced(&self, key: &BlockKey) -> bool {
+        let a = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+        !a.is_empty() && a.contains_key(key)
+    }
+
+    /// Forgets every announcement (a leader stepping down or taking over: the journals are
+    /// the truth).
+    pub(crate) fn clear_announced(&self) {
+        self.announced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Forgets reads older than two stamp intervals.
+    pub(crate) fn prune_reads(&self) {
+        let now = self.now_ns();
+        let keep = 2 * self.cfg.stamp_interval_ns;
+        self.recent_reads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, t| now - *t < keep);
+    }
+
+    /// Shared root (leader): the credit granted to instances and not yet spent, counted as
+    /// reserved (a shared root's stores reserve nothing locally: credit stands for it).
+    pub(crate) fn set_outstanding_credit(&self, bytes: u64) {
+        let over = {
+            let mut idx = self.lock();
+            idx.reserved = bytes;
+            idx.note_peak_pub();
+            self.is_over(&idx)
+        };
+        if over {
+            self.kick();
+        }
+    }
+
+    /// The index's total (files, directories, reservations or outstanding credit).
+    pub(crate) fn total_now(&self) -> u64 {
+        self.lock().total()
     }
 
     /// Checksums live in sidecars of `unit` allocated bytes each (counted with their block).
@@ -359,6 +492,11 @@ impl Gc {
     /// A block file found on disk (by a store that skipped, a load, a stamp): indexed if the
     /// index does not know it yet (written by another process).
     pub(crate) fn on_seen(&self, key: BlockKey, m: &std::fs::Metadata) {
+        if !self.may_sweep() {
+            // a shared root's follower keeps no index of its own (the leader's is the one;
+            // a takeover rebuilds it from a walk)
+            return;
+        }
         let size = allocated(m) + self.sidecar_unit.load(Ordering::Relaxed);
         let over = {
             let mut idx = self.lock();

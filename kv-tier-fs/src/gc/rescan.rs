@@ -82,7 +82,9 @@ impl Gc {
         let absent: Vec<(BlockKey, u64)> = missing
             .into_iter()
             .filter(|(k, _)| {
-                std::fs::symlink_metadata(self.at.ns.block_path(&self.at.root, k)).is_err()
+                // (a shared root's announced store may not have landed yet)
+                !self.announced(k)
+                    && std::fs::symlink_metadata(self.at.ns.block_path(&self.at.root, k)).is_err()
             })
             .collect();
         let gone = self.forget(&absent);

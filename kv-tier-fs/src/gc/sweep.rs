@@ -117,6 +117,9 @@ impl Gc {
     /// unlink. Emptied leaf directories (and top ones, where they count per use) are removed.
     /// Emits `BlockRemoved` for the files it deleted; returns how many.
     pub(crate) fn sweep(&self, goal: Goal) -> usize {
+        if !self.may_sweep() {
+            return 0; // a shared root's follower: the leader sweeps
+        }
         let (ns, root, protection) = (&self.at.ns, &self.at.root, &self.at.protection);
         let _one = self.sweeping.lock().unwrap_or_else(|p| p.into_inner());
         let _span =
@@ -200,7 +203,7 @@ impl Gc {
                     let Some(e) = idx.lru.get(&key).copied() else {
                         return;
                     };
-                    if e.pending || e.mtime != mtime {
+                    if e.pending || e.mtime != mtime || self.read_recently(&key, now) {
                         decision = Some(Decision::Recent);
                         return;
                     }
@@ -212,6 +215,13 @@ impl Gc {
                         Ok(fresh) if fresh > e.mtime => {
                             idx.set_mtime(&key, fresh);
                             decision = Some(Decision::Recent);
+                            return;
+                        }
+                        // announced by an instance of a shared root and not written yet
+                        Err(ref err)
+                            if err.kind() == io::ErrorKind::NotFound && self.announced(&key) =>
+                        {
+                            decision = Some(Decision::InFlight);
                             return;
                         }
                         Err(ref err) if err.kind() == io::ErrorKind::NotFound => {

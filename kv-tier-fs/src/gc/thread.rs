@@ -110,7 +110,7 @@ fn run(gc: &Gc) {
                 gc.sweep(Goal::Cap);
             }
             gc.apply_stamps();
-            if due.rescan {
+            if due.rescan && gc.may_sweep() {
                 gc.rescan();
             }
         }));

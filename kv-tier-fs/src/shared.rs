@@ -1,0 +1,940 @@
+//! A shared root: several instances (processes, possibly on several hosts) on one rank
+//! directory under one cap, coordinated through small files next to it, with no server.
+//!
+//! The coordination directory is `<namespace dir>/shared-r<rank>/`:
+//!
+//! - `lease`: `<epoch> <owner> <beat>`: the leader. It rewrites the file (temp + rename)
+//!   four times per lease period with `beat + 1`; `owner` `-` is a lease released by a
+//!   leader that closed.
+//! - `claims/<epoch>`: taking the lease at an epoch starts with creating this file with
+//!   `O_EXCL`: of several instances that see the lease expire, one wins.
+//! - `members/<id>`: each instance's heartbeat (`<beat>`), rewritten four times per period.
+//! - `journal/<id>`: each instance's append-only journal, one `write` per job:
+//!   `P <path> <credit>` before it writes a block (the credit it spends), `D <path>` when that
+//!   store's job has ended (written or not), and `R <path>` before it reads one (at most
+//!   once per key per stamp interval).
+//! - `grants/<id>`: `<epoch> <granted>`: the credit (cumulative bytes) the leader granted it.
+//! - `state`: `<epoch> <bytes> <cap> <members>`: the leader's view, for the others' stats.
+//!
+//! Expiry is judged by each observer's own monotonic clock (a lease or heartbeat unchanged for
+//! a whole period), never by comparing clocks across hosts. The leader indexes what the
+//! journals announce, sweeps least-recently-used files for everyone, never takes a key read
+//! within two stamp intervals, and grants credit only while the total with all credit granted
+//! and not spent stays under the hard ceiling: so the directory never holds more than that.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use kv_tier_core::{BlockKey, Namespace};
+use rustc_hash::FxHashMap;
+
+use crate::gc::Gc;
+
+/// The leader's tick: journals are tailed and credit granted this often.
+const LEADER_TICK: Duration = Duration::from_millis(5);
+/// Journal records re-checked against the disk at a takeover, per instance (publishes that
+/// may have landed after the takeover's walk passed their directory).
+const TAKEOVER_TAIL: usize = 4096;
+
+kv_tier_core::counters! {
+    /// Figures of a shared root, as this instance sees them.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+    pub struct SharedStats;
+    /// The live counters behind [`SharedStats`].
+    pub(crate) struct Counters;
+    fields {
+        /// Whether this instance holds the leader lease now.
+        leader: bool,
+        /// The lease's epoch as last seen (each takeover adds one).
+        epoch: u64,
+        /// Instances alive, as the leader last published.
+        members: u64,
+        /// The directory's total as the leader last published (files, directories and
+        /// credit granted but not spent), in bytes.
+        global_bytes: u64,
+        /// Credit granted to this instance so far, in bytes.
+        granted_bytes: u64,
+        /// Credit this instance spent so far, in bytes.
+        consumed_bytes: u64,
+    }
+    counted {
+        /// Times this instance took the lease.
+        takeovers,
+        /// Store jobs that waited for credit.
+        credit_waits,
+        /// Blocks not stored for lack of credit (within the wait).
+        no_credit,
+        /// Failed reads and writes of the coordination files (journal, heartbeat, lease,
+        /// grants).
+        coord_errors,
+    }
+}
+
+/// Figures of [`Coord`] that are not counters.
+#[derive(Default)]
+struct Seen {
+    members: AtomicU64,
+    global_bytes: AtomicU64,
+    epoch: AtomicU64,
+}
+
+/// This instance's side as a writer: its journal and credit.
+struct Writer {
+    journal: File,
+    granted: u64,
+    consumed: u64,
+    /// When each key's read was last journaled (rate limit: one per stamp interval).
+    reads: FxHashMap<BlockKey, Instant>,
+}
+
+/// The coordination of one instance on a shared root.
+pub(crate) struct Coord {
+    dir: PathBuf,
+    id: String,
+    lease: Duration,
+    stamp_interval: Duration,
+    ns: Namespace,
+    /// Credit one block needs: its file and two directories (at most).
+    block_credit: u64,
+    /// Allocated bytes of one block file with its sidecar: what the leader indexes for it.
+    file_bytes: u64,
+    cap: u64,
+    hard: u64,
+    low: u64,
+    writer: Mutex<Writer>,
+    leader: AtomicBool,
+    stop: Mutex<bool>,
+    cv: Condvar,
+    counters: Counters,
+    seen: Seen,
+}
+
+/// Why a path of the coordination directory could not be used.
+fn ctx(what: &str, p: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", p.display()))
+}
+
+/// Writes `path` whole through a temp file and a rename (readers see the old or the new).
+fn replace(path: &Path, content: &str) -> io::Result<()> {
+    let tmp = path.with_extension(format!("new-{}", std::process::id()));
+    std::fs::write(&tmp, content)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
+}
+
+fn read_opt(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+/// The lease file's fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Lease {
+    epoch: u64,
+    owner: String,
+    beat: u64,
+}
+
+impl Lease {
+    fn parse(s: &str) -> Option<Self> {
+        let mut it = s.split_whitespace();
+        Some(Self {
+            epoch: it.next()?.parse().ok()?,
+            owner: it.next()?.to_string(),
+            beat: it.next()?.parse().ok()?,
+        })
+    }
+    fn render(&self) -> String {
+        format!("{} {} {}\n", self.epoch, self.owner, self.beat)
+    }
+}
+
+/// The default instance id: `<host>-<pid>-<random>`.
+pub(crate) fn default_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .take(32)
+        .collect::<String>();
+    let host = if host.is_empty() { "host".into() } else { host };
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        crate::block::random_salt() & 0xffff
+    )
+}
+
+/// What [`Coord::new`] needs besides the paths.
+pub(crate) struct Sizes {
+    pub(crate) block_credit: u64,
+    pub(crate) file_bytes: u64,
+    pub(crate) cap: u64,
+    pub(crate) hard: u64,
+    pub(crate) low: u64,
+    pub(crate) stamp_interval: Duration,
+}
+
+impl Coord {
+    /// Joins the shared root: makes the coordination directory and this instance's journal
+    /// and heartbeat. Fails naming the path when they cannot be made, or when `id` is taken
+    /// by a live instance (its heartbeat file exists).
+    pub(crate) fn new(
+        root: &Path,
+        ns: &Namespace,
+        id: String,
+        lease: Duration,
+        sizes: Sizes,
+    ) -> io::Result<Self> {
+        let dir = ns
+            .namespace_dir(root)
+            .join(format!("shared-r{}", ns.rank()));
+        for sub in ["claims", "members", "journal", "grants"] {
+            let d = dir.join(sub);
+            std::fs::create_dir_all(&d).map_err(|e| ctx("mkdir", &d, e))?;
+        }
+        let member = dir.join("members").join(&id);
+        if member.exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "instance id {id:?} is in use on this shared root ({} exists); give each instance its own instance_id",
+                    member.display()
+                ),
+            ));
+        }
+        replace(&member, "0\n").map_err(|e| ctx("write", &member, e))?;
+        let jp = dir.join("journal").join(&id);
+        let journal = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&jp)
+            .map_err(|e| ctx("open", &jp, e))?;
+        Ok(Self {
+            dir,
+            id,
+            lease,
+            stamp_interval: sizes.stamp_interval,
+            ns: ns.clone(),
+            block_credit: sizes.block_credit,
+            file_bytes: sizes.file_bytes,
+            cap: sizes.cap,
+            hard: sizes.hard,
+            low: sizes.low,
+            writer: Mutex::new(Writer {
+                journal,
+                granted: 0,
+                consumed: 0,
+                reads: FxHashMap::default(),
+            }),
+            leader: AtomicBool::new(false),
+            stop: Mutex::new(false),
+            cv: Condvar::new(),
+            counters: Counters::default(),
+            seen: Seen::default(),
+        })
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub(crate) fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn stats(&self) -> SharedStats {
+        let w = self.writer();
+        let mut s = SharedStats {
+            leader: self.is_leader(),
+            epoch: self.seen.epoch.load(Ordering::Relaxed),
+            members: self.seen.members.load(Ordering::Relaxed),
+            global_bytes: self.seen.global_bytes.load(Ordering::Relaxed),
+            granted_bytes: w.granted,
+            consumed_bytes: w.consumed,
+            ..SharedStats::default()
+        };
+        self.counters.fill(&mut s);
+        s
+    }
+
+    fn error(&self, what: &str, e: &io::Error) {
+        self.counters.coord_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(instance = %self.id, error = %e, "shared root: {what} failed");
+    }
+
+    fn grants_path(&self, id: &str) -> PathBuf {
+        self.dir.join("grants").join(id)
+    }
+
+    /// Spends credit for as many of `keys` (from the first) as it covers, announcing each in
+    /// the journal before any is written (one `write`); returns how many. The grant file is
+    /// read again when what is left does not cover them all. No await inside: a caller's
+    /// future dropped around it never leaves credit spent and unannounced.
+    pub(crate) fn take_credit(&self, keys: &[BlockKey]) -> io::Result<usize> {
+        let mut w = self.writer();
+        let need = keys.len() as u64 * self.block_credit;
+        if w.granted - w.consumed < need
+            && let Some(g) = read_opt(&self.grants_path(&self.id))
+                .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        {
+            w.granted = w.granted.max(g);
+        }
+        let n = (((w.granted - w.consumed) / self.block_credit) as usize).min(keys.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut lines = String::with_capacity(n * 120);
+        for k in &keys[..n] {
+            lines.push_str("P ");
+            lines.push_str(&self.ns.block_rel_path(k));
+            lines.push(' ');
+            lines.push_str(&self.block_credit.to_string());
+            lines.push('\n');
+        }
+        w.journal.write_all(lines.as_bytes()).inspect_err(|e| {
+            self.error("journal write", e);
+        })?;
+        w.consumed += n as u64 * self.block_credit;
+        Ok(n)
+    }
+
+    /// Closes the announcements of `keys` (their store job ended, written or not): `D`
+    /// lines, one `write`. Until then the leader counts a missing file of theirs as on its
+    /// way, not gone.
+    pub(crate) fn finish(&self, keys: &[BlockKey]) {
+        if keys.is_empty() {
+            return;
+        }
+        let mut lines = String::with_capacity(keys.len() * 110);
+        for k in keys {
+            lines.push_str("D ");
+            lines.push_str(&self.ns.block_rel_path(k));
+            lines.push('\n');
+        }
+        if let Err(e) = self.writer().journal.write_all(lines.as_bytes()) {
+            self.error("journal write", &e);
+        }
+    }
+
+    pub(crate) fn note_credit_wait(&self) {
+        self.counters.credit_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn note_no_credit(&self, blocks: u64) {
+        self.counters.no_credit.fetch_add(blocks, Ordering::Relaxed);
+    }
+
+    /// Announces reads of `keys` (each at most once per stamp interval), so the leader keeps
+    /// them for at least a stamp interval after this read.
+    pub(crate) fn note_reads(&self, keys: &[BlockKey]) {
+        let now = Instant::now();
+        let mut w = self.writer();
+        let mut lines = String::new();
+        for k in keys {
+            let due = w
+                .reads
+                .get(k)
+                .is_none_or(|t| now.duration_since(*t) >= self.stamp_interval);
+            if due {
+                w.reads.insert(*k, now);
+                lines.push_str("R ");
+                lines.push_str(&self.ns.block_rel_path(k));
+                lines.push('\n');
+            }
+        }
+        if w.reads.len() > 1 << 20 {
+            let iv = self.stamp_interval;
+            w.reads.retain(|_, t| now.duration_since(*t) < iv);
+        }
+        if !lines.is_empty()
+            && let Err(e) = w.journal.write_all(lines.as_bytes())
+        {
+            self.error("journal write", &e);
+        }
+    }
+
+    /// Stops the coordination thread (which then releases the lease if it holds it).
+    pub(crate) fn stop(&self) {
+        *self.stop.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_all();
+    }
+
+    /// Waits `d` or until stopped; true when stopped.
+    fn wait(&self, d: Duration) -> bool {
+        let g = self.stop.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(g, d, |s| !*s)
+            .unwrap_or_else(|p| p.into_inner());
+        *g
+    }
+
+    fn lease_path(&self) -> PathBuf {
+        self.dir.join("lease")
+    }
+
+    fn read_lease(&self) -> Option<Lease> {
+        read_opt(&self.lease_path()).and_then(|s| Lease::parse(&s))
+    }
+
+    /// Tries to take the lease at `epoch`: creates `claims/<epoch>` exclusively (of several
+    /// instances trying the same epoch, one wins), then writes the lease. Returns the epoch
+    /// taken.
+    fn claim(&self, epoch: u64) -> Option<u64> {
+        let claim = self.dir.join("claims").join(epoch.to_string());
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&claim)
+        {
+            Ok(mut f) => {
+                let _ = f.write_all(self.id.as_bytes());
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return None,
+            Err(e) => {
+                self.error("lease claim", &e);
+                return None;
+            }
+        }
+        let lease = Lease {
+            epoch,
+            owner: self.id.clone(),
+            beat: 0,
+        };
+        if let Err(e) = replace(&self.lease_path(), &lease.render()) {
+            self.error("lease write", &e);
+            return None;
+        }
+        // older claims are history
+        for old in epoch.saturating_sub(64)..epoch.saturating_sub(8) {
+            let _ = std::fs::remove_file(self.dir.join("claims").join(old.to_string()));
+        }
+        Some(epoch)
+    }
+}
+
+/// Closes a store job's announcements when dropped: held by the job's I/O tasks, so the
+/// last one to end (or the job's drop, unrun) writes the `D` lines.
+pub(crate) struct Finish {
+    pub(crate) coord: Arc<Coord>,
+    pub(crate) keys: Vec<BlockKey>,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        self.coord.finish(&self.keys);
+    }
+}
+
+/// One instance as the leader knows it.
+struct Member {
+    journal: Option<File>,
+    offset: u64,
+    partial: Vec<u8>,
+    consumed: u64,
+    granted: u64,
+    beat: Option<String>,
+    beat_seen: Instant,
+    /// Its heartbeat file is gone (it closed) or stood still for a lease period (killed).
+    dead: bool,
+    /// Its announced stores whose job has not ended (`P` without `D`), with their count.
+    pending: FxHashMap<BlockKey, u32>,
+}
+
+impl Member {
+    fn announce(&mut self, gc: &Gc, k: BlockKey) {
+        *self.pending.entry(k).or_insert(0) += 1;
+        gc.announce(k);
+    }
+
+    fn finish(&mut self, gc: &Gc, k: &BlockKey) {
+        if let Some(n) = self.pending.get_mut(k) {
+            *n -= 1;
+            if *n == 0 {
+                self.pending.remove(k);
+            }
+            gc.unannounce(k);
+        }
+    }
+
+    /// Its stores under way die with it.
+    fn forget_pending(&mut self, gc: &Gc) {
+        for (k, n) in self.pending.drain() {
+            for _ in 0..n {
+                gc.unannounce(&k);
+            }
+        }
+    }
+}
+
+impl Member {
+    fn new(now: Instant) -> Self {
+        Self {
+            journal: None,
+            offset: 0,
+            partial: Vec::new(),
+            consumed: 0,
+            granted: 0,
+            beat: None,
+            beat_seen: now,
+            dead: false,
+            pending: FxHashMap::default(),
+        }
+    }
+}
+
+/// The leader's state, on the coordination thread.
+struct Leading {
+    epoch: u64,
+    beat: u64,
+    members: FxHashMap<String, Member>,
+    last_renew: Instant,
+    last_scan: Instant,
+    /// Rotates the order in which members are granted credit.
+    turn: usize,
+}
+
+/// Runs the coordination thread until [`Coord::stop`].
+pub(crate) fn spawn(coord: Arc<Coord>, gc: Arc<Gc>) -> io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("kv-fs-shared".into())
+        .spawn(move || run(&coord, &gc))
+}
+
+fn run(c: &Coord, gc: &Gc) {
+    gc.set_may_sweep(false);
+    let quarter = c.lease / 4;
+    let mut beat = 0u64;
+    let mut last_beat = Instant::now() - quarter;
+    // the lease as last read, and when it last changed (by this instance's clock)
+    let mut seen: Option<Lease> = None;
+    let mut seen_since = Instant::now();
+    let mut first_look = true;
+    let mut leading: Option<Leading> = None;
+    loop {
+        let tick = if leading.is_some() {
+            LEADER_TICK
+        } else {
+            // a follower looks at the lease 8 times a period (at least 4 times a second: a
+            // released lease is taken at once)
+            (c.lease / 8).clamp(Duration::from_millis(5), Duration::from_millis(250))
+        };
+        if c.wait(tick) {
+            break;
+        }
+        let now = Instant::now();
+        if now.duration_since(last_beat) >= quarter {
+            last_beat = now;
+            beat += 1;
+            heartbeat(c, beat);
+            if leading.is_none()
+                && let Some(s) = read_opt(&c.dir.join("state"))
+            {
+                let f: Vec<u64> = s
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                if let [_, bytes, _, members] = f[..] {
+                    c.seen.global_bytes.store(bytes, Ordering::Relaxed);
+                    c.seen.members.store(members, Ordering::Relaxed);
+                }
+            }
+        }
+        let lease = c.read_lease();
+        if let Some(l) = &mut leading {
+            if lease
+                .as_ref()
+                .is_none_or(|x| x.epoch != l.epoch || x.owner != c.id)
+            {
+                tracing::warn!(instance = %c.id, epoch = l.epoch, now = ?lease, "shared root: lost the leader lease; stepping down");
+                step_down(c, gc);
+                leading = None;
+                seen = lease;
+                seen_since = now;
+                continue;
+            }
+            lead_tick(c, gc, l, now);
+            continue;
+        }
+        c.seen
+            .epoch
+            .store(lease.as_ref().map_or(0, |l| l.epoch), Ordering::Relaxed);
+        if lease != seen {
+            seen = lease.clone();
+            seen_since = now;
+        }
+        let released = lease.as_ref().is_some_and(|l| l.owner == "-");
+        let fresh_root = first_look && lease.is_none();
+        first_look = false;
+        // the lease unchanged for this many whole periods
+        let periods = (now.duration_since(seen_since).as_secs_f64() / c.lease.as_secs_f64()) as u64;
+        // the epoch after the one seen; each further period the lease stays unchanged, one
+        // more (a claimer that died between its claim and its lease write blocks its epoch)
+        let next = lease.as_ref().map_or(0, |l| l.epoch) + 1 + periods.saturating_sub(1);
+        if (released || fresh_root || periods >= 1)
+            && let Some(epoch) = c.claim(next)
+        {
+            leading = Some(take_over(c, gc, epoch));
+        }
+    }
+    if let Some(l) = leading {
+        // a clean close releases the lease: another instance takes it at its next look
+        let released = Lease {
+            epoch: l.epoch,
+            owner: "-".into(),
+            beat: l.beat + 1,
+        };
+        if c.read_lease().is_some_and(|x| x.owner == c.id) {
+            let _ = replace(&c.lease_path(), &released.render());
+        }
+        gc.set_may_sweep(false);
+        c.leader.store(false, Ordering::SeqCst);
+    }
+    let _ = std::fs::remove_file(c.dir.join("members").join(&c.id));
+}
+
+fn heartbeat(c: &Coord, beat: u64) {
+    let p = c.dir.join("members").join(&c.id);
+    if let Err(e) = replace(&p, &format!("{beat}\n")) {
+        c.error("heartbeat", &e);
+    }
+    // declared dead while paused (its journal removed by the leader): start a fresh journal
+    // and credit, as a new member
+    let mut w = c.writer();
+    let gone = w.journal.metadata().is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.nlink() == 0
+    });
+    if gone {
+        let jp = c.dir.join("journal").join(&c.id);
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&jp)
+        {
+            Ok(f) => {
+                tracing::warn!(instance = %c.id, "shared root: this instance was taken for dead; rejoining with a fresh journal");
+                w.journal = f;
+                w.granted = 0;
+                w.consumed = 0;
+            }
+            Err(e) => c.error("journal reopen", &e),
+        }
+    }
+}
+
+fn step_down(c: &Coord, gc: &Gc) {
+    gc.set_may_sweep(false);
+    gc.clear_announced();
+    gc.set_outstanding_credit(0);
+    c.leader.store(false, Ordering::SeqCst);
+}
+
+/// Becomes the leader at `epoch`: rebuilds the index from a walk, reads every journal for
+/// the credit spent (and re-checks its latest announcements against the disk), takes the
+/// grants as they stand, then starts sweeping.
+fn take_over(c: &Coord, gc: &Gc, epoch: u64) -> Leading {
+    let t = Instant::now();
+    tracing::info!(instance = %c.id, epoch, "shared root: took the leader lease");
+    c.counters.takeovers.fetch_add(1, Ordering::Relaxed);
+    c.seen.epoch.store(epoch, Ordering::Relaxed);
+    let now = Instant::now();
+    let mut members: FxHashMap<String, Member> = FxHashMap::default();
+    // journal sizes before the walk: what is announced after is tailed, what before is
+    // either on disk when the walk passes or re-checked below
+    gc.clear_announced();
+    let jdir = c.dir.join("journal");
+    for e in std::fs::read_dir(&jdir).into_iter().flatten().flatten() {
+        let Some(id) = e.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let mut m = Member::new(now);
+        if let Ok(f) = File::open(e.path()) {
+            let size = f.metadata().map_or(0, |m| m.len());
+            m.journal = Some(f);
+            m.offset = size;
+        }
+        members.insert(id, m);
+    }
+    gc.rescan();
+    for (id, m) in &mut members {
+        let Some(f) = &m.journal else { continue };
+        let mut buf = vec![0u8; m.offset as usize];
+        let n = f.read_at(&mut buf, 0).unwrap_or(0);
+        // up to the last whole line: the tail goes on from there
+        let whole = buf[..n]
+            .iter()
+            .rposition(|b| *b == b'\n')
+            .map_or(0, |i| i + 1);
+        buf.truncate(whole);
+        m.offset = whole as u64;
+        let text = String::from_utf8_lossy(&buf);
+        // The journal's latest records replayed (they carry no time): stores announced and
+        // not ended are under way (indexed, kept while missing); ended ones may have landed
+        // after the walk passed their directory (indexed if their file is there); keys read
+        // lately are kept as any read is, from now (a takeover errs on the safe side).
+        let mut reads: Vec<BlockKey> = Vec::new();
+        let mut ended: Vec<BlockKey> = Vec::new();
+        let lines: Vec<&str> = text.lines().collect();
+        for line in &lines {
+            let mut it = line.split_whitespace();
+            if it.next() == Some("P") {
+                let _ = it.next();
+                m.consumed += it.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+        for line in &lines[lines.len().saturating_sub(TAKEOVER_TAIL)..] {
+            let mut it = line.split_whitespace();
+            let (kind, key) = (
+                it.next(),
+                it.next().and_then(|r| c.ns.parse_block_rel_path(r)),
+            );
+            match (kind, key) {
+                (Some("P"), Some(k)) => *m.pending.entry(k).or_insert(0) += 1,
+                (Some("D"), Some(k)) => {
+                    if let Some(n) = m.pending.get_mut(&k) {
+                        *n -= 1;
+                        if *n == 0 {
+                            m.pending.remove(&k);
+                        }
+                    }
+                    ended.push(k);
+                }
+                (Some("R"), Some(k)) => reads.push(k),
+                _ => {}
+            }
+        }
+        for (k, n) in &m.pending {
+            for _ in 0..*n {
+                gc.announce(*k);
+            }
+            gc.on_remote_store(*k, c.file_bytes);
+        }
+        for k in ended {
+            if let Ok(meta) = std::fs::symlink_metadata(c.ns.block_path(&gc.at.root, &k))
+                && meta.is_file()
+            {
+                gc.on_seen(k, &meta);
+            }
+        }
+        for k in reads {
+            gc.on_remote_read(k);
+        }
+        m.granted = read_opt(&c.grants_path(id))
+            .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+            .max(m.consumed);
+    }
+    c.leader.store(true, Ordering::SeqCst);
+    gc.set_may_sweep(true);
+    tracing::info!(instance = %c.id, epoch, members = members.len(), bytes = gc.total_now(), ms = t.elapsed().as_millis() as u64, "shared root: leading");
+    Leading {
+        epoch,
+        beat: 0,
+        members,
+        last_renew: now,
+        last_scan: now - c.lease,
+        turn: 0,
+    }
+}
+
+/// One tick of the leader: renew the lease, look at the members, tail the journals, account
+/// the credit outstanding, grant more where there is room.
+fn lead_tick(c: &Coord, gc: &Gc, l: &mut Leading, now: Instant) {
+    let quarter = c.lease / 4;
+    if now.duration_since(l.last_renew) >= quarter {
+        l.last_renew = now;
+        l.beat += 1;
+        let lease = Lease {
+            epoch: l.epoch,
+            owner: c.id.clone(),
+            beat: l.beat,
+        };
+        if let Err(e) = replace(&c.lease_path(), &lease.render()) {
+            c.error("lease renewal", &e);
+        }
+    }
+    if now.duration_since(l.last_scan) >= quarter {
+        l.last_scan = now;
+        scan_members(c, l, now);
+        gc.prune_reads();
+        let alive = l.members.values().filter(|m| !m.dead).count() as u64;
+        c.seen.members.store(alive, Ordering::Relaxed);
+        c.seen.global_bytes.store(gc.total_now(), Ordering::Relaxed);
+        let state = format!("{} {} {} {alive}\n", l.epoch, gc.total_now(), c.cap);
+        if let Err(e) = replace(&c.dir.join("state"), &state) {
+            c.error("state write", &e);
+        }
+    }
+    for (id, m) in &mut l.members {
+        tail(c, gc, id, m);
+    }
+    // the dead are read to the end above: their files go
+    let dead: Vec<String> = l
+        .members
+        .iter()
+        .filter(|(_, m)| m.dead)
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in dead {
+        if let Some(mut m) = l.members.remove(&id) {
+            m.forget_pending(gc);
+        }
+        for sub in ["journal", "grants"] {
+            let _ = std::fs::remove_file(c.dir.join(sub).join(&id));
+        }
+        tracing::info!(instance = %c.id, member = %id, "shared root: a member left or died; its credit is void");
+    }
+    grant(c, gc, l);
+}
+
+/// Refreshes the members from `members/` and `journal/`: new ones join, heartbeats that
+/// stood still for a lease period (or whose file is gone) mark the dead.
+fn scan_members(c: &Coord, l: &mut Leading, now: Instant) {
+    let mut present: FxHashMap<String, String> = FxHashMap::default();
+    for e in std::fs::read_dir(c.dir.join("members"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Some(id) = e.file_name().to_str()
+            && !id.contains(".new-")
+        {
+            present.insert(id.to_string(), read_opt(&e.path()).unwrap_or_default());
+        }
+    }
+    for e in std::fs::read_dir(c.dir.join("journal"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Some(id) = e.file_name().to_str() {
+            l.members
+                .entry(id.to_string())
+                .or_insert_with(|| Member::new(now));
+        }
+    }
+    for (id, m) in &mut l.members {
+        match present.get(id) {
+            None => m.dead = true,
+            Some(b) => {
+                if m.beat.as_deref() != Some(b.as_str()) {
+                    m.beat = Some(b.clone());
+                    m.beat_seen = now;
+                }
+                if now.duration_since(m.beat_seen) > c.lease {
+                    m.dead = true;
+                    let _ = std::fs::remove_file(c.dir.join("members").join(id));
+                }
+            }
+        }
+    }
+}
+
+/// Reads what `m`'s journal gained since the last tick and applies it to the index.
+fn tail(c: &Coord, gc: &Gc, id: &str, m: &mut Member) {
+    if m.journal.is_none() {
+        m.journal = File::open(c.dir.join("journal").join(id)).ok();
+    }
+    let Some(f) = &m.journal else { return };
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        let n = match f.read_at(&mut buf, m.offset) {
+            Ok(n) => n,
+            Err(e) => {
+                c.error("journal read", &e);
+                0
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        m.offset += n as u64;
+        m.partial.extend_from_slice(&buf[..n]);
+        if n < buf.len() {
+            break;
+        }
+    }
+    let Some(end) = m.partial.iter().rposition(|b| *b == b'\n') else {
+        return;
+    };
+    let whole: Vec<u8> = m.partial.drain(..=end).collect();
+    for line in String::from_utf8_lossy(&whole).lines() {
+        let mut it = line.split_whitespace();
+        let (kind, rel) = (it.next(), it.next());
+        let Some(k) = rel.and_then(|r| c.ns.parse_block_rel_path(r)) else {
+            continue;
+        };
+        match kind {
+            Some("P") => {
+                m.consumed += it.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+                m.announce(gc, k);
+                gc.on_remote_store(k, c.file_bytes);
+            }
+            Some("D") => m.finish(gc, &k),
+            Some("R") => gc.on_remote_read(k),
+            _ => {}
+        }
+    }
+}
+
+/// Grants credit: every live member is topped up to a chunk while the total (files,
+/// directories and all credit outstanding) stays under the hard ceiling.
+fn grant(c: &Coord, gc: &Gc, l: &mut Leading) {
+    let alive = l.members.values().filter(|m| !m.dead).count().max(1) as u64;
+    let chunk = ((c.hard - c.low) / (2 * alive)).max(4 * c.block_credit);
+    let outstanding = |l: &Leading| {
+        l.members
+            .values()
+            .filter(|m| !m.dead)
+            .map(|m| m.granted.saturating_sub(m.consumed))
+            .sum::<u64>()
+    };
+    gc.set_outstanding_credit(outstanding(l));
+    let mut room = c.hard.saturating_sub(gc.total_now());
+    // the members short of half a chunk share the room evenly, in an order that rotates
+    // tick by tick (so a scarce room is not always the same member's)
+    let mut needy: Vec<&String> = l
+        .members
+        .iter()
+        .filter(|(_, m)| !m.dead && m.granted.saturating_sub(m.consumed) < chunk / 2)
+        .map(|(id, _)| id)
+        .collect();
+    needy.sort();
+    if needy.is_empty() {
+        return;
+    }
+    l.turn = l.turn.wrapping_add(1);
+    let start = l.turn % needy.len();
+    needy.rotate_left(start);
+    let needy: Vec<String> = needy.into_iter().cloned().collect();
+    let share = (room / needy.len() as u64).max(c.block_credit);
+    for id in needy {
+        let m = l.members.get_mut(&id).expect("listed above");
+        let out = m.granted.saturating_sub(m.consumed);
+        let add = (chunk - out).min(share).min(room);
+        if add < c.block_credit {
+            break;
+        }
+        m.granted = m.granted.max(m.consumed) + add;
+        room -= add;
+        let line = format!("{} {}\n", l.epoch, m.granted);
+        if let Err(e) = replace(&c.grants_path(&id), &line) {
+            c.error("grant write", &e);
+        }
+    }
+    gc.set_outstanding_credit(outstanding(l));
+}
