@@ -504,14 +504,13 @@ impl SecondaryTier for FsTier {
         let results = results
             .into_iter()
             .map(|(key, r)| (key, r.map_err(|f: LoadFailure| f.error)));
-        let res = JobResult::from_results(results, |e| {
+        JobResult::from_results(results, |e| {
             if matches!(e, Error::NotFound { .. }) {
                 bump(&c.load_misses, 1);
             } else {
                 bump(&c.load_failures, 1);
             }
-        });
-        res
+        })
     }
 
     /// Bounded: queues mtime stamps for the GC thread. Unbounded: stamps the keys' files on an
