@@ -376,3 +376,29 @@ async fn a_present_block_is_kept_by_a_store_in_a_plain_and_a_lenient_tier() {
         std::fs::remove_file(&p).unwrap();
     }
 }
+
+/// Files a sweep decided to delete stay counted until they are unlinked: held at the moment
+/// a batch is decided and not yet unlinked, the tier's total still holds them (they are on
+/// disk), and room reserved against it cannot pass the ceiling on bytes not freed yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_being_unlinked_count_until_they_are_gone() {
+    let root = temp_root();
+    let tier = Arc::new(FsTier::open("fs", bounded(root.path(), 4, 1), ns(), BS).unwrap());
+    let ks: Vec<BlockKey> = (0..6).map(leaf_key).collect();
+    assert!(store(&*tier, &ks, 0).await.is_success());
+    age(&tier, &ks, |i| 6000 - 1000 * i as u64);
+    let full = gc(&tier).bytes;
+    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::Unlinking);
+    let t = tier.clone();
+    let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep never reached its unlinks");
+    // decided, out of the index, still on disk: still counted
+    assert!(ks.iter().all(|k| tier.block_path(k).exists()));
+    assert_eq!(gc(&tier).bytes, full, "victims not unlinked yet were not counted");
+    go_tx.send(()).unwrap();
+    assert_eq!(sweep.join().unwrap(), 5);
+    tier.set_sweep_hook(None).unwrap();
+    assert_eq!(gc(&tier).bytes, full - 5 * BS as u64);
+}

@@ -75,6 +75,9 @@ pub(super) struct Index {
     base_bytes: u64,
     /// Bytes stores in flight have reserved.
     pub(super) reserved: u64,
+    /// Bytes of files (and the directories they empty) a sweep took out of the index and has
+    /// not unlinked yet: still on disk, so still counted.
+    pub(super) unlinking_bytes: u64,
     /// Allocated bytes of one directory (0 where directories take none, as on tmpfs).
     dir_unit: u64,
     /// Whether top directories count per use (they were not pre-created).
@@ -121,7 +124,18 @@ impl Index {
     }
 
     pub(super) fn total(&self) -> u64 {
-        self.lru.bytes() + self.dir_bytes + self.base_bytes + self.reserved
+        self.lru.bytes() + self.dir_bytes + self.base_bytes + self.reserved + self.unlinking_bytes
+    }
+
+    /// The total once the victims being unlinked are gone: what a sweep aims at.
+    pub(super) fn settled(&self) -> u64 {
+        self.total() - self.unlinking_bytes
+    }
+
+    /// What a victim taken out of the index (`size` bytes, leaving `r`) still holds on disk
+    /// until its unlink (and its directories' removal) is done.
+    pub(super) fn victim_bytes(&self, size: u64, r: &Removed) -> u64 {
+        size + (u64::from(r.leaf_empty) + u64::from(r.top_empty)) * self.dir_unit
     }
 
     pub(super) fn dir_bytes(&self) -> u64 {

@@ -64,6 +64,8 @@ impl Batch<'_> {
         {
             let mut idx = self.gc.lock();
             for (i, v) in self.victims.drain(..).enumerate() {
+                let held = idx.victim_bytes(v.entry.size, &v.removed);
+                idx.unlinking_bytes = idx.unlinking_bytes.saturating_sub(held);
                 if stays.get(i).copied().unwrap_or(false) && !idx.lru.contains(&v.key) {
                     idx.insert(v.key, v.entry.size, v.entry.mtime);
                 }
@@ -127,7 +129,7 @@ impl Gc {
         let started = Instant::now();
         let now = self.now_ns();
         let (target, grace_floor) = {
-            let total = self.lock().total();
+            let total = self.lock().settled();
             let cfg = &self.cfg;
             match goal {
                 Goal::Cap if total <= cfg.cap_bytes => return 0,
@@ -155,7 +157,7 @@ impl Gc {
         'batches: loop {
             let cands: Vec<(i64, BlockKey)> = {
                 let idx = self.lock();
-                if idx.total() <= target {
+                if idx.settled() <= target {
                     break;
                 }
                 idx.lru.oldest(cursor, BATCH)
@@ -178,7 +180,7 @@ impl Gc {
             };
             let mut stop = false;
             for (mtime, key) in cands {
-                let total = self.lock().total();
+                let total = self.lock().settled();
                 if total <= target {
                     stop = true;
                     break;
@@ -232,6 +234,8 @@ impl Gc {
                         _ => {}
                     }
                     let removed = idx.remove(&key).expect("checked above");
+                    // on disk until its unlink: counted until the batch ends
+                    idx.unlinking_bytes += idx.victim_bytes(e.size, &removed);
                     idx.lru.mark_deleting(key);
                     self.deleting_now.fetch_add(1, Ordering::SeqCst);
                     decision = Some(Decision::Delete(e, removed));
