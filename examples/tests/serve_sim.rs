@@ -43,6 +43,7 @@ fn small(seed: u64) -> SimConfig {
         sync_steps: true,
         progress: false,
         metrics_addr: None,
+        fs_instance_id: None,
     }
 }
 
@@ -684,4 +685,81 @@ fn admission_after_two_lookups_writes_less_to_the_fs_tier_and_the_comparison_sho
     }
     // the report says what was kept out
     assert!(kv_tier_examples::sim::render(&with).contains("blocks not admitted"));
+}
+
+/// `--instances 3`: three serve_sim processes on one shared fs root with one cap; each
+/// verifies every block it loads (prefixes the others stored among them), the shared
+/// directory's peak stays within 1.10x the one cap, one instance leads, and the parent's
+/// `--json` holds each instance's report and the global figures.
+#[test]
+fn several_instances_share_one_root_under_one_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("instances.json");
+    let root = dir.path().join("shared");
+    let out = bin()
+        .args([
+            "--instances",
+            "3",
+            "--model",
+            "tiny",
+            "--streams",
+            "4",
+            "--turns",
+            "6",
+            "--duration",
+            "20",
+            "--dram-mb",
+            "1",
+            "--fs-cap-gb",
+            "0.005",
+            "--prefill-tokens-per-s",
+            "0",
+            "--seed",
+            "5",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--root-dir")
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("global: peak") && text.contains("sim-2"),
+        "{text}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let instances = v["instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 3);
+    let seeds: Vec<u64> = instances
+        .iter()
+        .map(|i| i["seed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seeds, [5, 6, 7]);
+    assert_eq!(v["blocks_corrupt"], 0);
+    assert!(v["blocks_verified"].as_u64().unwrap() > 0);
+    let leaders = instances
+        .iter()
+        .filter(|i| i["report"]["shared"]["leader"] == true)
+        .count();
+    assert!(leaders <= 1, "{leaders} leaders at the end");
+    assert!(v["takeovers"].as_u64().unwrap() >= 1);
+    let (peak, cap) = (
+        v["peak_bytes"].as_u64().unwrap(),
+        v["cap_bytes"].as_u64().unwrap(),
+    );
+    assert!(
+        peak > 0 && peak as f64 <= 1.10 * cap as f64,
+        "peak {peak} of cap {cap}"
+    );
+    for i in instances {
+        assert_eq!(i["report"]["inputs"]["sim"]["fs_instance_id"], i["id"]);
+        assert_eq!(i["report"]["requests"], 24, "{}", i["id"]);
+    }
 }

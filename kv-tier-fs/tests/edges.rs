@@ -396,7 +396,11 @@ async fn files_being_unlinked_count_until_they_are_gone() {
         .expect("the sweep never reached its unlinks");
     // decided, out of the index, still on disk: still counted
     assert!(ks.iter().all(|k| tier.block_path(k).exists()));
-    assert_eq!(gc(&tier).bytes, full, "victims not unlinked yet were not counted");
+    assert_eq!(
+        gc(&tier).bytes,
+        full,
+        "victims not unlinked yet were not counted"
+    );
     go_tx.send(()).unwrap();
     assert_eq!(sweep.join().unwrap(), 5);
     tier.set_sweep_hook(None).unwrap();

@@ -140,6 +140,16 @@ struct TierArgs {
     /// A vLLM-shaped tier config JSON instead of the tier flags above
     #[arg(long = "config", value_name = "FILE", value_parser = read_file)]
     config_json: Option<String>,
+    /// Run this many instances (processes) of serve_sim on one shared fs root with one cap
+    /// (`shared: true`): each its own engine and conversations (seeds seed..seed+N-1) over
+    /// the same shared prefixes; prints each and the global figures (peak of the shared
+    /// directory against its cap, wrong blocks, the leader lease). Needs --fs-cap-gb
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = 1,
+          conflicts_with_all = ["config_json", "compare_admission", "sync_steps"])]
+    instances: usize,
+    /// (set by --instances for each instance) this instance's id on the shared root
+    #[arg(long, value_name = "ID", hide = true)]
+    instance_id: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -224,7 +234,7 @@ fn read_file(path: &str) -> Result<String, String> {
 impl Cli {
     /// The simulator's config, the path of the JSON report if asked for, and whether to
     /// compare admission.
-    fn into_config(self) -> (SimConfig, Option<PathBuf>, bool) {
+    fn into_config(self) -> (SimConfig, Option<PathBuf>, bool, usize) {
         let Self {
             workload: w,
             model: m,
@@ -276,9 +286,10 @@ impl Cli {
             sync_steps: o.sync_steps,
             progress: !o.no_progress,
             metrics_addr: o.metrics_addr,
+            fs_instance_id: t.instance_id,
             ..SimConfig::default()
         };
-        (cfg, o.json, o.compare_admission)
+        (cfg, o.json, o.compare_admission, t.instances)
     }
 }
 
@@ -324,7 +335,7 @@ fn parse() -> Cli {
 }
 
 fn main() -> ExitCode {
-    let (cfg, json, compare) = parse().into_config();
+    let (cfg, json, compare, instances) = parse().into_config();
     kv_tier_examples::init_logging();
     eprintln!(
         "serve_sim: model {} ({} KiB blocks), {} streams x {} turns over {} shared prefixes of {} tokens",
@@ -337,6 +348,9 @@ fn main() -> ExitCode {
     );
     if compare {
         return compare_admission(cfg, json);
+    }
+    if instances > 1 {
+        return several_instances(&cfg, instances, json);
     }
     match run(&cfg) {
         Ok(mut report) => {
@@ -397,6 +411,72 @@ fn compare_admission(cfg: SimConfig, json: Option<PathBuf>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+fn several_instances(cfg: &SimConfig, k: usize, json: Option<PathBuf>) -> ExitCode {
+    let Some(cap_gb) = cfg.fs_cap_gb else {
+        eprintln!(
+            "serve_sim: --instances needs --fs-cap-gb: a shared root is one bounded directory"
+        );
+        return ExitCode::FAILURE;
+    };
+    let scratch;
+    let root = match &cfg.root_dir {
+        Some(r) => r.clone(),
+        None => match tempfile::Builder::new()
+            .prefix("kv-tier-sim-shared-")
+            .tempdir()
+        {
+            Ok(t) => {
+                scratch = t;
+                scratch.path().to_path_buf()
+            }
+            Err(e) => {
+                eprintln!("serve_sim: a temp dir for the shared root: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("serve_sim: this binary's path: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cap_bytes = (cap_gb * (1u64 << 30) as f64) as u64;
+    match kv_tier_examples::sim::run_instances(
+        &exe,
+        &kv_tier_examples::sim::child_args(&args),
+        &root,
+        k,
+        cfg.seed,
+        cap_bytes,
+    ) {
+        Ok(report) => {
+            print!("{}", kv_tier_examples::sim::render_instances(&report));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&report).expect("report serializes");
+                if let Err(e) = std::fs::write(&path, text + "\n") {
+                    eprintln!("serve_sim: --json {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            if report.blocks_corrupt > 0 {
+                eprintln!(
+                    "serve_sim: {} blocks came back with wrong bytes",
+                    report.blocks_corrupt
+                );
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("serve_sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -410,9 +490,10 @@ mod tests {
 
     #[test]
     fn no_flags_give_the_default_config() {
-        let (cfg, json, compare) = Cli::parse_from(["serve_sim"]).into_config();
+        let (cfg, json, compare, instances) = Cli::parse_from(["serve_sim"]).into_config();
         assert_eq!(cfg, SimConfig::default());
         assert_eq!(json, None);
         assert!(!compare);
+        assert_eq!(instances, 1);
     }
 }

@@ -143,6 +143,9 @@ pub struct SimConfig {
     /// Serve the Prometheus metrics at this address while the run lasts (port 0: one the OS
     /// picks; the address is printed).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// This run is one instance of several on one shared fs root (`shared: true`), with this
+    /// `instance_id` (set by `serve_sim --instances`).
+    pub fs_instance_id: Option<String>,
 }
 
 /// A secret, serialised as `***` when set.
@@ -188,6 +191,7 @@ impl Default for SimConfig {
             sync_steps: false,
             progress: true,
             metrics_addr: None,
+            fs_instance_id: None,
         }
     }
 }
@@ -244,6 +248,10 @@ impl SimConfig {
             }
             if let Some(mb) = self.fs_write_budget_mb_per_s {
                 o.insert("write_budget_mb_per_s".into(), mb.into());
+            }
+            if let Some(id) = &self.fs_instance_id {
+                o.insert("shared".into(), true.into());
+                o.insert("instance_id".into(), id.clone().into());
             }
         }
         let mut tiers = vec![fs];

@@ -9,16 +9,19 @@
 //!   store, finish; with `sync_steps`, the fs GC at the end of the step), counting as it goes;
 //! - `report`: the [`Report`] made of those counts and the manager's stats, [`render`]ed as
 //!   text, and the live progress line;
-//! - `compare`: two reports side by side ([`render_admission_comparison`]).
+//! - `compare`: two reports side by side ([`render_admission_comparison`]);
+//! - `instances`: several instances on one shared fs root ([`run_instances`]).
 
 mod compare;
 mod config;
+mod instances;
 mod report;
 mod setup;
 mod step;
 
 pub use compare::render_admission_comparison;
 pub use config::{DEFAULT_MODEL, ModelPreset, PRESETS, SimConfig, preset};
+pub use instances::{InstanceReport, InstancesReport, child_args, render_instances, run_instances};
 pub use report::{DiskProbe, GcReport, Inputs, Report, TierReport, ideal_hit_rate, render};
 
 use report::Progress;
@@ -53,8 +56,10 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
     let drain = engine.drain();
     progress.finish(manager, engine.tally(), engine.elapsed());
     let tally = engine.into_tally();
-    let gc = setup.fs.as_ref().and_then(|t| t.stats().gc);
+    let fs_stats = setup.fs.as_ref().map(|t| t.stats());
+    let gc = fs_stats.and_then(|s| s.gc);
     let mut report = report::fill(cfg, &tally, &manager.stats(), gc, seconds, drain);
+    report.shared = fs_stats.and_then(|s| s.shared);
     report.inputs = inputs;
     report.disk = setup.disk;
     setup.teardown(cfg.progress)?;

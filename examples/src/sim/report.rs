@@ -158,6 +158,8 @@ pub struct Report {
     pub tiers: Vec<TierReport>,
     /// The fs tier's GC, when bounded.
     pub gc: Option<GcReport>,
+    /// The fs tier's shared-root coordination, as this instance saw it (`--instances`).
+    pub shared: Option<kv_tier_fs::SharedStats>,
     /// Events emitted (stored + removed).
     pub events: u64,
     /// Removal events.
@@ -231,6 +233,7 @@ pub(super) fn fill(
         write_back_pinned_peak_bytes: s.write_back_pinned_peak_bytes,
         tiers: s.tiers.iter().map(|ts| tier_report(ts, secs)).collect(),
         gc: gc.map(|g| gc_report(&g, t.max_bytes_after_step_sweep)),
+        shared: None,
         events: t.events,
         removal_events: t.removal_events,
         prefill_seconds_saved,
