@@ -20,6 +20,5 @@ pub use block::{FaultInjector, FsOp};
 pub use config::{Checksum, FsTierConfig, RANGES};
 pub use file::{CRC_SIDECAR_SUFFIX, CRC_XATTR};
 pub use gc::{SweepHook, SweepPoint};
-pub use shared::SharedStats;
-pub use stats::{FsStats, GcStats};
+pub use stats::{FsStats, GcStats, SharedStats};
 pub use tier::FsTier;

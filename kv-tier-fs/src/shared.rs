@@ -34,46 +34,13 @@ use kv_tier_core::{BlockKey, Namespace};
 use rustc_hash::FxHashMap;
 
 use crate::gc::Gc;
+use crate::stats::{SharedCounters as Counters, SharedStats};
 
 /// The leader's tick: journals are tailed and credit granted this often.
 const LEADER_TICK: Duration = Duration::from_millis(5);
 /// Journal records re-checked against the disk at a takeover, per instance (publishes that
 /// may have landed after the takeover's walk passed their directory).
 const TAKEOVER_TAIL: usize = 4096;
-
-kv_tier_core::counters! {
-    /// Figures of a shared root, as this instance sees them.
-    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-    pub struct SharedStats;
-    /// The live counters behind [`SharedStats`].
-    pub(crate) struct Counters;
-    fields {
-        /// Whether this instance holds the leader lease now.
-        leader: bool,
-        /// The lease's epoch as last seen (each takeover adds one).
-        epoch: u64,
-        /// Instances alive, as the leader last published.
-        members: u64,
-        /// The directory's total as the leader last published (files, directories and
-        /// credit granted but not spent), in bytes.
-        global_bytes: u64,
-        /// Credit granted to this instance so far, in bytes.
-        granted_bytes: u64,
-        /// Credit this instance spent so far, in bytes.
-        consumed_bytes: u64,
-    }
-    counted {
-        /// Times this instance took the lease.
-        takeovers,
-        /// Store jobs that waited for credit.
-        credit_waits,
-        /// Blocks not stored for lack of credit (within the wait).
-        no_credit,
-        /// Failed reads and writes of the coordination files (journal, heartbeat, lease,
-        /// grants).
-        coord_errors,
-    }
-}
 
 /// Figures of [`Coord`] that are not counters.
 #[derive(Default)]
@@ -165,11 +132,12 @@ pub(crate) fn default_id() -> String {
         .take(32)
         .collect::<String>();
     let host = if host.is_empty() { "host".into() } else { host };
-    format!(
-        "{host}-{}-{:04x}",
-        std::process::id(),
-        crate::block::random_salt() & 0xffff
-    )
+    // (the std hasher's random keys: a few random bits without a dependency)
+    use std::hash::{BuildHasher, Hasher};
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("{host}-{}-{:04x}", std::process::id(), r & 0xffff)
 }
 
 /// What [`Coord::new`] needs besides the paths.
@@ -201,17 +169,44 @@ impl Coord {
             std::fs::create_dir_all(&d).map_err(|e| ctx("mkdir", &d, e))?;
         }
         let member = dir.join("members").join(&id);
-        if member.exists() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!(
-                    "instance id {id:?} is in use on this shared root ({} exists); give each instance its own instance_id",
-                    member.display()
-                ),
-            ));
+        if let Some(before) = read_opt(&member) {
+            // a heartbeat with this id: a live instance, or this one's previous run (killed,
+            // restarted): it is live if its heartbeat moves within a lease period and a quarter
+            let deadline = Instant::now() + lease + lease / 4;
+            while Instant::now() < deadline {
+                std::thread::sleep((lease / 8).min(Duration::from_millis(100)));
+                if read_opt(&member).is_some_and(|now| now != before) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        format!(
+                            "instance id {id:?} is in use on this shared root (its heartbeat {} is alive); give each instance its own instance_id",
+                            member.display()
+                        ),
+                    ));
+                }
+            }
+            tracing::info!(instance = %id, "shared root: taking over the stale heartbeat of a previous run with this id");
         }
         replace(&member, "0\n").map_err(|e| ctx("write", &member, e))?;
         let jp = dir.join("journal").join(&id);
+        // a previous run's journal (killed and restarted, the leader not done with it): the
+        // credit it spent and was granted carry on
+        let consumed: u64 = read_opt(&jp)
+            .map(|text| {
+                text.lines()
+                    .filter_map(|l| {
+                        let mut it = l.split_whitespace();
+                        (it.next() == Some("P"))
+                            .then(|| it.nth(1)?.parse::<u64>().ok())
+                            .flatten()
+                    })
+                    .sum()
+            })
+            .unwrap_or(0);
+        let granted = read_opt(&dir.join("grants").join(&id))
+            .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .unwrap_or(0)
+            .max(consumed);
         let journal = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -231,8 +226,8 @@ impl Coord {
             low: sizes.low,
             writer: Mutex::new(Writer {
                 journal,
-                granted: 0,
-                consumed: 0,
+                granted,
+                consumed,
                 reads: FxHashMap::default(),
             }),
             leader: AtomicBool::new(false),
@@ -286,13 +281,14 @@ impl Coord {
     pub(crate) fn take_credit(&self, keys: &[BlockKey]) -> io::Result<usize> {
         let mut w = self.writer();
         let need = keys.len() as u64 * self.block_credit;
-        if w.granted - w.consumed < need
+        if w.granted.saturating_sub(w.consumed) < need
             && let Some(g) = read_opt(&self.grants_path(&self.id))
                 .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         {
             w.granted = w.granted.max(g);
         }
-        let n = (((w.granted - w.consumed) / self.block_credit) as usize).min(keys.len());
+        let n =
+            ((w.granted.saturating_sub(w.consumed) / self.block_credit) as usize).min(keys.len());
         if n == 0 {
             return Ok(0);
         }

@@ -26,7 +26,7 @@ kv_tier_core::counters! {
         /// leader's.
         gc: Option<GcStats>,
         /// The shared root's coordination (`None` unless `shared`).
-        shared: Option<crate::SharedStats>,
+        shared: Option<SharedStats>,
     }
     counted {
         /// Store failures for lack of space.
@@ -132,3 +132,37 @@ kv_tier_core::counters! {
 
 /// The tier's live counters: what every block-storing tier counts, and its own.
 pub(crate) type Counters = TierCounters<FsCounters>;
+
+kv_tier_core::counters! {
+    /// Figures of a shared root, as this instance sees them.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+    pub struct SharedStats;
+    /// The live counters behind [`SharedStats`].
+    pub(crate) struct SharedCounters;
+    fields {
+        /// Whether this instance holds the leader lease now.
+        leader: bool,
+        /// The lease's epoch as last seen (each takeover adds one).
+        epoch: u64,
+        /// Instances alive, as the leader last published.
+        members: u64,
+        /// The directory's total as the leader last published (files, directories and
+        /// credit granted but not spent), in bytes.
+        global_bytes: u64,
+        /// Credit granted to this instance so far, in bytes.
+        granted_bytes: u64,
+        /// Credit this instance spent so far, in bytes.
+        consumed_bytes: u64,
+    }
+    counted {
+        /// Times this instance took the lease.
+        takeovers,
+        /// Store jobs that waited for credit.
+        credit_waits,
+        /// Blocks not stored for lack of credit (within the wait).
+        no_credit,
+        /// Failed reads and writes of the coordination files (journal, heartbeat, lease,
+        /// grants).
+        coord_errors,
+    }
+}

@@ -554,19 +554,14 @@ async fn without_credit_a_store_is_refused_and_writes_nothing() {
 }
 
 /// A leader that closes releases the lease: another instance takes it at its next look,
-/// long before the lease period (60 s here) would have let it; an instance id in use is
-/// refused; blocks one instance stored are served by the other.
+/// long before the lease period (60 s here) would have let it; blocks one instance stored
+/// are served by the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closing_leader_hands_the_lease_over_at_once() {
     let dir = kv_tier_testkit::temp_root();
     let root = dir.path().join("root");
     let a = open_instance(&root, "a", 60.0);
     wait_until("a leads", || a.stats().shared.unwrap().leader);
-    let taken = FsTier::open("fs", cfg(&root, "a"), ns(), BS).err().unwrap();
-    assert!(
-        matches!(&taken, Error::InvalidConfig { field, reason } if field == "shared" && reason.contains("\"a\" is in use")),
-        "{taken}"
-    );
     let b = open_instance(&root, "b", 60.0);
     let keys: Vec<BlockKey> = (0..8).map(|i| new_key(5, i)).collect();
     assert!(store_keys(&a, &keys, 0, BS).await.is_success());
@@ -581,4 +576,36 @@ async fn a_closing_leader_hands_the_lease_over_at_once() {
     assert_eq!(b.stats().shared.unwrap().epoch, 2);
     assert!(store_keys(&b, &[new_key(5, 100)], 0, BS).await.is_success());
     b.shutdown().await.unwrap();
+}
+
+/// An instance id whose heartbeat is alive is refused (naming it); one whose heartbeat stands
+/// still (a previous run of it, killed) is taken over, and the credit that run spent carries
+/// on (the leader counts it, so the new run must too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_instance_id_is_refused_and_a_dead_ones_is_taken_over() {
+    let dir = kv_tier_testkit::temp_root();
+    let root = dir.path().join("root");
+    let a = open_instance(&root, "a", 0.4);
+    let taken = FsTier::open("fs", cfg(&root, "a"), ns(), BS).err().unwrap();
+    assert!(
+        matches!(&taken, Error::InvalidConfig { field, reason } if field == "shared" && reason.contains("\"a\" is in use")),
+        "{taken}"
+    );
+    a.shutdown().await.unwrap();
+    // a previous run of "z", killed: its heartbeat stands still, its journal spent credit
+    let coord = ns().namespace_dir(&root).join("shared-r0");
+    std::fs::write(coord.join("members/z"), "41\n").unwrap();
+    let rel = ns().block_rel_path(&new_key(3, 0));
+    std::fs::write(
+        coord.join("journal/z"),
+        format!("P {rel} 1000\nD {rel}\nP {rel} 234\n"),
+    )
+    .unwrap();
+    std::fs::write(coord.join("grants/z"), "3 5000\n").unwrap();
+    let z = open_instance(&root, "z", 0.4);
+    let s = z.stats().shared.unwrap();
+    assert_eq!((s.consumed_bytes, s.granted_bytes), (1234, 5000));
+    wait_until("z leads", || z.stats().shared.unwrap().leader);
+    assert!(store_keys(&z, &[new_key(3, 1)], 0, BS).await.is_success());
+    z.shutdown().await.unwrap();
 }
