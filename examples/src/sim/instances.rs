@@ -61,8 +61,9 @@ const OWN_FLAGS: [&str; 7] = [
     "--metrics-addr",
 ];
 
-/// `args` without the flags in [`OWN_FLAGS`] (as `--flag value` or `--flag=value`;
-/// `--no-progress` takes no value).
+/// `args` without the flags the parent sets for each instance itself (`--instances`,
+/// `--instance-id`, `--seed`, `--root-dir`, `--json`, `--no-progress`, `--metrics-addr`; as
+/// `--flag value` or `--flag=value`).
 pub fn child_args(args: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     let mut it = args.iter();
