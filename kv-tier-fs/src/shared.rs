@@ -53,10 +53,29 @@ struct Seen {
 /// This instance's side as a writer: its journal and credit.
 struct Writer {
     journal: File,
+    /// A write failed part-way: the next one starts with a newline, so the broken line is
+    /// one bad record, not the start of the next.
+    dirty: bool,
+    /// The highest leader epoch whose grant this writer took (an older leader's late grant
+    /// is not taken).
+    grant_epoch: u64,
     granted: u64,
     consumed: u64,
     /// When each key's read was last journaled (rate limit: one per stamp interval).
     reads: FxHashMap<BlockKey, Instant>,
+}
+
+impl Writer {
+    /// Appends `lines` to the journal (one `write`); after a failed one, a newline first.
+    fn append(&mut self, lines: &str) -> io::Result<()> {
+        let r = if self.dirty {
+            self.journal.write_all(format!("\n{lines}").as_bytes())
+        } else {
+            self.journal.write_all(lines.as_bytes())
+        };
+        self.dirty = r.is_err();
+        r
+    }
 }
 
 /// The coordination of one instance on a shared root.
@@ -88,7 +107,15 @@ fn ctx(what: &str, p: &Path, e: io::Error) -> io::Error {
 
 /// Writes `path` whole through a temp file and a rename (readers see the old or the new).
 fn replace(path: &Path, content: &str) -> io::Result<()> {
-    let tmp = path.with_extension(format!("new-{}", std::process::id()));
+    // the whole name, this process and random bits: ids may hold dots, and containers on
+    // several hosts may all run as pid 1
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(
+        ".new-{}-{:08x}",
+        std::process::id(),
+        random_bits() as u32
+    ));
+    let tmp = path.with_file_name(name);
     std::fs::write(&tmp, content)
         .and_then(|()| std::fs::rename(&tmp, path))
         .inspect_err(|_| {
@@ -96,8 +123,45 @@ fn replace(path: &Path, content: &str) -> io::Result<()> {
         })
 }
 
+/// A few random bits (the std hasher's random keys: no dependency).
+fn random_bits() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    );
+    h.finish()
+}
+
+/// Whether a name in the coordination directory is a temp file (`.new-`) or another
+/// process's leftover (dotfiles, such as NFS's `.nfsXXXX` of a removed open file), not an
+/// instance.
+fn not_an_instance(name: &str) -> bool {
+    name.starts_with('.') || name.contains(".new-")
+}
+
 fn read_opt(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
+}
+
+/// `D` lines for `keys`.
+fn done_lines(ns: &Namespace, keys: &[BlockKey]) -> String {
+    let mut lines = String::with_capacity(keys.len() * 110);
+    for k in keys {
+        lines.push_str("D ");
+        lines.push_str(&ns.block_rel_path(k));
+        lines.push('\n');
+    }
+    lines
+}
+
+/// A grant file's `(epoch, granted)`.
+fn read_grant(path: &Path) -> Option<(u64, u64)> {
+    let s = read_opt(path)?;
+    let mut it = s.split_whitespace();
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
 /// The lease file's fields.
@@ -132,12 +196,11 @@ pub(crate) fn default_id() -> String {
         .take(32)
         .collect::<String>();
     let host = if host.is_empty() { "host".into() } else { host };
-    // (the std hasher's random keys: a few random bits without a dependency)
-    use std::hash::{BuildHasher, Hasher};
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    format!("{host}-{}-{:04x}", std::process::id(), r & 0xffff)
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        random_bits() & 0xffff
+    )
 }
 
 /// What [`Coord::new`] needs besides the paths.
@@ -168,6 +231,35 @@ impl Coord {
             let d = dir.join(sub);
             std::fs::create_dir_all(&d).map_err(|e| ctx("mkdir", &d, e))?;
         }
+        // every instance must bound the same directory the same way: the leader publishes
+        // its settings, and an instance that differs is refused, naming the setting
+        if let Some(state) = read_opt(&dir.join("state")) {
+            let f: Vec<u64> = state
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            if let [_, _, cap, _, lease_ms, stamp_ms] = f[..] {
+                let mine = [
+                    ("gc_max_size_gb", cap, sizes.cap),
+                    ("shared_lease_s", lease_ms, lease.as_millis() as u64),
+                    (
+                        "gc_stamp_interval_s",
+                        stamp_ms,
+                        sizes.stamp_interval.as_millis() as u64,
+                    ),
+                ];
+                for (field, theirs, ours) in mine {
+                    if theirs != ours {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            format!(
+                                "{field}: differs from the shared root's leader's ({theirs} there, {ours} here; cap in bytes, times in ms): every instance on a shared root must set it alike"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
         let member = dir.join("members").join(&id);
         if let Some(before) = read_opt(&member) {
             // a heartbeat with this id: a live instance, or this one's previous run (killed,
@@ -189,30 +281,33 @@ impl Coord {
         }
         replace(&member, "0\n").map_err(|e| ctx("write", &member, e))?;
         let jp = dir.join("journal").join(&id);
-        // a previous run's journal (killed and restarted, the leader not done with it): the
-        // credit it spent and was granted carry on
-        let consumed: u64 = read_opt(&jp)
-            .map(|text| {
-                text.lines()
-                    .filter_map(|l| {
-                        let mut it = l.split_whitespace();
-                        (it.next() == Some("P"))
-                            .then(|| it.nth(1)?.parse::<u64>().ok())
-                            .flatten()
-                    })
-                    .sum()
-            })
-            .unwrap_or(0);
-        let granted = read_opt(&dir.join("grants").join(&id))
-            .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .unwrap_or(0)
-            .max(consumed);
         let journal = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .read(true)
             .custom_flags(libc::O_CLOEXEC)
             .open(&jp)
             .map_err(|e| ctx("open", &jp, e))?;
+        // a previous run's journal (killed and restarted, the leader not done with it): the
+        // credit it spent and was granted carry on (read through the descriptor opened: the
+        // leader may remove the path meanwhile, and then this is a fresh start)
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut &journal, &mut text).map_err(|e| ctx("read", &jp, e))?;
+        let consumed: u64 = text
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                (it.next() == Some("P"))
+                    .then(|| it.nth(1)?.parse::<u64>().ok())
+                    .flatten()
+            })
+            .sum();
+        let granted = if consumed == 0 {
+            0
+        } else {
+            read_grant(&dir.join("grants").join(&id)).map_or(0, |(_, g)| g)
+        }
+        .max(consumed);
         Ok(Self {
             dir,
             id,
@@ -226,6 +321,8 @@ impl Coord {
             low: sizes.low,
             writer: Mutex::new(Writer {
                 journal,
+                dirty: false,
+                grant_epoch: 0,
                 granted,
                 consumed,
                 reads: FxHashMap::default(),
@@ -282,9 +379,10 @@ impl Coord {
         let mut w = self.writer();
         let need = keys.len() as u64 * self.block_credit;
         if w.granted.saturating_sub(w.consumed) < need
-            && let Some(g) = read_opt(&self.grants_path(&self.id))
-                .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+            && let Some((epoch, g)) = read_grant(&self.grants_path(&self.id))
+            && epoch >= w.grant_epoch
         {
+            w.grant_epoch = epoch;
             w.granted = w.granted.max(g);
         }
         let n =
@@ -300,9 +398,12 @@ impl Coord {
             lines.push_str(&self.block_credit.to_string());
             lines.push('\n');
         }
-        w.journal.write_all(lines.as_bytes()).inspect_err(|e| {
-            self.error("journal write", e);
-        })?;
+        if let Err(e) = w.append(&lines) {
+            self.error("journal write", &e);
+            // whatever part of it landed announces stores that will not happen: closed
+            let _ = w.append(&done_lines(&self.ns, &keys[..n]));
+            return Err(e);
+        }
         w.consumed += n as u64 * self.block_credit;
         Ok(n)
     }
@@ -314,13 +415,8 @@ impl Coord {
         if keys.is_empty() {
             return;
         }
-        let mut lines = String::with_capacity(keys.len() * 110);
-        for k in keys {
-            lines.push_str("D ");
-            lines.push_str(&self.ns.block_rel_path(k));
-            lines.push('\n');
-        }
-        if let Err(e) = self.writer().journal.write_all(lines.as_bytes()) {
+        let lines = done_lines(&self.ns, keys);
+        if let Err(e) = self.writer().append(&lines) {
             self.error("journal write", &e);
         }
     }
@@ -339,26 +435,34 @@ impl Coord {
         let now = Instant::now();
         let mut w = self.writer();
         let mut lines = String::new();
+        let mut due = Vec::new();
         for k in keys {
-            let due = w
-                .reads
+            if w.reads
                 .get(k)
-                .is_none_or(|t| now.duration_since(*t) >= self.stamp_interval);
-            if due {
-                w.reads.insert(*k, now);
+                .is_none_or(|t| now.duration_since(*t) >= self.stamp_interval)
+            {
+                due.push(*k);
                 lines.push_str("R ");
                 lines.push_str(&self.ns.block_rel_path(k));
                 lines.push('\n');
             }
         }
+        if lines.is_empty() {
+            return;
+        }
+        match w.append(&lines) {
+            // noted only once announced (a failed write is tried again at the next read)
+            Ok(()) => w.reads.extend(due.into_iter().map(|k| (k, now))),
+            Err(e) => self.error("journal write", &e),
+        }
         if w.reads.len() > 1 << 20 {
             let iv = self.stamp_interval;
             w.reads.retain(|_, t| now.duration_since(*t) < iv);
-        }
-        if !lines.is_empty()
-            && let Err(e) = w.journal.write_all(lines.as_bytes())
-        {
-            self.error("journal write", &e);
+            if w.reads.len() > 1 << 20 {
+                // more keys read within one interval than that: start over (they are
+                // announced again at their next read)
+                w.reads.clear();
+            }
         }
     }
 
@@ -412,6 +516,14 @@ impl Coord {
         };
         if let Err(e) = replace(&self.lease_path(), &lease.render()) {
             self.error("lease write", &e);
+            return None;
+        }
+        // a claimer delayed between its claim and its write may have put back an older
+        // epoch over a newer one: it is the leader only if the lease says so now
+        if self
+            .read_lease()
+            .is_none_or(|l| l.epoch != epoch || l.owner != self.id)
+        {
             return None;
         }
         // older claims are history
@@ -543,7 +655,7 @@ fn run(c: &Coord, gc: &Gc) {
                     .split_whitespace()
                     .filter_map(|x| x.parse().ok())
                     .collect();
-                if let [_, bytes, _, members] = f[..] {
+                if let [_, bytes, _, members, ..] = f[..] {
                     c.seen.global_bytes.store(bytes, Ordering::Relaxed);
                     c.seen.members.store(members, Ordering::Relaxed);
                 }
@@ -610,12 +722,17 @@ fn heartbeat(c: &Coord, beat: u64) {
     // declared dead while paused (its journal removed by the leader): start a fresh journal
     // and credit, as a new member
     let mut w = c.writer();
-    let gone = w.journal.metadata().is_ok_and(|m| {
+    let jp = c.dir.join("journal").join(&c.id);
+    // the file at the journal's path is not the one open here (removed: gone, or an NFS
+    // stale handle, or a silly-renamed `.nfs` file): a fresh one
+    let gone = {
         use std::os::unix::fs::MetadataExt;
-        m.nlink() == 0
-    });
+        match (w.journal.metadata(), std::fs::metadata(&jp)) {
+            (Ok(a), Ok(b)) => a.nlink() == 0 || (a.dev(), a.ino()) != (b.dev(), b.ino()),
+            _ => true,
+        }
+    };
     if gone {
-        let jp = c.dir.join("journal").join(&c.id);
         match std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -624,8 +741,11 @@ fn heartbeat(c: &Coord, beat: u64) {
             Ok(f) => {
                 tracing::warn!(instance = %c.id, "shared root: this instance was taken for dead; rejoining with a fresh journal");
                 w.journal = f;
+                w.dirty = false;
                 w.granted = 0;
                 w.consumed = 0;
+                w.grant_epoch = 0;
+                w.reads.clear();
             }
             Err(e) => c.error("journal reopen", &e),
         }
@@ -647,21 +767,74 @@ fn take_over(c: &Coord, gc: &Gc, epoch: u64) -> Leading {
     tracing::info!(instance = %c.id, epoch, "shared root: took the leader lease");
     c.counters.takeovers.fetch_add(1, Ordering::Relaxed);
     c.seen.epoch.store(epoch, Ordering::Relaxed);
+    // The walk and the journals may take longer than a lease period: the lease is renewed
+    // meanwhile, or another instance would take it over before this one ever leads.
+    let building = AtomicBool::new(true);
+    let beat = AtomicU64::new(0);
+    let members = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let every = (c.lease / 8).max(Duration::from_millis(1));
+            let mut last = Instant::now();
+            while building.load(Ordering::SeqCst) {
+                // short naps: the takeover does not wait for a long one to end
+                std::thread::sleep(every.min(Duration::from_millis(5)));
+                if last.elapsed() < every {
+                    continue;
+                }
+                last = Instant::now();
+                let lease = Lease {
+                    epoch,
+                    owner: c.id.clone(),
+                    beat: beat.fetch_add(1, Ordering::SeqCst) + 1,
+                };
+                if let Err(e) = replace(&c.lease_path(), &lease.render()) {
+                    c.error("lease renewal", &e);
+                }
+            }
+        });
+        let members = rebuild(c, gc);
+        building.store(false, Ordering::SeqCst);
+        members
+    });
+    c.leader.store(true, Ordering::SeqCst);
+    gc.set_may_sweep(true);
+    tracing::info!(instance = %c.id, epoch, members = members.len(), bytes = gc.total_now(), ms = t.elapsed().as_millis() as u64, "shared root: leading");
+    let now = Instant::now();
+    Leading {
+        epoch,
+        beat: beat.load(Ordering::SeqCst),
+        members,
+        last_renew: now - c.lease,
+        last_scan: now - c.lease,
+        turn: 0,
+    }
+}
+
+/// A new leader's index and members: the journals' sizes first (what is announced after is
+/// tailed), a walk, then every journal read whole up to there: the credit each spent, its
+/// stores announced and not ended (counted as on their way, kept while missing), the ones
+/// that ended (indexed if their file is there: they may have landed after the walk passed
+/// their directory), and its latest reads (kept as any read is, as of now: records carry no
+/// time, and a takeover errs on the safe side).
+fn rebuild(c: &Coord, gc: &Gc) -> FxHashMap<String, Member> {
     let now = Instant::now();
     let mut members: FxHashMap<String, Member> = FxHashMap::default();
-    // journal sizes before the walk: what is announced after is tailed, what before is
-    // either on disk when the walk passes or re-checked below
     gc.clear_announced();
-    let jdir = c.dir.join("journal");
-    for e in std::fs::read_dir(&jdir).into_iter().flatten().flatten() {
+    for e in std::fs::read_dir(c.dir.join("journal"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let Some(id) = e.file_name().to_str().map(str::to_string) else {
             continue;
         };
+        if not_an_instance(&id) {
+            continue;
+        }
         let mut m = Member::new(now);
         if let Ok(f) = File::open(e.path()) {
-            let size = f.metadata().map_or(0, |m| m.len());
+            m.offset = f.metadata().map_or(0, |m| m.len());
             m.journal = Some(f);
-            m.offset = size;
         }
         members.insert(id, m);
     }
@@ -678,38 +851,38 @@ fn take_over(c: &Coord, gc: &Gc, epoch: u64) -> Leading {
         buf.truncate(whole);
         m.offset = whole as u64;
         let text = String::from_utf8_lossy(&buf);
-        // The journal's latest records replayed (they carry no time): stores announced and
-        // not ended are under way (indexed, kept while missing); ended ones may have landed
-        // after the walk passed their directory (indexed if their file is there); keys read
-        // lately are kept as any read is, from now (a takeover errs on the safe side).
-        let mut reads: Vec<BlockKey> = Vec::new();
-        let mut ended: Vec<BlockKey> = Vec::new();
-        let lines: Vec<&str> = text.lines().collect();
-        for line in &lines {
+        // the latest ended stores (older ones landed before the walk, or never)
+        let mut ended: std::collections::VecDeque<BlockKey> = Default::default();
+        let mut reads: std::collections::VecDeque<BlockKey> = Default::default();
+        for line in text.lines() {
             let mut it = line.split_whitespace();
-            if it.next() == Some("P") {
-                let _ = it.next();
-                m.consumed += it.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
-            }
-        }
-        for line in &lines[lines.len().saturating_sub(TAKEOVER_TAIL)..] {
-            let mut it = line.split_whitespace();
-            let (kind, key) = (
-                it.next(),
-                it.next().and_then(|r| c.ns.parse_block_rel_path(r)),
-            );
-            match (kind, key) {
-                (Some("P"), Some(k)) => *m.pending.entry(k).or_insert(0) += 1,
-                (Some("D"), Some(k)) => {
+            let kind = it.next();
+            let Some(k) = it.next().and_then(|r| c.ns.parse_block_rel_path(r)) else {
+                continue;
+            };
+            match kind {
+                Some("P") => {
+                    m.consumed += it.next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+                    *m.pending.entry(k).or_insert(0) += 1;
+                }
+                Some("D") => {
                     if let Some(n) = m.pending.get_mut(&k) {
                         *n -= 1;
                         if *n == 0 {
                             m.pending.remove(&k);
                         }
+                        if ended.len() == TAKEOVER_TAIL {
+                            ended.pop_front();
+                        }
+                        ended.push_back(k);
                     }
-                    ended.push(k);
                 }
-                (Some("R"), Some(k)) => reads.push(k),
+                Some("R") => {
+                    if reads.len() == TAKEOVER_TAIL {
+                        reads.pop_front();
+                    }
+                    reads.push_back(k);
+                }
                 _ => {}
             }
         }
@@ -723,28 +896,17 @@ fn take_over(c: &Coord, gc: &Gc, epoch: u64) -> Leading {
             if let Ok(meta) = std::fs::symlink_metadata(c.ns.block_path(&gc.at.root, &k))
                 && meta.is_file()
             {
-                gc.on_seen(k, &meta);
+                gc.index_seen(k, &meta);
             }
         }
         for k in reads {
             gc.on_remote_read(k);
         }
-        m.granted = read_opt(&c.grants_path(id))
-            .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or(0)
+        m.granted = read_grant(&c.grants_path(id))
+            .map_or(0, |(_, g)| g)
             .max(m.consumed);
     }
-    c.leader.store(true, Ordering::SeqCst);
-    gc.set_may_sweep(true);
-    tracing::info!(instance = %c.id, epoch, members = members.len(), bytes = gc.total_now(), ms = t.elapsed().as_millis() as u64, "shared root: leading");
-    Leading {
-        epoch,
-        beat: 0,
-        members,
-        last_renew: now,
-        last_scan: now - c.lease,
-        turn: 0,
-    }
+    members
 }
 
 /// One tick of the leader: renew the lease, look at the members, tail the journals, account
@@ -770,7 +932,14 @@ fn lead_tick(c: &Coord, gc: &Gc, l: &mut Leading, now: Instant) {
         let alive = l.members.values().filter(|m| !m.dead).count() as u64;
         c.seen.members.store(alive, Ordering::Relaxed);
         c.seen.global_bytes.store(gc.total_now(), Ordering::Relaxed);
-        let state = format!("{} {} {} {alive}\n", l.epoch, gc.total_now(), c.cap);
+        let state = format!(
+            "{} {} {} {alive} {} {}\n",
+            l.epoch,
+            gc.total_now(),
+            c.cap,
+            c.lease.as_millis(),
+            c.stamp_interval.as_millis()
+        );
         if let Err(e) = replace(&c.dir.join("state"), &state) {
             c.error("state write", &e);
         }
@@ -807,7 +976,7 @@ fn scan_members(c: &Coord, l: &mut Leading, now: Instant) {
         .flatten()
     {
         if let Some(id) = e.file_name().to_str()
-            && !id.contains(".new-")
+            && !not_an_instance(id)
         {
             present.insert(id.to_string(), read_opt(&e.path()).unwrap_or_default());
         }
@@ -817,7 +986,9 @@ fn scan_members(c: &Coord, l: &mut Leading, now: Instant) {
         .flatten()
         .flatten()
     {
-        if let Some(id) = e.file_name().to_str() {
+        if let Some(id) = e.file_name().to_str()
+            && !not_an_instance(id)
+        {
             l.members
                 .entry(id.to_string())
                 .or_insert_with(|| Member::new(now));

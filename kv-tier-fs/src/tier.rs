@@ -153,8 +153,16 @@ impl FsTier {
                     .clone()
                     .unwrap_or_else(crate::shared::default_id);
                 let lease = Duration::from_secs_f64(cfg.shared_lease_s.unwrap_or(2.0));
-                let c = crate::shared::Coord::new(&root, &ns, id, lease, sizes)
-                    .map_err(|e| Error::config("shared", e.to_string()))?;
+                let c = crate::shared::Coord::new(&root, &ns, id, lease, sizes).map_err(|e| {
+                    // a setting that differs from the leader's names itself
+                    let msg = e.to_string();
+                    match msg.split_once(": ") {
+                        Some((field, reason)) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                            Error::config(field, reason)
+                        }
+                        _ => Error::config("shared", msg),
+                    }
+                })?;
                 Some(Arc::new(c))
             }
             _ => None,
@@ -197,6 +205,8 @@ impl FsTier {
                 reaped += tmps;
                 bump(&files.counters.own.sidecars_reaped, sidecars);
             }
+            // a shared root: the leader walks when it takes the lease
+            Some(_) if cfg.shared => {}
             Some(gc) => {
                 // One walk adopts what is on disk (with its mtimes) and reaps temp files.
                 let r = gc.adopt_tree(cfg.n_read_threads.clamp(1, 8), tmp_age);
@@ -305,6 +315,7 @@ impl FsTier {
         &self,
         c: &crate::shared::Coord,
         blocks: &mut Vec<(BlockKey, kv_tier_core::BlockSource)>,
+        finish: &mut crate::shared::Finish,
     ) -> Vec<(BlockKey, Error)> {
         let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
         let deadline = std::time::Instant::now() + CREDIT_WAIT;
@@ -313,7 +324,10 @@ impl FsTier {
         let mut waited = false;
         while got < keys.len() {
             match c.take_credit(&keys[got..]) {
-                Ok(n) => got += n,
+                Ok(n) => {
+                    finish.keys.extend_from_slice(&keys[got..got + n]);
+                    got += n;
+                }
                 Err(e) => {
                     failure = Some(e);
                     break;
@@ -434,11 +448,13 @@ impl SecondaryTier for FsTier {
         let mut blocks = job.blocks;
         let (refused, hold) = match &self.shared.coord {
             Some(c) => {
-                let refused = self.take_credit(c, &mut blocks).await;
-                let finish = crate::shared::Finish {
+                // made before the wait for credit: if this future is dropped during it, the
+                // stores announced so far are closed (`D`) as it drops
+                let mut finish = crate::shared::Finish {
                     coord: c.clone(),
-                    keys: blocks.iter().map(|(k, _)| *k).collect(),
+                    keys: Vec::new(),
                 };
+                let refused = self.take_credit(c, &mut blocks, &mut finish).await;
                 (refused, Some(Arc::new(finish)))
             }
             None => (Vec::new(), None),

@@ -601,11 +601,53 @@ async fn a_live_instance_id_is_refused_and_a_dead_ones_is_taken_over() {
         format!("P {rel} 1000\nD {rel}\nP {rel} 234\n"),
     )
     .unwrap();
-    std::fs::write(coord.join("grants/z"), "3 5000\n").unwrap();
+    std::fs::write(coord.join("grants/z"), "1 5000\n").unwrap();
     let z = open_instance(&root, "z", 0.4);
     let s = z.stats().shared.unwrap();
     assert_eq!((s.consumed_bytes, s.granted_bytes), (1234, 5000));
     wait_until("z leads", || z.stats().shared.unwrap().leader);
-    assert!(store_keys(&z, &[new_key(3, 1)], 0, BS).await.is_success());
+    let r = store_keys(&z, &[new_key(3, 1)], 0, BS).await;
+    assert!(
+        r.is_success(),
+        "{:?} {:?} {:?} {:?}",
+        r.failed,
+        z.stats().shared,
+        std::fs::read_to_string(coord.join("grants/z")),
+        std::fs::read_to_string(coord.join("state"))
+    );
     z.shutdown().await.unwrap();
+}
+
+/// Every instance on a shared root must bound it alike: once a leader has published its
+/// settings, an instance with another cap, lease or stamp interval is refused, naming the
+/// setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_bounds_the_root_differently_is_refused() {
+    let dir = kv_tier_testkit::temp_root();
+    let root = dir.path().join("root");
+    let a = open_instance(&root, "a", 0.4);
+    let state = ns().namespace_dir(&root).join("shared-r0/state");
+    wait_until("the leader publishes its settings", || state.exists());
+    let mut other_cap = cfg(&root, "b");
+    other_cap.shared_lease_s = Some(0.4);
+    other_cap.gc_max_size_gb = Some(2.0 * CAP_BYTES as f64 / (1u64 << 30) as f64);
+    let mut other_lease = cfg(&root, "c");
+    other_lease.shared_lease_s = Some(0.8);
+    let mut other_stamp = cfg(&root, "d");
+    other_stamp.shared_lease_s = Some(0.4);
+    other_stamp.gc_stamp_interval_s = Some(0.25);
+    for (c, field) in [
+        (other_cap, "gc_max_size_gb"),
+        (other_lease, "shared_lease_s"),
+        (other_stamp, "gc_stamp_interval_s"),
+    ] {
+        let e = FsTier::open("fs", c, ns(), BS).err().unwrap();
+        assert!(
+            matches!(&e, Error::InvalidConfig { field: f, reason } if f == field && reason.contains("must set it alike")),
+            "{e}"
+        );
+    }
+    let same = open_instance(&root, "e", 0.4);
+    same.shutdown().await.unwrap();
+    a.shutdown().await.unwrap();
 }

@@ -497,6 +497,11 @@ impl Gc {
             // a takeover rebuilds it from a walk)
             return;
         }
+        self.index_seen(key, m);
+    }
+
+    /// [`Gc::on_seen`] whoever sweeps (a shared root's new leader, before it does).
+    pub(crate) fn index_seen(&self, key: BlockKey, m: &std::fs::Metadata) {
         let size = allocated(m) + self.sidecar_unit.load(Ordering::Relaxed);
         let over = {
             let mut idx = self.lock();

@@ -180,6 +180,11 @@ impl Gc {
             };
             let mut stop = false;
             for (mtime, key) in cands {
+                if !self.may_sweep() {
+                    // a shared root's leader stepped down: its index is no longer the one
+                    stop = true;
+                    break;
+                }
                 let total = self.lock().settled();
                 if total <= target {
                     stop = true;
