@@ -234,11 +234,7 @@ fn shared_child() {
         o.loaded += r.loaded;
         o.wrong += r.wrong;
         let st = tier.stats();
-        eprintln!(
-            "child {child}: {:?}; gc {:?}",
-            st.shared.unwrap(),
-            st.gc.unwrap()
-        );
+        eprintln!("child {child}: {:?}", st.shared.unwrap());
         o.took_lease = st.shared.unwrap().takeovers;
         tier.shutdown().await.unwrap();
         o
