@@ -9,7 +9,6 @@
 //! system temp dir; `KV_TIER_STRESS_CAP_MB`, default 256; `KV_TIER_STRESS_ROUNDS`, default 3).
 //! The sidecar cases mount a ramfs (root only; skipped otherwise).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,21 +28,7 @@ fn ns() -> Namespace {
 }
 
 fn du(dir: &Path) -> u64 {
-    let mut n = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            n += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    n
+    kv_tier_testkit::allocated_bytes(dir)
 }
 
 struct Ingest {

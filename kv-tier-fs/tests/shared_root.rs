@@ -5,7 +5,6 @@
 //!
 //! `KV_TIER_SHARED_SECS` sets the run's length (default 60 s).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -14,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use kv_tier_core::{BlockKey, Error, Namespace, RunFields, SecondaryTier};
 use kv_tier_fs::{Checksum, FsTier, FsTierConfig};
-use kv_tier_testkit::{load_keys, store_keys, test_key, verify_block};
+use kv_tier_testkit::{allocated_bytes, load_keys, store_keys, test_key, verify_block};
 
 const BS: usize = 64 << 10;
 const CAP_BYTES: u64 = 256 << 20;
@@ -273,25 +272,6 @@ fn spawn_child(root: &Path, child: u64, secs: f64, out: &Path) -> Child {
         .unwrap()
 }
 
-/// Allocated bytes under `dir`: files and directories (the directory itself not included).
-fn allocated(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            total += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    total
-}
-
 /// Bytes in use on the filesystem holding `dir` (`statvfs`).
 fn used(dir: &Path) -> u64 {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
@@ -387,10 +367,10 @@ fn four_processes_share_one_bound_and_survive_the_leaders_death() {
             let mut samples = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let now = match (&mnt, base) {
-                    (Some(m), Some(b)) => {
-                        used(m).saturating_sub(b).saturating_sub(allocated(&ns_dir))
-                    }
-                    _ => allocated(&rank_dir),
+                    (Some(m), Some(b)) => used(m)
+                        .saturating_sub(b)
+                        .saturating_sub(allocated_bytes(&ns_dir)),
+                    _ => allocated_bytes(&rank_dir),
                 };
                 peak.fetch_max(now, Ordering::Relaxed);
                 samples += 1;

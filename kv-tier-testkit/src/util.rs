@@ -88,6 +88,28 @@ pub fn temp_root() -> tempfile::TempDir {
         .expect("create a temp dir")
 }
 
+/// Allocated bytes below `dir` (`st_blocks` x 512 of every file and directory in it,
+/// recursively; `dir` itself not counted): what `du` shows, and what the fs tier's cap
+/// bounds. Entries that vanish while it walks are skipped.
+pub fn allocated_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
+}
+
 /// The files below `dir` whose names end with `suffix` (recursively), sorted.
 pub fn find_files(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

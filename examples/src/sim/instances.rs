@@ -80,35 +80,20 @@ pub fn child_args(args: &[String]) -> Vec<String> {
     out
 }
 
-/// Allocated bytes of the rank directories under `root` (`<namespace>_r<rank>`: what the
-/// cap bounds), with everything in them.
+/// Allocated bytes in the rank directories under `root` (`<namespace>_r<rank>`: what the
+/// cap bounds).
 fn allocated(root: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
     let is_rank_dir = |name: &str| {
         name.rsplit_once("_r")
             .is_some_and(|(_, r)| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
     };
-    let mut total = 0;
-    let mut stack: Vec<PathBuf> = std::fs::read_dir(root)
+    std::fs::read_dir(root)
         .into_iter()
         .flatten()
         .flatten()
         .filter(|e| is_rank_dir(&e.file_name().to_string_lossy()))
-        .map(|e| e.path())
-        .collect();
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            total += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    total
+        .map(|e| kv_tier_testkit::allocated_bytes(&e.path()))
+        .sum()
 }
 
 /// Runs `k` instances of this binary (`exe`) with `args` (see [`child_args`]) on `root`
