@@ -52,6 +52,11 @@ struct Seen {
 
 /// This instance's side as a writer: its journal and credit.
 struct Writer {
+    /// This incarnation's name in `members/`, `journal/` and `grants/`: the instance id, then
+    /// `<id>.r<n>` after its journal was removed under it (a new member to the leader: the
+    /// old one's credit and journal are never mixed with the new one's).
+    name: String,
+    incarnation: u32,
     journal: File,
     /// A write failed part-way: the next one starts with a newline, so the broken line is
     /// one bad record, not the start of the next.
@@ -308,6 +313,7 @@ impl Coord {
             read_grant(&dir.join("grants").join(&id)).map_or(0, |(_, g)| g)
         }
         .max(consumed);
+        let name0 = id.clone();
         Ok(Self {
             dir,
             id,
@@ -320,6 +326,8 @@ impl Coord {
             hard: sizes.hard,
             low: sizes.low,
             writer: Mutex::new(Writer {
+                name: name0,
+                incarnation: 0,
                 journal,
                 dirty: false,
                 grant_epoch: 0,
@@ -379,8 +387,10 @@ impl Coord {
         let mut w = self.writer();
         let need = keys.len() as u64 * self.block_credit;
         if w.granted.saturating_sub(w.consumed) < need
-            && let Some((epoch, g)) = read_grant(&self.grants_path(&self.id))
-            && epoch >= w.grant_epoch
+            && let Some((epoch, g)) = read_grant(&self.grants_path(&w.name))
+            // an older leader's late grant is not taken; but if the epochs started over
+            // (the coordination directory was wiped), the lease's own epoch is the truth
+            && (epoch >= w.grant_epoch || self.read_lease().is_some_and(|l| l.epoch == epoch))
         {
             w.grant_epoch = epoch;
             w.granted = w.granted.max(g);
@@ -480,6 +490,17 @@ impl Coord {
             .wait_timeout_while(g, d, |s| !*s)
             .unwrap_or_else(|p| p.into_inner());
         *g
+    }
+
+    /// The highest epoch claimed so far (0: none).
+    fn highest_claim(&self) -> u64 {
+        std::fs::read_dir(self.dir.join("claims"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0)
     }
 
     fn lease_path(&self) -> PathBuf {
@@ -691,7 +712,13 @@ fn run(c: &Coord, gc: &Gc) {
         let periods = (now.duration_since(seen_since).as_secs_f64() / c.lease.as_secs_f64()) as u64;
         // the epoch after the one seen; each further period the lease stays unchanged, one
         // more (a claimer that died between its claim and its lease write blocks its epoch)
-        let next = lease.as_ref().map_or(0, |l| l.epoch) + 1 + periods.saturating_sub(1);
+        let seen_epoch = match &lease {
+            Some(l) => l.epoch,
+            // no readable lease (deleted, garbled, never written): the epochs go on above
+            // every claim made, never back (writers ignore grants of older epochs)
+            None => c.highest_claim(),
+        };
+        let next = seen_epoch + 1 + periods.saturating_sub(1);
         if (released || fresh_root || periods >= 1)
             && let Some(epoch) = c.claim(next)
         {
@@ -711,20 +738,21 @@ fn run(c: &Coord, gc: &Gc) {
         gc.set_may_sweep(false);
         c.leader.store(false, Ordering::SeqCst);
     }
-    let _ = std::fs::remove_file(c.dir.join("members").join(&c.id));
+    let name = c.writer().name.clone();
+    let _ = std::fs::remove_file(c.dir.join("members").join(name));
 }
 
 fn heartbeat(c: &Coord, beat: u64) {
-    let p = c.dir.join("members").join(&c.id);
+    let mut w = c.writer();
+    let p = c.dir.join("members").join(&w.name);
     if let Err(e) = replace(&p, &format!("{beat}\n")) {
         c.error("heartbeat", &e);
     }
-    // declared dead while paused (its journal removed by the leader): start a fresh journal
-    // and credit, as a new member
-    let mut w = c.writer();
-    let jp = c.dir.join("journal").join(&c.id);
-    // the file at the journal's path is not the one open here (removed: gone, or an NFS
-    // stale handle, or a silly-renamed `.nfs` file): a fresh one
+    let jp = c.dir.join("journal").join(&w.name);
+    // the file at the journal's path is not the one open here (removed: the leader took this
+    // instance for dead, or someone deleted it; an NFS stale handle; a silly-renamed `.nfs`
+    // file): this instance joins again as a new member, `<id>.r<n>`, with a journal and
+    // credit of its own (the cumulative grant of the old name is never taken as its own)
     let gone = {
         use std::os::unix::fs::MetadataExt;
         match (w.journal.metadata(), std::fs::metadata(&jp)) {
@@ -732,23 +760,36 @@ fn heartbeat(c: &Coord, beat: u64) {
             _ => true,
         }
     };
-    if gone {
-        match std::fs::OpenOptions::new()
+    if !gone {
+        return;
+    }
+    let name = format!("{}.r{}", c.id, w.incarnation + 1);
+    let jdir = c.dir.join("journal");
+    let opened = std::fs::create_dir_all(&jdir).and_then(|()| {
+        std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&jp)
-        {
-            Ok(f) => {
-                tracing::warn!(instance = %c.id, "shared root: this instance was taken for dead; rejoining with a fresh journal");
-                w.journal = f;
-                w.dirty = false;
-                w.granted = 0;
-                w.consumed = 0;
-                w.grant_epoch = 0;
-                w.reads.clear();
+            .custom_flags(libc::O_CLOEXEC)
+            .open(jdir.join(&name))
+    });
+    match opened {
+        Ok(f) => {
+            tracing::warn!(instance = %c.id, name = %name, "shared root: this instance's journal is gone (taken for dead, or removed); rejoining as a new member");
+            let old = std::mem::replace(&mut w.name, name);
+            w.incarnation += 1;
+            w.journal = f;
+            w.dirty = false;
+            w.granted = 0;
+            w.consumed = 0;
+            w.reads.clear();
+            // the old name's heartbeat goes: the leader voids its credit at once
+            let _ = std::fs::remove_file(c.dir.join("members").join(old));
+            let _ = std::fs::create_dir_all(c.dir.join("members"));
+            if let Err(e) = replace(&c.dir.join("members").join(&w.name), &format!("{beat}\n")) {
+                c.error("heartbeat", &e);
             }
-            Err(e) => c.error("journal reopen", &e),
         }
+        Err(e) => c.error("journal reopen", &e),
     }
 }
 
