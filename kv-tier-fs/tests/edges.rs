@@ -401,6 +401,14 @@ async fn files_being_unlinked_count_until_they_are_gone() {
         full,
         "victims not unlinked yet were not counted"
     );
+    // a load of a victim meanwhile finds its file: counted once, not again
+    let (res, _) = load(&*tier, &ks[..1]).await;
+    assert!(res.is_success());
+    assert_eq!(
+        gc(&tier).bytes,
+        full,
+        "a victim loaded meanwhile was counted twice"
+    );
     go_tx.send(()).unwrap();
     assert_eq!(sweep.join().unwrap(), 5);
     tier.set_sweep_hook(None).unwrap();

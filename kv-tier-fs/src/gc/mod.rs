@@ -505,7 +505,9 @@ impl Gc {
         let size = allocated(m) + self.sidecar_unit.load(Ordering::Relaxed);
         let over = {
             let mut idx = self.lock();
-            if idx.lru.contains(&key) {
+            // known, or a sweep's victim on its way out (still counted until its unlink; the
+            // batch puts it back itself if it stays)
+            if idx.lru.contains(&key) || idx.lru.is_deleting(&key) {
                 return;
             }
             idx.foreign.remove(&key);

@@ -128,6 +128,8 @@ impl Gc {
         for f in found {
             seen.insert(f.key);
             match idx.lru.get(&f.key).copied() {
+                // a sweep's victim on its way out: counted until its unlink
+                None if idx.lru.is_deleting(&f.key) => {}
                 // newer than what the walk saw
                 Some(e) if e.seq > seq0 => {}
                 Some(e) if e.size == f.size && e.mtime == f.mtime => {}
