@@ -41,6 +41,9 @@ struct Victim {
     path: PathBuf,
     entry: Entry,
     removed: super::index::Removed,
+    /// Kept (protected at its unlink, or the unlink failed) and counted in the index again:
+    /// its bytes left the batch's unlinking count then, not at the batch's end.
+    requeued: std::sync::atomic::AtomicBool,
 }
 
 /// The victims of one batch: out of the index and marked deleting until the batch ends.
@@ -64,8 +67,10 @@ impl Batch<'_> {
         {
             let mut idx = self.gc.lock();
             for (i, v) in self.victims.drain(..).enumerate() {
-                let held = idx.victim_bytes(v.entry.size, &v.removed);
-                idx.unlinking_bytes = idx.unlinking_bytes.saturating_sub(held);
+                if !v.requeued.load(Ordering::Relaxed) {
+                    let held = idx.victim_bytes(v.entry.size, &v.removed);
+                    idx.unlinking_bytes = idx.unlinking_bytes.saturating_sub(held);
+                }
                 if stays.get(i).copied().unwrap_or(false) && !idx.lru.contains(&v.key) {
                     idx.insert(v.key, v.entry.size, v.entry.mtime);
                 }
@@ -257,6 +262,7 @@ impl Gc {
                             path,
                             entry,
                             removed,
+                            requeued: std::sync::atomic::AtomicBool::new(false),
                         });
                     }
                     Some(Decision::InFlight) => in_flight += 1,
@@ -405,7 +411,12 @@ impl Gc {
                     } else {
                         kept += 1;
                     }
-                    // still on disk: keep accounting for it
+                    // still on disk: counted in the index again, and no longer as being
+                    // unlinked (once: not both at a time)
+                    if !v.requeued.swap(true, Ordering::Relaxed) {
+                        let held = idx.victim_bytes(v.entry.size, &v.removed);
+                        idx.unlinking_bytes = idx.unlinking_bytes.saturating_sub(held);
+                    }
                     if !idx.lru.contains(&v.key) {
                         idx.insert(v.key, v.entry.size, v.entry.mtime);
                     }
