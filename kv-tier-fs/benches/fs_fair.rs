@@ -29,15 +29,11 @@ use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kv_tier_core::{
-    AlignedBuf, BlockKey, EvictionPolicy, Namespace, PrimaryTier, RunFields, SecondaryTier,
-};
+use kv_tier_core::{AlignedBuf, BlockKey, EvictionPolicy, Namespace, PrimaryTier, SecondaryTier};
 use kv_tier_cpu::{CpuTier, CpuTierConfig};
-use kv_tier_fs::{FsTier, FsTierConfig};
 use kv_tier_testkit::bench::median;
 use kv_tier_testkit::{fill_block, test_key};
 
@@ -52,16 +48,7 @@ fn main() {
         syscall_child(n.parse().unwrap());
         return;
     }
-    let (base, rounds) = common::dir_and_rounds();
-    let dir = tempfile::Builder::new()
-        .prefix("kv-tier-fair-")
-        .tempdir_in(&base)
-        .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (dir, rounds, rt) = common::setup("kv-tier-fair-");
     let cold = drop_caches();
     println!(
         "fs tier vs raw O_DIRECT at the tier's depth and vs vLLM's access pattern in {} ({rounds} rounds, interleaved; page cache {} before loads); GB/s median [min-max]",
@@ -102,16 +89,13 @@ fn run_case(
     jobs: usize,
     rounds: usize,
 ) -> String {
-    let ns = Namespace::new(RunFields::new("bench/model", "torch.bfloat16", 16), 0).unwrap();
+    let ns = common::bench_ns();
     // a fresh root per round, as every raw competitor gets a fresh directory tree (reusing
     // one root would have the tier alone write into space freed and discarded a moment
     // before, which this virtual disk makes slow); its top directories made before the clock
     let open_tier = |round: usize| {
         let root = dir.join(format!("tier-{bs}-{jobs}-{round}"));
-        let tier = Arc::new(FsTier::open("fs", FsTierConfig::new(&root), ns.clone(), bs).unwrap());
-        while !tier.stats().top_dirs_ready {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let tier = common::open_ready_tier(&root, &ns, bs);
         assert!(tier.stats().direct_io, "O_DIRECT is not available here");
         (root, tier)
     };
@@ -464,11 +448,7 @@ fn span(v: &[f64]) -> String {
 fn syscall_child(n: usize) {
     let bs = 256 << 10;
     let dir = tempfile::tempdir().unwrap();
-    let ns = Namespace::new(RunFields::new("bench/model", "torch.bfloat16", 16), 0).unwrap();
-    let tier = Arc::new(FsTier::open("fs", FsTierConfig::new(dir.path()), ns, bs).unwrap());
-    while !tier.stats().top_dirs_ready {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let tier = common::open_ready_tier(dir.path(), &common::bench_ns(), bs);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

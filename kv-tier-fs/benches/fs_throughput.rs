@@ -17,7 +17,6 @@ use common::{clear_blocks, settle, tier_load, tier_store};
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -80,16 +79,7 @@ struct Sizes {
 }
 
 fn main() {
-    let (base, rounds) = common::dir_and_rounds();
-    let dir = tempfile::Builder::new()
-        .prefix("kv-tier-bench-")
-        .tempdir_in(&base)
-        .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let (dir, rounds, rt) = common::setup("kv-tier-bench-");
     println!(
         "fs tier vs raw O_DIRECT pwrite/pread in {} ({rounds} rounds, medians; a flat, warm, plain-buffer baseline: see the fs_fair bench for the fair one)",
         dir.path().display()
@@ -115,12 +105,9 @@ fn main() {
 
 fn run_size(rt: &tokio::runtime::Runtime, dir: &Path, s: &Sizes, rounds: usize) {
     let bs = s.block;
-    let ns = Namespace::new(RunFields::new("bench/model", "torch.bfloat16", 16), 0).unwrap();
+    let ns = common::bench_ns();
     let root = dir.join(format!("fs-{bs}"));
-    let tier = Arc::new(FsTier::open("fs", FsTierConfig::new(&root), ns.clone(), bs).unwrap());
-    while !tier.stats().top_dirs_ready {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let tier = common::open_ready_tier(&root, &ns, bs);
     settle();
     assert!(
         tier.stats().direct_io,

@@ -15,10 +15,6 @@ use crate::gc::{Gc, Place};
 use crate::io::{Class, Collector, Engine, Task};
 use crate::root::{prepare_root, probe_dir, reap_tmp, spawn_top_dirs, write_or_check_config};
 
-/// How long a store on a shared root waits for credit before the blocks it lacks are
-/// refused (`NoSpace`).
-const CREDIT_WAIT: Duration = Duration::from_secs(1);
-
 /// The filesystem tier.
 ///
 /// Blocks are files in vLLM's layout under `root_dir` (see [`kv_tier_core::layout`]): a cache
@@ -308,68 +304,6 @@ impl FsTier {
         rx.await.ok()
     }
 
-    /// Shared root: takes credit for `blocks` (announcing each in the journal before it is
-    /// written), waiting up to [`CREDIT_WAIT`] for the leader to grant more; the blocks it
-    /// could not cover are taken out of `blocks` and returned as `NoSpace` (not stored).
-    async fn take_credit(
-        &self,
-        c: &crate::shared::Coord,
-        blocks: &mut Vec<(BlockKey, kv_tier_core::BlockSource)>,
-        finish: &mut crate::shared::Finish,
-    ) -> Vec<(BlockKey, Error)> {
-        let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
-        let deadline = std::time::Instant::now() + CREDIT_WAIT;
-        let mut got = 0;
-        let mut failure = None;
-        let mut waited = false;
-        while got < keys.len() {
-            match c.take_credit(&keys[got..]) {
-                Ok(n) => {
-                    finish.keys.extend_from_slice(&keys[got..got + n]);
-                    got += n;
-                }
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-            if got == keys.len()
-                || std::time::Instant::now() >= deadline
-                || self.shut_down.load(Ordering::SeqCst)
-            {
-                break;
-            }
-            if !waited {
-                waited = true;
-                c.note_credit_wait();
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        let rest = blocks.split_off(got);
-        if failure.is_none() {
-            c.note_no_credit(rest.len() as u64);
-        }
-        rest.into_iter()
-            .map(|(k, _)| {
-                let e = match &failure {
-                    Some(e) => Error::Backend {
-                        tier: self.shared.name.clone(),
-                        message: format!("shared root: could not announce block {k} in this instance's journal: {e}"),
-                        transient: true,
-                    },
-                    None => Error::NoSpace {
-                        tier: self.shared.name.clone(),
-                        detail: format!(
-                            "block {k}: no credit from the shared root's leader within {CREDIT_WAIT:?} (instance {}; the directory is at its bound, or no leader holds the lease right now)",
-                            c.id()
-                        ),
-                    },
-                };
-                (k, e)
-            })
-            .collect()
-    }
-
     /// Signals the I/O and GC threads to stop; returns them, to be joined.
     fn stop_threads(&self) -> Vec<std::thread::JoinHandle<()>> {
         let mut threads = self.engine.stop();
@@ -454,7 +388,9 @@ impl SecondaryTier for FsTier {
                     coord: c.clone(),
                     keys: Vec::new(),
                 };
-                let refused = self.take_credit(c, &mut blocks, &mut finish).await;
+                let refused = c
+                    .credit_for(&self.shared.name, &self.shut_down, &mut blocks, &mut finish)
+                    .await;
                 (refused, Some(Arc::new(finish)))
             }
             None => (Vec::new(), None),

@@ -4,13 +4,16 @@
 //! random points, a follower's hot keys under a flood, instances churning, paths that are
 //! the wrong kind of file. Every store has a deadline; the directory is sampled every 10 ms.
 
+mod common;
+use common::ns;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kv_tier_core::{BlockKey, Error, Namespace, RunFields, SecondaryTier};
-use kv_tier_fs::{Checksum, FsTier, FsTierConfig};
+use kv_tier_core::{BlockKey, Error, SecondaryTier};
+use kv_tier_fs::{FsTier, FsTierConfig};
 use kv_tier_testkit::{load_keys, store_keys, test_key, verify_block};
 
 const BS: usize = 64 << 10;
@@ -18,22 +21,10 @@ const CAP: u64 = 8 << 20;
 const LEASE_S: f64 = 0.4;
 const STAMP_S: f64 = 0.5;
 
-fn ns() -> Namespace {
-    Namespace::new(RunFields::new("shared/model", "torch.float16", 16), 0).unwrap()
-}
-
 fn cfg(root: &Path, id: &str) -> FsTierConfig {
-    let mut c = FsTierConfig::new(root);
+    let mut c = common::shared_cfg(root, id, CAP, LEASE_S, STAMP_S);
     c.n_read_threads = 2;
     c.n_write_threads = 2;
-    c.checksum = Checksum::Crc32c;
-    c.gc_max_size_gb = Some(CAP as f64 / (1u64 << 30) as f64);
-    c.gc_stamp_interval_s = Some(STAMP_S);
-    c.gc_grace_s = Some(2.0 * STAMP_S);
-    c.gc_interval_s = Some(0.05);
-    c.shared = true;
-    c.shared_lease_s = Some(LEASE_S);
-    c.instance_id = Some(id.into());
     c
 }
 

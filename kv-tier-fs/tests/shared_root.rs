@@ -5,14 +5,17 @@
 //!
 //! `KV_TIER_SHARED_SECS` sets the run's length (default 60 s).
 
+mod common;
+use common::ns;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kv_tier_core::{BlockKey, Error, Namespace, RunFields, SecondaryTier};
-use kv_tier_fs::{Checksum, FsTier, FsTierConfig};
+use kv_tier_core::{BlockKey, Error, SecondaryTier};
+use kv_tier_fs::{FsTier, FsTierConfig};
 use kv_tier_testkit::{allocated_bytes, load_keys, store_keys, test_key, verify_block};
 
 const BS: usize = 64 << 10;
@@ -25,23 +28,8 @@ const JOB: u64 = 16;
 /// Store jobs in flight per instance.
 const WRITERS: usize = 3;
 
-fn ns() -> Namespace {
-    Namespace::new(RunFields::new("shared/model", "torch.float16", 16), 0).unwrap()
-}
-
 fn cfg(root: &Path, id: &str) -> FsTierConfig {
-    let mut c = FsTierConfig::new(root);
-    c.n_read_threads = 4;
-    c.n_write_threads = 4;
-    c.checksum = Checksum::Crc32c;
-    c.gc_max_size_gb = Some(CAP_BYTES as f64 / (1u64 << 30) as f64);
-    c.gc_stamp_interval_s = Some(STAMP_S);
-    c.gc_grace_s = Some(2.0 * STAMP_S);
-    c.gc_interval_s = Some(0.05);
-    c.shared = true;
-    c.shared_lease_s = Some(LEASE_S);
-    c.instance_id = Some(id.into());
-    c
+    common::shared_cfg(root, id, CAP_BYTES, LEASE_S, STAMP_S)
 }
 
 fn hot_key(child: u64, i: u64) -> BlockKey {

@@ -24,6 +24,53 @@ pub(crate) fn dir_and_rounds() -> (PathBuf, usize) {
     (base, rounds)
 }
 
+/// The benches' namespace.
+pub(crate) fn bench_ns() -> kv_tier_core::Namespace {
+    kv_tier_core::Namespace::new(
+        kv_tier_core::RunFields::new("bench/model", "torch.bfloat16", 16),
+        0,
+    )
+    .unwrap()
+}
+
+/// A fs tier on `root` with the default options, once its 4,096 top directories exist (as
+/// a cache in use has them: their making is not what a bench measures).
+pub(crate) fn open_ready_tier(
+    root: &Path,
+    ns: &kv_tier_core::Namespace,
+    block_size: usize,
+) -> Arc<FsTier> {
+    let tier = Arc::new(
+        FsTier::open(
+            "fs",
+            kv_tier_fs::FsTierConfig::new(root),
+            ns.clone(),
+            block_size,
+        )
+        .unwrap(),
+    );
+    while !tier.stats().top_dirs_ready {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    tier
+}
+
+/// The benchmark's directory (a fresh temp dir named `prefix...` under
+/// [`dir_and_rounds`]'s base, removed on drop), its rounds, and a 2-worker runtime.
+pub(crate) fn setup(prefix: &str) -> (tempfile::TempDir, usize, tokio::runtime::Runtime) {
+    let (base, rounds) = dir_and_rounds();
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(&base)
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    (dir, rounds, rt)
+}
+
 /// Deletes the blocks and their second-level directories, keeping the first level as a
 /// cache in use has it.
 #[allow(dead_code)] // fs_throughput's, not fs_fair's

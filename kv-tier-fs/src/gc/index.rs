@@ -142,11 +142,7 @@ impl Index {
         self.dir_bytes + self.base_bytes
     }
 
-    pub(super) fn note_peak_pub(&mut self) {
-        self.note_peak();
-    }
-
-    fn note_peak(&mut self) {
+    pub(super) fn note_peak(&mut self) {
         self.peak = self.peak.max(self.total());
     }
 

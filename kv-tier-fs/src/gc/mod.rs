@@ -311,17 +311,12 @@ impl Gc {
         let over = {
             let mut idx = self.lock();
             idx.reserved = bytes;
-            idx.note_peak_pub();
+            idx.note_peak();
             self.is_over(&idx)
         };
         if over {
             self.kick();
         }
-    }
-
-    /// The index's total (files, directories, reservations or outstanding credit).
-    pub(crate) fn total_now(&self) -> u64 {
-        self.lock().total()
     }
 
     /// Checksums live in sidecars of `unit` allocated bytes each (counted with their block).

@@ -28,6 +28,28 @@ pub fn cfg(root: &Path) -> FsTierConfig {
     c
 }
 
+/// An instance of a shared root (`shared: true`, id `id`): [`cfg`] with checksums on, a cap
+/// of `cap_bytes` for the root as a whole, the GC on a sub-second scale (stamp interval
+/// `stamp_s`, grace twice that) and a lease of `lease_s`.
+pub fn shared_cfg(
+    root: &Path,
+    id: &str,
+    cap_bytes: u64,
+    lease_s: f64,
+    stamp_s: f64,
+) -> FsTierConfig {
+    let mut c = cfg(root);
+    c.checksum = Checksum::Crc32c;
+    c.gc_max_size_gb = Some(cap_bytes as f64 / (1u64 << 30) as f64);
+    c.gc_stamp_interval_s = Some(stamp_s);
+    c.gc_grace_s = Some(2.0 * stamp_s);
+    c.gc_interval_s = Some(0.05);
+    c.shared = true;
+    c.shared_lease_s = Some(lease_s);
+    c.instance_id = Some(id.into());
+    c
+}
+
 pub fn open(root: &Path) -> FsTier {
     FsTier::open("fs", cfg(root), ns(), BS).unwrap()
 }
