@@ -174,6 +174,10 @@ fn shared_child() {
                         let back = (rng >> 8) % (4 * JOB);
                         probe.push(new_key(c, at.saturating_sub(back)));
                     }
+                    // one load per key: a key twice in a job can load once and miss once
+                    // (evicted in between), and its result does not say which sink it filled
+                    probe.sort_unstable();
+                    probe.dedup();
                     let present = tier.lookup(&probe).await.unwrap();
                     let found: Vec<BlockKey> = probe
                         .iter()
@@ -226,10 +230,19 @@ fn shared_child() {
         tier.shutdown().await.unwrap();
         o
     });
-    std::fs::write(out, o.to_line()).unwrap();
+    let mut text = o.to_line();
+    for line in WRONG_LINES.lock().unwrap().iter() {
+        text.push('\n');
+        text.push_str(line);
+    }
+    std::fs::write(out, text).unwrap();
 }
 
-/// Counts the blocks of `data` that are not their key's bytes, describing each on stderr.
+/// What [`wrong`] found, written beside the child's outcome for the parent's report.
+static WRONG_LINES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Counts the blocks of `data` that are not their key's bytes, describing each on stderr and
+/// in [`WRONG_LINES`].
 fn wrong(child: u64, what: &str, data: &[(BlockKey, bytes::Bytes)]) -> u64 {
     let mut n = 0;
     for (k, d) in data {
@@ -241,10 +254,12 @@ fn wrong(child: u64, what: &str, data: &[(BlockKey, bytes::Bytes)]) -> u64 {
         let first = d.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
         let last = d.iter().zip(&want).rposition(|(a, b)| a != b).unwrap_or(0);
         let zeros = d[first..=last].iter().all(|b| *b == 0);
-        eprintln!(
+        let line = format!(
             "child {child}: WRONG {what} block {k}: bytes {first}..={last} differ (all zero: {zeros}) of {}",
             d.len()
         );
+        eprintln!("{line}");
+        WRONG_LINES.lock().unwrap().push(line);
     }
     n
 }
@@ -405,11 +420,15 @@ fn four_processes_share_one_bound_and_survive_the_leaders_death() {
     let samples = sampler.join().unwrap();
     let peak = peak.load(Ordering::Relaxed);
     let mut total = Outcome::default();
+    let mut wrong_lines = Vec::new();
     for (c, out) in outs.iter().enumerate() {
         if c as u64 == killed {
             continue;
         }
-        let o = Outcome::parse(&std::fs::read_to_string(out).unwrap()).unwrap();
+        let text = std::fs::read_to_string(out).unwrap();
+        let mut lines = text.lines();
+        let o = Outcome::parse(lines.next().unwrap_or_default()).unwrap();
+        wrong_lines.extend(lines.map(str::to_string));
         eprintln!("child {c}: {o:?}");
         assert!(
             o.stored > 0 && o.loaded > 0 && o.hot_loads > 0,
@@ -438,7 +457,12 @@ fn four_processes_share_one_bound_and_survive_the_leaders_death() {
         takeover,
         total.took_lease
     );
-    assert_eq!(total.wrong, 0, "wrong bytes served");
+    assert_eq!(
+        total.wrong,
+        0,
+        "wrong bytes served:\n{}",
+        wrong_lines.join("\n")
+    );
 
     assert_eq!(total.hot_misses, 0, "keys in use were evicted");
     assert!(ratio <= 1.10, "peak {peak} bytes is {ratio:.3}x the cap");

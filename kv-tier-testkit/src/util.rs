@@ -297,7 +297,9 @@ pub async fn store_keys(
 }
 
 /// Loads `keys` from `tier` as one job; returns the result and the bytes of each key that
-/// loaded. Panics if the job does not end within [`JOB_DEADLINE`].
+/// loaded (a key given more than once is returned once per sink, and not at all if any of
+/// its loads failed: the result does not say which sink that was). Panics if the job does
+/// not end within [`JOB_DEADLINE`].
 pub async fn load_keys(
     tier: &dyn kv_tier_core::SecondaryTier,
     keys: &[BlockKey],
@@ -312,12 +314,15 @@ pub async fn load_keys(
     }
     let res = within_deadline("load", tier.load(job)).await;
     let ok: std::collections::HashSet<BlockKey> = res.ok.iter().copied().collect();
+    // a key given twice whose loads went two ways is in both lists, and which of its sinks
+    // was filled is not said: neither is served
+    let failed: std::collections::HashSet<BlockKey> = res.failed.iter().map(|(k, _)| *k).collect();
     let mut out = Vec::new();
     for (k, r) in readers {
         let bytes = r
             .into_bytes()
             .expect("the tier kept a sink after its load returned");
-        if ok.contains(&k) {
+        if ok.contains(&k) && !failed.contains(&k) {
             out.push((k, bytes));
         }
     }
