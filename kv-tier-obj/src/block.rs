@@ -76,6 +76,9 @@ pub(crate) struct Shared {
     pub(crate) events: Arc<EventLog>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) cap: Option<Cap>,
+    /// A shared bucket's coordination (then `cap` is `None`: the leader's index is the
+    /// coordination's).
+    pub(crate) coord: Option<Arc<crate::shared::Coord>>,
     pub(crate) request_deadline: Duration,
     pub(crate) lookup_deadline: Duration,
     /// Keys with a PUT in flight from this tier: a second store of the same key waits for it
@@ -173,6 +176,22 @@ impl Shared {
         fut: impl Future<Output = std::result::Result<T, object_store::Error>>,
     ) -> std::result::Result<T, ReqError> {
         let _s = self.slot().await;
+        match tokio::time::timeout(self.request_deadline, fut).await {
+            Ok(r) => r.map_err(ReqError::Store),
+            Err(_) => {
+                bump(&self.counters.own.request_timeouts, 1);
+                Err(ReqError::TimedOut)
+            }
+        }
+    }
+
+    /// Runs one request within the request deadline without a permit of the `io_threads`
+    /// bound: a shared bucket's coordination (its lease must not queue behind block I/O).
+    pub(crate) async fn request_unbounded<T>(
+        &self,
+        fut: impl Future<Output = std::result::Result<T, object_store::Error>>,
+    ) -> std::result::Result<T, ReqError> {
+        bump(&self.counters.own.requests, 1);
         match tokio::time::timeout(self.request_deadline, fut).await {
             Ok(r) => r.map_err(ReqError::Store),
             Err(_) => {
@@ -309,7 +328,23 @@ impl Shared {
             });
         }
         let _claim = self.claim_put(key).await;
-        let stored = self.store_claimed(key, src).await;
+        let stored = match &self.coord {
+            None => self.store_claimed(key, src).await,
+            Some(coord) => {
+                // credit first (journaled with the key); the guard journals the store's end,
+                // however it ends (a cancelled or timed-out PUT: not known)
+                let mut finish = coord
+                    .credit_for(key, self.block_size as u64, &self.name)
+                    .await?;
+                let stored = self.store_claimed(key, src).await;
+                match &stored {
+                    Ok(_) => finish.written(),
+                    Err(Error::Timeout { .. }) => {}
+                    Err(_) => finish.not_written(),
+                }
+                stored
+            }
+        };
         // written, or confirmed present: either way the tier holds it now (after a removal
         // of the key, this is what says it is back); logged before the claim goes, so a
         // damaged-object delete waiting for the claim logs its removal after

@@ -141,6 +141,9 @@ pub(crate) struct Cap {
     pub(crate) deleted: Notify,
     /// One sweep at a time: background sweeps skip when one runs, `sweep_now` waits.
     pub(crate) sweeping: tokio::sync::Mutex<()>,
+    /// Bytes committed outside the index, counted with it against the bound (a shared
+    /// bucket's leader: stores in flight and credit granted but not spent); 0 otherwise.
+    pub(crate) outside: std::sync::atomic::AtomicU64,
 }
 
 /// What one decision step chose.
@@ -166,7 +169,12 @@ impl Cap {
             index: Mutex::new(CapIndex::default()),
             deleted: Notify::new(),
             sweeping: tokio::sync::Mutex::new(()),
+            outside: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    fn outside(&self) -> u64 {
+        self.outside.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, CapIndex> {
@@ -175,7 +183,7 @@ impl Cap {
     }
 
     pub(crate) fn over(&self) -> bool {
-        self.lock().total() > self.cap
+        self.lock().total() + self.outside() > self.cap
     }
 
     /// Chooses up to `n` victims, least recently used first, after the tick `cursor`.
@@ -184,16 +192,20 @@ impl Cap {
     /// no sort, no copy of the index); each is then re-checked under the protection lock and
     /// the index lock (still indexed, not touched since, not protected) and, if it goes,
     /// leaves the index and is marked deleting before the locks drop. So `protect()` and
-    /// `touch()` wait at most for one batch, never for a walk of the whole index.
+    /// `touch()` wait at most for one batch, never for a walk of the whole index. Keys for
+    /// which `keep` answers true are kept as protected ones are (a shared bucket's keys read
+    /// lately by any instance).
     pub(crate) fn decide(
         &self,
         protection: &ProtectionSet,
+        keep: &(dyn Fn(&BlockKey) -> bool + Sync),
         cursor: &mut Option<(u64, BlockKey)>,
         n: usize,
     ) -> Decision {
+        let low = self.low.saturating_sub(self.outside());
         let candidates: Vec<(u64, BlockKey)> = {
             let idx = self.lock();
-            if idx.total() <= self.low {
+            if idx.total() <= low {
                 return Decision {
                     done: true,
                     ..Decision::default()
@@ -212,7 +224,7 @@ impl Cap {
         protection.with_lock(|is_protected| {
             let mut idx = self.lock();
             for (tick, key) in candidates {
-                if idx.total() <= self.low {
+                if idx.total() <= low {
                     d.done = true;
                     break;
                 }
@@ -220,7 +232,7 @@ impl Cap {
                     Some(e) if e.at == tick => {}
                     _ => continue, // touched or removed since it was read
                 }
-                if is_protected(&key) {
+                if is_protected(&key) || keep(&key) {
                     d.protected += 1;
                     continue;
                 }
@@ -317,7 +329,7 @@ mod tests {
         }
         let prot = ProtectionSet::new();
         let mut cursor = None;
-        let d = cap.decide(&prot, &mut cursor, 256);
+        let d = cap.decide(&prot, &|_| false, &mut cursor, 256);
         assert_eq!(d.victims.len(), 256);
         assert_eq!(d.examined, 256, "a decision walked more than its batch");
         // the oldest went first
@@ -342,7 +354,7 @@ mod tests {
         let mut cursor = None;
         let mut victims = Vec::new();
         loop {
-            let d = cap.decide(&prot, &mut cursor, 3);
+            let d = cap.decide(&prot, &|_| false, &mut cursor, 3);
             victims.extend(d.victims.iter().map(|(k, _)| *k));
             if d.done {
                 break;
@@ -397,7 +409,7 @@ mod tests {
             cap.lock().insert(k(i), 10);
         }
         let prot = ProtectionSet::new();
-        let d = cap.decide(&prot, &mut None, 3);
+        let d = cap.decide(&prot, &|_| false, &mut None, 3);
         assert!(d.done && d.victims.is_empty(), "50 is the low watermark");
         assert!(!cap.over());
         for i in 5..10 {
@@ -408,9 +420,9 @@ mod tests {
         assert!(cap.over());
         let _g = prot.protect(&(0..11).map(k).collect::<Vec<_>>());
         let mut cursor = None;
-        let d = cap.decide(&prot, &mut cursor, 8);
+        let d = cap.decide(&prot, &|_| false, &mut cursor, 8);
         assert_eq!((d.victims.len(), d.protected, d.done), (0, 8, false));
-        let d = cap.decide(&prot, &mut cursor, 8);
+        let d = cap.decide(&prot, &|_| false, &mut cursor, 8);
         assert_eq!(
             (d.victims.len(), d.protected, d.done),
             (0, 3, true),

@@ -32,6 +32,7 @@ pub const RANGES: &[(&str, f64, f64)] = &[
     ("lookup_timeout_s", 0.001, 3_600.0),
     ("max_size_gb", 1e-9, 1e9),
     ("low_watermark", 1e-9, 1.0),
+    ("shared_lease_s", 0.1, 600.0),
 ];
 
 /// The keys of vLLM's obj `store_config`, taken here beside the tier's other options.
@@ -147,6 +148,22 @@ pub struct ObjTierConfig {
     pub max_size_gb: Option<f64>,
     /// Deletions go down to `max_size_gb x low_watermark` (default 0.9, range (0, 1]).
     pub low_watermark: f64,
+    /// Several instances (processes, hosts) on one bucket and prefix under one bound:
+    /// `max_size_gb` is the bound of the rank's objects as a whole, and one instance at a
+    /// time (the leader, by a lease object written with conditional PUTs) keeps the index of
+    /// every instance's objects and deletes the least recently used for all. Needs
+    /// `max_size_gb` and a store with conditional writes (`If-None-Match` / `If-Match`: S3
+    /// since 2024, MinIO, R2, GCS; the protocol and its failure modes are in the crate's
+    /// README, "Shared bucket").
+    pub shared: bool,
+    /// Shared bucket: the leader lease's period in seconds (default 10, range 0.1 to 600).
+    /// The leader renews it four times per period; an instance that sees it unchanged for a
+    /// whole period (by its own clock) takes it over.
+    pub shared_lease_s: Option<f64>,
+    /// Shared bucket: this instance's name in the coordination objects (letters, digits,
+    /// `.`, `_`, `-`; 1 to 64). Default `<host>-<pid>-<random>`; unique among the instances
+    /// sharing the bucket.
+    pub instance_id: Option<String>,
 }
 
 impl Default for ObjTierConfig {
@@ -171,6 +188,9 @@ impl Default for ObjTierConfig {
             lookup_timeout_s: 0.8,
             max_size_gb: None,
             low_watermark: 0.9,
+            shared: false,
+            shared_lease_s: None,
+            instance_id: None,
         }
     }
 }
@@ -340,7 +360,56 @@ impl ObjTierConfig {
         if self.prefix.contains("//") {
             return Err(Error::config("prefix", "must not contain \"//\""));
         }
+        self.validate_shared()
+    }
+
+    fn validate_shared(&self) -> Result<()> {
+        if !self.shared {
+            for (name, set) in [
+                ("shared_lease_s", self.shared_lease_s.is_some()),
+                ("instance_id", self.instance_id.is_some()),
+            ] {
+                if set {
+                    return Err(Error::config(
+                        name,
+                        "is set but shared is not: it only applies to a shared bucket",
+                    ));
+                }
+            }
+            return Ok(());
+        }
+        if self.max_size_gb.is_none() {
+            return Err(Error::config(
+                "shared",
+                "needs max_size_gb: a shared bucket is one bounded set of objects",
+            ));
+        }
+        if let Some(v) = self.shared_lease_s {
+            let (min, max) = range("shared_lease_s");
+            check_range("shared_lease_s", v, min, max)?;
+        }
+        if let Some(id) = &self.instance_id {
+            let ok = (1..=64).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                && id != "."
+                && id != "..";
+            if !ok {
+                return Err(Error::config(
+                    "instance_id",
+                    format!(
+                        "must be 1 to 64 letters, digits, '.', '_' or '-' (not \".\" or \"..\"), got {id:?}"
+                    ),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The shared bucket's lease period (`shared_lease_s`, default 10 s).
+    pub fn shared_lease(&self) -> Duration {
+        Duration::from_secs_f64(self.shared_lease_s.unwrap_or(10.0))
     }
 
     /// How long one request may take, retries and backoff included: `request_timeout_s x

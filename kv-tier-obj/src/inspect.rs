@@ -45,7 +45,9 @@ impl ObjTier {
     /// Counters.
     pub fn stats(&self) -> ObjStats {
         let c = &self.shared.counters;
-        let (bytes, objects) = self.shared.cap.as_ref().map_or((0, 0), |cap| {
+        let index =
+            (self.shared.cap.as_ref()).or_else(|| self.shared.coord.as_ref().map(|c| &c.index));
+        let (bytes, objects) = index.map_or((0, 0), |cap| {
             let i = cap.lock();
             (i.total(), i.len() as u64)
         });
@@ -53,6 +55,7 @@ impl ObjTier {
             blocks: c.blocks.snapshot(),
             bytes,
             objects,
+            shared: self.shared.coord.as_ref().map(|c| c.stats()),
             ..ObjStats::default()
         };
         c.own.fill(&mut s);

@@ -7,13 +7,14 @@ mod config;
 mod error;
 mod inspect;
 mod load;
+mod shared;
 mod stats;
 mod sweep;
 mod tier;
 
 pub use block::{CRC_METADATA_KEY, block_crc};
 pub use config::{ObjChecksum, ObjTierConfig, RANGES, STORE_CONFIG_KEYS, Scheme};
-pub use stats::ObjStats;
+pub use stats::{ObjStats, SharedStats};
 pub use tier::ObjTier;
 
 /// The [`object_store`](https://docs.rs/object_store/0.14) crate this tier is built on,

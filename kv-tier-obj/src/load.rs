@@ -73,6 +73,9 @@ impl Shared {
             });
         }
         self.check_open()?;
+        if let Some(c) = &self.coord {
+            c.note_read(key); // before the GET: the leader keeps it from then on
+        }
         let path = self.path(&key);
         let buf = sink.as_mut_slice();
         // the key's count as it was before the GET: a NotFound takes back only that one
@@ -160,6 +163,11 @@ impl Shared {
     }
 
     pub(crate) fn touch_index(&self, keys: &[BlockKey]) {
+        if let Some(c) = &self.coord {
+            for k in keys {
+                c.note_read(*k);
+            }
+        }
         if let Some(cap) = &self.cap {
             let mut idx = cap.lock();
             for k in keys {

@@ -16,8 +16,11 @@ kv_tier_core::counters! {
         blocks: BlockStats,
         /// Bytes in the capacity index (bounded mode).
         bytes: u64,
-        /// Objects in the capacity index (bounded mode).
+        /// Objects in the capacity index (bounded mode; on a shared bucket the leader's index
+        /// of every instance's objects, empty on the others).
         objects: u64,
+        /// The shared bucket's coordination (`None` unless `shared`).
+        shared: Option<SharedStats>,
     }
     counted {
         /// Requests sent (HEAD, PUT, GET, DELETE, LIST).
@@ -48,3 +51,40 @@ kv_tier_core::counters! {
 
 /// The tier's live counters: what every block-storing tier counts, and its own.
 pub(crate) type Counters = TierCounters<ObjCounters>;
+
+kv_tier_core::counters! {
+    /// Figures of a shared bucket, as this instance sees them.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+    pub struct SharedStats;
+    /// The live counters behind [`SharedStats`].
+    pub(crate) struct SharedCounters;
+    fields {
+        /// Whether this instance holds the leader lease now.
+        leader: bool,
+        /// The lease's epoch as last seen (each takeover adds one).
+        epoch: u64,
+        /// Instances alive, as the leader counts them (0 on the others).
+        members: u64,
+        /// The leader's total: indexed objects, stores in flight and credit granted but not
+        /// spent, in bytes (0 on the others).
+        global_bytes: u64,
+        /// Credit granted to this instance by the current leader, in bytes.
+        granted_bytes: u64,
+        /// Credit this instance spent of it, in bytes.
+        consumed_bytes: u64,
+    }
+    counted {
+        /// Times this instance took the lease.
+        takeovers,
+        /// Store jobs that waited for credit.
+        credit_waits,
+        /// Blocks not stored for lack of credit (within the wait).
+        no_credit,
+        /// Journal batches written.
+        batches,
+        /// Failed requests on the coordination objects (journal, heartbeat, lease, grants).
+        coord_errors,
+        /// Objects the leader deleted for everyone.
+        evicted,
+    }
+}

@@ -32,6 +32,17 @@ impl Shared {
 
     async fn sweep_in_span(self: Arc<Self>, wait: bool) -> usize {
         let Some(cap) = &self.cap else { return 0 };
+        self.sweep_cap(cap, &|_| false, wait).await
+    }
+
+    /// Sweeps `cap`'s index (this tier's own, or a shared bucket's leader's index of every
+    /// instance's objects) down to its low watermark, keeping the keys `keep` names.
+    pub(crate) async fn sweep_cap(
+        &self,
+        cap: &crate::capacity::Cap,
+        keep: &(dyn Fn(&kv_tier_core::BlockKey) -> bool + Sync),
+        wait: bool,
+    ) -> usize {
         let _one = if wait {
             cap.sweeping.lock().await
         } else {
@@ -50,7 +61,7 @@ impl Shared {
             if self.closed.load(Ordering::SeqCst) {
                 break;
             }
-            let d = cap.decide(&self.protection, &mut cursor, BATCH);
+            let d = cap.decide(&self.protection, keep, &mut cursor, BATCH);
             bump(&self.counters.own.skipped_in_flight, d.protected);
             examined += d.examined;
             if !d.victims.is_empty() {
@@ -78,7 +89,7 @@ impl Shared {
     /// store's "not found" names the file, a prefixing wrapper's the prefixed path). A bulk
     /// request's error stands for its whole chunk, which the batch size keeps to one: it
     /// marks nothing.
-    async fn delete_batch(&self, batch: &mut Deleting<'_>) {
+    pub(crate) async fn delete_batch(&self, batch: &mut Deleting<'_>) {
         let _forget = self.forget_after(batch.victims.iter().map(|(k, _)| *k).collect());
         let paths: Vec<ObjPath> = batch.victims.iter().map(|(k, _)| self.path(k)).collect();
         let n = paths.len();
@@ -117,10 +128,15 @@ impl Shared {
     /// Seeds the capacity index (bounded mode) from a LIST of the rank's objects, in the
     /// recency order the last shutdown saved where there is one, else by age.
     pub(crate) async fn seed_index(&self) -> Result<()> {
+        match &self.cap {
+            Some(cap) => self.seed_cap(cap).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Seeds `cap` (see [`Shared::seed_index`]).
+    pub(crate) async fn seed_cap(&self, cap: &crate::capacity::Cap) -> Result<()> {
         let inner = self;
-        let Some(cap) = &inner.cap else {
-            return Ok(());
-        };
         let prefix = inner.rank_prefix();
         let snapshot = inner.recency_path();
         let mut listing = inner.store.list(Some(&prefix));

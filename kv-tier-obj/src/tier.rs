@@ -29,6 +29,8 @@ pub struct ObjTier {
     pub(crate) cfg: ObjTierConfig,
     /// Background sweeps; shutdown stops and awaits them.
     pub(crate) sweeps: Mutex<tokio::task::JoinSet<()>>,
+    /// A shared bucket's coordination task; shutdown awaits it (it releases the lease).
+    pub(crate) coordination: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for ObjTier {
@@ -82,10 +84,40 @@ impl ObjTier {
         if block_size == 0 {
             return Err(Error::config("block_size_bytes", "must be positive"));
         }
-        let cap = cfg.max_size_gb.map(|gb| {
-            let bytes = (gb * (1u64 << 30) as f64).min(u64::MAX as f64) as u64;
-            Cap::new(bytes, cfg.low_watermark)
-        });
+        let bound = cfg
+            .max_size_gb
+            .map(|gb| (gb * (1u64 << 30) as f64).min(u64::MAX as f64) as u64);
+        // a shared bucket's index is its leader's, in the coordination
+        let cap = bound
+            .filter(|_| !cfg.shared)
+            .map(|bytes| Cap::new(bytes, cfg.low_watermark));
+        let coord = match bound.filter(|_| cfg.shared) {
+            Some(bytes) => {
+                let id = cfg
+                    .instance_id
+                    .clone()
+                    .unwrap_or_else(crate::shared::default_id);
+                // beside the rank's objects, not under them (a LIST of the blocks never
+                // walks the coordination objects, nor theirs the blocks)
+                let dir = if cfg.normalized_prefix().is_empty() {
+                    format!("kv-tier-shared/{}", ns.rank_dir_name())
+                } else {
+                    format!(
+                        "{}/kv-tier-shared/{}",
+                        cfg.normalized_prefix(),
+                        ns.rank_dir_name()
+                    )
+                };
+                Some(Arc::new(crate::shared::Coord::new(
+                    id,
+                    dir,
+                    cfg.shared_lease(),
+                    bytes,
+                    cfg.low_watermark,
+                )))
+            }
+            None => None,
+        };
         let inner = Arc::new(Shared {
             name: name.to_string(),
             store,
@@ -99,7 +131,7 @@ impl ObjTier {
             in_flight: AtomicUsize::new(0),
             exists: moka::sync::Cache::builder()
                 .max_capacity(1 << 20)
-                .time_to_live(Duration::from_secs_f64(cfg.exists_ttl_s))
+                .time_to_live(exists_ttl(&cfg))
                 .build(),
             delete_epoch: AtomicU64::new(0),
             create_only: AtomicBool::new(true),
@@ -107,6 +139,7 @@ impl ObjTier {
             events: Arc::new(EventLog::new(name, Medium::Storage, Locality::Remote)),
             counters,
             cap,
+            coord,
             request_deadline: cfg.request_deadline(),
             lookup_deadline: Duration::from_secs_f64(cfg.lookup_timeout_s),
             puts: Mutex::new(FxHashMap::default()),
@@ -116,10 +149,16 @@ impl ObjTier {
             shared: inner,
             cfg,
             sweeps: Mutex::new(tokio::task::JoinSet::new()),
+            coordination: Mutex::new(None),
         };
         crate::client::probe(&tier.shared, &tier.cfg.bucket).await?;
         if tier.shared.cap.is_some() {
             tier.shared.seed_index().await?;
+        }
+        if let Some(c) = &tier.shared.coord {
+            crate::shared::check_conditional_writes(c, &tier.shared).await?;
+            let task = tokio::spawn(crate::shared::run(c.clone(), tier.shared.clone()));
+            *lock(&tier.coordination) = Some(task);
         }
         Ok(tier)
     }
@@ -185,7 +224,7 @@ impl SecondaryTier for ObjTier {
         let capability = Capability::new()
             .persistent(true)
             .shared(true)
-            .bounded(self.shared.cap.is_some())
+            .bounded(self.cfg.max_size_gb.is_some())
             .checksums(self.shared.checksum == ObjChecksum::Crc32c);
         TierInfo::new(
             &self.shared.name,
@@ -309,8 +348,29 @@ impl SecondaryTier for ObjTier {
             set.abort_all();
             while set.join_next().await.is_some() {}
         }
+        let coordination = lock(&self.coordination).take();
+        if let Some(mut task) = coordination {
+            // its last tick, a journal flush and the lease's release: a few requests
+            let wait = self.shared.request_deadline * 4;
+            if tokio::time::timeout(wait, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
+            }
+        }
         self.shared.save_recency().await;
         tracing::debug!(tier = %self.shared.name, took_ms = started.elapsed().as_millis() as u64, "obj tier shut down");
         Ok(())
+    }
+}
+
+/// How long a positive existence answer is cached: `exists_ttl_s`, and on a shared bucket
+/// at most a quarter lease (another instance's leader deletes objects this one cannot
+/// hear of).
+fn exists_ttl(cfg: &ObjTierConfig) -> Duration {
+    let ttl = Duration::from_secs_f64(cfg.exists_ttl_s);
+    if cfg.shared {
+        ttl.min(cfg.shared_lease() / 4)
+    } else {
+        ttl
     }
 }

@@ -50,6 +50,9 @@ struct Plan {
     cut: usize,
     /// Create-only PUTs are refused as not implemented.
     no_create: bool,
+    /// LISTs of this prefix fail after their first object (a listing that breaks part
+    /// way).
+    fail_lists: Option<String>,
 }
 
 /// An `ObjectStore` over [`InMemory`] whose requests can be held or slowed per kind (see the
@@ -200,6 +203,13 @@ impl ControlledStore {
         self.ctl.plan.lock().unwrap().no_create = on;
     }
 
+    /// From now on, a LIST (`list`) of the prefix `of` yields its first object, then fails
+    /// (a listing broken part way: a page that timed out, a connection reset); `None` ends
+    /// it.
+    pub fn fail_lists(&self, of: Option<&str>) {
+        self.ctl.plan.lock().unwrap().fail_lists = of.map(str::to_string);
+    }
+
     /// Requests that entered so far (held or not), all kinds.
     pub fn started(&self) -> usize {
         self.ctl.started.load(Ordering::SeqCst)
@@ -340,7 +350,24 @@ impl ObjectStore for ControlledStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
+        let listing = self.inner.list(prefix);
+        let fails = match &self.ctl.plan.lock().unwrap().fail_lists {
+            Some(of) => prefix.is_some_and(|p| p.as_ref() == of.as_str()),
+            None => false,
+        };
+        if !fails {
+            return listing;
+        }
+        let broken = futures::stream::once(async {
+            Err(object_store::Error::Generic {
+                store: "controlled",
+                source: "the listing broke part way (injected)".into(),
+            })
+        });
+        futures::StreamExt::boxed(futures::StreamExt::chain(
+            futures::StreamExt::take(listing, 1),
+            broken,
+        ))
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {

@@ -92,6 +92,11 @@ impl S3Server {
         let requests = Arc::new(AtomicUsize::new(0));
         let latency_us = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (f, r, lat) = (fail_next.clone(), requests.clone(), latency_us.clone());
+        // s3s-fs checks a PUT's If-Match / If-None-Match, then writes: two conditional PUTs
+        // of one key could both pass. S3 decides them atomically; so does this server, by
+        // running conditional PUTs of one key one at a time.
+        let conditional: Arc<Vec<tokio::sync::Mutex<()>>> =
+            Arc::new((0..64).map(|_| tokio::sync::Mutex::new(())).collect());
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             loop {
@@ -101,9 +106,11 @@ impl S3Server {
                 // Without TCP_NODELAY every small request waits ~40 ms for a delayed ACK.
                 socket.set_nodelay(true).unwrap();
                 let (svc, f, r, lat) = (service.clone(), f.clone(), r.clone(), lat.clone());
+                let cond = conditional.clone();
                 let handler = hyper::service::service_fn(
                     move |req: http::Request<hyper::body::Incoming>| {
                         let (svc, f, r, lat) = (svc.clone(), f.clone(), r.clone(), lat.clone());
+                        let cond = cond.clone();
                         async move {
                             r.fetch_add(1, Ordering::SeqCst);
                             let us = lat.load(Ordering::Relaxed);
@@ -122,6 +129,20 @@ impl S3Server {
                                     .body(s3s::Body::from(body.to_string()))
                                     .unwrap());
                             }
+                            let _one = if req.method() == http::Method::PUT
+                                && (req.headers().contains_key(http::header::IF_MATCH)
+                                    || req.headers().contains_key(http::header::IF_NONE_MATCH))
+                            {
+                                let h = std::hash::BuildHasher::hash_one(
+                                    &std::hash::BuildHasherDefault::<
+                                        std::collections::hash_map::DefaultHasher,
+                                    >::default(),
+                                    req.uri().path(),
+                                );
+                                Some(cond[(h % cond.len() as u64) as usize].lock().await)
+                            } else {
+                                None
+                            };
                             hyper::service::Service::call(&svc, req).await
                         }
                     },

@@ -1,0 +1,982 @@
+//! A shared bucket: several instances (processes, hosts) on one bucket and prefix under one
+//! bound, coordinated through small objects next to the blocks, with no server.
+//!
+//! The coordination prefix is `<prefix>/kv-tier-shared/<rank dir>/`:
+//!
+//! - `lease`: `<epoch> <owner> <beat>`, the leader. Taken with a conditional PUT only
+//!   (`If-None-Match: *` when there is none, else `If-Match` of the version last seen): of
+//!   several instances that see it expire, one wins. The leader renews it (`If-Match` of its
+//!   own last version) four times per period, and stops leading if it has not managed to for
+//!   three quarters of a period; an instance that sees the same version for a whole period
+//!   by its own clock (or `owner` `-`: released at a clean close) takes it.
+//! - `members/<id>`: each instance's heartbeat, rewritten four times per period (deleted at
+//!   a clean close).
+//! - `journal/<id>/<seq>`: each instance's journal, one object per batch (written every
+//!   tick when there is something to say, retried under the same name until it lands):
+//!   `P <key> <bytes> <epoch>` a store spending credit of the leader of `epoch`, `D <key> <1|0|?>` that store's end
+//!   (written, not written, not known: a cancelled or timed-out PUT), `R <key>` a load (at
+//!   most once per key per quarter period).
+//! - `grants/<id>`: `<epoch> <granted>`: the credit (cumulative bytes) the leader of `epoch`
+//!   granted it.
+//!
+//! The leader keeps the index of every instance's objects (a LIST of the rank's objects when
+//! it takes the lease, then what the journals say), deletes the least recently used for
+//! everyone down to the low watermark, never a key any instance read within a lease period,
+//! and grants credit only while its index, the stores in flight and the credit granted and
+//! not spent stay under 1.05x the bound: so the bucket never holds more than that. A writer
+//! spends only credit of the leader whose lease it last saw; a new leader grants nothing for
+//! two ticks, so the old leader's credit is dropped first.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kv_tier_core::{BlockKey, Error, Result};
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload, UpdateVersion};
+use rustc_hash::FxHashMap;
+use tokio::sync::Notify;
+
+use crate::block::{ReqError, Shared, lock};
+use crate::capacity::Cap;
+use crate::stats::{SharedCounters, SharedStats};
+
+/// How long a store waits for credit before the blocks it lacks are refused (`NoSpace`).
+const CREDIT_WAIT: Duration = Duration::from_secs(1);
+
+/// Grants keep the leader's total under this multiple of the bound.
+const CEILING: f64 = 1.05;
+
+/// Ticks a new leader waits before it grants (writers drop the old leader's credit meanwhile).
+const GRANT_DELAY_TICKS: u32 = 2;
+
+/// The coordination of one instance on a shared bucket.
+pub(crate) struct Coord {
+    pub(crate) id: String,
+    dir: String,
+    lease: Duration,
+    tick: Duration,
+    w: Mutex<Writer>,
+    credit: Notify,
+    /// The leader's index of every instance's objects (empty unless leading).
+    pub(crate) index: Cap,
+    /// Keys any instance read lately, by when the leader saw the read.
+    read_seen: Mutex<FxHashMap<BlockKey, Instant>>,
+    leading: AtomicBool,
+    /// The epoch of the lease this instance holds (while `leading`).
+    lead_epoch: AtomicU64,
+    epoch_seen: AtomicU64,
+    members: AtomicU64,
+    global_bytes: AtomicU64,
+    pub(crate) counters: SharedCounters,
+}
+
+/// This instance as a writer: its journal and credit.
+#[derive(Default)]
+struct Writer {
+    /// Records not yet sent.
+    records: String,
+    /// A batch sent and not known to have landed: sent again under the same name.
+    unsent: Option<(u64, String)>,
+    next_seq: u64,
+    /// The lease's epoch as last seen: only that leader's credit is spent.
+    lease_epoch: u64,
+    grant_epoch: u64,
+    granted: u64,
+    consumed: u64,
+    /// When each key's read was last journaled.
+    reads: FxHashMap<BlockKey, Instant>,
+}
+
+impl Writer {
+    fn available(&self) -> u64 {
+        if self.grant_epoch != self.lease_epoch || self.lease_epoch == 0 {
+            return 0;
+        }
+        self.granted.saturating_sub(self.consumed)
+    }
+}
+
+/// A store's record of its end: `D <key> <outcome>` is journaled when this drops (the store
+/// done, failed, timed out or cancelled), with `?` unless the store said how it ended.
+pub(crate) struct Finish {
+    coord: Arc<Coord>,
+    key: BlockKey,
+    outcome: u8,
+}
+
+impl Finish {
+    /// The object was written, or found there.
+    pub(crate) fn written(&mut self) {
+        self.outcome = b'1';
+    }
+    /// The object was not written (the PUT was refused).
+    pub(crate) fn not_written(&mut self) {
+        self.outcome = b'0';
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        let mut w = lock(&self.coord.w);
+        let _ = writeln!(
+            w.records,
+            "D {} {}",
+            encode_key(&self.key),
+            self.outcome as char
+        );
+    }
+}
+
+fn encode_key(k: &BlockKey) -> String {
+    let mut s = String::with_capacity(76);
+    for b in k.hash_bytes() {
+        let _ = write!(s, "{b:02x}");
+    }
+    let _ = write!(s, ":{}", k.group());
+    s
+}
+
+fn decode_key(s: &str) -> Option<BlockKey> {
+    let (hex, group) = s.split_once(':')?;
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (i, b) in hash.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(BlockKey::from_hash32(hash, group.parse().ok()?))
+}
+
+/// One journal record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    /// A store's key, its bytes and the epoch of the leader whose credit it spent.
+    Store(BlockKey, u64, u64),
+    Done(BlockKey, u8),
+    Read(BlockKey),
+}
+
+impl Record {
+    fn parse(line: &str) -> Option<Record> {
+        let mut it = line.split(' ');
+        let kind = it.next()?;
+        let key = decode_key(it.next()?)?;
+        let r = match kind {
+            "P" => Record::Store(key, it.next()?.parse().ok()?, it.next()?.parse().ok()?),
+            "D" => match it.next()?.as_bytes() {
+                [o @ (b'0' | b'1' | b'?')] => Record::Done(key, *o),
+                _ => return None,
+            },
+            "R" => Record::Read(key),
+            _ => return None,
+        };
+        it.next().is_none().then_some(r)
+    }
+}
+
+/// The lease object's content and version.
+#[derive(Debug, Clone)]
+struct Lease {
+    epoch: u64,
+    owner: String,
+    version: UpdateVersion,
+}
+
+impl Coord {
+    /// The coordination of instance `id` under `dir` (the coordination prefix).
+    pub(crate) fn new(id: String, dir: String, lease: Duration, cap: u64, low: f64) -> Self {
+        let tick = (lease / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        Self {
+            id,
+            dir,
+            lease,
+            tick,
+            w: Mutex::new(Writer::default()),
+            credit: Notify::new(),
+            index: Cap::new(cap, low),
+            read_seen: Mutex::new(FxHashMap::default()),
+            leading: AtomicBool::new(false),
+            lead_epoch: AtomicU64::new(0),
+            epoch_seen: AtomicU64::new(0),
+            members: AtomicU64::new(0),
+            global_bytes: AtomicU64::new(0),
+            counters: SharedCounters::default(),
+        }
+    }
+
+    fn path(&self, rel: &str) -> ObjPath {
+        ObjPath::from(format!("{}/{rel}", self.dir))
+    }
+
+    pub(crate) fn is_leader(&self) -> bool {
+        self.leading.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn stats(&self) -> SharedStats {
+        let w = lock(&self.w);
+        let mut s = SharedStats {
+            leader: self.is_leader(),
+            epoch: self.epoch_seen.load(Ordering::Relaxed),
+            members: self.members.load(Ordering::Relaxed),
+            global_bytes: self.global_bytes.load(Ordering::Relaxed),
+            granted_bytes: w.granted,
+            consumed_bytes: w.consumed,
+            ..SharedStats::default()
+        };
+        drop(w);
+        self.counters.fill(&mut s);
+        s
+    }
+
+    /// Spends `bytes` of credit for a store of `key` and journals it, waiting for credit up to
+    /// [`CREDIT_WAIT`]; the returned guard journals the store's end. `NoSpace` when no
+    /// credit came.
+    pub(crate) async fn credit_for(
+        self: &Arc<Self>,
+        key: BlockKey,
+        bytes: u64,
+        tier: &str,
+    ) -> Result<Finish> {
+        let deadline = tokio::time::Instant::now() + CREDIT_WAIT;
+        let mut waited = false;
+        loop {
+            let notified = self.credit.notified();
+            {
+                let mut w = lock(&self.w);
+                if w.available() >= bytes {
+                    w.consumed += bytes;
+                    let epoch = w.grant_epoch;
+                    let _ = writeln!(w.records, "P {} {bytes} {epoch}", encode_key(&key));
+                    return Ok(Finish {
+                        coord: self.clone(),
+                        key,
+                        outcome: b'?',
+                    });
+                }
+            }
+            if !waited {
+                waited = true;
+                self.counters.credit_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                self.counters.no_credit.fetch_add(1, Ordering::Relaxed);
+                return Err(Error::NoSpace {
+                    tier: tier.to_string(),
+                    detail: format!(
+                        "block {key}: no credit from the shared bucket's leader within {CREDIT_WAIT:?} (the bucket is at its bound, or no instance holds the lease)"
+                    ),
+                });
+            }
+        }
+    }
+
+    /// Journals a load of `key` (at most once per key per quarter lease period).
+    pub(crate) fn note_read(&self, key: BlockKey) {
+        let now = Instant::now();
+        let mut w = lock(&self.w);
+        let every = self.lease / 4;
+        if w.reads.get(&key).is_some_and(|t| now - *t < every) {
+            return;
+        }
+        w.reads.insert(key, now);
+        let _ = writeln!(w.records, "R {}", encode_key(&key));
+    }
+
+    fn error(&self, what: &str, e: &dyn std::fmt::Display) {
+        self.counters.coord_errors.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(instance = %self.id, error = %e, "shared bucket: {what} failed");
+    }
+}
+
+/// The leader's view of one instance.
+#[derive(Default)]
+struct Member {
+    /// The next batch to apply (`None`: the first one listed).
+    next_seq: Option<u64>,
+    granted: u64,
+    consumed: u64,
+    /// Its stores in flight (announced, not ended).
+    pending: FxHashMap<BlockKey, u64>,
+    /// Its heartbeat's version and when that was first seen.
+    beat: Option<(String, Instant)>,
+    alive: bool,
+    /// When it was found dead (forgotten a retention later, its journal read by then).
+    died: Option<Instant>,
+}
+
+/// The leader's work state (the lease itself is the lease task's).
+struct Leading {
+    epoch: u64,
+    members: FxHashMap<String, Member>,
+    /// Applied batches, deleted once older than [`retention`].
+    applied: Vec<(ObjPath, Instant)>,
+    ticks: u32,
+    /// Whether its index holds every object (a whole LIST made since it took the lease).
+    seeded: bool,
+}
+
+/// The lease as its holder keeps it.
+struct Held {
+    epoch: u64,
+    version: UpdateVersion,
+    beat: u64,
+    renewed: Instant,
+}
+
+/// What the follower side last saw of the lease.
+struct Watch {
+    version: Option<String>,
+    since: Instant,
+}
+
+/// The coordination task of one instance: journal, heartbeat, grants, and the leader's work
+/// while it leads (the lease runs in a task of its own, so no sweep or slow listing delays
+/// a renewal). Ends when the tier closes (releasing the lease and its heartbeat).
+pub(crate) async fn run(c: Arc<Coord>, sh: Arc<Shared>) {
+    let lease = tokio::spawn(lease_task(c.clone(), sh.clone()));
+    let mut leading: Option<Leading> = None;
+    let mut beat_at = Instant::now() - c.lease;
+    let mut beat = 0u64;
+    loop {
+        if sh.closed.load(Ordering::SeqCst) {
+            break;
+        }
+        let now = Instant::now();
+        flush(&c, &sh).await;
+        if now - beat_at >= c.lease / 4 {
+            beat += 1;
+            let p = c.path(&format!("members/{}", c.id));
+            match sh
+                .request_unbounded(sh.store.put(&p, PutPayload::from(beat.to_string())))
+                .await
+            {
+                Ok(_) => beat_at = now,
+                Err(e) => c.error("heartbeat", &err(&sh, e)),
+            }
+        }
+        let epoch = c.lead_epoch.load(Ordering::SeqCst);
+        if !c.is_leader() || leading.as_ref().is_some_and(|l| l.epoch != epoch) {
+            leading = None;
+        }
+        if c.is_leader() && leading.is_none() {
+            leading = Some(take_over(&c, &sh, epoch).await);
+        }
+        if let Some(l) = &mut leading {
+            lead_tick(&c, &sh, l).await;
+        }
+        read_grant(&c, &sh).await;
+        tokio::time::sleep(c.tick).await;
+    }
+    flush(&c, &sh).await;
+    let _ = lease.await;
+    let _ = sh
+        .request_unbounded(sh.store.delete(&c.path(&format!("members/{}", c.id))))
+        .await;
+}
+
+/// Holds the lease (renewing it four times per period) or watches it (taking it when it
+/// expires); releases it when the tier closes.
+async fn lease_task(c: Arc<Coord>, sh: Arc<Shared>) {
+    let mut held: Option<Held> = None;
+    let mut watch = Watch {
+        version: None,
+        since: Instant::now(),
+    };
+    let every = c.tick.min(c.lease / 4);
+    while !sh.closed.load(Ordering::SeqCst) {
+        held = lease_step(&c, &sh, held, &mut watch).await;
+        tokio::time::sleep(every).await;
+    }
+    if let Some(h) = held {
+        c.leading.store(false, Ordering::SeqCst);
+        let body = format!("{} - {}", h.epoch, h.beat + 1);
+        let opts = PutOptions::from(PutMode::Update(h.version));
+        if let Err(e) = sh
+            .request_unbounded(sh.store.put_opts(&c.path("lease"), body.into(), opts))
+            .await
+        {
+            c.error("releasing the lease", &err(&sh, e));
+        }
+    }
+}
+
+/// A default instance id: `<host>-<pid>-<random>`.
+pub(crate) fn default_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .take(32)
+        .collect::<String>();
+    let host = if host.is_empty() { "host".into() } else { host };
+    let bits = std::collections::hash_map::RandomState::new();
+    let r = std::hash::BuildHasher::hash_one(&bits, Instant::now()) & 0xffff;
+    format!("{host}-{}-{r:04x}", std::process::id())
+}
+
+/// Writes this instance's heartbeat create-only, so a store without conditional writes is
+/// refused at open (the lease needs them), naming the option.
+pub(crate) async fn check_conditional_writes(c: &Coord, sh: &Shared) -> Result<()> {
+    let p = c.path(&format!("members/{}", c.id));
+    let put = sh
+        .request_unbounded(sh.store.put_opts(
+            &p,
+            PutPayload::from("0"),
+            PutOptions::from(PutMode::Create),
+        ))
+        .await;
+    match put {
+        Ok(_) | Err(ReqError::Store(object_store::Error::AlreadyExists { .. })) => Ok(()),
+        Err(ReqError::Store(object_store::Error::NotImplemented { .. })) => Err(Error::config(
+            "shared",
+            format!(
+                "the store {} has no conditional writes (If-None-Match / If-Match), which a shared bucket's lease needs",
+                sh.store
+            ),
+        )),
+        Err(e) => Err(sh.err(&format!("PUT {p}"), e)),
+    }
+}
+
+fn err(sh: &Shared, e: ReqError) -> Error {
+    sh.err("coordination", e)
+}
+
+/// Sends the journal's records as one batch (or the last one again, if it did not land).
+async fn flush(c: &Coord, sh: &Shared) {
+    let batch = {
+        let mut w = lock(&c.w);
+        let every = c.lease / 4;
+        let now = Instant::now();
+        w.reads.retain(|_, t| now - *t < every);
+        if w.unsent.is_none() && !w.records.is_empty() {
+            let seq = w.next_seq;
+            w.next_seq += 1;
+            let text = std::mem::take(&mut w.records);
+            w.unsent = Some((seq, text));
+        }
+        w.unsent.clone()
+    };
+    let Some((seq, text)) = batch else { return };
+    let p = c.path(&format!("journal/{}/{seq:020}", c.id));
+    match sh
+        .request_unbounded(sh.store.put(&p, PutPayload::from(text)))
+        .await
+    {
+        Ok(_) => {
+            c.counters.batches.fetch_add(1, Ordering::Relaxed);
+            lock(&c.w).unsent = None;
+        }
+        Err(e) => c.error("writing the journal", &err(sh, e)),
+    }
+}
+
+async fn read_lease(c: &Coord, sh: &Shared) -> std::result::Result<Option<Lease>, ReqError> {
+    let p = c.path("lease");
+    let got = sh
+        .request_unbounded(async {
+            let r = sh.store.get(&p).await?;
+            let version = UpdateVersion {
+                e_tag: r.meta.e_tag.clone(),
+                version: r.meta.version.clone(),
+            };
+            Ok((r.bytes().await?, version))
+        })
+        .await;
+    match got {
+        Ok((bytes, version)) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let mut it = text.split_whitespace();
+            let epoch = it.next().and_then(|e| e.parse().ok()).unwrap_or(0);
+            let owner = it.next().unwrap_or("-").to_string();
+            Ok(Some(Lease {
+                epoch,
+                owner,
+                version,
+            }))
+        }
+        Err(ReqError::Store(object_store::Error::NotFound { .. })) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Renews the lease (its holder) or reads it and takes it when expired (the others).
+/// Returns the lease held, `None` when not holding it.
+async fn lease_step(c: &Coord, sh: &Shared, held: Option<Held>, watch: &mut Watch) -> Option<Held> {
+    let now = Instant::now();
+    if let Some(mut h) = held {
+        if now - h.renewed >= c.lease / 4 {
+            let body = format!("{} {} {}", h.epoch, c.id, h.beat + 1);
+            let opts = PutOptions::from(PutMode::Update(h.version.clone()));
+            match sh
+                .request_unbounded(sh.store.put_opts(&c.path("lease"), body.into(), opts))
+                .await
+            {
+                Ok(r) => {
+                    h.beat += 1;
+                    h.renewed = now;
+                    h.version = UpdateVersion {
+                        e_tag: r.e_tag,
+                        version: r.version,
+                    };
+                }
+                Err(ReqError::Store(object_store::Error::Precondition { .. })) => {
+                    tracing::warn!(instance = %c.id, epoch = h.epoch, "shared bucket: the lease was taken; stepping down");
+                    c.leading.store(false, Ordering::SeqCst);
+                    return None;
+                }
+                Err(e) => c.error("renewing the lease", &err(sh, e)),
+            }
+        }
+        // the others take it after a whole period unchanged: stop well before
+        if Instant::now() - h.renewed >= c.lease * 3 / 4 {
+            tracing::warn!(instance = %c.id, epoch = h.epoch, "shared bucket: the lease could not be renewed; stepping down");
+            c.leading.store(false, Ordering::SeqCst);
+            return None;
+        }
+        lock(&c.w).lease_epoch = h.epoch;
+        return Some(h);
+    }
+    let seen = match read_lease(c, sh).await {
+        Ok(s) => s,
+        Err(e) => {
+            c.error("reading the lease", &err(sh, e));
+            return None;
+        }
+    };
+    let (epoch, mode) = match &seen {
+        None => (1, PutMode::Create),
+        Some(l) => {
+            c.epoch_seen.store(l.epoch, Ordering::Relaxed);
+            lock(&c.w).lease_epoch = l.epoch;
+            let tag = l.version.e_tag.clone();
+            if watch.version != tag {
+                watch.version = tag;
+                watch.since = now;
+            }
+            let expired = l.owner == "-" || now - watch.since >= c.lease;
+            if !expired {
+                return None;
+            }
+            (l.epoch + 1, PutMode::Update(l.version.clone()))
+        }
+    };
+    let body = format!("{epoch} {} 0", c.id);
+    let taken = sh
+        .request_unbounded(
+            sh.store
+                .put_opts(&c.path("lease"), body.into(), PutOptions::from(mode)),
+        )
+        .await;
+    match taken {
+        Ok(r) => {
+            tracing::info!(instance = %c.id, epoch, "shared bucket: took the lease");
+            c.counters.takeovers.fetch_add(1, Ordering::Relaxed);
+            c.epoch_seen.store(epoch, Ordering::Relaxed);
+            lock(&c.w).lease_epoch = epoch;
+            c.lead_epoch.store(epoch, Ordering::SeqCst);
+            c.leading.store(true, Ordering::SeqCst);
+            Some(Held {
+                epoch,
+                version: UpdateVersion {
+                    e_tag: r.e_tag,
+                    version: r.version,
+                },
+                beat: 0,
+                renewed: now,
+            })
+        }
+        Err(ReqError::Store(
+            object_store::Error::Precondition { .. } | object_store::Error::AlreadyExists { .. },
+        )) => None, // another instance won
+        Err(e) => {
+            c.error("taking the lease", &err(sh, e));
+            None
+        }
+    }
+}
+
+/// A new leader's state; its index is seeded at its first ticks (see [`seed`]).
+async fn take_over(c: &Coord, _sh: &Shared, epoch: u64) -> Leading {
+    lock(&c.read_seen).clear();
+    Leading {
+        epoch,
+        members: FxHashMap::default(),
+        applied: Vec::new(),
+        ticks: 0,
+        seeded: false,
+    }
+}
+
+/// Seeds a new leader's index with every object of the rank (a LIST, ordered by age; the
+/// journals it reads next add the rest): all or nothing. A leader whose LIST failed part way
+/// neither sweeps nor grants (an index short of objects would let the bucket overflow); it
+/// lists again at its next tick.
+async fn seed(c: &Coord, sh: &Shared) -> bool {
+    let clear = || {
+        let mut idx = c.index.lock();
+        for k in idx.keys_by_recency() {
+            idx.remove(&k);
+        }
+    };
+    clear();
+    match sh.seed_cap(&c.index).await {
+        Ok(()) => true,
+        Err(e) => {
+            clear();
+            c.error(
+                "listing the objects (the new leader waits for a whole listing)",
+                &e,
+            );
+            false
+        }
+    }
+}
+
+/// How long applied journal batches are kept (a new leader reads what is left).
+fn retention(c: &Coord) -> Duration {
+    c.lease * 4
+}
+
+/// The leader's work: members, journals, the sweep, grants.
+async fn lead_tick(c: &Coord, sh: &Shared, l: &mut Leading) {
+    if !l.seeded {
+        l.seeded = seed(c, sh).await;
+        if !l.seeded {
+            return;
+        }
+    }
+    l.ticks = l.ticks.saturating_add(1);
+    let now = Instant::now();
+    scan_members(c, sh, l, now).await;
+    tail(c, sh, l).await;
+    let keep_for = c.lease;
+    lock(&c.read_seen).retain(|_, t| now - *t < keep_for);
+    publish_outside(c, l);
+    if c.index.over() {
+        let read_seen = lock(&c.read_seen).clone();
+        let keep = |k: &BlockKey| read_seen.contains_key(k);
+        let n = sh.sweep_cap(&c.index, &keep, true).await;
+        c.counters.evicted.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    if c.is_leader() && l.ticks > GRANT_DELAY_TICKS {
+        grant(c, sh, l).await;
+    }
+    // applied batches past their retention
+    let old: Vec<ObjPath> = l
+        .applied
+        .iter()
+        .filter(|(_, t)| now - *t >= retention(c))
+        .map(|(p, _)| p.clone())
+        .collect();
+    if !old.is_empty() {
+        l.applied.retain(|(_, t)| now - *t < retention(c));
+        for p in old {
+            let _ = sh.request_unbounded(sh.store.delete(&p)).await;
+        }
+    }
+}
+
+/// Stores in flight and credit not spent: counted with the index against the bound.
+fn publish_outside(c: &Coord, l: &Leading) {
+    let outside: u64 = l
+        .members
+        .values()
+        .map(|m| {
+            let pending: u64 = m.pending.values().sum();
+            let unspent = if m.alive {
+                m.granted.saturating_sub(m.consumed)
+            } else {
+                0
+            };
+            pending + unspent
+        })
+        .sum();
+    c.index.outside.store(outside, Ordering::Relaxed);
+    c.global_bytes
+        .store(c.index.lock().total() + outside, Ordering::Relaxed);
+    c.members.store(
+        l.members.values().filter(|m| m.alive).count() as u64,
+        Ordering::Relaxed,
+    );
+}
+
+/// Lists the heartbeats: a member whose heartbeat is gone or unchanged for two periods is
+/// dead: its credit is void and its stores in flight are counted as written.
+async fn scan_members(c: &Coord, sh: &Shared, l: &mut Leading, now: Instant) {
+    let prefix = c.path("members");
+    let listed = sh
+        .request_unbounded(sh.store.list_with_delimiter(Some(&prefix)))
+        .await;
+    let listed = match listed {
+        Ok(v) => v.objects,
+        Err(e) => {
+            c.error("listing the members", &err(sh, e));
+            return;
+        }
+    };
+    let mut seen = FxHashMap::default();
+    for m in listed {
+        if let Some(id) = m.location.filename() {
+            let tag = m.e_tag.unwrap_or_else(|| m.last_modified.to_rfc3339());
+            seen.insert(id.to_string(), tag);
+        }
+    }
+    for (id, tag) in &seen {
+        let m = l.members.entry(id.clone()).or_default();
+        match &m.beat {
+            Some((t, _)) if t == tag => {}
+            _ => {
+                m.beat = Some((tag.clone(), now));
+                m.alive = true;
+                m.died = None;
+            }
+        }
+    }
+    for (id, m) in l.members.iter_mut() {
+        let gone = !seen.contains_key(id);
+        let stale = m
+            .beat
+            .as_ref()
+            .is_some_and(|(_, t)| now - *t >= c.lease * 2);
+        if m.alive && (gone || stale) {
+            m.alive = false;
+            m.died = Some(now);
+            tracing::info!(instance = %c.id, member = %id, "shared bucket: a member is gone; its credit is void");
+            let mut idx = c.index.lock();
+            for (k, size) in m.pending.drain() {
+                idx.insert(k, size);
+            }
+        }
+    }
+    let forget = retention(c);
+    l.members
+        .retain(|_, m| m.died.is_none_or(|t| now - t < forget));
+}
+
+/// Applies the journals' new batches, in order per member: a GET of each member's next
+/// batches, the members at once (no LIST, but once per member to find where its journal
+/// starts).
+async fn tail(c: &Coord, sh: &Shared, l: &mut Leading) {
+    let fetches = l
+        .members
+        .iter()
+        .map(|(id, m)| fetch_batches(c, sh, id, m.next_seq));
+    let fetched = futures::future::join_all(fetches).await;
+    let now = Instant::now();
+    for (id, next, batches) in fetched {
+        let Some(m) = l.members.get_mut(&id) else {
+            continue;
+        };
+        for (path, bytes) in batches {
+            apply(c, l.epoch, m, &String::from_utf8_lossy(&bytes));
+            l.applied.push((path, now));
+        }
+        if next.is_some() {
+            m.next_seq = next;
+        }
+    }
+}
+
+/// Member `id`'s batches from `next` on (found by a LIST when `None`), in order, as far as
+/// they have landed; and the next batch to read.
+async fn fetch_batches(
+    c: &Coord,
+    sh: &Shared,
+    id: &str,
+    next: Option<u64>,
+) -> (String, Option<u64>, Vec<(ObjPath, bytes::Bytes)>) {
+    let mut out = Vec::new();
+    let mut next = match next {
+        Some(n) => n,
+        None => {
+            // where its journal starts: the oldest batch left (a leader deletes batches only
+            // after applying them, oldest first); none yet: its first
+            let prefix = c.path(&format!("journal/{id}"));
+            match sh
+                .request_unbounded(sh.store.list_with_delimiter(Some(&prefix)))
+                .await
+            {
+                Ok(r) => r
+                    .objects
+                    .iter()
+                    .filter_map(|o| o.location.filename()?.parse::<u64>().ok())
+                    .min()
+                    .unwrap_or(0),
+                Err(e) => {
+                    c.error("listing a journal", &err(sh, e));
+                    return (id.to_string(), None, out);
+                }
+            }
+        }
+    };
+    for _ in 0..64 {
+        let path = c.path(&format!("journal/{id}/{next:020}"));
+        let got = sh
+            .request_unbounded(async { sh.store.get(&path).await?.bytes().await })
+            .await;
+        match got {
+            Ok(b) => out.push((path, b)),
+            Err(ReqError::Store(object_store::Error::NotFound { .. })) => break,
+            Err(e) => {
+                c.error("reading a journal batch", &err(sh, e));
+                break;
+            }
+        }
+        next += 1;
+    }
+    (id.to_string(), Some(next), out)
+}
+
+fn apply(c: &Coord, epoch: u64, m: &mut Member, text: &str) {
+    let now = Instant::now();
+    for line in text.lines() {
+        match Record::parse(line) {
+            Some(Record::Store(k, bytes, credit_epoch)) => {
+                // credit of an earlier leader is not this one's to account
+                if credit_epoch == epoch {
+                    m.consumed += bytes;
+                }
+                m.pending.insert(k, bytes);
+            }
+            Some(Record::Done(k, outcome)) => {
+                let size = m.pending.remove(&k);
+                if outcome != b'0'
+                    && let Some(size) = size
+                {
+                    c.index.lock().insert(k, size);
+                }
+            }
+            Some(Record::Read(k)) => {
+                c.index.lock().touch(&k);
+                lock(&c.read_seen).insert(k, now);
+            }
+            None if line.is_empty() => {}
+            None => {
+                tracing::warn!(instance = %c.id, line, "shared bucket: a journal line is not a record; skipped")
+            }
+        }
+    }
+}
+
+/// Grants the room under the ceiling in even shares to the live members.
+async fn grant(c: &Coord, sh: &Shared, l: &mut Leading) {
+    publish_outside(c, l);
+    let ceiling = (c.index.cap as f64 * CEILING) as u64;
+    let committed = c.global_bytes.load(Ordering::Relaxed);
+    let alive: Vec<String> = l
+        .members
+        .iter()
+        .filter(|(_, m)| m.alive)
+        .map(|(id, _)| id.clone())
+        .collect();
+    if alive.is_empty() || committed >= ceiling {
+        return;
+    }
+    // even shares of the room, and no member holds more than its part of an eighth of the
+    // bound unspent (credit held by a slow writer is room the others cannot use)
+    let n = alive.len() as u64;
+    let share = (ceiling - committed) / n;
+    let most = c.index.cap / 8 / n;
+    let mut puts = Vec::new();
+    for id in alive {
+        let m = l.members.get_mut(&id).expect("listed above");
+        let unspent = m.granted.saturating_sub(m.consumed);
+        let more = share.min(most.saturating_sub(unspent));
+        if more == 0 {
+            continue;
+        }
+        // counted before the PUT: one that lands unseen is credit the member may spend
+        m.granted += more;
+        let p = c.path(&format!("grants/{id}"));
+        let body = format!("{} {}", l.epoch, m.granted);
+        puts.push(async move {
+            if let Err(e) = sh
+                .request_unbounded(sh.store.put(&p, PutPayload::from(body)))
+                .await
+            {
+                c.error("writing a grant", &err(sh, e));
+            }
+        });
+    }
+    futures::future::join_all(puts).await;
+    publish_outside(c, l);
+}
+
+/// Takes this instance's grant: the current leader's cumulative credit.
+async fn read_grant(c: &Coord, sh: &Shared) {
+    let p = c.path(&format!("grants/{}", c.id));
+    let got = sh
+        .request_unbounded(async { sh.store.get(&p).await?.bytes().await })
+        .await;
+    let bytes = match got {
+        Ok(b) => b,
+        Err(ReqError::Store(object_store::Error::NotFound { .. })) => return,
+        Err(e) => {
+            c.error("reading the grant", &err(sh, e));
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let mut it = text.split_whitespace();
+    let (Some(Ok(epoch)), Some(Ok(granted))) = (
+        it.next().map(str::parse::<u64>),
+        it.next().map(str::parse::<u64>),
+    ) else {
+        return;
+    };
+    let more = {
+        let mut w = lock(&c.w);
+        if epoch > w.grant_epoch {
+            w.grant_epoch = epoch;
+            w.granted = granted;
+            w.consumed = 0;
+        } else if epoch == w.grant_epoch && granted > w.granted {
+            w.granted = granted;
+        }
+        w.available() > 0
+    };
+    if more {
+        c.credit.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_garbage_is_refused() {
+        let k = kv_tier_core::BlockKey::from_hash32([7; 32], 3);
+        for r in [
+            Record::Store(k, 65536, 3),
+            Record::Done(k, b'1'),
+            Record::Done(k, b'0'),
+            Record::Done(k, b'?'),
+            Record::Read(k),
+        ] {
+            let line = match r {
+                Record::Store(k, b, e) => format!("P {} {b} {e}", encode_key(&k)),
+                Record::Done(k, o) => format!("D {} {}", encode_key(&k), o as char),
+                Record::Read(k) => format!("R {}", encode_key(&k)),
+            };
+            assert_eq!(Record::parse(&line), Some(r), "{line}");
+        }
+        for bad in [
+            "",
+            "P",
+            "X 00:1",
+            "P 0707:3 1 1",
+            "P 0707070707070707070707070707070707070707070707070707070707070707:3 1",
+            "D 0707070707070707070707070707070707070707070707070707070707070707:3 2",
+            "R 0707070707070707070707070707070707070707070707070707070707070707:3 extra",
+            "P 0707070707070707070707070707070707070707070707070707070707070707:x 1 1",
+        ] {
+            assert_eq!(Record::parse(bad), None, "{bad:?}");
+        }
+    }
+}

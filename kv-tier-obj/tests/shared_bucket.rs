@@ -1,0 +1,628 @@
+//! Several processes on one bucket (`shared: true`) of the S3 test server, each a child run
+//! of this test binary: the bucket's peak block bytes against the one global bound, wrong
+//! bytes served, keys read by any instance never deleted, and the leader lease taken over
+//! after the leader is killed with SIGKILL. Plus the shared mode's refusals.
+//!
+//! `KV_TIER_SHARED_SECS` sets the four-process run's length (default 30 s).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{AK, BUCKET, S3Server, S3ServerExt as _, SK, ns};
+use kv_tier_core::{BlockKey, Error, SecondaryTier};
+use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig, Scheme};
+use kv_tier_testkit::{load_keys, store_keys, test_key, verify_block};
+
+const BS: usize = 16 << 10;
+const CAP_BYTES: u64 = 16 << 20;
+const LEASE_S: f64 = 1.0;
+const INSTANCES: u64 = 4;
+const HOT: u64 = 8;
+const JOB: u64 = 16;
+const WRITERS: usize = 3;
+
+fn shared_cfg(mut c: ObjTierConfig, id: &str) -> ObjTierConfig {
+    c.checksum = ObjChecksum::Crc32c;
+    c.max_size_gb = Some(CAP_BYTES as f64 / (1u64 << 30) as f64);
+    c.shared = true;
+    c.shared_lease_s = Some(LEASE_S);
+    c.instance_id = Some(id.into());
+    c.io_threads = 8;
+    c.request_timeout_s = 5.0;
+    c.max_retries = 1;
+    c
+}
+
+fn child_cfg(endpoint: &str, id: &str) -> ObjTierConfig {
+    let mut c = ObjTierConfig::new(BUCKET);
+    c.endpoint_override = Some(endpoint.into());
+    c.access_key = Some(AK.into());
+    c.secret_key = Some(SK.into());
+    c.region = Some("us-east-1".into());
+    c.scheme = Scheme::Http;
+    c.prefix = "tests/".into();
+    shared_cfg(c, id)
+}
+
+fn hot_key(child: u64, i: u64) -> BlockKey {
+    test_key(1 << 60 | child << 32 | i)
+}
+
+fn new_key(child: u64, seq: u64) -> BlockKey {
+    test_key(2 << 60 | child << 32 | seq)
+}
+
+/// What a child reports at its end.
+#[derive(Debug, Default, Clone, Copy)]
+struct Outcome {
+    stored: u64,
+    no_space: u64,
+    loaded: u64,
+    wrong: u64,
+    hot_loads: u64,
+    hot_misses: u64,
+    took_lease: u64,
+}
+
+impl Outcome {
+    fn to_line(self) -> String {
+        format!(
+            "{} {} {} {} {} {} {}",
+            self.stored,
+            self.no_space,
+            self.loaded,
+            self.wrong,
+            self.hot_loads,
+            self.hot_misses,
+            self.took_lease
+        )
+    }
+    fn parse(s: &str) -> Option<Self> {
+        let v: Vec<u64> = s
+            .split_whitespace()
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        let [
+            stored,
+            no_space,
+            loaded,
+            wrong,
+            hot_loads,
+            hot_misses,
+            took_lease,
+        ] = v[..]
+        else {
+            return None;
+        };
+        Some(Self {
+            stored,
+            no_space,
+            loaded,
+            wrong,
+            hot_loads,
+            hot_misses,
+            took_lease,
+        })
+    }
+}
+
+/// What a child found wrong, for the parent's report.
+static WRONG_LINES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn wrong(child: u64, what: &str, data: &[(BlockKey, bytes::Bytes)]) -> u64 {
+    let mut n = 0;
+    for (k, d) in data {
+        if !verify_block(k, 0, d) {
+            n += 1;
+            let line = format!("child {child}: WRONG {what} block {k} ({} bytes)", d.len());
+            eprintln!("{line}");
+            WRONG_LINES.lock().unwrap().push(line);
+        }
+    }
+    n
+}
+
+#[test]
+#[ignore = "a child process of the shared_bucket tests"]
+fn shared_bucket_child() {
+    let Ok(spec) = std::env::var("KV_TIER_SHARED_CHILD") else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split('|').collect();
+    let (endpoint, child, secs, out) = (
+        parts[0].to_string(),
+        parts[1].parse::<u64>().unwrap(),
+        parts[2].parse::<f64>().unwrap(),
+        PathBuf::from(parts[3]),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let o = rt.block_on(async move {
+        let cfg = child_cfg(&endpoint, &format!("child-{child}"));
+        let tier = Arc::new(ObjTier::connect("obj", cfg, ns(), BS).await.unwrap());
+        let end = Instant::now() + Duration::from_secs_f64(secs);
+        let mine: Vec<BlockKey> = (0..HOT).map(|i| hot_key(child, i)).collect();
+        let next = (child + 1) % INSTANCES;
+        let theirs: Vec<BlockKey> = (0..HOT).map(|i| hot_key(next, i)).collect();
+        loop {
+            let r = store_keys(&*tier, &mine, 0, BS).await;
+            if r.is_success() {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "the hot keys were never stored: {:?}",
+                r.failed
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let seq = Arc::new(AtomicU64::new(0));
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|_| {
+                let (tier, seq) = (tier.clone(), seq.clone());
+                tokio::spawn(async move {
+                    let mut o = Outcome::default();
+                    while Instant::now() < end {
+                        let s = seq.fetch_add(JOB, Ordering::Relaxed);
+                        let keys: Vec<BlockKey> = (s..s + JOB).map(|s| new_key(child, s)).collect();
+                        let r = store_keys(&*tier, &keys, 0, BS).await;
+                        o.stored += r.ok.len() as u64;
+                        o.no_space += r
+                            .failed
+                            .iter()
+                            .filter(|(_, e)| matches!(e, Error::NoSpace { .. }))
+                            .count() as u64;
+                    }
+                    o
+                })
+            })
+            .collect();
+        // a reader of keys any instance wrote lately
+        let reader = {
+            let (tier, seq) = (tier.clone(), seq.clone());
+            tokio::spawn(async move {
+                let mut o = Outcome::default();
+                let mut rng = child.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                while Instant::now() < end {
+                    let at = seq.load(Ordering::Relaxed);
+                    let mut probe = Vec::new();
+                    for _ in 0..JOB {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let c = rng % INSTANCES;
+                        let back = (rng >> 8) % (4 * JOB);
+                        probe.push(new_key(c, at.saturating_sub(back)));
+                    }
+                    probe.sort_unstable();
+                    probe.dedup();
+                    let present = tier.lookup(&probe).await.unwrap();
+                    let found: Vec<BlockKey> = probe
+                        .iter()
+                        .zip(present)
+                        .filter(|(_, p)| *p)
+                        .map(|(k, _)| *k)
+                        .collect();
+                    // a pace the one test server serves for four instances
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    if found.is_empty() {
+                        continue;
+                    }
+                    let (_, data) = load_keys(&*tier, &found, BS).await;
+                    o.loaded += data.len() as u64;
+                    o.wrong += wrong(child, "recent", &data);
+                }
+                o
+            })
+        };
+        // the hot keys, every 100 ms (well within the quarter lease reads are journaled at):
+        // its own and, once they exist, its neighbour's
+        let mut o = Outcome::default();
+        let mut theirs_seen = false;
+        while Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if !theirs_seen {
+                theirs_seen = tier.lookup(&theirs).await.unwrap().iter().all(|p| *p);
+            }
+            let mut hot = mine.clone();
+            if theirs_seen {
+                hot.extend(&theirs);
+            }
+            let (r, data) = load_keys(&*tier, &hot, BS).await;
+            o.hot_loads += hot.len() as u64;
+            o.hot_misses += r.failed.len() as u64;
+            for (k, e) in &r.failed {
+                let line = format!("child {child}: hot key {k} failed: {e}");
+                eprintln!("{line}");
+                WRONG_LINES.lock().unwrap().push(line);
+            }
+            o.wrong += wrong(child, "hot", &data);
+        }
+        for w in writers {
+            let w = w.await.unwrap();
+            o.stored += w.stored;
+            o.no_space += w.no_space;
+        }
+        let r = reader.await.unwrap();
+        o.loaded += r.loaded;
+        o.wrong += r.wrong;
+        let st = tier.stats().shared.unwrap();
+        eprintln!("child {child}: {st:?}");
+        o.took_lease = st.takeovers;
+        tier.shutdown().await.unwrap();
+        o
+    });
+    let mut text = o.to_line();
+    for line in WRONG_LINES.lock().unwrap().iter() {
+        text.push('\n');
+        text.push_str(line);
+    }
+    std::fs::write(out, text).unwrap();
+}
+
+fn spawn_child(endpoint: &str, child: u64, secs: f64, out: &Path) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["shared_bucket_child", "--ignored", "--exact", "--nocapture"])
+        .env(
+            "KV_TIER_SHARED_CHILD",
+            format!("{endpoint}|{child}|{secs}|{}", out.display()),
+        )
+        .spawn()
+        .unwrap()
+}
+
+/// Bytes of the block objects under `dir` (the server's files of the rank's `.bin` objects).
+fn block_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    for e in rd.flatten() {
+        let Ok(t) = e.file_type() else { continue };
+        if t.is_dir() {
+            total += block_bytes(&e.path());
+        } else if e.file_name().to_string_lossy().ends_with(".bin")
+            && let Ok(m) = e.metadata()
+        {
+            total += m.len();
+        }
+    }
+    total
+}
+
+/// The lease's `(epoch, owner)` as the server holds it.
+fn read_lease(coord: &Path) -> Option<(u64, String)> {
+    let s = std::fs::read_to_string(coord.join("lease")).ok()?;
+    let mut it = s.split_whitespace();
+    Some((it.next()?.parse().ok()?, it.next()?.to_string()))
+}
+
+/// 4 processes on one bucket for `KV_TIER_SHARED_SECS` (30) seconds of stores and loads as
+/// fast as the server takes them: the rank's block objects never exceed 1.10x the global
+/// bound, no wrong byte is served, no key read by any instance within a lease period is
+/// deleted (hot keys, read every 30 ms by their writer and its neighbour, never miss), and
+/// when the leader is killed (SIGKILL) another instance holds the lease within two lease
+/// periods.
+#[test]
+fn four_processes_share_one_bucket_bound_and_survive_the_leaders_death() {
+    let secs: f64 = std::env::var("KV_TIER_SHARED_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30.0);
+    let dir = kv_tier_testkit::temp_root();
+    let root = dir.path().join("s3");
+    // the server runs on its own runtime, beside the children
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt
+        .block_on(S3Server::serve(
+            &root,
+            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            BUCKET,
+            AK,
+            SK,
+        ))
+        .unwrap();
+    let rank = ns().rank_dir_name();
+    let rank_dir = root.join(BUCKET).join("tests").join(&rank);
+    let coord = root
+        .join(BUCKET)
+        .join("tests")
+        .join("kv-tier-shared")
+        .join(&rank);
+    let outs: Vec<PathBuf> = (0..INSTANCES)
+        .map(|c| dir.path().join(format!("out-{c}")))
+        .collect();
+    let mut children: Vec<Child> = (0..INSTANCES)
+        .map(|c| spawn_child(&server.endpoint, c, secs, &outs[c as usize]))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (stop, peak, rank_dir) = (stop.clone(), peak.clone(), rank_dir.clone());
+        let start = Instant::now();
+        std::thread::spawn(move || {
+            let mut samples = 0u64;
+            let mut at = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                let now = block_bytes(&rank_dir);
+                if now > peak.fetch_max(now, Ordering::Relaxed) {
+                    at = start.elapsed();
+                }
+                samples += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (samples, at)
+        })
+    };
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(secs / 3.0));
+    let (epoch, owner) = read_lease(&coord).expect("a leader holds the lease");
+    assert_eq!(
+        epoch, 1,
+        "the lease changed hands before the kill ({owner} holds it)"
+    );
+    let killed: u64 = owner
+        .strip_prefix("child-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("lease owner {owner:?}"));
+    children[killed as usize].kill().unwrap();
+    let killed_at = Instant::now();
+    let kill_time = started.elapsed();
+    children[killed as usize].wait().unwrap();
+    let takeover = loop {
+        if let Some((e, o)) = read_lease(&coord)
+            && e > epoch
+            && o != owner
+            && o != "-"
+        {
+            break killed_at.elapsed();
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs_f64(10.0 * LEASE_S),
+            "no takeover after the leader {owner} was killed"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    for (c, ch) in children.iter_mut().enumerate() {
+        if c as u64 != killed {
+            assert!(ch.wait().unwrap().success(), "child {c} failed");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (samples, peak_at) = sampler.join().unwrap();
+    let peak = peak.load(Ordering::Relaxed);
+    let mut total = Outcome::default();
+    let mut wrong_lines = Vec::new();
+    for (c, out) in outs.iter().enumerate() {
+        if c as u64 == killed {
+            continue;
+        }
+        let text = std::fs::read_to_string(out).unwrap();
+        let mut lines = text.lines();
+        let o = Outcome::parse(lines.next().unwrap_or_default()).unwrap();
+        wrong_lines.extend(lines.map(str::to_string));
+        eprintln!("child {c}: {o:?}");
+        assert!(
+            o.stored > 0 && o.loaded > 0 && o.hot_loads > 0,
+            "child {c} did no work: {o:?}"
+        );
+        total.stored += o.stored;
+        total.no_space += o.no_space;
+        total.loaded += o.loaded;
+        total.wrong += o.wrong;
+        total.hot_loads += o.hot_loads;
+        total.hot_misses += o.hot_misses;
+        total.took_lease += o.took_lease;
+    }
+    let ratio = peak as f64 / CAP_BYTES as f64;
+    eprintln!(
+        "{INSTANCES} instances, {secs} s: stored {} blocks ({:.2} GiB), {} refused for lack of credit, loaded {}, wrong {}, hot loads {} (misses {}); peak {:.2} MiB of block objects = {ratio:.3}x the bound over {samples} samples (at {peak_at:.1?}); leader child-{killed} killed at {kill_time:.1?}, lease taken over in {takeover:?} ({} takeovers by the survivors); {} requests served",
+        total.stored,
+        (total.stored * BS as u64) as f64 / (1u64 << 30) as f64,
+        total.no_space,
+        total.loaded,
+        total.wrong,
+        total.hot_loads,
+        total.hot_misses,
+        peak as f64 / (1u64 << 20) as f64,
+        total.took_lease,
+        server.requests.load(Ordering::Relaxed),
+    );
+    assert_eq!(
+        total.wrong,
+        0,
+        "wrong bytes served:\n{}",
+        wrong_lines.join("\n")
+    );
+    assert_eq!(
+        total.hot_misses,
+        0,
+        "keys in use were deleted:\n{}",
+        wrong_lines.join("\n")
+    );
+    assert!(ratio <= 1.10, "peak {peak} bytes is {ratio:.3}x the bound");
+    assert!(
+        takeover <= Duration::from_secs_f64(2.0 * LEASE_S),
+        "the lease was taken over {takeover:?} after the kill (lease {LEASE_S} s)"
+    );
+    assert!(total.took_lease >= 1, "no survivor took the lease");
+    // not vacuous: the bucket reached its bound, and more than the bound went through it
+    assert!(
+        peak as f64 >= 0.9 * CAP_BYTES as f64,
+        "the bucket never reached its bound (peak {ratio:.3}x)"
+    );
+    assert!(
+        total.stored * BS as u64 > 3 * CAP_BYTES / 2,
+        "only {} blocks stored",
+        total.stored
+    );
+    drop(server);
+}
+
+/// On a store without conditional writes, a shared bucket is refused at open, naming the
+/// option; without `max_size_gb`, at validation.
+#[tokio::test]
+async fn a_shared_bucket_needs_conditional_writes_and_a_bound() {
+    let store = Arc::new(kv_tier_testkit::controlled_store::ControlledStore::new());
+    store.refuse_create(true);
+    let cfg = shared_cfg(ObjTierConfig::new("mem"), "a");
+    let e = ObjTier::with_store("obj", store, cfg.clone(), ns(), BS)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("shared") && e.to_string().contains("conditional"),
+        "{e}"
+    );
+    let mut unbounded = cfg.clone();
+    unbounded.max_size_gb = None;
+    let e = unbounded.validate().unwrap_err();
+    assert!(e.to_string().contains("max_size_gb"), "{e}");
+    let mut stray = ObjTierConfig::new("b");
+    stray.shared_lease_s = Some(1.0);
+    let e = stray.validate().unwrap_err();
+    assert!(e.to_string().contains("shared_lease_s"), "{e}");
+}
+
+/// Two instances in one process on the S3 server: both store, the bound holds over three
+/// times its size, and when the leader closes the other takes the released lease and grants
+/// credit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_store_under_one_bound_and_a_closing_leader_hands_over() {
+    let server = S3Server::start().await;
+    let open = |id: &str| {
+        let cfg = shared_cfg(server.config(), id);
+        async move { Arc::new(ObjTier::connect("obj", cfg, ns(), BS).await.unwrap()) }
+    };
+    let a = open("a").await;
+    let b = open("b").await;
+    let cap_blocks = CAP_BYTES / BS as u64;
+    let mut stored = 0u64;
+    let mut seq = 0u64;
+    // three bounds' worth of blocks through the two instances
+    while stored < 3 * cap_blocks {
+        let keys: Vec<BlockKey> = (seq..seq + JOB).map(test_key).collect();
+        seq += JOB;
+        let t = if (seq / JOB).is_multiple_of(2) {
+            &a
+        } else {
+            &b
+        };
+        let r = store_keys(&**t, &keys, 0, BS).await;
+        stored += r.ok.len() as u64;
+        assert!(seq < 100 * cap_blocks, "stores stalled at {stored} blocks");
+    }
+    let leader = if a.stats().shared.unwrap().leader {
+        a.clone()
+    } else {
+        b.clone()
+    };
+    let other = if Arc::ptr_eq(&leader, &a) { &b } else { &a };
+    // the leader's index and the objects agree with the bound
+    let st = leader.stats();
+    assert!(
+        st.bytes <= (CAP_BYTES as f64 * 1.10) as u64,
+        "the leader indexes {} bytes",
+        st.bytes
+    );
+    assert!(
+        leader.stats().shared.unwrap().leader,
+        "no instance leads: {:?} / {:?}",
+        a.stats().shared,
+        b.stats().shared
+    );
+    let before = other.stats().shared.unwrap().takeovers;
+    leader.shutdown().await.unwrap();
+    let t0 = Instant::now();
+    while other.stats().shared.unwrap().takeovers == before {
+        assert!(
+            t0.elapsed() < Duration::from_secs_f64(10.0 * LEASE_S),
+            "the released lease was not taken: {:?}",
+            other.stats().shared
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let keys: Vec<BlockKey> = (seq..seq + JOB).map(test_key).collect();
+    let t0 = Instant::now();
+    loop {
+        let r = store_keys(&**other, &keys, 0, BS).await;
+        if r.is_success() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs_f64(10.0 * LEASE_S),
+            "the new leader grants no credit: {:?}",
+            r.failed
+        );
+    }
+    other.shutdown().await.unwrap();
+}
+
+/// A new leader whose LIST of the objects breaks part way neither sweeps nor grants (with an
+/// index short of objects it would let the bucket overflow): stores are refused for lack of
+/// credit and nothing is deleted; once a LIST goes through, it counts every object, sweeps
+/// down to the bound and grants again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_listing_broke_grants_nothing_until_it_lists_every_object() {
+    use kv_tier_testkit::controlled_store::{ControlledStore, Op};
+    let s = Arc::new(ControlledStore::new());
+    const N: u64 = 48;
+    // N blocks already in the bucket, more than the shared bound of 32
+    let plain = ObjTier::with_store("obj", s.clone(), ObjTierConfig::new("mem"), ns(), BS)
+        .await
+        .unwrap();
+    let old: Vec<BlockKey> = (0..N).map(test_key).collect();
+    assert!(store_keys(&plain, &old, 0, BS).await.is_success());
+    plain.shutdown().await.unwrap();
+    s.fail_lists(Some(&ns().rank_dir_name()));
+    let mut cfg = shared_cfg(ObjTierConfig::new("mem"), "a");
+    cfg.max_size_gb = Some((32 * BS) as f64 / (1u64 << 30) as f64);
+    cfg.shared_lease_s = Some(0.2);
+    let tier = ObjTier::with_store("obj", s.clone(), cfg, ns(), BS)
+        .await
+        .unwrap();
+    let new = [test_key(1000)];
+    let t0 = Instant::now();
+    while !tier.stats().shared.unwrap().leader {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no lease taken");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = store_keys(&tier, &new, 0, BS).await;
+    assert!(
+        matches!(&r.failed[..], [(_, Error::NoSpace { .. })]),
+        "a leader with a broken listing granted credit: {r:?}"
+    );
+    assert_eq!(
+        s.count(Op::Delete),
+        0,
+        "a leader with a broken listing swept"
+    );
+    s.fail_lists(None);
+    let t0 = Instant::now();
+    while !store_keys(&tier, &new, 0, BS).await.is_success() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no credit after the listing went through"
+        );
+    }
+    // it knew the N objects: it deleted down to the bound, least recently used first
+    assert!(
+        s.count(Op::Delete) as u64 >= N - 32,
+        "{} deleted",
+        s.count(Op::Delete)
+    );
+    let st = tier.stats();
+    assert!(st.objects <= 33 && st.objects > 0, "{st:?}");
+    tier.shutdown().await.unwrap();
+}
