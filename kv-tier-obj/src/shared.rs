@@ -48,6 +48,10 @@ const CREDIT_WAIT: Duration = Duration::from_secs(1);
 /// Grants keep the leader's total under this multiple of the bound.
 const CEILING: f64 = 1.05;
 
+/// Journal records kept while they cannot be sent, past which reads are not journaled
+/// (stores are: their credit bounds them).
+const MAX_UNSENT: usize = 4 << 20;
+
 /// Ticks a new leader waits before it grants (writers drop the old leader's credit meanwhile).
 const GRANT_DELAY_TICKS: u32 = 2;
 
@@ -277,6 +281,9 @@ impl Coord {
     pub(crate) fn note_read(&self, key: BlockKey) {
         let now = Instant::now();
         let mut w = lock(&self.w);
+        if w.records.len() >= MAX_UNSENT {
+            return; // the journal cannot be written: reads are the records it can spare
+        }
         let every = self.lease / 4;
         if w.reads.get(&key).is_some_and(|t| now - *t < every) {
             return;

@@ -218,6 +218,15 @@ impl ObjTier {
     }
 }
 
+/// A tier dropped without `shutdown` stops its background work: its sweeps end after their
+/// current batch and a shared bucket's coordination task ends at its next tick, releasing the
+/// lease (another instance takes it at once) and deleting its heartbeat.
+impl Drop for ObjTier {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+    }
+}
+
 #[async_trait]
 impl SecondaryTier for ObjTier {
     fn info(&self) -> TierInfo {

@@ -626,3 +626,38 @@ async fn a_leader_whose_listing_broke_grants_nothing_until_it_lists_every_object
     assert!(st.objects <= 33 && st.objects > 0, "{st:?}");
     tier.shutdown().await.unwrap();
 }
+
+/// A leader dropped without `shutdown` releases the lease (the other instance takes it long
+/// before a lease period would have expired it) and deletes its heartbeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_dropped_without_shutdown_releases_the_lease() {
+    let s = Arc::new(kv_tier_testkit::controlled_store::ControlledStore::new());
+    let open = |id: &str| {
+        let mut cfg = shared_cfg(ObjTierConfig::new("mem"), id);
+        cfg.shared_lease_s = Some(30.0);
+        let s = s.clone();
+        async move { ObjTier::with_store("obj", s, cfg, ns(), BS).await.unwrap() }
+    };
+    let a = open("a").await;
+    let t0 = Instant::now();
+    while !a.stats().shared.unwrap().leader {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no lease taken");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let b = open("b").await;
+    let heartbeat = format!("kv-tier-shared/{}/members/a", ns().rank_dir_name());
+    assert!(s.exists(&heartbeat).await);
+    drop(a);
+    // a lease of 30 s: taken within 10 only if released
+    let t0 = Instant::now();
+    while !b.stats().shared.unwrap().leader {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the dropped leader's lease was not released: {:?}",
+            b.stats().shared
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!s.exists(&heartbeat).await, "the heartbeat is left");
+    b.shutdown().await.unwrap();
+}
