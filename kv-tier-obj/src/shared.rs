@@ -556,7 +556,8 @@ async fn lease_step(c: &Coord, sh: &Shared, held: Option<Held>, watch: &mut Watc
         }
     };
     let (epoch, mode) = match &seen {
-        None => (1, PutMode::Create),
+        // none (a fresh bucket, or a lease deleted): above every epoch seen here
+        None => (c.epoch_seen.load(Ordering::Relaxed) + 1, PutMode::Create),
         Some(l) => {
             c.epoch_seen.store(l.epoch, Ordering::Relaxed);
             lock(&c.w).lease_epoch = l.epoch;
@@ -938,12 +939,14 @@ async fn read_grant(c: &Coord, sh: &Shared) {
     };
     let more = {
         let mut w = lock(&c.w);
-        if epoch > w.grant_epoch {
+        if epoch == w.grant_epoch {
+            w.granted = w.granted.max(granted);
+        } else if epoch == w.lease_epoch {
+            // the grant of the leader whose lease it last read (after a lease lost and
+            // claimed again from epoch 1 too): its credit from zero
             w.grant_epoch = epoch;
             w.granted = granted;
             w.consumed = 0;
-        } else if epoch == w.grant_epoch && granted > w.granted {
-            w.granted = granted;
         }
         w.available() > 0
     };

@@ -309,7 +309,13 @@ async fn no_config_that_deserialises_makes_open_panic() {
     let mut opened = 0;
     for &(field, _, _) in kv_tier_obj::RANGES {
         for &v in kv_tier_testkit::CONFIG_NUMBERS {
-            let json = format!(r#"{{"bucket": "b", "{field}": {v}}}"#);
+            // the shared bucket's options, on a shared bucket
+            let shared = if field.starts_with("shared_") {
+                r#", "shared": true, "max_size_gb": 1"#
+            } else {
+                ""
+            };
+            let json = format!(r#"{{"bucket": "b", "{field}": {v}{shared}}}"#);
             let mut spec = kv_tier_core::TierSpec::new("obj");
             spec.options = serde_json::from_str::<serde_json::Value>(&json)
                 .unwrap()
@@ -328,8 +334,20 @@ async fn no_config_that_deserialises_makes_open_panic() {
             let open = tokio::spawn(async move {
                 let t = ObjTier::with_store("obj", store, cfg, ns(), BS).await?;
                 let k = test_key(1);
-                let res = store_keys(&t, &[k], 0, BS).await;
-                assert!(res.is_success(), "{:?}", res.failed);
+                // a shared bucket's first credit comes a few coordination ticks after open
+                let until = std::time::Instant::now() + Duration::from_secs(15);
+                loop {
+                    let res = store_keys(&t, &[k], 0, BS).await;
+                    if res.is_success() {
+                        break;
+                    }
+                    assert!(
+                        std::time::Instant::now() < until
+                            && matches!(res.failed[0].1, Error::NoSpace { .. }),
+                        "{:?}",
+                        res.failed
+                    );
+                }
                 t.lookup(&[k]).await?;
                 t.shutdown().await
             });

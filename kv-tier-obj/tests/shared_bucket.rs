@@ -661,3 +661,59 @@ async fn a_leader_dropped_without_shutdown_releases_the_lease() {
     assert!(!s.exists(&heartbeat).await, "the heartbeat is left");
     b.shutdown().await.unwrap();
 }
+
+/// The lease overwritten with a lower epoch (a wiped or restored coordination prefix, an
+/// operator's edit) after epochs had climbed: the leader steps down, the forged lease expires,
+/// one instance takes it at the epoch after it, and the writers take that leader's grants
+/// (credit of a lower epoch than one they took before) and store again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_take_a_new_leaders_grants_after_the_epochs_went_back() {
+    use object_store::ObjectStoreExt as _;
+    let s = Arc::new(kv_tier_testkit::controlled_store::ControlledStore::new());
+    let lease =
+        object_store::path::Path::from(format!("kv-tier-shared/{}/lease", ns().rank_dir_name()));
+    s.inner.put(&lease, "7 - 0".into()).await.unwrap();
+    let open = |id: &str| {
+        let mut cfg = shared_cfg(ObjTierConfig::new("mem"), id);
+        cfg.shared_lease_s = Some(0.3);
+        let s = s.clone();
+        async move { ObjTier::with_store("obj", s, cfg, ns(), BS).await.unwrap() }
+    };
+    let (a, b) = (open("a").await, open("b").await);
+    async fn stores(t: &ObjTier, from: u64) {
+        let keys: Vec<BlockKey> = (from..from + 4).map(test_key).collect();
+        let t0 = Instant::now();
+        while !store_keys(t, &keys, 0, BS).await.is_success() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "no credit");
+        }
+    }
+    stores(&a, 0).await;
+    stores(&b, 10).await;
+    for t in [&a, &b] {
+        assert!(
+            t.stats().shared.unwrap().epoch >= 8,
+            "{:?}",
+            t.stats().shared
+        );
+    }
+    s.inner.put(&lease, "1 forged 0".into()).await.unwrap();
+    // the forged lease expires and is taken at epoch 2; both see it
+    let t0 = Instant::now();
+    while [&a, &b]
+        .iter()
+        .any(|t| t.stats().shared.unwrap().epoch != 2)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?} {:?}",
+            a.stats().shared,
+            b.stats().shared
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // the credit of epoch 8 is void now: these stores need epoch 2's grants
+    stores(&a, 20).await;
+    stores(&b, 30).await;
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
