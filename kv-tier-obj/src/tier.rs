@@ -156,8 +156,8 @@ impl ObjTier {
             tier.shared.seed_index().await?;
         }
         if let Some(c) = &tier.shared.coord {
-            crate::shared::check_conditional_writes(c, &tier.shared).await?;
-            let task = tokio::spawn(crate::shared::run(c.clone(), tier.shared.clone()));
+            crate::shared::tasks::check_conditional_writes(c, &tier.shared).await?;
+            let task = tokio::spawn(crate::shared::tasks::run(c.clone(), tier.shared.clone()));
             *lock(&tier.coordination) = Some(task);
         }
         Ok(tier)

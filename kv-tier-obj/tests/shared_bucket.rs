@@ -20,7 +20,7 @@ use kv_tier_testkit::{load_keys, store_keys, test_key, verify_block};
 
 const BS: usize = 16 << 10;
 const CAP_BYTES: u64 = 16 << 20;
-const LEASE_S: f64 = 1.0;
+const LEASE_S: f64 = 2.0;
 const INSTANCES: u64 = 4;
 const HOT: u64 = 8;
 const JOB: u64 = 16;
@@ -223,7 +223,8 @@ fn shared_bucket_child() {
                 o
             })
         };
-        // the hot keys, every 100 ms (well within the quarter lease reads are journaled at):
+        // the hot keys, every 100 ms (well within the quarter lease, 500 ms, reads are
+        // journaled at):
         // its own and, once they exist, its neighbour's
         let mut o = Outcome::default();
         let mut theirs_seen = false;
@@ -464,7 +465,7 @@ fn four_processes_share_one_bucket_bound_and_survive_the_leaders_death() {
         "the bucket never reached its bound (peak {ratio:.3}x)"
     );
     assert!(
-        total.stored * BS as u64 > 3 * CAP_BYTES / 2,
+        total.stored * BS as u64 > CAP_BYTES,
         "only {} blocks stored",
         total.stored
     );
