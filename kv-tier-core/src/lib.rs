@@ -5,6 +5,7 @@ pub mod checksum;
 pub mod config;
 pub mod error;
 pub mod event;
+pub mod instance;
 pub mod json;
 pub mod key;
 pub mod layout;

@@ -273,20 +273,7 @@ impl FsTierConfig {
             check_range("shared_lease_s", v, min, max)?;
         }
         if let Some(id) = &self.instance_id {
-            let ok = (1..=64).contains(&id.len())
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-                && id != "."
-                && id != "..";
-            if !ok {
-                return Err(Error::config(
-                    "instance_id",
-                    format!(
-                        "must be 1 to 64 letters, digits, '.', '_' or '-' (not \".\" or \"..\"), got {id:?}"
-                    ),
-                ));
-            }
+            kv_tier_core::config::check_instance_id("instance_id", id)?;
         }
         Ok(())
     }

@@ -147,7 +147,7 @@ impl FsTier {
                 let id = cfg
                     .instance_id
                     .clone()
-                    .unwrap_or_else(crate::shared::default_id);
+                    .unwrap_or_else(kv_tier_core::config::default_instance_id);
                 let lease = Duration::from_secs_f64(cfg.shared_lease_s.unwrap_or(2.0));
                 let c = crate::shared::Coord::new(&root, &ns, id, lease, sizes).map_err(|e| {
                     // a setting that differs from the leader's names itself

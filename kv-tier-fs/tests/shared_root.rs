@@ -16,87 +16,20 @@ use std::time::{Duration, Instant};
 
 use kv_tier_core::{BlockKey, Error, SecondaryTier};
 use kv_tier_fs::{FsTier, FsTierConfig};
-use kv_tier_testkit::{allocated_bytes, load_keys, store_keys, test_key, verify_block};
+use kv_tier_testkit::allocated_bytes;
+use kv_tier_testkit::instances::{Pace, collect, kill_the_leader, new_key, run_instance};
+use kv_tier_testkit::{load_keys, store_keys, verify_block};
 
 const BS: usize = 64 << 10;
 const CAP_BYTES: u64 = 256 << 20;
 const LEASE_S: f64 = 1.0;
 const STAMP_S: f64 = 0.5;
 const INSTANCES: u64 = 4;
-const HOT: u64 = 8;
-const JOB: u64 = 16;
-/// Store jobs in flight per instance.
-const WRITERS: usize = 3;
 
 fn cfg(root: &Path, id: &str) -> FsTierConfig {
     common::shared_cfg(root, id, CAP_BYTES, LEASE_S, STAMP_S)
 }
 
-fn hot_key(child: u64, i: u64) -> BlockKey {
-    test_key(1 << 60 | child << 32 | i)
-}
-
-fn new_key(child: u64, seq: u64) -> BlockKey {
-    test_key(2 << 60 | child << 32 | seq)
-}
-
-/// What a child reports at its end.
-#[derive(Debug, Default, Clone, Copy)]
-struct Outcome {
-    stored: u64,
-    no_space: u64,
-    loaded: u64,
-    wrong: u64,
-    hot_loads: u64,
-    hot_misses: u64,
-    took_lease: u64,
-}
-
-impl Outcome {
-    fn to_line(self) -> String {
-        format!(
-            "{} {} {} {} {} {} {}",
-            self.stored,
-            self.no_space,
-            self.loaded,
-            self.wrong,
-            self.hot_loads,
-            self.hot_misses,
-            self.took_lease
-        )
-    }
-    fn parse(s: &str) -> Option<Self> {
-        let v: Vec<u64> = s
-            .split_whitespace()
-            .map(|x| x.parse().ok())
-            .collect::<Option<_>>()?;
-        let [
-            stored,
-            no_space,
-            loaded,
-            wrong,
-            hot_loads,
-            hot_misses,
-            took_lease,
-        ] = v[..]
-        else {
-            return None;
-        };
-        Some(Self {
-            stored,
-            no_space,
-            loaded,
-            wrong,
-            hot_loads,
-            hot_misses,
-            took_lease,
-        })
-    }
-}
-
-/// One instance: stores its hot keys, then until the end stores new 16-block jobs, reads its
-/// own hot keys and its neighbour's every 30 ms (each such read must hit and verify), and
-/// reads keys other instances wrote (each served block must verify).
 #[test]
 #[ignore = "a child process of the shared_root tests"]
 fn shared_child() {
@@ -119,149 +52,18 @@ fn shared_child() {
         let tier =
             Arc::new(FsTier::open("fs", cfg(&root, &format!("child-{child}")), ns(), BS).unwrap());
         let end = Instant::now() + Duration::from_secs_f64(secs);
-        let mine: Vec<BlockKey> = (0..HOT).map(|i| hot_key(child, i)).collect();
-        let next = (child + 1) % INSTANCES;
-        let theirs: Vec<BlockKey> = (0..HOT).map(|i| hot_key(next, i)).collect();
-        // the hot keys first (credit comes once a leader holds the lease)
-        loop {
-            let r = store_keys(&*tier, &mine, 0, BS).await;
-            if r.is_success() {
-                break;
-            }
-            assert!(
-                Instant::now() < end,
-                "the hot keys were never stored: {:?}",
-                r.failed
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let seq = Arc::new(AtomicU64::new(0));
-        // writers: new 16-block jobs, WRITERS in flight
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|_| {
-                let (tier, seq) = (tier.clone(), seq.clone());
-                tokio::spawn(async move {
-                    let mut o = Outcome::default();
-                    while Instant::now() < end {
-                        let s = seq.fetch_add(JOB, Ordering::Relaxed);
-                        let keys: Vec<BlockKey> = (s..s + JOB).map(|s| new_key(child, s)).collect();
-                        let r = store_keys(&*tier, &keys, 0, BS).await;
-                        o.stored += r.ok.len() as u64;
-                        o.no_space += r
-                            .failed
-                            .iter()
-                            .filter(|(_, e)| matches!(e, Error::NoSpace { .. }))
-                            .count() as u64;
-                    }
-                    o
-                })
-            })
-            .collect();
-        // a reader of keys any instance wrote lately (instances run at about the same pace)
-        let reader = {
-            let (tier, seq) = (tier.clone(), seq.clone());
-            tokio::spawn(async move {
-                let mut o = Outcome::default();
-                let mut rng = child.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-                while Instant::now() < end {
-                    let at = seq.load(Ordering::Relaxed);
-                    let mut probe = Vec::new();
-                    for _ in 0..JOB {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        let c = rng % INSTANCES;
-                        let back = (rng >> 8) % (4 * JOB);
-                        probe.push(new_key(c, at.saturating_sub(back)));
-                    }
-                    // one load per key: a key twice in a job can load once and miss once
-                    // (evicted in between), and its result does not say which sink it filled
-                    probe.sort_unstable();
-                    probe.dedup();
-                    let present = tier.lookup(&probe).await.unwrap();
-                    let found: Vec<BlockKey> = probe
-                        .iter()
-                        .zip(present)
-                        .filter(|(_, p)| *p)
-                        .map(|(k, _)| *k)
-                        .collect();
-                    if found.is_empty() {
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                        continue;
-                    }
-                    let (_, data) = load_keys(&*tier, &found, BS).await;
-                    o.loaded += data.len() as u64;
-                    o.wrong += wrong(child, "recent", &data);
-                }
-                o
-            })
+        let pace = Pace {
+            hot_every: Duration::from_millis(30),
+            reader_pause: Duration::ZERO,
         };
-        // the hot keys, every 30 ms: its own and, once they exist, its neighbour's
-        let mut o = Outcome::default();
-        let mut theirs_seen = false;
-        while Instant::now() < end {
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            if !theirs_seen {
-                theirs_seen = tier.lookup(&theirs).await.unwrap().iter().all(|p| *p);
-            }
-            let mut hot = mine.clone();
-            if theirs_seen {
-                hot.extend(&theirs);
-            }
-            let (r, data) = load_keys(&*tier, &hot, BS).await;
-            o.hot_loads += hot.len() as u64;
-            o.hot_misses += r.failed.len() as u64;
-            for (k, e) in &r.failed {
-                eprintln!("child {child}: hot key {k} failed: {e}");
-            }
-            o.wrong += wrong(child, "hot", &data);
-        }
-        for w in writers {
-            let w = w.await.unwrap();
-            o.stored += w.stored;
-            o.no_space += w.no_space;
-        }
-        let r = reader.await.unwrap();
-        o.loaded += r.loaded;
-        o.wrong += r.wrong;
+        let mut o = run_instance(tier.clone(), child, INSTANCES, end, BS, pace).await;
         let st = tier.stats();
         eprintln!("child {child}: {:?}", st.shared.unwrap());
         o.took_lease = st.shared.unwrap().takeovers;
         tier.shutdown().await.unwrap();
         o
     });
-    let mut text = o.to_line();
-    for line in WRONG_LINES.lock().unwrap().iter() {
-        text.push('\n');
-        text.push_str(line);
-    }
-    std::fs::write(out, text).unwrap();
-}
-
-/// What [`wrong`] found, written beside the child's outcome for the parent's report.
-static WRONG_LINES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-/// Counts the blocks of `data` that are not their key's bytes, describing each on stderr and
-/// in [`WRONG_LINES`].
-fn wrong(child: u64, what: &str, data: &[(BlockKey, bytes::Bytes)]) -> u64 {
-    let mut n = 0;
-    for (k, d) in data {
-        if verify_block(k, 0, d) {
-            continue;
-        }
-        n += 1;
-        let want = kv_tier_testkit::block_bytes(k, 0, d.len());
-        let first = d.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-        let last = d.iter().zip(&want).rposition(|(a, b)| a != b).unwrap_or(0);
-        let zeros = d[first..=last].iter().all(|b| *b == 0);
-        let line = format!(
-            "child {child}: WRONG {what} block {k}: bytes {first}..={last} differ (all zero: {zeros}) of {}",
-            d.len()
-        );
-        eprintln!("{line}");
-        WRONG_LINES.lock().unwrap().push(line);
-    }
-    n
+    std::fs::write(out, o.to_text()).unwrap();
 }
 
 fn spawn_child(root: &Path, child: u64, secs: f64, out: &Path) -> Child {
@@ -323,12 +125,6 @@ impl Drop for Ext4 {
     }
 }
 
-fn read_lease(coord: &Path) -> Option<(u64, String)> {
-    let s = std::fs::read_to_string(coord.join("lease")).ok()?;
-    let mut it = s.split_whitespace();
-    Some((it.next()?.parse().ok()?, it.next()?.to_string()))
-}
-
 /// 4 processes on one root for `KV_TIER_SHARED_SECS` (60) seconds of stores and loads as fast
 /// as they go: the directory never holds more than 1.10x the global cap, no wrong byte is
 /// served, no key read by any instance within a stamp interval is evicted (hot keys, read
@@ -384,64 +180,15 @@ fn four_processes_share_one_bound_and_survive_the_leaders_death() {
     };
     // kill the leader a third of the way in, and time the takeover
     std::thread::sleep(Duration::from_secs_f64(secs / 3.0));
-    let (epoch, owner) = read_lease(&coord).expect("a leader holds the lease");
-    // one leader from the start: a live leader never loses the lease
-    assert_eq!(
-        epoch, 1,
-        "the lease changed hands before the kill ({owner} holds it)"
+    let (killed, takeover) = kill_the_leader(
+        &mut children,
+        &coord.join("lease"),
+        Duration::from_secs_f64(10.0 * LEASE_S),
     );
-    let killed: u64 = owner
-        .strip_prefix("child-")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("lease owner {owner:?}"));
-    children[killed as usize].kill().unwrap();
-    let killed_at = Instant::now();
-    children[killed as usize].wait().unwrap();
-    let takeover = loop {
-        if let Some((e, o)) = read_lease(&coord)
-            && e > epoch
-            && o != owner
-            && o != "-"
-        {
-            break killed_at.elapsed();
-        }
-        assert!(
-            killed_at.elapsed() < Duration::from_secs_f64(10.0 * LEASE_S),
-            "no takeover after the leader {owner} was killed"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    for (c, ch) in children.iter_mut().enumerate() {
-        if c as u64 != killed {
-            assert!(ch.wait().unwrap().success(), "child {c} failed");
-        }
-    }
+    let total = collect(&mut children, &outs, killed);
     stop.store(true, Ordering::Relaxed);
     let samples = sampler.join().unwrap();
     let peak = peak.load(Ordering::Relaxed);
-    let mut total = Outcome::default();
-    let mut wrong_lines = Vec::new();
-    for (c, out) in outs.iter().enumerate() {
-        if c as u64 == killed {
-            continue;
-        }
-        let text = std::fs::read_to_string(out).unwrap();
-        let mut lines = text.lines();
-        let o = Outcome::parse(lines.next().unwrap_or_default()).unwrap();
-        wrong_lines.extend(lines.map(str::to_string));
-        eprintln!("child {c}: {o:?}");
-        assert!(
-            o.stored > 0 && o.loaded > 0 && o.hot_loads > 0,
-            "child {c} did no work: {o:?}"
-        );
-        total.stored += o.stored;
-        total.no_space += o.no_space;
-        total.loaded += o.loaded;
-        total.wrong += o.wrong;
-        total.hot_loads += o.hot_loads;
-        total.hot_misses += o.hot_misses;
-        total.took_lease += o.took_lease;
-    }
     let ratio = peak as f64 / CAP_BYTES as f64;
 
     eprintln!(
@@ -461,10 +208,15 @@ fn four_processes_share_one_bound_and_survive_the_leaders_death() {
         total.wrong,
         0,
         "wrong bytes served:\n{}",
-        wrong_lines.join("\n")
+        total.notes.join("\n")
     );
 
-    assert_eq!(total.hot_misses, 0, "keys in use were evicted");
+    assert_eq!(
+        total.hot_misses,
+        0,
+        "keys in use were evicted:\n{}",
+        total.notes.join("\n")
+    );
     assert!(ratio <= 1.10, "peak {peak} bytes is {ratio:.3}x the cap");
     assert!(
         takeover <= Duration::from_secs_f64(2.0 * LEASE_S),

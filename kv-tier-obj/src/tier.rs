@@ -96,7 +96,7 @@ impl ObjTier {
                 let id = cfg
                     .instance_id
                     .clone()
-                    .unwrap_or_else(crate::shared::default_id);
+                    .unwrap_or_else(kv_tier_core::config::default_instance_id);
                 // beside the rank's objects, not under them (a LIST of the blocks never
                 // walks the coordination objects, nor theirs the blocks)
                 let dir = if cfg.normalized_prefix().is_empty() {

@@ -16,15 +16,14 @@ use std::time::{Duration, Instant};
 use common::{AK, BUCKET, S3Server, S3ServerExt as _, SK, ns};
 use kv_tier_core::{BlockKey, Error, SecondaryTier};
 use kv_tier_obj::{ObjChecksum, ObjTier, ObjTierConfig, Scheme};
-use kv_tier_testkit::{load_keys, store_keys, test_key, verify_block};
+use kv_tier_testkit::instances::{Pace, collect, kill_the_leader, run_instance};
+use kv_tier_testkit::{store_keys, test_key};
 
 const BS: usize = 16 << 10;
 const CAP_BYTES: u64 = 16 << 20;
 const LEASE_S: f64 = 2.0;
 const INSTANCES: u64 = 4;
-const HOT: u64 = 8;
 const JOB: u64 = 16;
-const WRITERS: usize = 3;
 
 fn shared_cfg(mut c: ObjTierConfig, id: &str) -> ObjTierConfig {
     c.checksum = ObjChecksum::Crc32c;
@@ -49,84 +48,6 @@ fn child_cfg(endpoint: &str, id: &str) -> ObjTierConfig {
     shared_cfg(c, id)
 }
 
-fn hot_key(child: u64, i: u64) -> BlockKey {
-    test_key(1 << 60 | child << 32 | i)
-}
-
-fn new_key(child: u64, seq: u64) -> BlockKey {
-    test_key(2 << 60 | child << 32 | seq)
-}
-
-/// What a child reports at its end.
-#[derive(Debug, Default, Clone, Copy)]
-struct Outcome {
-    stored: u64,
-    no_space: u64,
-    loaded: u64,
-    wrong: u64,
-    hot_loads: u64,
-    hot_misses: u64,
-    took_lease: u64,
-}
-
-impl Outcome {
-    fn to_line(self) -> String {
-        format!(
-            "{} {} {} {} {} {} {}",
-            self.stored,
-            self.no_space,
-            self.loaded,
-            self.wrong,
-            self.hot_loads,
-            self.hot_misses,
-            self.took_lease
-        )
-    }
-    fn parse(s: &str) -> Option<Self> {
-        let v: Vec<u64> = s
-            .split_whitespace()
-            .map(|x| x.parse().ok())
-            .collect::<Option<_>>()?;
-        let [
-            stored,
-            no_space,
-            loaded,
-            wrong,
-            hot_loads,
-            hot_misses,
-            took_lease,
-        ] = v[..]
-        else {
-            return None;
-        };
-        Some(Self {
-            stored,
-            no_space,
-            loaded,
-            wrong,
-            hot_loads,
-            hot_misses,
-            took_lease,
-        })
-    }
-}
-
-/// What a child found wrong, for the parent's report.
-static WRONG_LINES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-fn wrong(child: u64, what: &str, data: &[(BlockKey, bytes::Bytes)]) -> u64 {
-    let mut n = 0;
-    for (k, d) in data {
-        if !verify_block(k, 0, d) {
-            n += 1;
-            let line = format!("child {child}: WRONG {what} block {k} ({} bytes)", d.len());
-            eprintln!("{line}");
-            WRONG_LINES.lock().unwrap().push(line);
-        }
-    }
-    n
-}
-
 #[test]
 #[ignore = "a child process of the shared_bucket tests"]
 fn shared_bucket_child() {
@@ -149,124 +70,20 @@ fn shared_bucket_child() {
         let cfg = child_cfg(&endpoint, &format!("child-{child}"));
         let tier = Arc::new(ObjTier::connect("obj", cfg, ns(), BS).await.unwrap());
         let end = Instant::now() + Duration::from_secs_f64(secs);
-        let mine: Vec<BlockKey> = (0..HOT).map(|i| hot_key(child, i)).collect();
-        let next = (child + 1) % INSTANCES;
-        let theirs: Vec<BlockKey> = (0..HOT).map(|i| hot_key(next, i)).collect();
-        loop {
-            let r = store_keys(&*tier, &mine, 0, BS).await;
-            if r.is_success() {
-                break;
-            }
-            assert!(
-                Instant::now() < end,
-                "the hot keys were never stored: {:?}",
-                r.failed
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let seq = Arc::new(AtomicU64::new(0));
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|_| {
-                let (tier, seq) = (tier.clone(), seq.clone());
-                tokio::spawn(async move {
-                    let mut o = Outcome::default();
-                    while Instant::now() < end {
-                        let s = seq.fetch_add(JOB, Ordering::Relaxed);
-                        let keys: Vec<BlockKey> = (s..s + JOB).map(|s| new_key(child, s)).collect();
-                        let r = store_keys(&*tier, &keys, 0, BS).await;
-                        o.stored += r.ok.len() as u64;
-                        o.no_space += r
-                            .failed
-                            .iter()
-                            .filter(|(_, e)| matches!(e, Error::NoSpace { .. }))
-                            .count() as u64;
-                    }
-                    o
-                })
-            })
-            .collect();
-        // a reader of keys any instance wrote lately
-        let reader = {
-            let (tier, seq) = (tier.clone(), seq.clone());
-            tokio::spawn(async move {
-                let mut o = Outcome::default();
-                let mut rng = child.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-                while Instant::now() < end {
-                    let at = seq.load(Ordering::Relaxed);
-                    let mut probe = Vec::new();
-                    for _ in 0..JOB {
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        let c = rng % INSTANCES;
-                        let back = (rng >> 8) % (4 * JOB);
-                        probe.push(new_key(c, at.saturating_sub(back)));
-                    }
-                    probe.sort_unstable();
-                    probe.dedup();
-                    let present = tier.lookup(&probe).await.unwrap();
-                    let found: Vec<BlockKey> = probe
-                        .iter()
-                        .zip(present)
-                        .filter(|(_, p)| *p)
-                        .map(|(k, _)| *k)
-                        .collect();
-                    // a pace the one test server serves for four instances
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    if found.is_empty() {
-                        continue;
-                    }
-                    let (_, data) = load_keys(&*tier, &found, BS).await;
-                    o.loaded += data.len() as u64;
-                    o.wrong += wrong(child, "recent", &data);
-                }
-                o
-            })
+        // a pace the one test server serves for four instances; the hot keys well within the
+        // quarter lease (500 ms) reads are journaled at
+        let pace = Pace {
+            hot_every: Duration::from_millis(100),
+            reader_pause: Duration::from_millis(20),
         };
-        // the hot keys, every 100 ms (well within the quarter lease, 500 ms, reads are
-        // journaled at):
-        // its own and, once they exist, its neighbour's
-        let mut o = Outcome::default();
-        let mut theirs_seen = false;
-        while Instant::now() < end {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            if !theirs_seen {
-                theirs_seen = tier.lookup(&theirs).await.unwrap().iter().all(|p| *p);
-            }
-            let mut hot = mine.clone();
-            if theirs_seen {
-                hot.extend(&theirs);
-            }
-            let (r, data) = load_keys(&*tier, &hot, BS).await;
-            o.hot_loads += hot.len() as u64;
-            o.hot_misses += r.failed.len() as u64;
-            for (k, e) in &r.failed {
-                let line = format!("child {child}: hot key {k} failed: {e}");
-                eprintln!("{line}");
-                WRONG_LINES.lock().unwrap().push(line);
-            }
-            o.wrong += wrong(child, "hot", &data);
-        }
-        for w in writers {
-            let w = w.await.unwrap();
-            o.stored += w.stored;
-            o.no_space += w.no_space;
-        }
-        let r = reader.await.unwrap();
-        o.loaded += r.loaded;
-        o.wrong += r.wrong;
+        let mut o = run_instance(tier.clone(), child, INSTANCES, end, BS, pace).await;
         let st = tier.stats().shared.unwrap();
         eprintln!("child {child}: {st:?}");
         o.took_lease = st.takeovers;
         tier.shutdown().await.unwrap();
         o
     });
-    let mut text = o.to_line();
-    for line in WRONG_LINES.lock().unwrap().iter() {
-        text.push('\n');
-        text.push_str(line);
-    }
-    std::fs::write(out, text).unwrap();
+    std::fs::write(out, o.to_text()).unwrap();
 }
 
 fn spawn_child(endpoint: &str, child: u64, secs: f64, out: &Path) -> Child {
@@ -297,13 +114,6 @@ fn block_bytes(dir: &Path) -> u64 {
         }
     }
     total
-}
-
-/// The lease's `(epoch, owner)` as the server holds it.
-fn read_lease(coord: &Path) -> Option<(u64, String)> {
-    let s = std::fs::read_to_string(coord.join("lease")).ok()?;
-    let mut it = s.split_whitespace();
-    Some((it.next()?.parse().ok()?, it.next()?.to_string()))
 }
 
 /// 4 processes on one bucket for `KV_TIER_SHARED_SECS` (30) seconds of stores and loads as
@@ -369,64 +179,16 @@ fn four_processes_share_one_bucket_bound_and_survive_the_leaders_death() {
     };
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(secs / 3.0));
-    let (epoch, owner) = read_lease(&coord).expect("a leader holds the lease");
-    assert_eq!(
-        epoch, 1,
-        "the lease changed hands before the kill ({owner} holds it)"
-    );
-    let killed: u64 = owner
-        .strip_prefix("child-")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("lease owner {owner:?}"));
-    children[killed as usize].kill().unwrap();
-    let killed_at = Instant::now();
     let kill_time = started.elapsed();
-    children[killed as usize].wait().unwrap();
-    let takeover = loop {
-        if let Some((e, o)) = read_lease(&coord)
-            && e > epoch
-            && o != owner
-            && o != "-"
-        {
-            break killed_at.elapsed();
-        }
-        assert!(
-            killed_at.elapsed() < Duration::from_secs_f64(10.0 * LEASE_S),
-            "no takeover after the leader {owner} was killed"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    for (c, ch) in children.iter_mut().enumerate() {
-        if c as u64 != killed {
-            assert!(ch.wait().unwrap().success(), "child {c} failed");
-        }
-    }
+    let (killed, takeover) = kill_the_leader(
+        &mut children,
+        &coord.join("lease"),
+        Duration::from_secs_f64(10.0 * LEASE_S),
+    );
+    let total = collect(&mut children, &outs, killed);
     stop.store(true, Ordering::Relaxed);
     let (samples, peak_at) = sampler.join().unwrap();
     let peak = peak.load(Ordering::Relaxed);
-    let mut total = Outcome::default();
-    let mut wrong_lines = Vec::new();
-    for (c, out) in outs.iter().enumerate() {
-        if c as u64 == killed {
-            continue;
-        }
-        let text = std::fs::read_to_string(out).unwrap();
-        let mut lines = text.lines();
-        let o = Outcome::parse(lines.next().unwrap_or_default()).unwrap();
-        wrong_lines.extend(lines.map(str::to_string));
-        eprintln!("child {c}: {o:?}");
-        assert!(
-            o.stored > 0 && o.loaded > 0 && o.hot_loads > 0,
-            "child {c} did no work: {o:?}"
-        );
-        total.stored += o.stored;
-        total.no_space += o.no_space;
-        total.loaded += o.loaded;
-        total.wrong += o.wrong;
-        total.hot_loads += o.hot_loads;
-        total.hot_misses += o.hot_misses;
-        total.took_lease += o.took_lease;
-    }
     let ratio = peak as f64 / CAP_BYTES as f64;
     eprintln!(
         "{INSTANCES} instances, {secs} s: stored {} blocks ({:.2} GiB), {} refused for lack of credit, loaded {}, wrong {}, hot loads {} (misses {}); peak {:.2} MiB of block objects = {ratio:.3}x the bound over {samples} samples (at {peak_at:.1?}); leader child-{killed} killed at {kill_time:.1?}, lease taken over in {takeover:?} ({} takeovers by the survivors); {} requests served",
@@ -445,13 +207,13 @@ fn four_processes_share_one_bucket_bound_and_survive_the_leaders_death() {
         total.wrong,
         0,
         "wrong bytes served:\n{}",
-        wrong_lines.join("\n")
+        total.notes.join("\n")
     );
     assert_eq!(
         total.hot_misses,
         0,
         "keys in use were deleted:\n{}",
-        wrong_lines.join("\n")
+        total.notes.join("\n")
     );
     assert!(ratio <= 1.10, "peak {peak} bytes is {ratio:.3}x the bound");
     assert!(

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod conformance;
 pub mod controlled_store;
 pub mod faulty;
+pub mod instances;
 pub mod memory;
 #[cfg(feature = "s3-server")]
 pub mod s3;

@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+pub use crate::instance::{check_instance_id, default_instance_id};
 pub use crate::json::from_value;
 use crate::layout::{Namespace, RunFields};
 pub use crate::ranges::{check_range, check_range_u64};

@@ -83,23 +83,6 @@ impl Lease {
     }
 }
 
-/// The default instance id: `<host>-<pid>-<random>`.
-pub(crate) fn default_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap_or_default()
-        .trim()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
-        .take(32)
-        .collect::<String>();
-    let host = if host.is_empty() { "host".into() } else { host };
-    format!(
-        "{host}-{}-{:04x}",
-        std::process::id(),
-        random_bits() & 0xffff
-    )
-}
-
 /// The leader's published view (`state`): for the others' stats, and the settings every
 /// instance must share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

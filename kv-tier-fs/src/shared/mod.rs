@@ -36,7 +36,6 @@ use kv_tier_core::{BlockKey, BlockSource, Error, Namespace};
 use rustc_hash::FxHashMap;
 
 use crate::stats::{SharedCounters as Counters, SharedStats};
-pub(crate) use files::default_id;
 use files::{Lease, Record, State, ctx, open_journal, read_grant, read_opt, replace};
 pub(crate) use leader::spawn;
 

@@ -290,21 +290,6 @@ impl Coord {
     }
 }
 
-/// A default instance id: `<host>-<pid>-<random>`.
-pub(crate) fn default_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .unwrap_or_default()
-        .trim()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
-        .take(32)
-        .collect::<String>();
-    let host = if host.is_empty() { "host".into() } else { host };
-    let bits = std::collections::hash_map::RandomState::new();
-    let r = std::hash::BuildHasher::hash_one(&bits, Instant::now()) & 0xffff;
-    format!("{host}-{}-{r:04x}", std::process::id())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,359 @@
+//! The workload of one instance among several sharing a tier (a shared fs root, a shared
+//! bucket), as the scale-out tests run it in child processes: writers storing new keys as
+//! fast as the tier takes them, a reader of keys any instance wrote lately, and hot keys read
+//! again and again by their writer and its neighbour (which must never miss); and the line a
+//! child reports its outcome in.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use kv_tier_core::{BlockKey, Error, SecondaryTier};
+
+use crate::util::{block_bytes, load_keys, store_keys, test_key, verify_block};
+
+/// Blocks per job.
+const JOB: u64 = 16;
+/// Hot keys per instance.
+const HOT: u64 = 8;
+/// Store jobs in flight per instance.
+const WRITERS: usize = 3;
+
+/// How an instance paces its reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// The hot keys are read this often.
+    pub hot_every: Duration,
+    /// The reader waits this long between its lookups (at least 1 ms when it found none).
+    pub reader_pause: Duration,
+}
+
+/// What an instance did, and what it found wrong.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Blocks stored.
+    pub stored: u64,
+    /// Blocks refused for lack of room (`NoSpace`).
+    pub no_space: u64,
+    /// Blocks loaded by the reader.
+    pub loaded: u64,
+    /// Blocks loaded that were not their key's bytes.
+    pub wrong: u64,
+    /// Hot-key loads.
+    pub hot_loads: u64,
+    /// Hot-key loads that failed.
+    pub hot_misses: u64,
+    /// Times the instance took the leader lease (the caller fills it in).
+    pub took_lease: u64,
+    /// What was wrong or missed, one line each.
+    pub notes: Vec<String>,
+}
+
+impl Outcome {
+    /// The figures on one line, then the notes, one per line.
+    pub fn to_text(&self) -> String {
+        let mut s = format!(
+            "{} {} {} {} {} {} {}",
+            self.stored,
+            self.no_space,
+            self.loaded,
+            self.wrong,
+            self.hot_loads,
+            self.hot_misses,
+            self.took_lease
+        );
+        for n in &self.notes {
+            s.push('\n');
+            s.push_str(n);
+        }
+        s
+    }
+
+    /// Parses [`Outcome::to_text`].
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut lines = text.lines();
+        let v: Vec<u64> = lines
+            .next()?
+            .split_whitespace()
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        let [
+            stored,
+            no_space,
+            loaded,
+            wrong,
+            hot_loads,
+            hot_misses,
+            took_lease,
+        ] = v[..]
+        else {
+            return None;
+        };
+        Some(Self {
+            stored,
+            no_space,
+            loaded,
+            wrong,
+            hot_loads,
+            hot_misses,
+            took_lease,
+            notes: lines.map(str::to_string).collect(),
+        })
+    }
+
+    /// Adds `other`'s figures and notes to these.
+    pub fn add(&mut self, other: &Outcome) {
+        self.stored += other.stored;
+        self.no_space += other.no_space;
+        self.loaded += other.loaded;
+        self.wrong += other.wrong;
+        self.hot_loads += other.hot_loads;
+        self.hot_misses += other.hot_misses;
+        self.took_lease += other.took_lease;
+        self.notes.extend(other.notes.iter().cloned());
+    }
+}
+
+/// Instance `child`'s hot key `i`.
+pub fn hot_key(child: u64, i: u64) -> BlockKey {
+    test_key(1 << 60 | child << 32 | i)
+}
+
+/// Instance `child`'s `seq`-th new key.
+pub fn new_key(child: u64, seq: u64) -> BlockKey {
+    test_key(2 << 60 | child << 32 | seq)
+}
+
+/// Runs instance `child` of `instances` on `tier` until `end`: stores its hot keys (retrying
+/// until it has credit), then [`WRITERS`] writers of new 16-block jobs, a reader of keys any
+/// instance wrote lately (each key once per job) and the hot keys, its own and its
+/// neighbour's, read every `pace.hot_every`.
+pub async fn run_instance(
+    tier: Arc<dyn SecondaryTier>,
+    child: u64,
+    instances: u64,
+    end: Instant,
+    bs: usize,
+    pace: Pace,
+) -> Outcome {
+    let mine: Vec<BlockKey> = (0..HOT).map(|i| hot_key(child, i)).collect();
+    let theirs: Vec<BlockKey> = (0..HOT)
+        .map(|i| hot_key((child + 1) % instances, i))
+        .collect();
+    loop {
+        let r = store_keys(&*tier, &mine, 0, bs).await;
+        if r.is_success() {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the hot keys were never stored: {:?}",
+            r.failed
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seq = Arc::new(AtomicU64::new(0));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|_| {
+            let (tier, seq) = (tier.clone(), seq.clone());
+            tokio::spawn(async move {
+                let mut o = Outcome::default();
+                while Instant::now() < end {
+                    let s = seq.fetch_add(JOB, Ordering::Relaxed);
+                    let keys: Vec<BlockKey> = (s..s + JOB).map(|s| new_key(child, s)).collect();
+                    let r = store_keys(&*tier, &keys, 0, bs).await;
+                    o.stored += r.ok.len() as u64;
+                    o.no_space += r
+                        .failed
+                        .iter()
+                        .filter(|(_, e)| matches!(e, Error::NoSpace { .. }))
+                        .count() as u64;
+                }
+                o
+            })
+        })
+        .collect();
+    // instances run at about the same pace: the reader picks keys just behind its own
+    let reader = {
+        let (tier, seq) = (tier.clone(), seq.clone());
+        tokio::spawn(async move {
+            let mut o = Outcome::default();
+            let mut rng = child.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            while Instant::now() < end {
+                let at = seq.load(Ordering::Relaxed);
+                let mut probe = Vec::new();
+                for _ in 0..JOB {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let c = rng % instances;
+                    let back = (rng >> 8) % (4 * JOB);
+                    probe.push(new_key(c, at.saturating_sub(back)));
+                }
+                // one load per key: a key twice in a job can load once and miss once
+                // (deleted in between), and its result does not say which sink it filled
+                probe.sort_unstable();
+                probe.dedup();
+                let present = tier.lookup(&probe).await.unwrap_or_default();
+                let found: Vec<BlockKey> = probe
+                    .iter()
+                    .zip(present)
+                    .filter(|(_, p)| *p)
+                    .map(|(k, _)| *k)
+                    .collect();
+                tokio::time::sleep(if found.is_empty() {
+                    pace.reader_pause.max(Duration::from_millis(1))
+                } else {
+                    pace.reader_pause
+                })
+                .await;
+                if found.is_empty() {
+                    continue;
+                }
+                let (_, data) = load_keys(&*tier, &found, bs).await;
+                o.loaded += data.len() as u64;
+                check(child, "recent", &data, &mut o);
+            }
+            o
+        })
+    };
+    let mut o = Outcome::default();
+    let mut theirs_seen = false;
+    while Instant::now() < end {
+        tokio::time::sleep(pace.hot_every).await;
+        if !theirs_seen {
+            theirs_seen = tier
+                .lookup(&theirs)
+                .await
+                .is_ok_and(|p| p.iter().all(|p| *p));
+        }
+        let mut hot = mine.clone();
+        if theirs_seen {
+            hot.extend(&theirs);
+        }
+        let (r, data) = load_keys(&*tier, &hot, bs).await;
+        o.hot_loads += hot.len() as u64;
+        o.hot_misses += r.failed.len() as u64;
+        for (k, e) in &r.failed {
+            o.notes
+                .push(format!("child {child}: hot key {k} failed: {e}"));
+        }
+        check(child, "hot", &data, &mut o);
+    }
+    for w in writers {
+        o.add(&w.await.expect("a writer panicked"));
+    }
+    o.add(&reader.await.expect("the reader panicked"));
+    for n in &o.notes {
+        eprintln!("{n}");
+    }
+    o
+}
+
+/// Reads a lease file (`<epoch> <owner> ...`, what both shared tiers write) at `path`.
+pub fn read_lease(path: &std::path::Path) -> Option<(u64, String)> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let mut it = s.split_whitespace();
+    Some((it.next()?.parse().ok()?, it.next()?.to_string()))
+}
+
+/// Kills (SIGKILL) the child whose instance (`child-<n>`) holds the lease read from
+/// `lease`, which must be the first leader's (epoch 1: a live leader never lost it), and
+/// waits for another instance to hold it; returns the child killed and how long the takeover
+/// took. Panics if none takes it within `give_up`.
+pub fn kill_the_leader(
+    children: &mut [std::process::Child],
+    lease: &std::path::Path,
+    give_up: Duration,
+) -> (u64, Duration) {
+    let (epoch, owner) = read_lease(lease).expect("a leader holds the lease");
+    assert_eq!(
+        epoch, 1,
+        "the lease changed hands before the kill ({owner} holds it)"
+    );
+    let killed: u64 = owner
+        .strip_prefix("child-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("lease owner {owner:?}"));
+    children[killed as usize].kill().unwrap();
+    let killed_at = Instant::now();
+    children[killed as usize].wait().unwrap();
+    loop {
+        if let Some((e, o)) = read_lease(lease)
+            && e > epoch
+            && o != owner
+            && o != "-"
+        {
+            return (killed, killed_at.elapsed());
+        }
+        assert!(
+            killed_at.elapsed() < give_up,
+            "no takeover after the leader {owner} was killed"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Waits for every child but `killed` to succeed and sums their outcomes (each written to
+/// its file in `outs` with [`Outcome::to_text`]); each must have done some of every kind of
+/// work.
+pub fn collect(
+    children: &mut [std::process::Child],
+    outs: &[std::path::PathBuf],
+    killed: u64,
+) -> Outcome {
+    let mut total = Outcome::default();
+    for (c, (ch, out)) in children.iter_mut().zip(outs).enumerate() {
+        if c as u64 == killed {
+            continue;
+        }
+        assert!(ch.wait().unwrap().success(), "child {c} failed");
+        let o = Outcome::parse(&std::fs::read_to_string(out).unwrap()).unwrap();
+        eprintln!("child {c}: {o:?}");
+        assert!(
+            o.stored > 0 && o.loaded > 0 && o.hot_loads > 0,
+            "child {c} did no work: {o:?}"
+        );
+        total.add(&o);
+    }
+    total
+}
+
+/// Counts the blocks of `data` that are not their key's bytes into `o`, with a note each.
+fn check(child: u64, what: &str, data: &[(BlockKey, bytes::Bytes)], o: &mut Outcome) {
+    for (k, d) in data {
+        if verify_block(k, 0, d) {
+            continue;
+        }
+        o.wrong += 1;
+        let want = block_bytes(k, 0, d.len());
+        let first = d.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+        let last = d.iter().zip(&want).rposition(|(a, b)| a != b).unwrap_or(0);
+        let zeros = d[first..=last].iter().all(|b| *b == 0);
+        o.notes.push(format!(
+            "child {child}: WRONG {what} block {k}: bytes {first}..={last} differ (all zero: {zeros}) of {}",
+            d.len()
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outcome_round_trips_with_its_notes() {
+        let o = Outcome {
+            stored: 1,
+            no_space: 2,
+            loaded: 3,
+            wrong: 4,
+            hot_loads: 5,
+            hot_misses: 6,
+            took_lease: 7,
+            notes: vec!["a b".into(), "c".into()],
+        };
+        assert_eq!(Outcome::parse(&o.to_text()), Some(o));
+        assert_eq!(Outcome::parse("1 2 3"), None);
+    }
+}
