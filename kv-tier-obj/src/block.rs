@@ -319,6 +319,7 @@ impl Shared {
         key: BlockKey,
         src: BlockSource,
         published: &EventBatch,
+        credit_deadline: tokio::time::Instant,
     ) -> Result<bool> {
         if src.len() != self.block_size {
             return Err(Error::WrongSize {
@@ -334,7 +335,7 @@ impl Shared {
                 // credit first (journaled with the key); the guard journals the store's end,
                 // however it ends (a cancelled or timed-out PUT: not known)
                 let mut finish = coord
-                    .credit_for(key, self.block_size as u64, &self.name)
+                    .credit_for(key, self.block_size as u64, &self.name, credit_deadline)
                     .await?;
                 let stored = self.store_claimed(key, src).await;
                 match &stored {

@@ -61,7 +61,7 @@ kv_tier_core::counters! {
     fields {
         /// Whether this instance holds the leader lease now.
         leader: bool,
-        /// The lease's epoch as last seen (each takeover adds one).
+        /// The highest lease epoch seen (each takeover goes above it).
         epoch: u64,
         /// Instances alive, as the leader counts them (0 on the others).
         members: u64,

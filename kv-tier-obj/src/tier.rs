@@ -87,6 +87,16 @@ impl ObjTier {
         let bound = cfg
             .max_size_gb
             .map(|gb| (gb * (1u64 << 30) as f64).min(u64::MAX as f64) as u64);
+        if let Some(b) = bound.filter(|_| cfg.shared)
+            && b < block_size as u64
+        {
+            return Err(Error::config(
+                "max_size_gb",
+                format!(
+                    "{b} bytes hold no block of {block_size} bytes: a shared bucket's bound must hold one"
+                ),
+            ));
+        }
         // a shared bucket's index is its leader's, in the coordination
         let cap = bound
             .filter(|_| !cfg.shared)
@@ -109,11 +119,12 @@ impl ObjTier {
                     )
                 };
                 Some(Arc::new(crate::shared::Coord::new(
-                    id,
+                    &id,
                     dir,
                     cfg.shared_lease(),
                     bytes,
                     cfg.low_watermark,
+                    block_size,
                 )))
             }
             None => None,
@@ -181,9 +192,11 @@ impl ObjTier {
         // each object is recorded as it lands: reported even if the job is dropped
         let published = EventBatch::new(inner.events.clone(), false);
         let published = &published;
+        // a shared bucket's stores wait for credit up to one deadline for the whole job
+        let credit_deadline = crate::shared::Coord::credit_deadline();
         let results: Vec<(BlockKey, Result<bool>)> = futures::stream::iter(job.blocks)
             .map(|(k, src)| async move {
-                let r = inner.store_block(k, src, published).await;
+                let r = inner.store_block(k, src, published, credit_deadline).await;
                 (k, r)
             })
             .buffer_unordered(inner.io_threads)
@@ -224,6 +237,9 @@ impl ObjTier {
 impl Drop for ObjTier {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::SeqCst);
+        if let Some(c) = &self.shared.coord {
+            c.close();
+        }
     }
 }
 
@@ -347,6 +363,9 @@ impl SecondaryTier for ObjTier {
     /// delete batch, within a request deadline; past that it is aborted) and awaits them.
     async fn shutdown(&self) -> Result<()> {
         self.shared.closed.store(true, Ordering::SeqCst);
+        if let Some(c) = &self.shared.coord {
+            c.close();
+        }
         let mut set = std::mem::take(&mut *lock(&self.sweeps));
         let started = Instant::now();
         let drained = tokio::time::timeout(self.shared.request_deadline, async {

@@ -273,7 +273,8 @@ pub fn kill_the_leader(
     );
     let killed: u64 = owner
         .strip_prefix("child-")
-        .and_then(|n| n.parse().ok())
+        // `child-<n>`, or a member of instance `child-<n>`: `child-<n>.<suffix>`
+        .and_then(|n| n.split('.').next()?.parse().ok())
         .unwrap_or_else(|| panic!("lease owner {owner:?}"));
     children[killed as usize].kill().unwrap();
     let killed_at = Instant::now();

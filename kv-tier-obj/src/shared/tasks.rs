@@ -39,8 +39,19 @@ struct Member {
     /// Its heartbeat's version and when that was first seen.
     beat: Option<(String, Instant)>,
     alive: bool,
-    /// When it was found dead (forgotten a retention later, its journal read by then).
+    /// When it was found dead (its journal is not read a retention later; its ledger is
+    /// kept, so one that comes back is granted on from what it holds).
     died: Option<Instant>,
+    /// Its block size (its first record).
+    block: u64,
+    /// The grant last written for it, and when.
+    written: Option<(u64, Instant)>,
+    /// Since when its next batch has been missing (a batch lost: skipped a lease later).
+    missing_since: Option<Instant>,
+    /// It said it shut down: gone as soon as its heartbeat is.
+    exited: bool,
+    /// When a batch of its journal was last applied (a sign of life as good as a heartbeat).
+    last_batch: Option<Instant>,
 }
 
 /// The leader's work state (the lease itself is the lease task's).
@@ -61,6 +72,9 @@ struct Held {
     beat: u64,
     renewed: Instant,
 }
+
+/// [`Watch::version`] of a lease found missing.
+const MISSING: &str = "\0missing";
 
 /// What the follower side last saw of the lease.
 struct Watch {
@@ -89,7 +103,10 @@ pub(crate) async fn run(c: Arc<Coord>, sh: Arc<Shared>) {
                 .request_unbounded(sh.store.put(&p, PutPayload::from(beat.to_string())))
                 .await
             {
-                Ok(_) => beat_at = now,
+                Ok(_) => {
+                    beat_at = now;
+                    lock(&c.w).spend_until = Some(now + c.lease);
+                }
                 Err(e) => c.error("heartbeat", &err(&sh, e)),
             }
         }
@@ -106,6 +123,7 @@ pub(crate) async fn run(c: Arc<Coord>, sh: Arc<Shared>) {
         read_grant(&c, &sh).await;
         tokio::time::sleep(c.tick).await;
     }
+    lock(&c.w).records.push_str("X\n");
     flush(&c, &sh).await;
     let _ = lease.await;
     let _ = sh
@@ -177,7 +195,15 @@ async fn flush(c: &Coord, sh: &Shared) {
         if w.unsent.is_none() && !w.records.is_empty() {
             let seq = w.next_seq;
             w.next_seq += 1;
-            let text = std::mem::take(&mut w.records);
+            let mut text = std::mem::take(&mut w.records);
+            // what it spent of its grant in all, last (its stores above included): a leader
+            // that missed a batch still knows what was spent
+            if !w.grant_owner.is_empty() {
+                text.push_str(&format!(
+                    "C {} {} {}\n",
+                    w.grant_epoch, w.grant_owner, w.consumed
+                ));
+            }
             w.unsent = Some((seq, text));
         }
         w.unsent.clone()
@@ -212,8 +238,11 @@ async fn read_lease(c: &Coord, sh: &Shared) -> std::result::Result<Option<Lease>
         Ok((bytes, version)) => {
             let text = String::from_utf8_lossy(&bytes);
             let mut it = text.split_whitespace();
-            let epoch = it.next().and_then(|e| e.parse().ok()).unwrap_or(0);
-            let owner = it.next().unwrap_or("-").to_string();
+            // a lease that does not parse is held by someone unknown (`?`), not released
+            let (epoch, owner) = match (it.next().map(str::parse::<u64>), it.next()) {
+                (Some(Ok(e)), Some(o)) => (e, o.to_string()),
+                _ => (0, "?".to_string()),
+            };
             Ok(Some(Lease {
                 epoch,
                 owner,
@@ -259,7 +288,10 @@ async fn lease_step(c: &Coord, sh: &Shared, held: Option<Held>, watch: &mut Watc
             c.leading.store(false, Ordering::SeqCst);
             return None;
         }
-        lock(&c.w).lease_epoch = h.epoch;
+        let mut w = lock(&c.w);
+        w.lease_epoch = h.epoch;
+        w.lease_owner.clone_from(&c.id);
+        drop(w);
         return Some(h);
     }
     let seen = match read_lease(c, sh).await {
@@ -269,12 +301,29 @@ async fn lease_step(c: &Coord, sh: &Shared, held: Option<Held>, watch: &mut Watc
             return None;
         }
     };
+    // a claim goes above every epoch this instance has seen (a lease deleted or garbled
+    // after epochs climbed never brings an old epoch back)
+    let above = c.epoch_seen.load(Ordering::Relaxed);
     let (epoch, mode) = match &seen {
-        // none (a fresh bucket, or a lease deleted): above every epoch seen here
-        None => (c.epoch_seen.load(Ordering::Relaxed) + 1, PutMode::Create),
+        // none: a fresh bucket (claimed at once by an instance that never saw a lease), or a
+        // lease deleted under a leader that may live (claimed once it stayed missing for a
+        // whole period: that leader stops at its next renewal)
+        None => {
+            if watch.version.as_deref() != Some(MISSING) {
+                watch.version = Some(MISSING.to_string());
+                watch.since = now;
+            }
+            if above > 0 && now - watch.since < c.lease {
+                return None;
+            }
+            (above + 1, PutMode::Create)
+        }
         Some(l) => {
-            c.epoch_seen.store(l.epoch, Ordering::Relaxed);
-            lock(&c.w).lease_epoch = l.epoch;
+            c.epoch_seen.fetch_max(l.epoch, Ordering::Relaxed);
+            let mut w = lock(&c.w);
+            w.lease_epoch = l.epoch;
+            w.lease_owner.clone_from(&l.owner);
+            drop(w);
             let tag = l.version.e_tag.clone();
             if watch.version != tag {
                 watch.version = tag;
@@ -284,7 +333,7 @@ async fn lease_step(c: &Coord, sh: &Shared, held: Option<Held>, watch: &mut Watc
             if !expired {
                 return None;
             }
-            (l.epoch + 1, PutMode::Update(l.version.clone()))
+            (above.max(l.epoch) + 1, PutMode::Update(l.version.clone()))
         }
     };
     let body = format!("{epoch} {} 0", c.id);
@@ -298,8 +347,11 @@ async fn lease_step(c: &Coord, sh: &Shared, held: Option<Held>, watch: &mut Watc
         Ok(r) => {
             tracing::info!(instance = %c.id, epoch, "shared bucket: took the lease");
             c.counters.takeovers.fetch_add(1, Ordering::Relaxed);
-            c.epoch_seen.store(epoch, Ordering::Relaxed);
-            lock(&c.w).lease_epoch = epoch;
+            c.epoch_seen.fetch_max(epoch, Ordering::Relaxed);
+            let mut w = lock(&c.w);
+            w.lease_epoch = epoch;
+            w.lease_owner.clone_from(&c.id);
+            drop(w);
             c.lead_epoch.store(epoch, Ordering::SeqCst);
             c.leading.store(true, Ordering::SeqCst);
             Some(Held {
@@ -464,8 +516,12 @@ async fn scan_members(c: &Coord, sh: &Shared, l: &mut Leading, now: Instant) {
         let stale = m
             .beat
             .as_ref()
-            .is_some_and(|(_, t)| now - *t >= c.lease * 2);
-        if m.alive && (gone || stale) {
+            .is_some_and(|(_, t)| now - *t >= c.lease * 2)
+            && m.last_batch.is_none_or(|t| now - t >= c.lease * 2);
+        // gone: its heartbeat deleted after its last batch said it shut down, or unchanged
+        // (or missing) for two periods: it has not spent credit for a period since (it spends
+        // only within a period of its last heartbeat that landed)
+        if m.alive && ((gone && m.exited) || stale) {
             m.alive = false;
             m.died = Some(now);
             tracing::info!(instance = %c.id, member = %id, "shared bucket: a member is gone; its credit is void");
@@ -475,25 +531,41 @@ async fn scan_members(c: &Coord, sh: &Shared, l: &mut Leading, now: Instant) {
             }
         }
     }
-    let forget = retention(c);
-    l.members
-        .retain(|_, m| m.died.is_none_or(|t| now - t < forget));
 }
 
 /// Applies the journals' new batches, in order per member: a GET of each member's next
 /// batches, the members at once (no LIST, but once per member to find where its journal
 /// starts).
 async fn tail(c: &Coord, sh: &Shared, l: &mut Leading) {
+    let now = Instant::now();
+    let retired = retention(c);
     let fetches = l
         .members
         .iter()
-        .map(|(id, m)| fetch_batches(c, sh, id, m.next_seq));
+        .filter(|(_, m)| m.alive || m.died.is_some_and(|t| now - t < retired))
+        .map(|(id, m)| {
+            // its next batch missing for a lease while it lives: look past it
+            let skip = m.alive && m.missing_since.is_some_and(|t| now - t >= c.lease);
+            fetch_batches(c, sh, id, m.next_seq, skip)
+        });
     let fetched = futures::future::join_all(fetches).await;
     let now = Instant::now();
     for (id, next, batches) in fetched {
         let Some(m) = l.members.get_mut(&id) else {
             continue;
         };
+        if batches.is_empty() {
+            m.missing_since.get_or_insert(now);
+        } else {
+            m.missing_since = None;
+            m.last_batch = Some(now);
+            if !m.alive && !m.exited {
+                // it writes: it lives (its heartbeats were lost); its ledger counts again
+                tracing::info!(instance = %c.id, member = %id, "shared bucket: a member thought gone writes again");
+                m.alive = true;
+                m.died = None;
+            }
+        }
         for (path, bytes) in batches {
             apply(c, l.epoch, m, &String::from_utf8_lossy(&bytes));
             l.applied.push((path, now));
@@ -504,31 +576,43 @@ async fn tail(c: &Coord, sh: &Shared, l: &mut Leading) {
     }
 }
 
-/// Member `id`'s batches from `next` on (found by a LIST when `None`), in order, as far as
-/// they have landed; and the next batch to read.
+/// Member `id`'s batches from `next` on, in order, as far as they have landed; and the
+/// next batch to read. Where its journal starts (`next` `None`), or what follows a batch
+/// missing for a lease (`skip`), a LIST of its journal says: the oldest batch left (a leader
+/// deletes batches only after applying them, oldest first), none yet: its first.
 async fn fetch_batches(
     c: &Coord,
     sh: &Shared,
     id: &str,
     next: Option<u64>,
+    skip: bool,
 ) -> (String, Option<u64>, Vec<(ObjPath, bytes::Bytes)>) {
     let mut out = Vec::new();
     let mut next = match next {
-        Some(n) => n,
-        None => {
-            // where its journal starts: the oldest batch left (a leader deletes batches only
-            // after applying them, oldest first); none yet: its first
+        Some(n) if !skip => n,
+        _ => {
             let prefix = c.path(&format!("journal/{id}"));
             match sh
                 .request_unbounded(sh.store.list_with_delimiter(Some(&prefix)))
                 .await
             {
-                Ok(r) => r
-                    .objects
-                    .iter()
-                    .filter_map(|o| o.location.filename()?.parse::<u64>().ok())
-                    .min()
-                    .unwrap_or(0),
+                Ok(r) => {
+                    let from = next.unwrap_or(0);
+                    let first = r
+                        .objects
+                        .iter()
+                        .filter_map(|o| o.location.filename()?.parse::<u64>().ok())
+                        .filter(|s| *s >= from)
+                        .min();
+                    match (next, first) {
+                        (Some(n), Some(f)) if f > n => {
+                            tracing::warn!(instance = %c.id, member = %id, missing = f - n, "shared bucket: journal batches missing; skipped (the credit they spent is in the next batch's total)");
+                            f
+                        }
+                        (Some(n), _) => n,
+                        (None, f) => f.unwrap_or(0),
+                    }
+                }
                 Err(e) => {
                     c.error("listing a journal", &err(sh, e));
                     return (id.to_string(), None, out);
@@ -558,9 +642,9 @@ fn apply(c: &Coord, epoch: u64, m: &mut Member, text: &str) {
     let now = Instant::now();
     for line in text.lines() {
         match Record::parse(line) {
-            Some(Record::Store(k, bytes, credit_epoch)) => {
-                // credit of an earlier leader is not this one's to account
-                if credit_epoch == epoch {
+            Some(Record::Store(k, bytes, credit_epoch, leader)) => {
+                // credit of another leader is not this one's to account
+                if credit_epoch == epoch && leader == c.id {
                     m.consumed += bytes;
                 }
                 m.pending.insert(k, bytes);
@@ -576,6 +660,13 @@ fn apply(c: &Coord, epoch: u64, m: &mut Member, text: &str) {
             Some(Record::Read(k)) => {
                 c.index.lock().touch(&k);
                 lock(&c.read_seen).insert(k, now);
+            }
+            Some(Record::Block(bytes)) => m.block = bytes,
+            Some(Record::Exit) => m.exited = true,
+            Some(Record::Consumed(credit_epoch, leader, total)) => {
+                if credit_epoch == epoch && leader == c.id {
+                    m.consumed = m.consumed.max(total);
+                }
             }
             None if line.is_empty() => {}
             None => {
@@ -602,30 +693,45 @@ async fn grant(c: &Coord, sh: &Shared, l: &mut Leading) {
     // even shares of the room, and no member holds more than its part of an eighth of the
     // bound unspent (credit held by a slow writer is room the others cannot use)
     let n = alive.len() as u64;
-    let share = (ceiling - committed) / n;
-    let most = c.index.cap / 8 / n;
+    let share = ceiling.saturating_sub(committed) / n;
+    let now = Instant::now();
     let mut puts = Vec::new();
     for id in alive {
         let m = l.members.get_mut(&id).expect("listed above");
+        // two of its blocks at least, whatever the bound
+        let most = (c.index.cap / 8 / n).max(2 * m.block);
         let unspent = m.granted.saturating_sub(m.consumed);
         let more = share.min(most.saturating_sub(unspent));
-        if more == 0 {
-            continue;
-        }
         // counted before the PUT: one that lands unseen is credit the member may spend
         m.granted += more;
+        // written when it grew, when the last write failed, and once a lease anyway (a grant
+        // object deleted or garbled is written again)
+        let due = match m.written {
+            Some((g, at)) => g != m.granted || now - at >= c.lease,
+            None => m.granted > 0,
+        };
+        if !due {
+            continue;
+        }
+        let granted = m.granted;
         let p = c.path(&format!("grants/{id}"));
-        let body = format!("{} {}", l.epoch, m.granted);
+        let body = format!("{} {} {granted}", l.epoch, c.id);
         puts.push(async move {
-            if let Err(e) = sh
+            let r = sh
                 .request_unbounded(sh.store.put(&p, PutPayload::from(body)))
-                .await
-            {
+                .await;
+            let ok = r.is_ok();
+            if let Err(e) = r {
                 c.error("writing a grant", &err(sh, e));
             }
+            (id, granted, ok)
         });
     }
-    futures::future::join_all(puts).await;
+    for (id, granted, ok) in futures::future::join_all(puts).await {
+        if let Some(m) = l.members.get_mut(&id) {
+            m.written = ok.then_some((granted, now));
+        }
+    }
     publish_outside(c, l);
 }
 
@@ -645,20 +751,21 @@ async fn read_grant(c: &Coord, sh: &Shared) {
     };
     let text = String::from_utf8_lossy(&bytes);
     let mut it = text.split_whitespace();
-    let (Some(Ok(epoch)), Some(Ok(granted))) = (
+    let (Some(Ok(epoch)), Some(owner), Some(Ok(granted))) = (
         it.next().map(str::parse::<u64>),
+        it.next(),
         it.next().map(str::parse::<u64>),
     ) else {
         return;
     };
     let more = {
         let mut w = lock(&c.w);
-        if epoch == w.grant_epoch {
+        if epoch == w.grant_epoch && owner == w.grant_owner {
             w.granted = w.granted.max(granted);
-        } else if epoch == w.lease_epoch {
-            // the grant of the leader whose lease it last read (after a lease lost and
-            // claimed again from epoch 1 too): its credit from zero
+        } else if epoch == w.lease_epoch && owner == w.lease_owner {
+            // the grant of the leader whose lease it last read: its credit from zero
             w.grant_epoch = epoch;
+            w.grant_owner = owner.to_string();
             w.granted = granted;
             w.consumed = 0;
         }
