@@ -21,7 +21,7 @@
 //!   `B <bytes>` its block size (first), `P <key> <bytes> <epoch> <leader>` a store spending
 //!   credit of that leader, `D <key> <1|0|?>` that store's end (written, not written, not
 //!   known: a cancelled or timed-out PUT), `R <key>` a load (at most once per key per
-//!   quarter period), `X` its shutdown (last), and at the end of every batch
+//!   quarter period; a batch holding one is sent within a quarter tick), `X` its shutdown (last), and at the end of every batch
 //!   `C <epoch> <leader> <bytes>`, the credit of that leader it has spent in all.
 //! - `grants/<member>`: `<epoch> <leader> <granted>`: the credit (cumulative bytes) that
 //!   leader granted it, rewritten when it grows, when a write failed, and once a period.
@@ -110,6 +110,8 @@ struct Writer {
     consumed: u64,
     /// When each key's read was last journaled.
     reads: FxHashMap<BlockKey, Instant>,
+    /// `records` holds a read: sent within a quarter tick, not at the next tick.
+    reads_unsent: bool,
 }
 
 impl Writer {
@@ -367,6 +369,7 @@ impl Coord {
             return;
         }
         w.reads.insert(key, now);
+        w.reads_unsent = true;
         let _ = writeln!(w.records, "R {}", encode_key(&key));
     }
 

@@ -90,11 +90,25 @@ pub(crate) async fn run(c: Arc<Coord>, sh: Arc<Shared>) {
     let mut leading: Option<Leading> = None;
     let mut beat_at = Instant::now() - c.lease;
     let mut beat = 0u64;
+    let mut full_at = Instant::now() - c.tick;
     loop {
         if sh.closed.load(Ordering::SeqCst) {
             break;
         }
         let now = Instant::now();
+        if now - full_at < c.tick {
+            // between ticks, a quarter tick apart: reads reach the leader sooner (the
+            // members send batches holding reads, the leader reads the journals)
+            if lock(&c.w).reads_unsent {
+                flush(&c, &sh).await;
+            }
+            if let Some(l) = leading.as_mut().filter(|l| l.seeded && c.is_leader()) {
+                tail(&c, &sh, l).await;
+            }
+            tokio::time::sleep(c.tick / 4).await;
+            continue;
+        }
+        full_at = now;
         flush(&c, &sh).await;
         if now - beat_at >= c.lease / 4 {
             beat += 1;
@@ -121,7 +135,7 @@ pub(crate) async fn run(c: Arc<Coord>, sh: Arc<Shared>) {
             lead_tick(&c, &sh, l).await;
         }
         read_grant(&c, &sh).await;
-        tokio::time::sleep(c.tick).await;
+        tokio::time::sleep(c.tick / 4).await;
     }
     lock(&c.w).records.push_str("X\n");
     flush(&c, &sh).await;
@@ -195,6 +209,7 @@ async fn flush(c: &Coord, sh: &Shared) {
         if w.unsent.is_none() && !w.records.is_empty() {
             let seq = w.next_seq;
             w.next_seq += 1;
+            w.reads_unsent = false;
             let mut text = std::mem::take(&mut w.records);
             // what it spent of its grant in all, last (its stores above included): a leader
             // that missed a batch still knows what was spent
