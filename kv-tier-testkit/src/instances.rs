@@ -125,7 +125,7 @@ pub fn new_key(child: u64, seq: u64) -> BlockKey {
 }
 
 /// Runs instance `child` of `instances` on `tier` until `end`: stores its hot keys (retrying
-/// until it has credit), then [`WRITERS`] writers of new 16-block jobs, a reader of keys any
+/// until it has credit), then three writers of new 16-block jobs, a reader of keys any
 /// instance wrote lately (each key once per job) and the hot keys, its own and its
 /// neighbour's, read every `pace.hot_every`.
 pub async fn run_instance(
