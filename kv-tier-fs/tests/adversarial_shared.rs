@@ -167,7 +167,19 @@ async fn deleted_follower_journal_does_not_break_the_bound() {
     let (ok, _) = store_many(&b, 1, 0, 4 * CAP / BS as u64).await;
     assert!(ok > 2 * CAP / BS as u64, "b stored too little: {ok}");
     let granted_before = b.stats().shared.unwrap().granted_bytes;
-    std::fs::remove_file(coord_dir(&root).join("journal/b")).unwrap();
+    // b's journal as it is now: `b`, or `b.r<n>` if b was taken for dead on a loaded machine
+    // and joined again (the newest)
+    let current = std::fs::read_dir(coord_dir(&root).join("journal"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n == "b" || n.starts_with("b.r")
+        })
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .expect("b has a journal")
+        .path();
+    std::fs::remove_file(current).unwrap();
     tokio::time::sleep(Duration::from_secs_f64(LEASE_S)).await;
     let (ok2, ns2) = store_many(&b, 2, 0, 4 * CAP / BS as u64).await;
     tokio::time::sleep(Duration::from_secs(2)).await;

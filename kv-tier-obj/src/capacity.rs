@@ -59,6 +59,11 @@ impl CapIndex {
         self.lru.bytes()
     }
 
+    /// The logical clock: every tick an entry holds is at most this.
+    pub(crate) fn clock(&self) -> u64 {
+        self.clock
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.lru.len()
     }
@@ -144,6 +149,9 @@ pub(crate) struct Cap {
     /// Bytes committed outside the index, counted with it against the bound (a shared
     /// bucket's leader: stores in flight and credit granted but not spent); 0 otherwise.
     pub(crate) outside: std::sync::atomic::AtomicU64,
+    /// Room wanted beyond the bound's (a shared bucket's member waiting for credit that
+    /// the room left cannot give): the sweep makes it.
+    pub(crate) demand: std::sync::atomic::AtomicU64,
 }
 
 /// What one decision step chose.
@@ -170,11 +178,13 @@ impl Cap {
             deleted: Notify::new(),
             sweeping: tokio::sync::Mutex::new(()),
             outside: std::sync::atomic::AtomicU64::new(0),
+            demand: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
     fn outside(&self) -> u64 {
         self.outside.load(std::sync::atomic::Ordering::Relaxed)
+            + self.demand.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, CapIndex> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use futures::{StreamExt, TryStreamExt};
-use kv_tier_core::Result;
+use kv_tier_core::{BlockKey, Result};
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjPath;
 
@@ -137,6 +137,33 @@ impl Shared {
     /// Seeds `cap` (see [`Shared::seed_index`]).
     pub(crate) async fn seed_cap(&self, cap: &crate::capacity::Cap) -> Result<()> {
         let inner = self;
+        let snapshot = inner.recency_path();
+        let (mut found, snapshot_time) = self.list_rank().await?;
+        // the recency the last shutdown saved, if any (touches are not in the objects' ages)
+        let order = match snapshot_time {
+            Some(at) => match inner
+                .request(async { inner.store.get(&snapshot).await?.bytes().await })
+                .await
+            {
+                Ok(bytes) => crate::capacity::decode_recency(&bytes).map(|pos| (pos, at)),
+                Err(e) => {
+                    tracing::warn!(tier = %inner.name, error = %inner.err("GET recency", e), "the recency snapshot is unreadable; objects are ordered by age");
+                    None
+                }
+            },
+            None => None,
+        };
+        if let Some((pos, at)) = order {
+            found = crate::capacity::order_by_snapshot(found, &pos, at);
+        }
+        cap.seed(found);
+        Ok(())
+    }
+
+    /// Every block object of the rank (`(last modified, key, size)`), and when the recency
+    /// snapshot was saved if there is one: a whole LIST, or an error.
+    pub(crate) async fn list_rank(&self) -> Result<(Vec<(u64, BlockKey, u64)>, Option<u64>)> {
+        let inner = self;
         let prefix = inner.rank_prefix();
         let snapshot = inner.recency_path();
         let mut listing = inner.store.list(Some(&prefix));
@@ -158,25 +185,7 @@ impl Shared {
                 Err(e) => return Err(inner.err("LIST", e)),
             }
         }
-        // the recency the last shutdown saved, if any (touches are not in the objects' ages)
-        let order = match snapshot_time {
-            Some(at) => match inner
-                .request(async { inner.store.get(&snapshot).await?.bytes().await })
-                .await
-            {
-                Ok(bytes) => crate::capacity::decode_recency(&bytes).map(|pos| (pos, at)),
-                Err(e) => {
-                    tracing::warn!(tier = %inner.name, error = %inner.err("GET recency", e), "the recency snapshot is unreadable; objects are ordered by age");
-                    None
-                }
-            },
-            None => None,
-        };
-        if let Some((pos, at)) = order {
-            found = crate::capacity::order_by_snapshot(found, &pos, at);
-        }
-        cap.seed(found);
-        Ok(())
+        Ok((found, snapshot_time))
     }
 
     /// Saves the bounded index's recency order (touches included) for the next open.

@@ -21,7 +21,8 @@
 //!   `B <bytes>` its block size (first), `P <key> <bytes> <epoch> <leader>` a store spending
 //!   credit of that leader, `D <key> <1|0|?>` that store's end (written, not written, not
 //!   known: a cancelled or timed-out PUT), `R <key>` a load (at most once per key per
-//!   quarter period; a batch holding one is sent within a quarter tick), `X` its shutdown (last), and at the end of every batch
+//!   quarter period; a batch holding one is sent within a quarter tick), `W` a store waiting
+//!   for credit (sent as soon), `X` its shutdown (last), and at the end of every batch
 //!   `C <epoch> <leader> <bytes>`, the credit of that leader it has spent in all.
 //! - `grants/<member>`: `<epoch> <leader> <granted>`: the credit (cumulative bytes) that
 //!   leader granted it, rewritten when it grows, when a write failed, and once a period.
@@ -77,6 +78,10 @@ pub(crate) struct Coord {
     pub(crate) index: Cap,
     /// Keys any instance read lately, by when the leader saw the read.
     read_seen: Mutex<FxHashMap<BlockKey, Instant>>,
+    /// Keys whose store's end is not known (`D ... ?`: a PUT that timed out may land later
+    /// still), by when the leader saw it: not deleted for a while (a delete that found
+    /// nothing before the PUT landed would leave the object uncounted).
+    doubtful: Mutex<FxHashMap<BlockKey, Instant>>,
     leading: AtomicBool,
     /// The tier closed (see [`Coord::close`]).
     closed: AtomicBool,
@@ -110,7 +115,7 @@ struct Writer {
     consumed: u64,
     /// When each key's read was last journaled.
     reads: FxHashMap<BlockKey, Instant>,
-    /// `records` holds a read: sent within a quarter tick, not at the next tick.
+    /// `records` holds a read or a request for credit: sent within a quarter tick.
     reads_unsent: bool,
 }
 
@@ -193,6 +198,8 @@ enum Record {
     Consumed(u64, String, u64),
     /// The writer shut down (its last batch).
     Exit,
+    /// The writer has a store waiting for credit.
+    Want,
 }
 
 impl Record {
@@ -201,6 +208,7 @@ impl Record {
         let kind = it.next()?;
         match kind {
             "X" => return it.next().is_none().then_some(Record::Exit),
+            "W" => return it.next().is_none().then_some(Record::Want),
             "B" => {
                 let r = Record::Block(it.next()?.parse().ok()?);
                 return it.next().is_none().then_some(r);
@@ -266,6 +274,7 @@ impl Coord {
             credit: Notify::new(),
             index: Cap::new(cap, low),
             read_seen: Mutex::new(FxHashMap::default()),
+            doubtful: Mutex::new(FxHashMap::default()),
             leading: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             lead_epoch: AtomicU64::new(0),
@@ -344,6 +353,12 @@ impl Coord {
             if !waited {
                 waited = true;
                 self.counters.credit_waits.fetch_add(1, Ordering::Relaxed);
+                // the leader grants to members that ask (sent within a quarter tick)
+                let mut w = lock(&self.w);
+                if w.records.len() < MAX_UNSENT {
+                    w.records.push_str("W\n");
+                    w.reads_unsent = true;
+                }
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 self.counters.no_credit.fetch_add(1, Ordering::Relaxed);
@@ -388,6 +403,7 @@ mod tests {
         let k = kv_tier_core::BlockKey::from_hash32([7; 32], 3);
         for (line, r) in [
             ("X", Record::Exit),
+            ("W", Record::Want),
             ("B 4096", Record::Block(4096)),
             ("C 3 a.0f 8192", Record::Consumed(3, "a.0f".into(), 8192)),
         ] {

@@ -24,6 +24,7 @@ const CEILING: f64 = 1.05;
 struct Lease {
     epoch: u64,
     owner: String,
+    beat: u64,
     version: UpdateVersion,
 }
 
@@ -52,6 +53,9 @@ struct Member {
     exited: bool,
     /// When a batch of its journal was last applied (a sign of life as good as a heartbeat).
     last_batch: Option<Instant>,
+    /// When it last said it waited for credit (`W`), and last spent some (`P`).
+    wanted_at: Option<Instant>,
+    spent_at: Option<Instant>,
 }
 
 /// The leader's work state (the lease itself is the lease task's).
@@ -61,6 +65,10 @@ struct Leading {
     /// Applied batches, deleted once older than [`retention`].
     applied: Vec<(ObjPath, Instant)>,
     ticks: u32,
+    /// Rotates which member a grant smaller than everyone's block goes to first.
+    turn: usize,
+    /// When its index was last mended by a LIST.
+    reconciled: Instant,
     /// Whether its index holds every object (a whole LIST made since it took the lease).
     seeded: bool,
 }
@@ -258,9 +266,11 @@ async fn read_lease(c: &Coord, sh: &Shared) -> std::result::Result<Option<Lease>
                 (Some(Ok(e)), Some(o)) => (e, o.to_string()),
                 _ => (0, "?".to_string()),
             };
+            let beat = it.next().and_then(|b| b.parse().ok()).unwrap_or(0);
             Ok(Some(Lease {
                 epoch,
                 owner,
+                beat,
                 version,
             }))
         }
@@ -274,7 +284,10 @@ async fn read_lease(c: &Coord, sh: &Shared) -> std::result::Result<Option<Lease>
 async fn lease_step(c: &Coord, sh: &Shared, held: Option<Held>, watch: &mut Watch) -> Option<Held> {
     let now = Instant::now();
     if let Some(mut h) = held {
-        if now - h.renewed >= c.lease / 4 {
+        // a renewal whose reply was lost may have landed: the lease then still names this
+        // member at its epoch, under a version it does not know; it adopts it and renews again
+        let mut adopted = false;
+        while now - h.renewed >= c.lease / 4 {
             let body = format!("{} {} {}", h.epoch, c.id, h.beat + 1);
             let opts = PutOptions::from(PutMode::Update(h.version.clone()));
             match sh
@@ -290,12 +303,23 @@ async fn lease_step(c: &Coord, sh: &Shared, held: Option<Held>, watch: &mut Watc
                     };
                 }
                 Err(ReqError::Store(object_store::Error::Precondition { .. })) => {
-                    tracing::warn!(instance = %c.id, epoch = h.epoch, "shared bucket: the lease was taken; stepping down");
-                    c.leading.store(false, Ordering::SeqCst);
-                    return None;
+                    match read_lease(c, sh).await {
+                        Ok(Some(l)) if !adopted && l.owner == c.id && l.epoch == h.epoch => {
+                            adopted = true;
+                            h.version = l.version;
+                            h.beat = l.beat;
+                            continue;
+                        }
+                        _ => {
+                            tracing::warn!(instance = %c.id, epoch = h.epoch, "shared bucket: the lease was taken; stepping down");
+                            c.leading.store(false, Ordering::SeqCst);
+                            return None;
+                        }
+                    }
                 }
                 Err(e) => c.error("renewing the lease", &err(sh, e)),
             }
+            break;
         }
         // the others take it after a whole period unchanged: stop well before
         if Instant::now() - h.renewed >= c.lease * 3 / 4 {
@@ -332,6 +356,11 @@ async fn lease_step(c: &Coord, sh: &Shared, held: Option<Held>, watch: &mut Watc
                 return None;
             }
             (above + 1, PutMode::Create)
+        }
+        // this member's own (a take or renewal that landed, its reply lost): renewed at once
+        Some(l) if l.owner == c.id => {
+            c.epoch_seen.fetch_max(l.epoch, Ordering::Relaxed);
+            (l.epoch, PutMode::Update(l.version.clone()))
         }
         Some(l) => {
             c.epoch_seen.fetch_max(l.epoch, Ordering::Relaxed);
@@ -397,6 +426,8 @@ async fn take_over(c: &Coord, _sh: &Shared, epoch: u64) -> Leading {
         members: FxHashMap::default(),
         applied: Vec::new(),
         ticks: 0,
+        turn: 0,
+        reconciled: Instant::now(),
         seeded: false,
     }
 }
@@ -445,10 +476,18 @@ async fn lead_tick(c: &Coord, sh: &Shared, l: &mut Leading) {
     tail(c, sh, l).await;
     let keep_for = c.lease;
     lock(&c.read_seen).retain(|_, t| now - *t < keep_for);
+    let doubt_for = reconcile_every(c);
+    lock(&c.doubtful).retain(|_, t| now - *t < doubt_for);
     publish_outside(c, l);
+    publish_demand(c, l, now);
+    if now - l.reconciled >= reconcile_every(c) {
+        reconcile(c, sh, l).await;
+        l.reconciled = Instant::now();
+    }
     if c.index.over() {
         let read_seen = lock(&c.read_seen).clone();
-        let keep = |k: &BlockKey| read_seen.contains_key(k);
+        let doubtful = lock(&c.doubtful).clone();
+        let keep = |k: &BlockKey| read_seen.contains_key(k) || doubtful.contains_key(k);
         let n = sh.sweep_cap(&c.index, &keep, true).await;
         c.counters.evicted.fetch_add(n as u64, Ordering::Relaxed);
     }
@@ -468,6 +507,77 @@ async fn lead_tick(c: &Coord, sh: &Shared, l: &mut Leading) {
             let _ = sh.request_unbounded(sh.store.delete(&p)).await;
         }
     }
+}
+
+/// How often the leader LISTs the objects to mend its index: every 8 periods.
+fn reconcile_every(c: &Coord) -> Duration {
+    c.lease * 8
+}
+
+/// Mends the index with a LIST: an object it does not count (a PUT that landed after its
+/// deadline and after a delete of its key found nothing, a lost journal batch) is counted
+/// from now (as the most recently used), and one it counts that the LIST did not find (and
+/// was not stored or used since the LIST began, is not being stored, and did not end in
+/// doubt) is dropped.
+async fn reconcile(c: &Coord, sh: &Shared, l: &Leading) {
+    let began = c.index.lock().clock();
+    let found = match sh.list_rank().await {
+        Ok((found, _)) => found,
+        Err(e) => {
+            c.error("listing the objects to mend the index", &e);
+            return;
+        }
+    };
+    let pending: rustc_hash::FxHashSet<BlockKey> = l
+        .members
+        .values()
+        .flat_map(|m| m.pending.keys().copied())
+        .collect();
+    let listed: rustc_hash::FxHashSet<BlockKey> = found.iter().map(|(_, k, _)| *k).collect();
+    // a key whose store's end is not known may land yet: it stays counted
+    let doubtful = lock(&c.doubtful).clone();
+    let (mut added, mut dropped) = (0u64, 0u64);
+    let mut idx = c.index.lock();
+    for (_, k, size) in &found {
+        if idx.tick_of(k).is_none() && !idx.is_deleting(k) && !pending.contains(k) {
+            idx.insert(*k, *size);
+            added += 1;
+        }
+    }
+    for k in idx.keys_by_recency() {
+        if !listed.contains(&k)
+            && !pending.contains(&k)
+            && !doubtful.contains_key(&k)
+            && idx.tick_of(&k).is_some_and(|t| t <= began)
+        {
+            idx.remove(&k);
+            dropped += 1;
+        }
+    }
+    drop(idx);
+    if added + dropped > 0 {
+        tracing::info!(instance = %c.id, added, dropped, "shared bucket: the index mended by a listing");
+    }
+}
+
+/// The room a member waiting for credit needs and the room left cannot give (its block, the
+/// largest such): the sweep frees it (a bound of a few blocks, full, and a member asking).
+fn publish_demand(c: &Coord, l: &Leading, now: Instant) {
+    let ceiling = (c.index.cap as f64 * CEILING) as u64;
+    let room = ceiling.saturating_sub(c.global_bytes.load(Ordering::Relaxed));
+    let demand = l
+        .members
+        .values()
+        .filter(|m| {
+            m.alive
+                && m.wanted_at.is_some_and(|t| now - t < c.lease)
+                && m.granted.saturating_sub(m.consumed) < m.block
+        })
+        .map(|m| m.block)
+        .max()
+        .filter(|b| *b > room)
+        .unwrap_or(0);
+    c.index.demand.store(demand, Ordering::Relaxed);
 }
 
 /// Stores in flight and credit not spent: counted with the index against the bound.
@@ -662,9 +772,13 @@ fn apply(c: &Coord, epoch: u64, m: &mut Member, text: &str) {
                 if credit_epoch == epoch && leader == c.id {
                     m.consumed += bytes;
                 }
+                m.spent_at = Some(now);
                 m.pending.insert(k, bytes);
             }
             Some(Record::Done(k, outcome)) => {
+                if outcome == b'?' {
+                    lock(&c.doubtful).insert(k, now);
+                }
                 let size = m.pending.remove(&k);
                 if outcome != b'0'
                     && let Some(size) = size
@@ -678,6 +792,7 @@ fn apply(c: &Coord, epoch: u64, m: &mut Member, text: &str) {
             }
             Some(Record::Block(bytes)) => m.block = bytes,
             Some(Record::Exit) => m.exited = true,
+            Some(Record::Want) => m.wanted_at = Some(now),
             Some(Record::Consumed(credit_epoch, leader, total)) => {
                 if credit_epoch == epoch && leader == c.id {
                     m.consumed = m.consumed.max(total);
@@ -696,29 +811,49 @@ async fn grant(c: &Coord, sh: &Shared, l: &mut Leading) {
     publish_outside(c, l);
     let ceiling = (c.index.cap as f64 * CEILING) as u64;
     let committed = c.global_bytes.load(Ordering::Relaxed);
-    let alive: Vec<String> = l
+    let now = Instant::now();
+    // credit goes to the members that use it: that stored or asked for credit within a
+    // period (an idle member's unspent credit is room the others cannot use)
+    let mut wanting: Vec<String> = l
         .members
         .iter()
-        .filter(|(_, m)| m.alive)
+        .filter(|(_, m)| {
+            m.alive
+                && [m.wanted_at, m.spent_at]
+                    .iter()
+                    .any(|t| t.is_some_and(|t| now - t < c.lease))
+        })
         .map(|(id, _)| id.clone())
         .collect();
-    if alive.is_empty() || committed >= ceiling {
-        return;
+    wanting.sort_unstable();
+    let mut room = ceiling.saturating_sub(committed);
+    if !wanting.is_empty() && room > 0 {
+        // even shares in whole blocks, no member holding more than its part of an eighth of
+        // the bound (or two of its blocks) unspent; a share smaller than a block goes a
+        // block at a time, to the members in turn from a rotating start
+        let n = wanting.len() as u64;
+        let share = room / n;
+        l.turn = l.turn.wrapping_add(1);
+        let start = l.turn % wanting.len();
+        wanting.rotate_left(start);
+        for id in &wanting {
+            let m = l.members.get_mut(id).expect("listed above");
+            let block = m.block.max(1);
+            let most = (c.index.cap / 8 / n).max(2 * block);
+            let unspent = m.granted.saturating_sub(m.consumed);
+            let mut more = share.min(most.saturating_sub(unspent));
+            more -= more % block;
+            if more == 0 && unspent < block && room >= block {
+                more = block;
+            }
+            let more = more.min(room);
+            room -= more;
+            // counted before the PUT: one that lands unseen is credit the member may spend
+            m.granted += more;
+        }
     }
-    // even shares of the room, and no member holds more than its part of an eighth of the
-    // bound unspent (credit held by a slow writer is room the others cannot use)
-    let n = alive.len() as u64;
-    let share = ceiling.saturating_sub(committed) / n;
-    let now = Instant::now();
     let mut puts = Vec::new();
-    for id in alive {
-        let m = l.members.get_mut(&id).expect("listed above");
-        // two of its blocks at least, whatever the bound
-        let most = (c.index.cap / 8 / n).max(2 * m.block);
-        let unspent = m.granted.saturating_sub(m.consumed);
-        let more = share.min(most.saturating_sub(unspent));
-        // counted before the PUT: one that lands unseen is credit the member may spend
-        m.granted += more;
+    for (id, m) in l.members.iter().filter(|(_, m)| m.alive) {
         // written when it grew, when the last write failed, and once a lease anyway (a grant
         // object deleted or garbled is written again)
         let due = match m.written {
@@ -731,6 +866,7 @@ async fn grant(c: &Coord, sh: &Shared, l: &mut Leading) {
         let granted = m.granted;
         let p = c.path(&format!("grants/{id}"));
         let body = format!("{} {} {granted}", l.epoch, c.id);
+        let id = id.clone();
         puts.push(async move {
             let r = sh
                 .request_unbounded(sh.store.put(&p, PutPayload::from(body)))
