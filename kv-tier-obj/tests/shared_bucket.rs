@@ -3,7 +3,7 @@
 //! bytes served, keys read by any instance never deleted, and the leader lease taken over
 //! after the leader is killed with SIGKILL. Plus the shared mode's refusals.
 //!
-//! `KV_TIER_SHARED_SECS` sets the four-process run's length (default 30 s).
+//! `KV_TIER_SHARED_SECS` sets the four-process run's length (default 60 s, as the fs test).
 
 mod common;
 
@@ -116,7 +116,7 @@ fn block_bytes(dir: &Path) -> u64 {
     total
 }
 
-/// 4 processes on one bucket for `KV_TIER_SHARED_SECS` (30) seconds of stores and loads as
+/// 4 processes on one bucket for `KV_TIER_SHARED_SECS` (60) seconds of stores and loads as
 /// fast as the server takes them: the rank's block objects never exceed 1.10x the global
 /// bound, no wrong byte is served, no key read by any instance within a lease period is
 /// deleted (hot keys, read every 30 ms by their writer and its neighbour, never miss), and
@@ -127,7 +127,7 @@ fn four_processes_share_one_bucket_bound_and_survive_the_leaders_death() {
     let secs: f64 = std::env::var("KV_TIER_SHARED_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(30.0);
+        .unwrap_or(60.0);
     let dir = kv_tier_testkit::temp_root();
     let root = dir.path().join("s3");
     // the server runs on its own runtime, beside the children
