@@ -50,6 +50,8 @@ use tokio::sync::Notify;
 use crate::capacity::Cap;
 use crate::stats::{SharedCounters, SharedStats};
 
+mod leader;
+mod lease;
 pub(crate) mod tasks;
 
 /// Locks `m`, whatever a panicking holder left (every critical section here leaves its state
