@@ -11,12 +11,19 @@
 //! - `raw@J`: the same on as many threads as jobs in flight;
 //! - `vllm`: vLLM's C++ fs path as vLLM drives it: one thread per 16-block job, per block
 //!   `access`, `stat` x2, `mkdir`, `open`, `write`, `close`, `link`, `unlink` to store and
-//!   `open` (O_DIRECT), `read`, `close` to load.
+//!   `open` (O_DIRECT), `read`, `close` to load;
+//! - `uring` (loads only, of raw@T's files): io_uring with each block a linked `OPENAT` (into a
+//!   direct descriptor), `READ`, `CLOSE` chain, a job's 16 chains submitted together and J
+//!   jobs in flight, one thread submitting and reaping: opens overlapped with reads, with as
+//!   many blocks in flight as the jobs hold and no thread pool (what an io_uring load path in
+//!   the tier could do at best).
 //!
 //! Every case ends with a line `summary block=<bytes> jobs=<n> store_vs_raw=<r>
 //! load_vs_raw=<r> store_vs_vllm=<r> load_vs_vllm=<r>`: same-run median ratios of the tier's
-//! GB/s to raw@T's and vllm's; and a `detail` line with the tier against `stream@T` and
-//! `raw@J`. Then `summary syscalls store=<n> load=<n>`: file syscalls per
+//! GB/s to raw@T's and vllm's; and a `detail` line with the tier against `stream@T`, `raw@J`
+//! and `uring`, `uring` against raw@T, and the ceiling of the vLLM ratio: `stream@T` (the
+//! disk at the tier's thread count with no job ever waiting for its slowest block) against
+//! vllm. Then `summary syscalls store=<n> load=<n>`: file syscalls per
 //! block of the tier, counted under `strace -f -c` (the bench runs itself as the child).
 //!
 //! `cargo bench -p kv-tier-fs --bench fs_fair` (directory: `KV_TIER_BENCH_DIR`, default the
@@ -27,6 +34,7 @@ use common::{settle, tier_load, tier_store};
 
 use std::collections::HashSet;
 use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -79,6 +87,8 @@ struct Figures {
     stream_t: Vec<f64>,
     raw_j: Vec<f64>,
     vllm: Vec<f64>,
+    /// Loads only.
+    uring: Vec<f64>,
 }
 
 fn run_case(
@@ -152,11 +162,11 @@ fn run_case(
                 _ => w.vllm.push(g(vllm_store(&vllm, &ns, &keys, &srcs, jobs))),
             }
         }
-        for k in 0..N {
+        for k in 0..N + 1 {
             drop_caches();
             let g = |d: Duration| gb / d.as_secs_f64();
             let raw = |d: &Path, drive| direct_load(d, &ns, &keys, &cpu, drive, 1);
-            match (k + round) % N {
+            match (k + round) % (N + 1) {
                 0 => r
                     .tier
                     .push(g(tier_load(rt, &tier, &cpu, &keys, JOB_BLOCKS, jobs))),
@@ -167,6 +177,7 @@ fn run_case(
                     .stream_t
                     .push(g(raw(&stream_t, Drive::Stream(TIER_THREADS)))),
                 3 => r.raw_j.push(g(raw(&raw_j, Drive::Stream(jobs)))),
+                4 => r.uring.push(g(uring_load(&raw_t, &ns, &keys, &cpu, jobs))),
                 _ => r.vllm.push(g(direct_load(
                     &vllm,
                     &ns,
@@ -187,14 +198,19 @@ fn run_case(
     }
     let show = |name: &str, f: &Figures| {
         println!(
-            "{:>4} KiB {:>2} job(s) {name:<5}: tier {} | raw@{TIER_THREADS} {} | stream@{TIER_THREADS} {} | raw@{jobs} {} | vllm {}",
+            "{:>4} KiB {:>2} job(s) {name:<5}: tier {} | raw@{TIER_THREADS} {} | stream@{TIER_THREADS} {} | raw@{jobs} {} | vllm {}{}",
             bs >> 10,
             jobs,
             span(&f.tier),
             span(&f.raw_t),
             span(&f.stream_t),
             span(&f.raw_j),
-            span(&f.vllm)
+            span(&f.vllm),
+            if f.uring.is_empty() {
+                String::new()
+            } else {
+                format!(" | uring {}", span(&f.uring))
+            }
         );
     };
     show("store", &w);
@@ -202,7 +218,7 @@ fn run_case(
     let ratio = |a: &[f64], b: &[f64]| median(a.iter().zip(b).map(|(x, y)| x / y).collect());
     format!(
         "summary block={bs} jobs={jobs} store_vs_raw={:.2} load_vs_raw={:.2} store_vs_vllm={:.2} load_vs_vllm={:.2}\n\
-         detail block={bs} jobs={jobs} store_vs_stream={:.2} load_vs_stream={:.2} store_vs_raw_at_jobs={:.2} load_vs_raw_at_jobs={:.2}",
+         detail block={bs} jobs={jobs} store_vs_stream={:.2} load_vs_stream={:.2} store_vs_raw_at_jobs={:.2} load_vs_raw_at_jobs={:.2} load_vs_uring={:.2} uring_vs_raw={:.2} ceiling_store_stream_vs_vllm={:.2} ceiling_load_stream_vs_vllm={:.2}",
         ratio(&w.tier, &w.raw_t),
         ratio(&r.tier, &r.raw_t),
         ratio(&w.tier, &w.vllm),
@@ -211,6 +227,10 @@ fn run_case(
         ratio(&r.tier, &r.stream_t),
         ratio(&w.tier, &w.raw_j),
         ratio(&r.tier, &r.raw_j),
+        ratio(&r.tier, &r.uring),
+        ratio(&r.uring, &r.raw_t),
+        ratio(&w.stream_t, &w.vllm),
+        ratio(&r.stream_t, &r.vllm),
     )
 }
 
@@ -388,6 +408,110 @@ fn direct_load(
         }
     });
     drop(slots);
+    cpu.complete_store(keys, false);
+    took
+}
+
+/// io_uring loads of every block into the DRAM tier's slots: per block a linked `OPENAT`
+/// (O_DIRECT, into a direct descriptor: no file table entry), `READ`, `CLOSE`; a job's chains
+/// submitted together, `jobs` jobs in flight, the next job submitted when one has completed;
+/// one thread submits and reaps. Every open and close must succeed and every read be whole.
+fn uring_load(
+    root: &Path,
+    ns: &Namespace,
+    keys: &[BlockKey],
+    cpu: &CpuTier,
+    jobs: usize,
+) -> Duration {
+    use io_uring::{IoUring, opcode, squeue::Flags, types};
+    use std::os::unix::ffi::OsStrExt;
+    let mut sinks: Vec<kv_tier_core::BlockSink> = dram_slots(cpu, keys)
+        .into_iter()
+        .map(|m| m.into_inner().unwrap())
+        .collect();
+    let bs = sinks[0].len();
+    let paths: Vec<std::ffi::CString> = keys
+        .iter()
+        .map(|k| {
+            std::ffi::CString::new(std::ffi::OsStr::new(&ns.block_rel_path(k)).as_bytes()).unwrap()
+        })
+        .collect();
+    let dir = std::fs::File::open(root).unwrap();
+    let n_jobs = keys.len().div_ceil(JOB_BLOCKS);
+    let lanes = jobs.min(n_jobs);
+    let mut ring = IoUring::new((lanes * JOB_BLOCKS * 3).next_power_of_two() as u32).unwrap();
+    ring.submitter()
+        .register_files_sparse((lanes * JOB_BLOCKS) as u32)
+        .unwrap();
+    // user data: lane << 32 | op << 24 | block index (op: 0 open, 1 read, 2 close)
+    let mut submit = |ring: &mut IoUring, lane: usize, j: usize| -> usize {
+        let blocks = j * JOB_BLOCKS..((j + 1) * JOB_BLOCKS).min(keys.len());
+        let n = blocks.len();
+        for (k, i) in blocks.enumerate() {
+            let slot = (lane * JOB_BLOCKS + k) as u32;
+            let ud = |op: u64| (lane as u64) << 32 | op << 24 | i as u64;
+            let open = opcode::OpenAt::new(types::Fd(dir.as_raw_fd()), paths[i].as_ptr())
+                .flags(libc::O_RDONLY | libc::O_DIRECT)
+                .file_index(Some(
+                    types::DestinationSlot::try_from_slot_target(slot).unwrap(),
+                ))
+                .build()
+                .flags(Flags::IO_LINK)
+                .user_data(ud(0));
+            let buf = sinks[i].as_mut_slice().as_mut_ptr();
+            let read = opcode::Read::new(types::Fixed(slot), buf, bs as u32)
+                .offset(0)
+                .build()
+                .flags(Flags::IO_LINK)
+                .user_data(ud(1));
+            let close = opcode::Close::new(types::Fixed(slot))
+                .build()
+                .user_data(ud(2));
+            // SAFETY: the path and the buffer outlive the operations (this function waits for
+            // every completion before it returns), and the ring has room for every operation
+            // in flight (three per block of `lanes` jobs).
+            unsafe {
+                let mut sq = ring.submission();
+                sq.push(&open).unwrap();
+                sq.push(&read).unwrap();
+                sq.push(&close).unwrap();
+            }
+        }
+        3 * n
+    };
+    let t = Instant::now();
+    let mut left = vec![0usize; lanes];
+    let mut next = 0;
+    for (lane, l) in left.iter_mut().enumerate() {
+        *l = submit(&mut ring, lane, next);
+        next += 1;
+    }
+    let mut running = lanes;
+    while running > 0 {
+        ring.submit_and_wait(1).unwrap();
+        let done: Vec<(u64, i32)> = ring
+            .completion()
+            .map(|c| (c.user_data(), c.result()))
+            .collect();
+        for (ud, res) in done {
+            let (lane, op, i) = ((ud >> 32) as usize, (ud >> 24) & 0xff, ud & 0xff_ffff);
+            match op {
+                1 => assert_eq!(res, bs as i32, "io_uring read of block {i}"),
+                _ => assert!(res >= 0, "io_uring op {op} of block {i}: {res}"),
+            }
+            left[lane] -= 1;
+            if left[lane] == 0 {
+                if next < n_jobs {
+                    left[lane] = submit(&mut ring, lane, next);
+                    next += 1;
+                } else {
+                    running -= 1;
+                }
+            }
+        }
+    }
+    let took = t.elapsed();
+    drop(sinks);
     cpu.complete_store(keys, false);
     took
 }
