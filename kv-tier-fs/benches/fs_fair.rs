@@ -21,13 +21,14 @@
 //! Every case ends with a line `summary block=<bytes> jobs=<n> store_vs_raw=<r>
 //! load_vs_raw=<r> store_vs_vllm=<r> load_vs_vllm=<r>`: same-run median ratios of the tier's
 //! GB/s to raw@T's and vllm's; and a `detail` line with the tier against `stream@T`, `raw@J`
-//! and `uring`, `uring` against raw@T, and the ceiling of the vLLM ratio: `stream@T` (the
-//! disk at the tier's thread count with no job ever waiting for its slowest block) against
-//! vllm. Then `summary syscalls store=<n> load=<n>`: file syscalls per
+//! and `uring`, `uring` against raw@T, and the ceilings of the vLLM ratio: raw@T (plain I/O
+//! driven in jobs as the tier is) and `stream@T` (the disk at the tier's thread count with no
+//! job ever waiting for its slowest block) against vllm. Then `summary syscalls store=<n> load=<n>`: file syscalls per
 //! block of the tier, counted under `strace -f -c` (the bench runs itself as the child).
 //!
 //! `cargo bench -p kv-tier-fs --bench fs_fair` (directory: `KV_TIER_BENCH_DIR`, default the
-//! system temp dir; rounds: `KV_TIER_BENCH_ROUNDS`, default 5).
+//! system temp dir; rounds: `KV_TIER_BENCH_ROUNDS`, default 5; only some cases:
+//! `KV_TIER_FAIR_CASES=262144x1,2097152x16`, block bytes x jobs in flight).
 
 mod common;
 use common::{settle, tier_load, tier_store};
@@ -67,9 +68,17 @@ fn main() {
             "NOT dropped (not root)"
         }
     );
+    // `KV_TIER_FAIR_CASES=262144x1,2097152x16`: only those cases (block bytes x jobs)
+    let only = std::env::var("KV_TIER_FAIR_CASES").ok();
     let mut summaries = Vec::new();
     for (block, n) in [(256usize << 10, 512usize), (2 << 20, 128)] {
         for jobs in [1usize, 4, 16] {
+            if only
+                .as_deref()
+                .is_some_and(|o| !o.split(',').any(|c| c.trim() == format!("{block}x{jobs}")))
+            {
+                continue;
+            }
             summaries.push(run_case(&rt, dir.path(), block, n, jobs, rounds));
         }
     }
@@ -218,7 +227,7 @@ fn run_case(
     let ratio = |a: &[f64], b: &[f64]| median(a.iter().zip(b).map(|(x, y)| x / y).collect());
     format!(
         "summary block={bs} jobs={jobs} store_vs_raw={:.2} load_vs_raw={:.2} store_vs_vllm={:.2} load_vs_vllm={:.2}\n\
-         detail block={bs} jobs={jobs} store_vs_stream={:.2} load_vs_stream={:.2} store_vs_raw_at_jobs={:.2} load_vs_raw_at_jobs={:.2} load_vs_uring={:.2} uring_vs_raw={:.2} ceiling_store_stream_vs_vllm={:.2} ceiling_load_stream_vs_vllm={:.2}",
+         detail block={bs} jobs={jobs} store_vs_stream={:.2} load_vs_stream={:.2} store_vs_raw_at_jobs={:.2} load_vs_raw_at_jobs={:.2} load_vs_uring={:.2} uring_vs_raw={:.2} raw_vs_vllm store={:.2} load={:.2} stream_vs_vllm store={:.2} load={:.2}",
         ratio(&w.tier, &w.raw_t),
         ratio(&r.tier, &r.raw_t),
         ratio(&w.tier, &w.vllm),
@@ -229,6 +238,8 @@ fn run_case(
         ratio(&r.tier, &r.raw_j),
         ratio(&r.tier, &r.uring),
         ratio(&r.uring, &r.raw_t),
+        ratio(&w.raw_t, &w.vllm),
+        ratio(&r.raw_t, &r.vllm),
         ratio(&w.stream_t, &w.vllm),
         ratio(&r.stream_t, &r.vllm),
     )
