@@ -75,43 +75,8 @@ pub(crate) struct Shared {
     pub(crate) stamped: std::sync::Mutex<StampMemo>,
     pub(crate) events: Arc<EventLog>,
     pub(crate) gc: Option<Arc<Gc>>,
-    /// The rank directory, open: loads open their block relative to it.
-    pub(crate) rank_dir: RankDir,
     /// A shared root's coordination (`shared: true`).
     pub(crate) coord: Option<Arc<crate::shared::Coord>>,
-}
-
-/// The rank directory as an open descriptor (`O_PATH`): a load opens
-/// `<hex[0..3]>/<hex[3..5]>_g<group>/<hex>.bin` relative to it, so the kernel walks three
-/// components instead of the root's whole path. Where the directory was removed under the
-/// tier (and made again by the next store), the descriptor is stale: a load that misses
-/// checks that (one `fstat`, misses only) and opens the directory again.
-pub(crate) struct RankDir {
-    path: PathBuf,
-    fd: RwLock<Arc<std::os::fd::OwnedFd>>,
-}
-
-impl RankDir {
-    pub(crate) fn open(path: PathBuf) -> io::Result<Self> {
-        let fd = crate::file::open_dir_path(&path)?;
-        Ok(Self {
-            path,
-            fd: RwLock::new(Arc::new(fd)),
-        })
-    }
-
-    /// Opens the block at `rel` (relative to the rank directory) for reading.
-    pub(crate) fn open_block(&self, rel: &str, direct: bool) -> io::Result<std::fs::File> {
-        let fd = self.fd.read().expect("rank dir").clone();
-        match crate::file::open_read_at(&fd, rel, direct) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound && crate::file::is_removed_dir(&fd) => {
-                let fresh = Arc::new(crate::file::open_dir_path(&self.path)?);
-                *self.fd.write().expect("rank dir") = fresh.clone();
-                crate::file::open_read_at(&fresh, rel, direct)
-            }
-            r => r,
-        }
-    }
 }
 
 /// Which leaf directories (`<hex[0..3]>/<hex[3..5]>_g<group>`) are known to exist, one bit

@@ -4,7 +4,7 @@
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
@@ -21,50 +21,25 @@ fn cstr(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
-/// Opens a block file (`rel`, relative to the directory `dir`) for reading, never through a
-/// symbolic link (`ELOOP`): a link at a block's path is damage, not a block. `O_NONBLOCK`:
-/// a FIFO at the path must not block the open (it changes nothing for the reads of a
-/// regular file).
-pub(crate) fn open_read_at(dir: &OwnedFd, rel: &str, direct: bool) -> io::Result<File> {
-    let c = CString::new(rel).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+/// Opens a block file for reading, by its whole path (so a rank directory moved away or a
+/// link to it retargeted under a running tier is never read from again: a descriptor of the
+/// directory, held open, would still read the old one; and it measured no faster on cold
+/// loads), never through a symbolic link at the block's own path (`ELOOP`): a link there is
+/// damage, not a block. `O_NONBLOCK`: a FIFO at the path must not block the open (it changes
+/// nothing for the reads of a regular file).
+pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<File> {
+    let c = cstr(path)?;
     let mut flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK;
     if direct {
         flags |= libc::O_DIRECT;
     }
-    // SAFETY: a valid directory descriptor and NUL-terminated relative path; the returned
-    // descriptor is owned by the File.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags) };
+    // SAFETY: a NUL-terminated path; the returned descriptor is owned by the File.
+    let fd = unsafe { libc::open(c.as_ptr(), flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` was just opened and is owned by nobody else.
     Ok(unsafe { File::from_raw_fd(fd) })
-}
-
-/// Opens a directory as an `O_PATH` descriptor (for `*at` calls relative to it).
-pub(crate) fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
-    let c = cstr(path)?;
-    // SAFETY: a valid NUL-terminated path; the returned descriptor is owned by the OwnedFd.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Whether the directory open at `dir` has been removed (no links left).
-pub(crate) fn is_removed_dir(dir: &OwnedFd) -> bool {
-    // SAFETY: zeroed is a valid `stat`; fstat fills it for a valid descriptor.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid descriptor and a `stat` to fill.
-    let rc = unsafe { libc::fstat(dir.as_raw_fd(), &mut st) };
-    rc == 0 && st.st_nlink == 0
 }
 
 /// Opens an unnamed temp file in `dir` (`O_TMPFILE`), mode 0644: invisible until
@@ -482,8 +457,7 @@ mod tests {
             let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
             std::fs::write(&p, &data).unwrap();
             for direct in [false, true] {
-                let d = open_dir_path(dir.path()).unwrap();
-                let f = open_read_at(&d, &format!("f{len}"), direct).unwrap();
+                let f = open_read(&dir.path().join(format!("f{len}")), direct).unwrap();
                 let mut buf = kv_tier_core::AlignedBuf::zeroed(bs);
                 let mut tail = kv_tier_core::AlignedBuf::zeroed(512);
                 let n = match read_sized(&f, buf.as_mut_slice(), tail.as_mut_slice()) {

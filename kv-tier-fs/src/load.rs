@@ -134,10 +134,10 @@ impl Shared {
         let path = self.ns.block_path(&self.root, key);
         // the index entry this load may find gone (see `remove_damaged`)
         let seq = self.gc.as_ref().and_then(|gc| gc.seq_of(key));
-        let f = match self.fault(FsOp::OpenRead, &path).and_then(|()| {
-            self.rank_dir
-                .open_block(&rank_rel(&self.ns, key), self.direct)
-        }) {
+        let f = match self
+            .fault(FsOp::OpenRead, &path)
+            .and_then(|()| file::open_read(&path, self.direct))
+        {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if let (Some(gc), Some(seq)) = (&self.gc, seq) {
@@ -264,14 +264,6 @@ impl Shared {
         }
         Ok(())
     }
-}
-
-/// `key`'s path relative to the rank directory.
-fn rank_rel(ns: &kv_tier_core::Namespace, key: &BlockKey) -> String {
-    let mut rel = ns.block_rel_path(key);
-    let cut = rel.find('/').map_or(0, |i| i + 1);
-    rel.drain(..cut);
-    rel
 }
 
 /// Runs `f` with this thread's scratch tail for [`file::read_sized`]: one aligned logical

@@ -189,8 +189,6 @@ impl FsTier {
             stamped: std::sync::Mutex::new(Default::default()),
             events,
             gc,
-            rank_dir: crate::block::RankDir::open(rank_dir.clone())
-                .map_err(|e| Error::io("open", &rank_dir, e))?,
             coord,
         });
         let tmp_age = Duration::from_secs(cfg.tmp_reap_age_s);

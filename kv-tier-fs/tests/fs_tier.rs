@@ -202,10 +202,8 @@ async fn a_long_file_is_deleted_and_reported_with_or_without_o_direct() {
     }
 }
 
-/// Loads open their block relative to the rank directory's descriptor: where the whole
-/// root is removed under a running tier (an operator's `rm -rf`), the blocks stored after are
-/// found again (the stale descriptor is noticed and the directory opened anew), not missed
-/// for good; and the ones removed are misses.
+/// Where the whole root is removed under a running tier (an operator's `rm -rf`), the blocks
+/// stored after are found again, not missed for good; and the ones removed are misses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_stored_after_the_root_was_removed_are_found_again() {
     let root = temp_root();
