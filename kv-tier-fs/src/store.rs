@@ -28,9 +28,10 @@ impl Drop for TmpGuard<'_> {
 }
 
 impl Shared {
-    /// Writes one block: temp file with O_EXCL, publish without replacing, so the first
-    /// writer wins with no look at the path first (a new block costs `openat`, `pwrite`,
-    /// `close`, `renameat2`). When the publish finds a file there, that file is looked at:
+    /// Writes one block: an unnamed (`O_TMPFILE`) or `O_EXCL` temp file, published without
+    /// replacing, so the first writer wins with no look at the path first (a new block costs
+    /// `openat`, `pwrite`, `linkat`, `close`; with a named temp file `renameat2` instead of
+    /// `linkat`). When the publish finds a file there, that file is looked at:
     /// a regular block (with a checksum, when they are required) stands and the store is a
     /// skip; damage (a directory, a link, a file without the required checksum) is removed,
     /// reported, and the block written once more. `Ok(true)` when this call published it.
