@@ -20,8 +20,8 @@ pub(crate) fn check(file: &Path, json: bool) -> Outcome {
     let result = effective(&text);
     if json {
         print_json(&match &result {
-            Ok(eff) => json!({"file": file, "ok": true, "effective": eff}),
-            Err(e) => json!({"file": file, "ok": false, "error": e}),
+            Ok(eff) => json!({"file": file.to_string_lossy(), "ok": true, "effective": eff}),
+            Err(e) => json!({"file": file.to_string_lossy(), "ok": false, "error": e}),
         });
         return Ok(result.is_ok());
     }

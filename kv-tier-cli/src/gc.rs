@@ -68,7 +68,7 @@ pub(crate) fn run(
             );
         }
         listed.push(json!({
-            "path": b.path,
+            "path": b.path.to_string_lossy(),
             "key": b.key.map(|k| k.to_string()),
             "allocated_bytes": b.allocated,
             "age_s": age,
@@ -77,7 +77,7 @@ pub(crate) fn run(
     }
     let would_free: u64 = victims.iter().map(|b| b.allocated).sum();
     let report: Value = json!({
-        "root": root,
+        "root": root.to_string_lossy(),
         "allocated_bytes": total,
         "cap_bytes": cap,
         "target_bytes": target,

@@ -75,7 +75,7 @@ fn rank_json(r: &Rank, now: SystemTime) -> Value {
     let file_bytes: u64 = s.blocks.iter().map(|b| b.allocated).sum();
     json!({
         "rank": r.rank,
-        "path": r.path,
+        "path": r.path.to_string_lossy(),
         "blocks": s.blocks.len(),
         "block_sizes": sizes,
         "file_bytes": file_bytes,
@@ -106,14 +106,14 @@ pub(crate) fn report(root: &Path) -> Result<Value, String> {
             .collect();
         nss.push(json!({
             "name": nsd.name,
-            "path": nsd.path,
+            "path": nsd.path.to_string_lossy(),
             "config": nsd.fields,
             "config_error": nsd.config_error,
             "ranks": ranks,
         }));
     }
     Ok(json!({
-        "root": root,
+        "root": root.to_string_lossy(),
         "namespaces": nss,
         "blocks": blocks,
         "allocated_bytes": allocated,

@@ -48,8 +48,9 @@ enum Command {
         /// Removes the damaged blocks (a load would refuse them; the next store rewrites them)
         #[arg(long)]
         repair: bool,
-        /// The block size [default: per rank directory, the size most of its blocks have]
-        #[arg(long, value_name = "BYTES")]
+        /// The block size, 1 byte to 1 GiB [default: per rank directory, the size most of its
+        /// blocks have]
+        #[arg(long, value_name = "BYTES", value_parser = block_bytes)]
         block_size: Option<u64>,
         /// One JSON document on stdout
         #[arg(long)]
@@ -103,6 +104,18 @@ fn gib(v: &str) -> Result<f64, String> {
     let x: f64 = v.parse().map_err(|e| format!("not a number ({e})"))?;
     if !(x.is_finite() && x > 0.0) {
         return Err(format!("must be positive, got {x}"));
+    }
+    Ok(x)
+}
+
+/// A block size: 1 byte to the largest a manager takes (1 GiB).
+fn block_bytes(v: &str) -> Result<u64, String> {
+    let x: u64 = v
+        .parse()
+        .map_err(|e| format!("not a number of bytes ({e})"))?;
+    let max = kv_tier::core::config::MAX_BLOCK_SIZE;
+    if !(1..=max).contains(&x) {
+        return Err(format!("must be between 1 and {max} bytes, got {x}"));
     }
     Ok(x)
 }

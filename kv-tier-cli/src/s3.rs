@@ -19,8 +19,9 @@ pub(crate) struct Args {
     /// The address to listen on
     #[arg(long, value_name = "IP", default_value = "127.0.0.1")]
     host: std::net::IpAddr,
-    /// The bucket created at start
-    #[arg(long, value_name = "NAME", default_value = BUCKET)]
+    /// The bucket created at start (a subdirectory of DIR: letters, digits, '.', '_' and '-',
+    /// beginning and ending with a letter or digit)
+    #[arg(long, value_name = "NAME", default_value = BUCKET, value_parser = bucket)]
     bucket: String,
     /// The access key requests must be signed with
     #[arg(long, value_name = "KEY", default_value = AK)]
@@ -28,6 +29,13 @@ pub(crate) struct Args {
     /// The secret key requests must be signed with
     #[arg(long, value_name = "KEY", default_value = SK)]
     secret_key: String,
+}
+
+/// A bucket name the obj tier takes, which is also a plain subdirectory of the root (never
+/// `..`, a path or empty).
+fn bucket(v: &str) -> Result<String, String> {
+    kv_tier::obj::check_bucket(v).map_err(|e| e.to_string())?;
+    Ok(v.to_string())
 }
 
 pub(crate) fn run(a: Args) -> Outcome {

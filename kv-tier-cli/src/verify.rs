@@ -57,7 +57,7 @@ pub(crate) fn run(root: &Path, repair: bool, block_size: Option<u64>, json: bool
                     Health::Verified => verified += 1,
                     Health::Unchecked => unchecked += 1,
                     Health::Unreadable(e) => {
-                        unreadable.push(json!({"path": b.path, "error": e}));
+                        unreadable.push(json!({"path": b.path.to_string_lossy(), "error": e}));
                     }
                     _ => {
                         let reason = match &health {
@@ -84,7 +84,7 @@ pub(crate) fn run(root: &Path, repair: bool, block_size: Option<u64>, json: bool
                             None
                         };
                         damaged.push(json!({
-                            "path": b.path,
+                            "path": b.path.to_string_lossy(),
                             "key": b.key.map(|k| k.to_string()),
                             "reason": reason,
                             "removed": removed,
@@ -97,7 +97,7 @@ pub(crate) fn run(root: &Path, repair: bool, block_size: Option<u64>, json: bool
     bar.finish_and_clear();
     let left = damaged.iter().filter(|d| d["removed"] != true).count();
     let report = json!({
-        "root": root,
+        "root": root.to_string_lossy(),
         "checked": total,
         "verified": verified,
         "unchecked": unchecked,

@@ -41,3 +41,143 @@ fn join_path(a: &str, b: &str) -> String {
         _ => format!("{a}.{b}"),
     }
 }
+
+/// Marks a parse error with the JSON path where it happened (see [`parse_strict`]).
+const AT: &str = "kv-tier-json-path `";
+
+/// Parses `text` as one JSON value whose objects hold each key once (serde_json keeps the
+/// last of a repeated key, silently: `{"a": -1, "a": 1}` would pass a check of the second).
+/// Errors name the path of the value: a repeated key, a number out of range (`1e309`), a
+/// syntax error inside a value.
+pub fn parse_strict(text: &str) -> Result<Value> {
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let parsed = Strict("")
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v));
+    parsed.map_err(|e| {
+        let msg = e.to_string();
+        match msg.strip_prefix(AT).and_then(|r| r.split_once("`: ")) {
+            Some((path, reason)) => Error::config(path, format!("not valid JSON: {reason}")),
+            None => Error::config("", format!("not valid JSON: {msg}")),
+        }
+    })
+}
+
+/// A [`Value`] deserialised with its path, refusing repeated keys.
+struct Strict<'a>(&'a str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// `e` marked with `path`, unless a value inside it marked it already.
+fn at_path<E: serde::de::Error>(e: E, path: &str) -> E {
+    let msg = e.to_string();
+    if msg.starts_with(AT) {
+        e
+    } else {
+        E::custom(format!("{AT}{path}`: {msg}"))
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Strict<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> std::result::Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        let mut out = Vec::new();
+        loop {
+            let path = format!("{}[{}]", self.0, out.len());
+            match seq.next_element_seed(Strict(&path)) {
+                Ok(Some(v)) => out.push(v),
+                Ok(None) => return Ok(Value::Array(out)),
+                Err(e) => return Err(at_path(e, &path)),
+            }
+        }
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        use serde::de::Error as _;
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>().map_err(|e| at_path(e, self.0))? {
+            let path = join_path(self.0, &key);
+            if out.contains_key(&key) {
+                return Err(A::Error::custom(format!(
+                    "{AT}{path}`: the key is given twice (each key of an object once)"
+                )));
+            }
+            let v = map
+                .next_value_seed(Strict(&path))
+                .map_err(|e| at_path(e, &path))?;
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+#[cfg(test)]
+mod strict_tests {
+    use super::*;
+
+    fn field(text: &str) -> (String, String) {
+        match parse_strict(text) {
+            Err(Error::InvalidConfig { field, reason }) => (field, reason),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn repeated_keys_and_bad_numbers_name_their_path() {
+        assert_eq!(
+            parse_strict(r#"{"a": [1, {"b": 2.5}], "c": null}"#).unwrap(),
+            serde_json::json!({"a": [1, {"b": 2.5}], "c": null})
+        );
+        let (f, r) = field(r#"{"a": 1, "a": 2}"#);
+        assert_eq!(f, "a");
+        assert!(r.contains("twice"), "{r}");
+        assert_eq!(field(r#"{"t": [{"x": 0}, {"x": 1, "x": 1}]}"#).0, "t[1].x");
+        let (f, r) = field(r#"{"t": [{"n": 1e309}]}"#);
+        assert_eq!(f, "t[0].n");
+        assert!(r.contains("out of range"), "{r}");
+        assert_eq!(field(r#"{"a": 1} x"#).0, "");
+        assert_eq!(field(r#"{"a": tru}"#).0, "a");
+    }
+}

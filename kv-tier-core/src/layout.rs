@@ -34,6 +34,28 @@ fn vllm() -> String {
     "vllm".into()
 }
 
+/// The largest value of each number of the run fields: tokens per hash and per group block
+/// 1 to 2^20 (1,048,576), blocks per file 1 to 65,536 (vLLM's `blocks_per_chunk`), each
+/// parallel size 1 to 65,536. Beyond them a config (or a `config.json`) is refused, naming the
+/// field.
+pub const LAYOUT_RANGES: [(&str, u64, u64); 7] = [
+    ("tokens_per_hash", 1, 1 << 20),
+    ("blocks_per_file", 1, 65_536),
+    ("tp_size", 1, 65_536),
+    ("pp_size", 1, 65_536),
+    ("pcp_size", 1, 65_536),
+    ("dcp_size", 1, 65_536),
+    ("tokens_per_block", 1, 1 << 20),
+];
+
+/// [`LAYOUT_RANGES`]' maximum of `field`.
+fn layout_max(field: &str) -> u64 {
+    LAYOUT_RANGES
+        .iter()
+        .find(|r| r.0 == field)
+        .map_or(u64::MAX, |r| r.2)
+}
+
 /// The run fields: what a block means. Blocks of different run fields are never mixed.
 ///
 /// Deserializes from the `config.json` form, where `parallel_agnostic` is present only when
@@ -265,6 +287,22 @@ impl RunFields {
         ] {
             if v == 0 {
                 return Err(Error::config(at(name), "must be positive"));
+            }
+            let max = layout_max(name);
+            if v > max {
+                return Err(Error::config(
+                    at(name),
+                    format!("must be between 1 and {max}, got {v}"),
+                ));
+            }
+        }
+        for (i, g) in self.kv_cache_groups.iter().enumerate() {
+            let max = layout_max("tokens_per_block");
+            if !(1..=max).contains(&g.tokens_per_block) {
+                return Err(Error::config(
+                    at(&format!("kv_cache_groups[{i}].tokens_per_block")),
+                    format!("must be between 1 and {max}, got {}", g.tokens_per_block),
+                ));
             }
         }
         Ok(())

@@ -27,7 +27,7 @@ pub use config::{EvictionPolicy, KvTierConfig, TierSpec};
 pub use error::{Error, Result};
 pub use event::{BoundedEvents, EventBatch, EventLog, EventSettings, Locality, Medium, TierEvent};
 pub use key::{BlockKey, InvalidKey};
-pub use layout::{Namespace, RunFields};
+pub use layout::{LAYOUT_RANGES, Namespace, RunFields};
 pub use manager::{PendingStore, TieringManager, TieringManagerBuilder};
 pub use probe_cache::{Presence, ProbeCache};
 pub use registry::{BuildContext, TierBuilder, TierRegistry};

@@ -408,7 +408,7 @@ pub struct PreparedStore {
     /// The keys that need writing, with exclusive writable slots; fill them, drop them, then
     /// call `PrimaryTier::complete_store`.
     pub to_store: Vec<(BlockKey, BlockSink)>,
-    /// Keys already present (or being written): nothing to do for them.
+    /// Keys already present (or being written, which may yet fail): nothing to do for them.
     pub present: Vec<BlockKey>,
     /// Keys evicted to make room.
     pub evicted: Vec<BlockKey>,

@@ -69,7 +69,11 @@ pub struct FsTierConfig {
     pub gc_hard_ceiling: Option<f64>,
     /// A sweep deletes down to `gc_max_size_gb * gc_low_watermark`. In (0, 1]; default 0.9.
     ///
-    /// Every `gc_*` number has a range, listed in [`RANGES`]; `gc_max_size_gb` is 1e-9 to 1e9.
+    /// Every `gc_*` number has a range, listed in [`RANGES`]; `gc_max_size_gb` is 1e-9 to 1e9,
+    /// and must also hold one block file with its leaf and top directories on the root's
+    /// filesystem (with 4 KiB blocks on ext4, 12 KiB): that is checked when the tier opens,
+    /// where the filesystem's allocation unit is known (`kv-tier config check`, which touches
+    /// no disk, cannot), failing naming `gc_max_size_gb`.
     pub gc_low_watermark: Option<f64>,
     /// Seconds between capacity checks (a sweep runs only when over the cap; a store that
     /// crosses the cap also wakes the GC). Default 60, range 0.01 to 86,400.
@@ -181,6 +185,7 @@ impl FsTierConfig {
     /// `"fail_on_full"` is refused saying so.
     pub fn from_spec(spec: &TierSpec) -> Result<Self> {
         let mut options = spec.options.clone();
+        let aliased = options.contains_key("max_storage_size_gb");
         if let Some(v) = options.remove("max_storage_size_gb") {
             if options.contains_key("gc_max_size_gb") {
                 return Err(Error::config(
@@ -214,9 +219,15 @@ impl FsTierConfig {
                 ));
             }
         }
-        let cfg: Self = kv_tier_core::config::from_value(serde_json::Value::Object(options), "")?;
-        cfg.validate()?;
-        Ok(cfg)
+        let parsed = kv_tier_core::config::from_value(serde_json::Value::Object(options), "")
+            .and_then(|cfg: Self| cfg.validate().map(|()| cfg));
+        // errors name the key the user wrote
+        parsed.map_err(|e| match e {
+            Error::InvalidConfig { field, reason } if aliased && field == "gc_max_size_gb" => {
+                Error::config("max_storage_size_gb", reason)
+            }
+            e => e,
+        })
     }
 
     /// Checks every value; errors name the field.

@@ -78,11 +78,17 @@ pub fn namespaces(root: &Path) -> io::Result<Vec<NamespaceDir>> {
             continue; // a rank directory of a namespace listed on its own
         }
         let config = path.join("config.json");
-        let (fields, config_error) = match std::fs::read_to_string(&config) {
-            Ok(text) => match serde_json::from_str::<serde_json::Value>(&text) {
+        // read without blocking and only a regular file (a FIFO there must not hang an
+        // operator's command)
+        let (fields, config_error) = match crate::file::read_regular(&config) {
+            Ok(Some(bytes)) => match serde_json::from_slice::<serde_json::Value>(&bytes) {
                 Ok(v) => (Some(v), None),
                 Err(e) => (None, Some(format!("{}: not JSON ({e})", config.display()))),
             },
+            Ok(None) => (
+                None,
+                Some(format!("{}: not a regular file", config.display())),
+            ),
             Err(e) => (None, Some(format!("{}: {e}", config.display()))),
         };
         let ranks: Vec<(u32, PathBuf)> = dirs

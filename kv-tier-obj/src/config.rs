@@ -360,6 +360,17 @@ impl ObjTierConfig {
         if self.prefix.contains("//") {
             return Err(Error::config("prefix", "must not contain \"//\""));
         }
+        if self.normalized_prefix().len() > MAX_PREFIX_BYTES {
+            return Err(Error::config(
+                "prefix",
+                format!(
+                    "is {} bytes: S3 keys are at most {MAX_KEY_BYTES} bytes and a block's path \
+                     under the prefix takes up to a few hundred, so the prefix may take \
+                     {MAX_PREFIX_BYTES}",
+                    self.normalized_prefix().len()
+                ),
+            ));
+        }
         self.validate_shared()
     }
 
@@ -414,9 +425,25 @@ impl ObjTierConfig {
     }
 }
 
-/// S3-compatible bucket names: 1 to 255 of `[A-Za-z0-9._-]` (S3 itself is stricter; other
-/// stores are not).
-fn check_bucket(b: &str) -> Result<()> {
+/// The longest object key S3 takes, in bytes.
+pub(crate) const MAX_KEY_BYTES: usize = 1024;
+
+/// The longest `prefix` (normalized), in bytes: room is left for the block paths under it
+/// (checked exactly when the tier opens, with the namespace's directory name).
+const MAX_PREFIX_BYTES: usize = 768;
+
+/// Checks a bucket name as the obj tier takes it: 1 to 255 of `[A-Za-z0-9._-]`, beginning
+/// and ending with a letter or digit, no two dots in a row (S3 itself is stricter; other
+/// stores are not). So `.`, `..`, `-`, a path or an empty name, which a client or a server
+/// over a directory would resolve to another bucket or directory, are refused, naming
+/// `bucket`.
+///
+/// ```
+/// assert!(kv_tier_obj::check_bucket("kv-cache.v2").is_ok());
+/// assert!(kv_tier_obj::check_bucket("..").is_err());
+/// assert!(kv_tier_obj::check_bucket("a/b").is_err());
+/// ```
+pub fn check_bucket(b: &str) -> Result<()> {
     if b.is_empty() || b.len() > 255 {
         return Err(Error::config(
             "bucket",
@@ -432,19 +459,55 @@ fn check_bucket(b: &str) -> Result<()> {
             format!("may hold letters, digits, '.', '_' and '-' only, found {c:?} in {b:?}"),
         ));
     }
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !edge(b.chars().next()) || !edge(b.chars().last()) {
+        return Err(Error::config(
+            "bucket",
+            format!("must begin and end with a letter or a digit, got {b:?}"),
+        ));
+    }
+    if b.contains("..") {
+        return Err(Error::config(
+            "bucket",
+            format!("must not hold two dots in a row, got {b:?}"),
+        ));
+    }
     Ok(())
 }
 
+/// `url` with any user information before its host (`user:password@`) masked, for errors:
+/// a secret written into the URL by mistake is not repeated where logs keep it.
+fn redact_userinfo(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => {
+            let sep = if scheme.is_empty() { "" } else { "://" };
+            format!("{scheme}{sep}***@{}", &rest[at + 1..])
+        }
+        None => url.to_string(),
+    }
+}
+
 /// An `http(s)://host[:port][/path]` URL with a host, a valid port, no credentials, query or
-/// fragment, and nothing a request line cannot carry.
-fn check_endpoint(e: &str) -> Result<()> {
+/// fragment, and nothing a request line cannot carry. Errors quote it with any credentials
+/// masked.
+fn check_endpoint(raw: &str) -> Result<()> {
     let bad = |why: String| Err(Error::config("endpoint_override", why));
+    let shown = redact_userinfo(raw);
+    let e: &str = &shown;
+    let raw_has_userinfo = shown != raw;
     if !(e.starts_with("http://") || e.starts_with("https://")) {
         return bad(format!("must be an http:// or https:// URL, got {e:?}"));
     }
     if let Some(c) = e.chars().find(|c| !c.is_ascii_graphic()) {
         return bad(format!(
             "must be a URL without spaces or control characters, found {c:?} in {e:?}"
+        ));
+    }
+    if raw_has_userinfo {
+        return bad(format!(
+            "{e:?} carries credentials: use access_key and secret_key"
         ));
     }
     let u = match url::Url::parse(e) {

@@ -13,7 +13,7 @@ mod sweep;
 mod tier;
 
 pub use block::{CRC_METADATA_KEY, block_crc};
-pub use config::{ObjChecksum, ObjTierConfig, RANGES, STORE_CONFIG_KEYS, Scheme};
+pub use config::{ObjChecksum, ObjTierConfig, RANGES, STORE_CONFIG_KEYS, Scheme, check_bucket};
 pub use stats::{ObjStats, SharedStats};
 pub use tier::ObjTier;
 

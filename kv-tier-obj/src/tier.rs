@@ -84,6 +84,20 @@ impl ObjTier {
         if block_size == 0 {
             return Err(Error::config("block_size_bytes", "must be positive"));
         }
+        // the longest key a block can have: the prefix, the rank directory, a 64-digit hash
+        // in its two directories, a group of up to 10 digits
+        let longest = cfg.normalized_prefix().len() + 1 + ns.rank_dir_name().len() + 88;
+        if longest > crate::config::MAX_KEY_BYTES {
+            return Err(Error::config(
+                "prefix",
+                format!(
+                    "with the namespace directory {:?} a block's key takes up to {longest} bytes, \
+                     over S3's {}: shorten the prefix (or the model name)",
+                    ns.rank_dir_name(),
+                    crate::config::MAX_KEY_BYTES
+                ),
+            ));
+        }
         let bound = cfg
             .max_size_gb
             .map(|gb| (gb * (1u64 << 30) as f64).min(u64::MAX as f64) as u64);

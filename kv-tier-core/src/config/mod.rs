@@ -154,7 +154,7 @@ pub struct KvTierConfig {
     pub cache_policy_module_path: Option<String>,
     /// vLLM's `store_threshold`: a block enters DRAM (`prepare_store` admits it) only once
     /// this many distinct requests have looked it up (default 0; 0 and 1: every block, as in vLLM;
-    /// range 0 to 1,000,000). Counted over the last `max_tracker_size` keys asked for; a
+    /// range 0 to 10,000). Counted over the last `max_tracker_size` keys asked for; a
     /// request asking again while it waits counts once (vLLM counts every lookup call). vLLM
     /// refuses it for its tiering spec; here it applies with secondary tiers too.
     pub store_threshold: u64,
@@ -187,7 +187,9 @@ pub struct KvTierConfig {
     /// its promotion is pending, in seconds (`lease_s`, default 30, range 0.001 to 86,400).
     /// The lease ends when the promotion ends or every request that asked for the key has
     /// finished; the expiry only bounds a lease nothing ends. An expired "present" answer
-    /// is probed again.
+    /// is probed again, unless no lookup had used it yet (the scheduler came back later than
+    /// the lease): then it is renewed once and used, a promotion of a key the tier evicted
+    /// meanwhile failing as a miss.
     pub lease_s: f64,
     /// At most this fraction of the DRAM pool stays pinned by store jobs to secondary tiers
     /// (`write_back_max_dram_fraction`, default 0.75, range 0.01 to 1). Pinned blocks still
@@ -301,14 +303,10 @@ impl KvTierConfig {
             .resolve(false, self.write_back_budget(), self.block_size_bytes)
     }
 
-    /// Parses and validates the JSON text.
+    /// Parses and validates the JSON text. A key given twice in one object is refused, naming
+    /// it (JSON parsers differ on which one wins).
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let mut de = serde_json::Deserializer::from_str(text);
-        let value: Value = Value::deserialize(&mut de)
-            .map_err(|e| Error::config("", format!("not valid JSON: {e}")))?;
-        de.end()
-            .map_err(|e| Error::config("", format!("not valid JSON: {e}")))?;
-        Self::from_value(value)
+        Self::from_value(crate::json::parse_strict(text)?)
     }
 
     /// Parses and validates a JSON value. `block_size_bytes` may be absent (vLLM's shape):
@@ -473,11 +471,15 @@ impl KvTierConfig {
         if self.cpu_bytes_to_use == 0 {
             return Err(Error::config("cpu_bytes_to_use", "must be positive"));
         }
-        if self.block_size_bytes > 0 && self.cpu_bytes_to_use < self.block_size_bytes {
+        // a DRAM slot is a block rounded up to a page (as the DRAM tier allocates it)
+        let page = crate::PAGE_SIZE as u64;
+        let slot = self.block_size_bytes.div_ceil(page) * page;
+        if self.block_size_bytes > 0 && self.cpu_bytes_to_use < slot {
             return Err(Error::config(
                 "cpu_bytes_to_use",
                 format!(
-                    "{} bytes cannot hold one block of block_size_bytes = {}",
+                    "{} bytes cannot hold one block of block_size_bytes = {} (a slot of {slot} \
+                     bytes: the block rounded up to a page)",
                     self.cpu_bytes_to_use, self.block_size_bytes
                 ),
             ));

@@ -27,10 +27,11 @@ impl TieringManager {
     }
 
     /// Sends everything queued and waits until every job and probe has completed and been
-    /// applied. For tests and shutdown.
+    /// applied. For tests and shutdown. Work that other callers add meanwhile is waited for
+    /// if it is there at the wait's last look; what they add after it may still be in flight
+    /// when this returns.
     pub async fn wait_idle(&self) {
         self.wait_until(true, true).await;
-        debug_assert!(Self::idle(&lock(&self.state)));
     }
 
     /// Waits until no store or load job is in flight, sending nothing new (queued promotions
@@ -85,6 +86,9 @@ impl TieringManager {
         self.wait_idle().await;
         self.release_held();
         lock(&self.state).shut_down = true;
+        // jobs other callers sent after the wait's last look (nothing new is sent now): they
+        // end, or reach their deadline, before their tiers go
+        self.wait_jobs().await;
         // Each tier's shutdown runs on the manager's runtime, within a job deadline; one that
         // hangs or panics is reported and the others are still shut down.
         let deadline = self.config.job_timeout(0);

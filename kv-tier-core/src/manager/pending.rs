@@ -50,7 +50,10 @@ impl<'m> PendingStore<'m> {
         self.prepared.to_store.iter().map(|(k, _)| *k).collect()
     }
 
-    /// Keys already present in DRAM (or being written by another store): nothing to do.
+    /// Keys already present in DRAM, or being written there (by another store, or by a
+    /// promotion from a secondary tier): nothing to do. A key being written can still fail to
+    /// arrive (a promotion whose load fails): then it is not in DRAM, the next lookup misses
+    /// it, and the block is computed again (its bytes were not kept for this).
     pub fn present(&self) -> &[BlockKey] {
         &self.prepared.present
     }

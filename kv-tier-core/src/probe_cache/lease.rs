@@ -23,6 +23,10 @@ pub(super) struct Lease {
     pub(super) id: u64,
     pub(super) expires: Instant,
     pub(super) table: LeaseTable,
+    /// Whether an ask has answered `Present` on it (a lease that expires before any ask saw
+    /// it is renewed once by the next ask instead of probing again: see
+    /// `ProbeCache::ask`).
+    pub(super) seen: bool,
 }
 
 impl Drop for Lease {

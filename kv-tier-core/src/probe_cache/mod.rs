@@ -115,7 +115,9 @@ impl Drop for Report {
 ///
 /// A key found present is leased: protected from eviction in the tier from the moment its
 /// probe is sent until [`ProbeCache::release`] (the promotion ended), every request that
-/// asked for it finished, or the lease expires (then the key is probed again if asked).
+/// asked for it finished, or the lease expires (then the key is probed again if asked; but an
+/// answer that expired before any ask used it is renewed once and answered `Present`, so a
+/// lease shorter than the scheduler's steps cannot keep a key at `Retry`).
 pub struct ProbeCache {
     tier: Arc<dyn SecondaryTier>,
     runtime: tokio::runtime::Handle,
@@ -248,6 +250,7 @@ impl ProbeCache {
             id,
             expires,
             table: self.leases.clone(),
+            seen: false,
         }
     }
 
@@ -263,17 +266,32 @@ impl ProbeCache {
             if e.missed_by.contains(&req) {
                 return Presence::Absent;
             }
-            match &e.present {
-                Some(l) if l.expires > Instant::now() => return Presence::Present,
+            match &mut e.present {
+                Some(l) if l.expires > Instant::now() => {
+                    l.seen = true;
+                    return Presence::Present;
+                }
+                // an answer no ask has used yet (the scheduler came back later than the
+                // lease): renewed below and used once, not probed again (with a lease shorter
+                // than the scheduler's steps, every answer would expire unused and the key
+                // stay `Retry` for good)
+                Some(l) if !l.seen => Some(true),
                 Some(_) => {
                     e.present = None;
-                    true
+                    Some(false)
                 }
-                None => false,
+                None => None,
             }
         };
-        if expired {
+        if expired.is_some() {
             self.stats.leases_expired += 1;
+        }
+        if expired == Some(true) {
+            let mut lease = self.lease(key);
+            lease.seen = true;
+            // the old lease drops here, after the new protection is taken
+            self.keys.get_mut(key).expect("entry made above").present = Some(lease);
+            return Presence::Present;
         }
         // a probe sent at least the budget before answers were last applied, and unanswered
         // then: this request goes on without it
