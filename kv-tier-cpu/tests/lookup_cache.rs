@@ -163,6 +163,41 @@ async fn an_expired_lease_is_counted_and_the_key_probed_again() {
     assert_eq!(al.queued(), 1, "the key is probed again");
 }
 
+/// An answer that expires before any ask used it (a scheduler slower than the lease) is
+/// renewed once and answered present, not probed again: with a lease shorter than the
+/// scheduler's steps, every answer would otherwise expire unused and the key stay `Retry`.
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_expired_unused_is_renewed_once() {
+    let inner = Arc::new(MemoryTier::new("m", BS));
+    let k = test_key(1);
+    seed(&inner, &[k]).await;
+    let (al, notify) = cache(inner.clone());
+    let mut al = al.with_timeouts(Duration::from_secs(1), Duration::from_millis(5));
+    let r = RequestId(1);
+    assert_eq!(al.ask(&k, r), Presence::Retry);
+    al.flush();
+    settle(&mut al, &notify).await;
+    // the scheduler comes back four leases later
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        !inner.is_protected(&k),
+        "the reaper ended the expired lease"
+    );
+    assert_eq!(
+        al.ask(&k, r),
+        Presence::Present,
+        "the unused answer was dropped"
+    );
+    assert!(inner.is_protected(&k), "renewed: protected again");
+    assert_eq!(al.stats().leases_expired, 1);
+    assert_eq!(al.queued(), 0, "nothing probed again");
+    // used now: when it expires again, the key is probed again
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(al.ask(&k, r), Presence::Retry);
+    assert_eq!(al.stats().leases_expired, 2);
+    assert_eq!(al.queued(), 1, "the key is probed again");
+}
+
 /// Two requests wait on one probe of a key the tier does not have. The first gives up at the
 /// budget; the second keeps waiting. When the answer (absent) comes, both are misses, for good.
 #[tokio::test(start_paused = true)]

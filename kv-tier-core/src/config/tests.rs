@@ -41,52 +41,52 @@ fn every_invalid_value_names_its_field() {
             "cpu_bytes_to_use",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 0}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 0}"#,
             "block_size_bytes",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 20}"#,
+            r#"{"cpu_bytes_to_use": 4095, "block_size_bytes": 20}"#,
             "cpu_bytes_to_use",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "eviction_policy": "lfu"}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "eviction_policy": "lfu"}"#,
             "eviction_policy",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "cpu_byte_to_use": 3}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "cpu_byte_to_use": 3}"#,
             "cpu_byte_to_use",
         ),
         (r#"{"block_size_bytes": 1}"#, "cpu_bytes_to_use"),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"root_dir": "/x"}]}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "secondary_tiers": [{"root_dir": "/x"}]}"#,
             "secondary_tiers[0].type",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"type": 3}]}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "secondary_tiers": [{"type": 3}]}"#,
             "secondary_tiers[0].type",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": [{"type": "a"}, {"type": "a"}]}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "secondary_tiers": [{"type": "a"}, {"type": "a"}]}"#,
             "secondary_tiers[1].name",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "secondary_tiers": {}}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "secondary_tiers": {}}"#,
             "secondary_tiers",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 0}}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 0}}"#,
             "layout.tokens_per_hash",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "rank": -1}}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "rank": -1}}"#,
             "layout.rank",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "tp": 1}}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "layout": {"model_name": "m", "dtype": "f", "tokens_per_hash": 1, "tp": 1}}"#,
             "layout.tp",
         ),
         (
-            r#"{"cpu_bytes_to_use": 10, "block_size_bytes": 1, "spec_name": "CPUOffloadingSpec"}"#,
+            r#"{"cpu_bytes_to_use": 4096, "block_size_bytes": 1, "spec_name": "CPUOffloadingSpec"}"#,
             "spec_name",
         ),
     ];
@@ -99,7 +99,11 @@ fn every_invalid_value_names_its_field() {
 
 #[test]
 fn syntax_errors_are_reported() {
+    // cut inside a value: the value's key is named
     let (field, reason) = err_field("{\"cpu_bytes_to_use\": ");
+    assert_eq!(field, "cpu_bytes_to_use");
+    assert!(reason.contains("not valid JSON"), "{reason}");
+    let (field, reason) = err_field("{\"cpu_bytes_to_use\": 1} trailing");
     assert_eq!(field, "");
     assert!(reason.contains("not valid JSON"), "{reason}");
 }
