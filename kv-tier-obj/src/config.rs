@@ -90,7 +90,8 @@ fn range(field: &str) -> (f64, f64) {
 #[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ObjTierConfig {
-    /// The bucket.
+    /// The bucket: 1 to 255 of letters, digits, `.`, `_` and `-`, beginning and ending with a
+    /// letter or digit, no two dots in a row (see [`check_bucket`]).
     pub bucket: String,
     /// An S3-compatible endpoint (MinIO, Ceph, R2, ...) instead of AWS's.
     pub endpoint_override: Option<String>,
@@ -107,7 +108,9 @@ pub struct ObjTierConfig {
     pub scheme: Scheme,
     /// A PEM file of extra root certificates (private CAs).
     pub ca_bundle: Option<String>,
-    /// Key prefix inside the bucket (no leading or trailing `/` needed).
+    /// Key prefix inside the bucket (no leading or trailing `/` needed; at most 768 bytes, and
+    /// short enough that a block's whole key fits S3's 1,024 bytes with the namespace's
+    /// directory, checked when the tier opens).
     pub prefix: String,
     /// Bound on concurrent requests (default 4, range 1 to 1,024).
     pub io_threads: usize,
