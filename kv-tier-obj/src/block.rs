@@ -31,7 +31,8 @@ pub use kv_tier_core::checksum::block_crc;
 enum Existing {
     /// No object.
     Absent,
-    /// An object a load accepts (or, without checksums, any object).
+    /// An object a load accepts (a whole block; with checksums, a valid one, or none where
+    /// unverified objects are accepted).
     Usable,
     /// An object a load would refuse: deleted, then written over.
     InTheWay,
@@ -503,24 +504,34 @@ impl Shared {
         tracing::warn!(tier = %self.name, %key, "an object that is not a whole block with a valid checksum is in the way; replacing it");
     }
 
-    /// With checksums on (and unverified objects not accepted), whether the object at `path`
-    /// is not the size of a block or carries no well-formed checksum, so a load would refuse
-    /// it (its metadata only: a HEAD).
+    /// Whether the object at `path` is one a load would refuse (its metadata only: a HEAD):
+    /// not the size of a block; or, with checksums on, a malformed checksum, or none where
+    /// unverified objects are not accepted. So a store that finds it replaces it, and a
+    /// reported store is a readable block (also without checksums, and with
+    /// `accept_unverified`).
     async fn existing_is_unverifiable(&self, path: &ObjPath) -> Result<bool> {
-        if self.checksum != ObjChecksum::Crc32c || self.accept_unverified {
-            return Ok(false);
-        }
         let opts = object_store::GetOptions {
             head: true,
             ..Default::default()
         };
         match self.request(self.store.get_opts(path, opts)).await {
-            Ok(got) => Ok(got.meta.size != self.block_size as u64
-                || got
-                    .attributes
-                    .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
-                    .and_then(|v| parse_crc_hex(v.as_ref()))
-                    .is_none()),
+            Ok(got) => {
+                if got.meta.size != self.block_size as u64 {
+                    return Ok(true);
+                }
+                if self.checksum != ObjChecksum::Crc32c {
+                    return Ok(false);
+                }
+                Ok(
+                    match got
+                        .attributes
+                        .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
+                    {
+                        Some(v) => parse_crc_hex(v.as_ref()).is_none(),
+                        None => !self.accept_unverified,
+                    },
+                )
+            }
             // gone meanwhile: treated as in the way, so the caller's delete (harmless on a
             // missing object) runs and the PUT writes the block
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => Ok(true),

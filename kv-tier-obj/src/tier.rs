@@ -31,6 +31,10 @@ pub struct ObjTier {
     pub(crate) sweeps: Mutex<tokio::task::JoinSet<()>>,
     /// A shared bucket's coordination task; shutdown awaits it (it releases the lease).
     pub(crate) coordination: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// A shutdown ran to its end: later ones do nothing (no second recency snapshot, no
+    /// second request deadline against a server gone silent). One that was dropped midway
+    /// did not set it: the next one does its work again.
+    pub(crate) shut_down: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for ObjTier {
@@ -175,6 +179,7 @@ impl ObjTier {
             cfg,
             sweeps: Mutex::new(tokio::task::JoinSet::new()),
             coordination: Mutex::new(None),
+            shut_down: std::sync::atomic::AtomicBool::new(false),
         };
         crate::client::probe(&tier.shared, &tier.cfg.bucket).await?;
         if tier.shared.cap.is_some() {
@@ -377,6 +382,9 @@ impl SecondaryTier for ObjTier {
     /// delete batch, within a request deadline; past that it is aborted) and awaits them.
     async fn shutdown(&self) -> Result<()> {
         self.shared.closed.store(true, Ordering::SeqCst);
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         if let Some(c) = &self.shared.coord {
             c.close();
         }
@@ -400,6 +408,7 @@ impl SecondaryTier for ObjTier {
             }
         }
         self.shared.save_recency().await;
+        self.shut_down.store(true, Ordering::SeqCst);
         tracing::debug!(tier = %self.shared.name, took_ms = started.elapsed().as_millis() as u64, "obj tier shut down");
         Ok(())
     }
