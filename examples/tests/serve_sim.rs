@@ -294,12 +294,12 @@ fn bad_flags_and_configs_fail_with_a_message_not_a_panic() {
         (vec!["--streams"], "a value is required for '--streams"),
         (vec!["--streams", "many"], "not a valid number"),
         (vec!["--frobnicate"], "unexpected argument '--frobnicate'"),
-        (vec!["--streams", "0"], "must be positive"),
-        (vec!["--max-batch", "0"], "must be positive"),
-        (vec!["--prefixes", "0"], "must be positive"),
+        (vec!["--streams", "0"], "must be 1 to 100000"),
+        (vec!["--max-batch", "0"], "must be 1 to 100000"),
+        (vec!["--prefixes", "0"], "must be 1 to 1000000"),
         (vec!["--duration", "0"], "must be positive"),
         (vec!["--duration", "-3"], "must be positive"),
-        (vec!["--fs-cap-gb", "-1"], "must be 0 or positive"),
+        (vec!["--fs-cap-gb", "-1"], "must be 0 (none) or 1e-9 to 1e9"),
         (vec!["--config", "/nonexistent/kv.json"], "--config"),
     ] {
         let out = bin().args(&args).output().unwrap();

@@ -33,29 +33,29 @@ struct Cli {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Workload")]
 struct WorkloadArgs {
-    /// Concurrent conversations
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().streams)]
+    /// Concurrent conversations (1 to 100,000)
+    #[arg(long, value_name = "N", value_parser = bounded::<1, 100_000>, allow_negative_numbers = true, default_value_t = SimConfig::default().streams)]
     streams: usize,
-    /// Turns per conversation
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().turns)]
+    /// Turns per conversation (1 to 1,000,000)
+    #[arg(long, value_name = "N", value_parser = bounded::<1, 1_000_000>, allow_negative_numbers = true, default_value_t = SimConfig::default().turns)]
     turns: usize,
-    /// Shared prefixes in the pool [default: 4 x streams]
-    #[arg(long, value_name = "N", value_parser = positive)]
+    /// Shared prefixes in the pool, 1 to 1,000,000 [default: 4 x streams]
+    #[arg(long, value_name = "N", value_parser = bounded::<1, 1_000_000>)]
     prefixes: Option<usize>,
-    /// Tokens per shared prefix
-    #[arg(long, value_name = "N", default_value_t = SimConfig::default().prefix_tokens)]
+    /// Tokens per shared prefix (0 to 1,000,000)
+    #[arg(long, value_name = "N", value_parser = bounded::<0, 1_000_000>, allow_negative_numbers = true, default_value_t = SimConfig::default().prefix_tokens)]
     prefix_tokens: usize,
-    /// New prompt tokens per turn
-    #[arg(long, value_name = "N", default_value_t = SimConfig::default().prompt_tokens)]
+    /// New prompt tokens per turn (0 to 1,000,000)
+    #[arg(long, value_name = "N", value_parser = bounded::<0, 1_000_000>, allow_negative_numbers = true, default_value_t = SimConfig::default().prompt_tokens)]
     prompt_tokens: usize,
-    /// Output tokens per turn
-    #[arg(long, value_name = "N", default_value_t = SimConfig::default().output_tokens)]
+    /// Output tokens per turn (0 to 1,000,000)
+    #[arg(long, value_name = "N", value_parser = bounded::<0, 1_000_000>, allow_negative_numbers = true, default_value_t = SimConfig::default().output_tokens)]
     output_tokens: usize,
-    /// Tokens per block
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().tokens_per_block)]
+    /// Tokens per block (1 to 65,536)
+    #[arg(long, value_name = "N", value_parser = bounded::<1, 65_536>, allow_negative_numbers = true, default_value_t = SimConfig::default().tokens_per_block)]
     tokens_per_block: usize,
     /// Workload seed
-    #[arg(long, value_name = "N", default_value_t = SimConfig::default().seed)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, default_value_t = SimConfig::default().seed)]
     seed: u64,
     /// Stop admitting turns after this long
     #[arg(long, value_name = "SECONDS", value_parser = seconds, allow_negative_numbers = true,
@@ -72,31 +72,31 @@ struct ModelArgs {
     /// llama-70b (5 MiB); the flags below change one dimension of it
     #[arg(long, value_name = "NAME", value_parser = model_name, default_value = DEFAULT_MODEL)]
     model: String,
-    /// Layers [default: the preset's]
-    #[arg(long, value_name = "N", value_parser = positive)]
+    /// Layers, 1 to 4,096 [default: the preset's]
+    #[arg(long, value_name = "N", value_parser = bounded::<1, 4_096>)]
     layers: Option<usize>,
-    /// KV heads [default: the preset's]
-    #[arg(long, value_name = "N", value_parser = positive)]
+    /// KV heads, 1 to 4,096 [default: the preset's]
+    #[arg(long, value_name = "N", value_parser = bounded::<1, 4_096>)]
     kv_heads: Option<usize>,
-    /// Head dimension [default: the preset's]
-    #[arg(long, value_name = "N", value_parser = positive)]
+    /// Head dimension, 1 to 65,536 [default: the preset's]
+    #[arg(long, value_name = "N", value_parser = bounded::<1, 65_536>)]
     head_dim: Option<usize>,
-    /// Bytes per element [default: the preset's]
-    #[arg(long, value_name = "N", value_parser = positive)]
+    /// Bytes per element, 1 to 16 [default: the preset's]
+    #[arg(long, value_name = "N", value_parser = bounded::<1, 16>)]
     dtype_bytes: Option<usize>,
 }
 
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Engine")]
 struct EngineArgs {
-    /// Simulated GPU prefix cache, in blocks
-    #[arg(long, value_name = "N", default_value_t = SimConfig::default().gpu_cache_blocks)]
+    /// Simulated GPU prefix cache, in blocks (0 to 100,000,000)
+    #[arg(long, value_name = "N", value_parser = bounded::<0, 100_000_000>, allow_negative_numbers = true, default_value_t = SimConfig::default().gpu_cache_blocks)]
     gpu_cache_blocks: usize,
-    /// Requests scheduled at once
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = SimConfig::default().max_batch)]
+    /// Requests scheduled at once (1 to 100,000)
+    #[arg(long, value_name = "N", value_parser = bounded::<1, 100_000>, allow_negative_numbers = true, default_value_t = SimConfig::default().max_batch)]
     max_batch: usize,
-    /// Simulated prefill speed of missed tokens (0: none)
-    #[arg(long, value_name = "X", allow_negative_numbers = true,
+    /// Simulated prefill speed of missed tokens, tokens/s (0: none; finite)
+    #[arg(long, value_name = "X", allow_negative_numbers = true, value_parser = rate,
           default_value_t = SimConfig::default().prefill_tokens_per_s)]
     prefill_tokens_per_s: f64,
 }
@@ -104,13 +104,15 @@ struct EngineArgs {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Tiers")]
 struct TierArgs {
-    /// DRAM for the primary tier, in MiB
-    #[arg(long, value_name = "N", default_value_t = SimConfig::default().dram_bytes >> 20)]
+    /// DRAM for the primary tier, in MiB (1 to 16,777,216: 16 TiB)
+    #[arg(long, value_name = "N", value_parser = bounded_u64::<1, 16_777_216>, allow_negative_numbers = true,
+          default_value_t = SimConfig::default().dram_bytes >> 20)]
     dram_mb: u64,
-    /// The fs tier's directory [default: a fresh temp dir, removed at the end]
+    /// The fs tier's directory [default: a fresh temp dir, removed at the end of the run
+    /// (a run killed or interrupted leaves it, a valid cache directory)]
     #[arg(long, value_name = "DIR")]
     root_dir: Option<PathBuf>,
-    /// The fs tier's GC cap in GiB, 0 for none
+    /// The fs tier's GC cap in GiB, 0 for none, else 1e-9 to 1e9
     #[arg(long, value_name = "X", value_parser = cap_gb, allow_negative_numbers = true,
           default_value_t = SimConfig::default().fs_cap_gb.unwrap_or(0.0))]
     fs_cap_gb: f64,
@@ -141,7 +143,8 @@ struct TierArgs {
     #[arg(long = "config", value_name = "FILE", value_parser = read_file)]
     config_json: Option<String>,
     /// Run this many instances (processes) of serve_sim on one shared fs root with one cap
-    /// (`shared: true`): each its own engine and conversations (seeds seed..seed+N-1) over
+    /// (`shared: true`): each its own engine and conversations (seeds seed..seed+N-1,
+    /// wrapping past 2^64-1) over
     /// the same shared prefixes; prints each and the global figures (peak of the shared
     /// directory against its cap, wrong blocks, the leader lease). Needs --fs-cap-gb
     #[arg(long, value_name = "N", value_parser = positive, default_value_t = 1,
@@ -156,7 +159,7 @@ struct TierArgs {
 #[command(next_help_heading = "Output")]
 struct OutputArgs {
     /// Also write the report as JSON
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", value_parser = json_out)]
     json: Option<PathBuf>,
     /// Wait for every transfer at each step and run the fs GC there (same seed, same counts)
     #[arg(long)]
@@ -196,10 +199,59 @@ fn seconds(v: &str) -> Result<f64, String> {
 /// A cap in GiB: 0 (none) or positive.
 fn cap_gb(v: &str) -> Result<f64, String> {
     let gb: f64 = v.parse().map_err(|e| format!("not a valid number ({e})"))?;
-    if !(gb.is_finite() && gb >= 0.0) {
-        return Err(format!("must be 0 or positive, got {gb}"));
+    if !(gb == 0.0 || (1e-9..=1e9).contains(&gb)) {
+        return Err(format!("must be 0 (none) or 1e-9 to 1e9, got {gb}"));
     }
     Ok(gb)
+}
+
+/// A count from `MIN` to `MAX`.
+fn bounded<const MIN: usize, const MAX: usize>(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(n) if (MIN..=MAX).contains(&n) => Ok(n),
+        Ok(n) => Err(format!("must be {MIN} to {MAX}, got {n}")),
+        Err(e) => Err(format!("not a valid number ({e})")),
+    }
+}
+
+/// [`bounded`] for `u64`.
+fn bounded_u64<const MIN: u64, const MAX: u64>(v: &str) -> Result<u64, String> {
+    match v.parse::<u64>() {
+        Ok(n) if (MIN..=MAX).contains(&n) => Ok(n),
+        Ok(n) => Err(format!("must be {MIN} to {MAX}, got {n}")),
+        Err(e) => Err(format!("not a valid number ({e})")),
+    }
+}
+
+/// A rate: 0 or positive, finite.
+fn rate(v: &str) -> Result<f64, String> {
+    let x: f64 = v.parse().map_err(|e| format!("not a valid number ({e})"))?;
+    if !(x.is_finite() && x >= 0.0) {
+        return Err(format!("must be 0 or positive and finite, got {x}"));
+    }
+    Ok(x)
+}
+
+/// The JSON report's path, checked before the run (its results are not lost at the end): not
+/// a directory or a FIFO (writing one without a reader would block), in a directory that
+/// exists.
+fn json_out(v: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(v);
+    match std::fs::metadata(&p) {
+        Ok(m) if m.is_file() => Ok(p),
+        Ok(m) => Err(format!("is not a regular file ({:?})", m.file_type())),
+        Err(_) => {
+            let dir = p
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            if dir.is_dir() {
+                Ok(p)
+            } else {
+                Err(format!("its directory {} does not exist", dir.display()))
+            }
+        }
+    }
 }
 
 /// A preset's name.
@@ -227,8 +279,22 @@ fn budget_mb(v: &str) -> Result<f64, String> {
     }
 }
 
+/// The text of a regular file, read without blocking on a FIFO.
 fn read_file(path: &str) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| e.to_string())
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let m = f.metadata().map_err(|e| e.to_string())?;
+    if !m.is_file() {
+        return Err(format!("not a regular file ({:?})", m.file_type()));
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    Ok(text)
 }
 
 impl Cli {
@@ -334,8 +400,32 @@ fn parse() -> Cli {
     cli
 }
 
+/// The shared prefixes' tokens the workload holds at most (they are kept in memory).
+const MAX_PREFIX_POOL_TOKENS: usize = 10_000_000;
+
 fn main() -> ExitCode {
     let (cfg, json, compare, instances) = parse().into_config();
+    let usage = |msg: String| -> ! {
+        use clap::CommandFactory;
+        Cli::command()
+            .error(clap::error::ErrorKind::ValueValidation, msg)
+            .exit()
+    };
+    let max_block = kv_tier::core::config::MAX_BLOCK_SIZE;
+    if cfg.block_bytes() as u64 > max_block {
+        usage(format!(
+            "--layers x --kv-heads x --head-dim x --dtype-bytes x 2 x --tokens-per-block make \
+             blocks of {} bytes, over the {max_block} a manager takes",
+            cfg.block_bytes()
+        ));
+    }
+    if cfg.prefixes.saturating_mul(cfg.prefix_tokens) > MAX_PREFIX_POOL_TOKENS {
+        usage(format!(
+            "--prefixes ({}) x --prefix-tokens ({}) is over {MAX_PREFIX_POOL_TOKENS} tokens held \
+             in memory",
+            cfg.prefixes, cfg.prefix_tokens
+        ));
+    }
     kv_tier_examples::init_logging();
     eprintln!(
         "serve_sim: model {} ({} KiB blocks), {} streams x {} turns over {} shared prefixes of {} tokens",

@@ -121,14 +121,14 @@ pub fn run_instances(
             .arg("--root-dir")
             .arg(root)
             .args(["--instance-id", &id])
-            .args(["--seed", &(seed + i as u64).to_string()])
+            .args(["--seed", &seed.wrapping_add(i as u64).to_string()])
             .arg("--json")
             .arg(&json)
             .arg("--no-progress")
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()?;
-        children.push((id, seed + i as u64, json, child));
+        children.push((id, seed.wrapping_add(i as u64), json, child));
     }
     eprintln!(
         "serve_sim: {k} instances on {} (one cap of {:.2} GiB), logs in {}",

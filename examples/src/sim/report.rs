@@ -311,16 +311,23 @@ fn gc_report(g: &GcStats, max_bytes_after_step_sweep: Option<u64>) -> GcReport {
     }
 }
 
-/// The live progress bar on stderr (with an ETA), updated at most every 250 ms; hidden when
-/// stderr is not a terminal or it is off.
+/// The live progress bar on stderr (with an ETA), updated at most every 250 ms; where stderr
+/// is not a terminal (a log file, a pipe), a plain line every 5 s instead; nothing when off.
 pub(super) struct Progress {
     bar: indicatif::ProgressBar,
     last: Instant,
+    /// Plain lines (stderr is not a terminal).
+    plain: bool,
+    planned: u64,
 }
+
+/// How often a plain progress line is printed.
+const PLAIN_EVERY: Duration = Duration::from_secs(5);
 
 impl Progress {
     pub(super) fn new(on: bool, planned: u64) -> Self {
-        let target = if on && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let target = if on && tty {
             indicatif::ProgressDrawTarget::stderr()
         } else {
             indicatif::ProgressDrawTarget::hidden()
@@ -335,13 +342,25 @@ impl Progress {
         );
         Self {
             bar,
-            last: Instant::now() - Duration::from_secs(1),
+            last: Instant::now(),
+            plain: on && !tty,
+            planned,
         }
     }
 
-    /// After a step: the bar, if 250 ms have passed since the last update.
+    /// After a step: the bar, if 250 ms have passed since the last update (a plain line, if
+    /// 5 s have).
     pub(super) fn tick(&mut self, m: &TieringManager, t: &Tally, elapsed: Duration) {
-        if !self.bar.is_hidden() && self.last.elapsed() >= Duration::from_millis(250) {
+        if self.plain && self.last.elapsed() >= PLAIN_EVERY {
+            self.last = Instant::now();
+            eprintln!(
+                "serve_sim: {}/{} requests, {:.0} s, {}",
+                t.requests,
+                self.planned,
+                elapsed.as_secs_f64(),
+                figures(m, t, elapsed)
+            );
+        } else if !self.bar.is_hidden() && self.last.elapsed() >= Duration::from_millis(250) {
             self.last = Instant::now();
             self.update(m, t, elapsed);
         }
@@ -356,18 +375,23 @@ impl Progress {
     }
 
     fn update(&self, m: &TieringManager, r: &Tally, elapsed: Duration) {
-        let s = m.stats();
-        let secs = elapsed.as_secs_f64().max(1e-9);
-        let read: u64 = s.tiers.iter().map(|t| t.bytes_loaded).sum();
-        let wrote: u64 = s.tiers.iter().map(|t| t.bytes_stored).sum();
         self.bar.set_position(r.requests);
-        self.bar.set_message(format!(
-            "hit {:>5.1}%  read {:>5.2} GB/s  write {:>5.2} GB/s",
-            100.0 * r.hit_rate(),
-            read as f64 / secs / 1e9,
-            wrote as f64 / secs / 1e9
-        ));
+        self.bar.set_message(figures(m, r, elapsed));
     }
+}
+
+/// The progress figures: hit rate, and read and write GB/s so far.
+fn figures(m: &TieringManager, r: &Tally, elapsed: Duration) -> String {
+    let s = m.stats();
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let read: u64 = s.tiers.iter().map(|t| t.bytes_loaded).sum();
+    let wrote: u64 = s.tiers.iter().map(|t| t.bytes_stored).sum();
+    format!(
+        "hit {:>5.1}%  read {:>5.2} GB/s  write {:>5.2} GB/s",
+        100.0 * r.hit_rate(),
+        read as f64 / secs / 1e9,
+        wrote as f64 / secs / 1e9
+    )
 }
 
 /// The report as text.

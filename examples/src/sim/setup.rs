@@ -116,7 +116,10 @@ fn probe_disk(dir: &Path, block_bytes: usize) -> Option<DiskProbe> {
     const TOTAL: usize = 256 << 20;
     let block = block_bytes.max(1 << 20).next_multiple_of(4096).min(TOTAL);
     let n = TOTAL / block;
-    let path = dir.join(".kv-tier-disk-probe.tmp");
+    // a name of this process's own: a file left by a run killed mid-probe (removed below if
+    // old) never stands in the way
+    let path = dir.join(format!(".kv-tier-disk-probe-{}.tmp", std::process::id()));
+    remove_stale_probes(dir);
     let mut buf = kv_tier::AlignedBuf::zeroed(block);
     buf.as_mut_slice()
         .iter_mut()
@@ -153,6 +156,27 @@ fn probe_disk(dir: &Path, block_bytes: usize) -> Option<DiskProbe> {
     probe.ok()
 }
 
+/// Removes disk-probe files a killed run left in `dir` (older than a minute: a probe takes
+/// seconds, and another run's may be going on).
+fn remove_stale_probes(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(60));
+        if name.starts_with(".kv-tier-disk-probe") && name.ends_with(".tmp") && old {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// The fs tier's directory: `root_dir`, or a fresh temp dir (returned too, to be removed).
 fn root_dir(cfg: &SimConfig) -> std::io::Result<(PathBuf, Option<TempDir>)> {
     Ok(match &cfg.root_dir {
@@ -176,9 +200,12 @@ fn build_manager(cfg: &SimConfig, root: &Path) -> Result<TieringManager, BoxErro
         )
         .into());
     }
+    // one namespace per model shape: a root reused by a run of another model or block size
+    // gets a directory of its own (the layout has no block size: the model name stands for it,
+    // as in vLLM)
     let ns = Namespace::new(
         RunFields::new(
-            "kv-tier/serve-sim",
+            format!("kv-tier/serve-sim/{}B", cfg.block_bytes()),
             "torch.bfloat16",
             cfg.tokens_per_block as u64,
         ),
