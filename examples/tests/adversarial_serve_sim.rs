@@ -92,13 +92,22 @@ fn finish(mut child: Child, timeout: Duration) -> Out {
 }
 
 fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Child {
-    Command::new(SERVE_SIM)
-        .args(args)
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(SERVE_SIM);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stderr(Stdio::piped());
+    // SIGINT as a terminal delivers it: a test run started in the background (`cmd &` in a
+    // script, as CI may) passes SIGINT ignored on to its children
+    // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
 }
 
 fn sim<S: AsRef<std::ffi::OsStr>>(args: &[S], timeout_s: u64) -> Out {
