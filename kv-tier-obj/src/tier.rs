@@ -244,7 +244,15 @@ impl ObjTier {
         if !self.shared.closed.load(Ordering::SeqCst) && set.is_empty() {
             let inner = self.shared.clone();
             set.spawn(async move {
-                inner.sweep(false).await;
+                // stores that cross the bound while this sweep runs start none of their own:
+                // sweep again while it is still over and the last pass deleted something
+                loop {
+                    let deleted = inner.clone().sweep(false).await;
+                    let over = inner.cap.as_ref().is_some_and(|c| c.over());
+                    if deleted == 0 || !over || inner.closed.load(Ordering::SeqCst) {
+                        break;
+                    }
+                }
             });
         }
     }
