@@ -1,6 +1,8 @@
 //! JSON helpers shared by the config and the layout: deserialising with errors that name the
 //! offending field's path.
 
+use std::fmt::Write as _;
+
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -40,6 +42,93 @@ fn join_path(a: &str, b: &str) -> String {
         (false, false) if b.starts_with('[') => format!("{a}{b}"),
         _ => format!("{a}.{b}"),
     }
+}
+
+/// Canonical JSON as Python's `json.dumps(v, sort_keys=True, separators=(",", ":"))`:
+/// sorted keys, no spaces, every character outside printable ASCII escaped as `\uXXXX`.
+pub fn canonical_json(v: &Value) -> String {
+    let mut out = String::new();
+    write_json(&mut out, v, None);
+    out
+}
+
+/// Writes `v` as [`canonical_json`] does, or (with `indent`, the depth to start at) pretty-
+/// printed with 2-space indents, as Python's `json.dumps(v, indent=2, sort_keys=True)`.
+pub(crate) fn write_json(out: &mut String, v: &Value, indent: Option<usize>) {
+    match v {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::String(s) => write_str(out, s),
+        Value::Array(items) => {
+            if items.is_empty() {
+                out.push_str("[]");
+                return;
+            }
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                newline(out, indent.map(|d| d + 1));
+                write_json(out, item, indent.map(|d| d + 1));
+            }
+            newline(out, indent);
+            out.push(']');
+        }
+        Value::Object(map) => {
+            if map.is_empty() {
+                out.push_str("{}");
+                return;
+            }
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                newline(out, indent.map(|d| d + 1));
+                write_str(out, k);
+                out.push_str(if indent.is_some() { ": " } else { ":" });
+                write_json(out, &map[k], indent.map(|d| d + 1));
+            }
+            newline(out, indent);
+            out.push('}');
+        }
+    }
+}
+
+fn newline(out: &mut String, indent: Option<usize>) {
+    if let Some(d) = indent {
+        out.push('\n');
+        for _ in 0..d {
+            out.push_str("  ");
+        }
+    }
+}
+
+fn write_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            ' '..='~' => out.push(c),
+            _ => {
+                let mut buf = [0u16; 2];
+                for unit in c.encode_utf16(&mut buf) {
+                    write!(out, "\\u{unit:04x}").expect("string write");
+                }
+            }
+        }
+    }
+    out.push('"');
 }
 
 /// Marks a parse error with the JSON path where it happened (see [`parse_strict`]).

@@ -12,7 +12,10 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+pub use crate::json::canonical_json;
+use crate::json::write_json;
 use crate::key::BlockKey;
+use crate::ranges::check_range_u64;
 
 /// One KV-cache group of the run fields.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -288,22 +291,15 @@ impl RunFields {
             if v == 0 {
                 return Err(Error::config(at(name), "must be positive"));
             }
-            let max = layout_max(name);
-            if v > max {
-                return Err(Error::config(
-                    at(name),
-                    format!("must be between 1 and {max}, got {v}"),
-                ));
-            }
+            check_range_u64(&at(name), v, 1, layout_max(name))?;
         }
         for (i, g) in self.kv_cache_groups.iter().enumerate() {
-            let max = layout_max("tokens_per_block");
-            if !(1..=max).contains(&g.tokens_per_block) {
-                return Err(Error::config(
-                    at(&format!("kv_cache_groups[{i}].tokens_per_block")),
-                    format!("must be between 1 and {max}, got {}", g.tokens_per_block),
-                ));
-            }
+            check_range_u64(
+                &at(&format!("kv_cache_groups[{i}].tokens_per_block")),
+                g.tokens_per_block,
+                1,
+                layout_max("tokens_per_block"),
+            )?;
         }
         Ok(())
     }
@@ -479,91 +475,6 @@ impl Namespace {
     pub fn block_path(&self, root: &Path, key: &BlockKey) -> PathBuf {
         root.join(self.block_rel_path(key))
     }
-}
-
-/// Canonical JSON as Python's `json.dumps(v, sort_keys=True, separators=(",", ":"))`:
-/// sorted keys, no spaces, every character outside printable ASCII escaped as `\uXXXX`.
-pub fn canonical_json(v: &Value) -> String {
-    let mut out = String::new();
-    write_json(&mut out, v, None);
-    out
-}
-
-fn write_json(out: &mut String, v: &Value, indent: Option<usize>) {
-    match v {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&n.to_string()),
-        Value::String(s) => write_str(out, s),
-        Value::Array(items) => {
-            if items.is_empty() {
-                out.push_str("[]");
-                return;
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                newline(out, indent.map(|d| d + 1));
-                write_json(out, item, indent.map(|d| d + 1));
-            }
-            newline(out, indent);
-            out.push(']');
-        }
-        Value::Object(map) => {
-            if map.is_empty() {
-                out.push_str("{}");
-                return;
-            }
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                newline(out, indent.map(|d| d + 1));
-                write_str(out, k);
-                out.push_str(if indent.is_some() { ": " } else { ":" });
-                write_json(out, &map[k], indent.map(|d| d + 1));
-            }
-            newline(out, indent);
-            out.push('}');
-        }
-    }
-}
-
-fn newline(out: &mut String, indent: Option<usize>) {
-    if let Some(d) = indent {
-        out.push('\n');
-        for _ in 0..d {
-            out.push_str("  ");
-        }
-    }
-}
-
-fn write_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            ' '..='~' => out.push(c),
-            _ => {
-                let mut buf = [0u16; 2];
-                for unit in c.encode_utf16(&mut buf) {
-                    write!(out, "\\u{unit:04x}").expect("string write");
-                }
-            }
-        }
-    }
-    out.push('"');
 }
 
 #[cfg(test)]

@@ -206,21 +206,17 @@ fn cap_gb(v: &str) -> Result<f64, String> {
 }
 
 /// A count from `MIN` to `MAX`.
-fn bounded<const MIN: usize, const MAX: usize>(v: &str) -> Result<usize, String> {
-    match v.parse::<usize>() {
-        Ok(n) if (MIN..=MAX).contains(&n) => Ok(n),
-        Ok(n) => Err(format!("must be {MIN} to {MAX}, got {n}")),
-        Err(e) => Err(format!("not a valid number ({e})")),
-    }
-}
-
-/// [`bounded`] for `u64`.
 fn bounded_u64<const MIN: u64, const MAX: u64>(v: &str) -> Result<u64, String> {
     match v.parse::<u64>() {
         Ok(n) if (MIN..=MAX).contains(&n) => Ok(n),
         Ok(n) => Err(format!("must be {MIN} to {MAX}, got {n}")),
         Err(e) => Err(format!("not a valid number ({e})")),
     }
+}
+
+/// [`bounded_u64`] for `usize` fields (every `MAX` here fits one).
+fn bounded<const MIN: u64, const MAX: u64>(v: &str) -> Result<usize, String> {
+    bounded_u64::<MIN, MAX>(v).map(|n| n as usize)
 }
 
 /// A rate: 0 or positive, finite.
