@@ -248,7 +248,7 @@ fn config_check_extremes() {
         "cpu_bytes_to_use": u64::MAX, "block_size_bytes": 1u64 << 30,
         "max_tracker_size": 100000000u64, "event_buffer_keys": 10000000000u64,
         "probe_timeout_s": 600, "job_timeout_s": 86400, "job_timeout_per_block_s": 3600,
-        "lease_s": 86400, "write_back_max_dram_fraction": 1,
+        "lease_s": 86400, "shutdown_timeout_s": 86400, "write_back_max_dram_fraction": 1,
         "secondary_tiers": [
             {"type": "fs", "root_dir": "/tmp/adv32-never", "gc_max_size_gb": 1e9, "gc_hard_ceiling": 1000,
              "write_back_limit_mb": 1e9, "write_budget_mb_per_s": 1e9, "probe_budget_s": 600},

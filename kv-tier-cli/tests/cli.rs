@@ -280,6 +280,10 @@ fn config_check_prints_the_effective_config_or_the_field_in_error() {
     assert_eq!(v["ok"], true);
     let e = &v["effective"];
     assert_eq!(e["job_timeout_s"], 30.0, "a manager default, filled in");
+    assert_eq!(
+        e["shutdown_timeout_s"], 30.0,
+        "a manager default, filled in"
+    );
     assert_eq!(e["layout"]["rank"], 0);
     assert_eq!(e["secondary_tiers"][0]["gc_max_size_gb"], 10.0);
     assert_eq!(e["secondary_tiers"][0]["checksum"], "none");

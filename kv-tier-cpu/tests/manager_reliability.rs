@@ -432,7 +432,7 @@ fn every_numeric_option_out_of_range_is_refused_naming_it() {
 }
 
 /// A tier whose `shutdown()` hangs, and one whose `shutdown()` panics: the manager's shutdown
-/// ends within a job deadline, reports the first failure, and shuts every tier down.
+/// ends within `shutdown_timeout_s`, reports the first failure, and shuts every tier down.
 #[tokio::test(start_paused = true)]
 async fn shutdown_ends_and_reaches_every_tier_when_one_hangs_or_panics() {
     let (a, b, c) = (mem(), mem(), mem());
@@ -445,7 +445,7 @@ async fn shutdown_ends_and_reaches_every_tier_when_one_hangs_or_panics() {
     fa.hang_shutdown(true);
     fb.panic_on_shutdown(true);
     let fx = manager_with(4, vec![fa.clone(), fb.clone(), fc.clone()], |c| {
-        c.job_timeout_s = 10.0
+        c.shutdown_timeout_s = 10.0
     })
     .await;
     let started = tokio::time::Instant::now();
@@ -457,6 +457,33 @@ async fn shutdown_ends_and_reaches_every_tier_when_one_hangs_or_panics() {
         started.elapsed()
     );
     assert_eq!((fa.shutdowns(), fb.shutdowns(), fc.shutdowns()), (1, 1, 1));
+}
+
+/// A tier's shutdown that takes longer than a job's deadline (it waits for work abandoned jobs
+/// left running, as the fs tier joins its I/O threads) but less than `shutdown_timeout_s`
+/// succeeds: a short `job_timeout_s` does not make shutdowns fail. Past `shutdown_timeout_s`
+/// it is reported, naming the tier.
+#[tokio::test(start_paused = true)]
+async fn a_tier_shutdown_has_its_own_deadline_not_a_jobs() {
+    for (shutdown_s, ok) in [(30.0, true), (0.5, false)] {
+        let t = Arc::new(FaultyTier::new(mem()));
+        t.delay_shutdown(Some(Duration::from_secs(2)));
+        let fx = manager_with(4, vec![t.clone()], |c| {
+            c.job_timeout_s = 0.01;
+            c.job_timeout_per_block_s = 0.0;
+            c.shutdown_timeout_s = shutdown_s;
+        })
+        .await;
+        let r = fx.m.shutdown().await;
+        assert_eq!(t.shutdowns(), 1);
+        if ok {
+            r.unwrap();
+        } else {
+            let e = r.unwrap_err();
+            assert!(matches!(e, kv_tier_core::Error::Timeout { .. }), "{e}");
+            assert!(e.to_string().contains("shutdown of tier `fs`"), "{e}");
+        }
+    }
 }
 
 /// A tier whose `protect()` panics costs protection, never the scheduler: probes, stores and

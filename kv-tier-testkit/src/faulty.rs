@@ -27,6 +27,7 @@ struct Plan {
     panic_on_protect: bool,
     panic_on_shutdown: bool,
     hang_shutdown: bool,
+    shutdown_delay: Option<Duration>,
     delay: Option<Duration>,
     answer_delay: Option<Duration>,
     lookup_gate: Option<Gate>,
@@ -44,7 +45,8 @@ struct Plan {
 ///   tier returning torn data), to test end-to-end verification.
 /// - `short_store`: the block is handed to the inner tier truncated by one byte.
 /// - `panic_on_lookup` / `panic_on_load` / `panic_on_protect` / `panic_on_shutdown`: those
-///   calls panic; `hang_shutdown`: `shutdown()` never returns.
+///   calls panic; `hang_shutdown`: `shutdown()` never returns; `delay_shutdown`: it sleeps
+///   first (a tier waiting for work its abandoned jobs left running).
 /// - `delay`: every job and probe sleeps first.
 /// - `delay_answers`: probes look, then sleep before answering (an answer that may arrive
 ///   after a store of its keys completed: a stale one).
@@ -169,6 +171,11 @@ impl FaultyTier {
     /// `shutdown()` never returns.
     pub fn hang_shutdown(&self, on: bool) {
         self.plan().hang_shutdown = on;
+    }
+
+    /// `shutdown()` sleeps `d` before shutting the inner tier down (`None` stops).
+    pub fn delay_shutdown(&self, d: Option<Duration>) {
+        self.plan().shutdown_delay = d;
     }
 
     /// How many times `shutdown()` was called.
@@ -376,15 +383,18 @@ impl SecondaryTier for FaultyTier {
 
     async fn shutdown(&self) -> Result<()> {
         self.shutdowns.fetch_add(1, Ordering::Relaxed);
-        let (panics, hangs) = {
+        let (panics, hangs, delay) = {
             let p = self.plan();
-            (p.panic_on_shutdown, p.hang_shutdown)
+            (p.panic_on_shutdown, p.hang_shutdown, p.shutdown_delay)
         };
         if panics {
             panic!("injected panic in FaultyTier::shutdown");
         }
         if hangs {
             std::future::pending::<()>().await;
+        }
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
         }
         self.heal();
         self.inner.shutdown().await

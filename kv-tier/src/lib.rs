@@ -469,6 +469,7 @@ pub fn effective_config(
         "job_timeout_s": config.job_timeout_s,
         "job_timeout_per_block_s": config.job_timeout_per_block_s,
         "lease_s": config.lease_s,
+        "shutdown_timeout_s": config.shutdown_timeout_s,
         "write_back_max_dram_fraction": config.write_back_max_dram_fraction,
         "layout": layout,
         "secondary_tiers": tiers,

@@ -344,6 +344,7 @@ fn wrong_types_of_top_level_numbers_name_the_field() {
         "job_timeout_s",
         "job_timeout_per_block_s",
         "lease_s",
+        "shutdown_timeout_s",
         "write_back_max_dram_fraction",
     ];
     let mut bad = Vec::new();

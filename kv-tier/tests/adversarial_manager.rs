@@ -375,12 +375,15 @@ fn a_hanging_store_is_abandoned_and_its_pins_return() {
 }
 
 /// `shutdown` with a tier whose `shutdown` never returns still ends (the tier shutdown has a
-/// deadline, `job_timeout(0)`).
+/// deadline, `shutdown_timeout_s`).
 #[test]
 fn shutdown_with_a_hanging_tier_shutdown_ends() {
     let t = Script::new("hang", BS);
     t.hang_shutdown.store(true, Ordering::SeqCst);
-    let m = build(cfg(4, BS, r#", "job_timeout_s": 0.3"#), vec![t.clone()]);
+    let m = build(
+        cfg(4, BS, r#", "shutdown_timeout_s": 0.3"#),
+        vec![t.clone()],
+    );
     let t0 = Instant::now();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
@@ -1186,6 +1189,7 @@ fn every_manager_range_is_checked_at_its_documented_ends() {
         ("job_timeout_s", 0.01, 86_400.0, false),
         ("job_timeout_per_block_s", 0.0, 3_600.0, false),
         ("lease_s", 0.001, 86_400.0, false),
+        ("shutdown_timeout_s", 0.01, 86_400.0, false),
         ("write_back_max_dram_fraction", 0.01, 1.0, false),
         ("blocks_per_chunk", 1.0, 65_536.0, true),
         // `store_threshold`: "range 0 to 10,000" (KvTierConfig::store_threshold)
@@ -1687,8 +1691,27 @@ fn abandoned_fs_jobs_never_tear_a_served_block() {
         "served {served}, load timeouts {}, store timeouts {}",
         s.tiers[0].load_failure_causes.timed_out, s.tiers[0].store_failure_causes.timed_out
     );
-    // let abandoned fs work drain, then everything is released
-    std::thread::sleep(Duration::from_millis(500));
+    // let abandoned fs work drain (its I/O threads hold the sinks until their reads end; a
+    // loaded machine can take a while), then everything is released
+    let cap = m.stats().primary.capacity_blocks as u64;
+    let fresh: Vec<BlockKey> = (0..cap).map(|i| test_key(8_000_000 + i)).collect();
+    let drained = Instant::now() + Duration::from_secs(60);
+    loop {
+        idle(&m);
+        match m.prepare_store(&fresh) {
+            Ok(p) if p.keys().len() + p.present().len() == cap as usize => {
+                p.abort();
+                break;
+            }
+            Ok(p) => p.abort(),
+            Err(_) => {}
+        }
+        assert!(
+            Instant::now() < drained,
+            "DRAM slots still held 60 s after the last job"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_clean(&m);
     m.shutdown_blocking().unwrap();
 }

@@ -99,6 +99,8 @@ struct RawConfig {
     job_timeout_per_block_s: f64,
     #[serde(default = "default_lease")]
     lease_s: f64,
+    #[serde(default = "default_shutdown_timeout")]
+    shutdown_timeout_s: f64,
     #[serde(default = "default_write_back_fraction")]
     write_back_max_dram_fraction: f64,
 }
@@ -123,6 +125,9 @@ fn default_job_timeout_per_block() -> f64 {
     0.25
 }
 fn default_lease() -> f64 {
+    30.0
+}
+fn default_shutdown_timeout() -> f64 {
     30.0
 }
 
@@ -191,6 +196,13 @@ pub struct KvTierConfig {
     /// the lease): then it is renewed once and used, a promotion of a key the tier evicted
     /// meanwhile failing as a miss.
     pub lease_s: f64,
+    /// Deadline of each secondary tier's shutdown, in seconds (`shutdown_timeout_s`, default
+    /// 30, range 0.01 to 86,400). A tier's shutdown waits for work its abandoned jobs left
+    /// running (an fs read or write under way when its job passed `job_timeout_s`), so it
+    /// has a deadline of its own: a short job deadline does not make shutdowns fail. One that
+    /// passes it is reported ([`crate::Error::Timeout`]) and the other tiers are still shut
+    /// down.
+    pub shutdown_timeout_s: f64,
     /// At most this fraction of the DRAM pool stays pinned by store jobs to secondary tiers
     /// (`write_back_max_dram_fraction`, default 0.75, range 0.01 to 1). Pinned blocks still
     /// serve hits; the rest of the pool takes new stores and promotions. Past it, cascades to
@@ -209,6 +221,7 @@ pub const RANGES: &[(&str, f64, f64)] = &[
         JOB_TIMEOUT_PER_BLOCK.1,
     ),
     ("lease_s", LEASE.0, LEASE.1),
+    ("shutdown_timeout_s", SHUTDOWN_TIMEOUT.0, SHUTDOWN_TIMEOUT.1),
     (
         "write_back_max_dram_fraction",
         WRITE_BACK_FRACTION.0,
@@ -239,6 +252,7 @@ const PROBE_TIMEOUT: (f64, f64) = (0.001, 600.0);
 const JOB_TIMEOUT: (f64, f64) = (0.01, 86_400.0);
 const JOB_TIMEOUT_PER_BLOCK: (f64, f64) = (0.0, 3_600.0);
 const LEASE: (f64, f64) = (0.001, 86_400.0);
+const SHUTDOWN_TIMEOUT: (f64, f64) = (0.01, 86_400.0);
 const WRITE_BACK_FRACTION: (f64, f64) = (0.01, 1.0);
 const BLOCKS_PER_CHUNK: (u64, u64) = (1, 65_536);
 const STORE_THRESHOLD: (u64, u64) = (0, 10_000);
@@ -267,6 +281,7 @@ impl KvTierConfig {
             job_timeout_s: default_job_timeout(),
             job_timeout_per_block_s: default_job_timeout_per_block(),
             lease_s: default_lease(),
+            shutdown_timeout_s: default_shutdown_timeout(),
             write_back_max_dram_fraction: default_write_back_fraction(),
         }
     }
@@ -281,6 +296,11 @@ impl KvTierConfig {
         let secs = self.job_timeout_s + self.job_timeout_per_block_s * blocks as f64;
         // Both terms are range-checked; capped (at ~31 years) so any block count converts.
         Duration::try_from_secs_f64(secs.min(1e9)).unwrap_or(Duration::MAX)
+    }
+
+    /// The deadline of each secondary tier's shutdown.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.shutdown_timeout_s)
     }
 
     /// The lease of a key a probe found.
@@ -425,6 +445,7 @@ impl KvTierConfig {
             job_timeout_s: raw.job_timeout_s,
             job_timeout_per_block_s: raw.job_timeout_per_block_s,
             lease_s: raw.lease_s,
+            shutdown_timeout_s: raw.shutdown_timeout_s,
             write_back_max_dram_fraction: raw.write_back_max_dram_fraction,
         };
         cfg.validate_as_given()?;
@@ -508,6 +529,11 @@ impl KvTierConfig {
                 JOB_TIMEOUT_PER_BLOCK,
             ),
             ("lease_s", self.lease_s, LEASE),
+            (
+                "shutdown_timeout_s",
+                self.shutdown_timeout_s,
+                SHUTDOWN_TIMEOUT,
+            ),
             (
                 "write_back_max_dram_fraction",
                 self.write_back_max_dram_fraction,

@@ -89,9 +89,10 @@ impl TieringManager {
         // jobs other callers sent after the wait's last look (nothing new is sent now): they
         // end, or reach their deadline, before their tiers go
         self.wait_jobs().await;
-        // Each tier's shutdown runs on the manager's runtime, within a job deadline; one that
-        // hangs or panics is reported and the others are still shut down.
-        let deadline = self.config.job_timeout(0);
+        // Each tier's shutdown runs on the manager's runtime, within `shutdown_timeout_s` (not
+        // a job's deadline: it waits for work abandoned jobs left running); one that hangs or
+        // panics is reported and the others are still shut down.
+        let deadline = self.config.shutdown_timeout();
         let mut first_err = None;
         for (t, name) in self.tiers.iter().zip(&self.names) {
             let tier = t.clone();
