@@ -328,3 +328,40 @@ async fn an_existence_answer_from_a_head_is_cached() {
     );
     assert_eq!(reader.stats().exists_cache_hits, 1);
 }
+
+/// A store of a key the tier knows present asks the backend once (one HEAD tells presence,
+/// size and checksum), writes nothing, and reports it stored; without create-only writes a
+/// new key costs one HEAD and one PUT.
+#[tokio::test]
+async fn a_store_of_a_present_key_is_one_head() {
+    let s = Arc::new(ControlledStore::new());
+    let t = tier_on(&s, checked()).await;
+    let k = test_key(1);
+    assert!(store(&t, &[k]).await.is_success());
+    let (heads, puts, gets) = (s.count(Op::Head), s.count(Op::Put), s.count(Op::Get));
+    assert!(store(&t, &[k]).await.is_success());
+    assert_eq!(
+        (
+            s.count(Op::Head) - heads,
+            s.count(Op::Put) - puts,
+            s.count(Op::Get) - gets
+        ),
+        (1, 0, 0),
+        "requests of a store of a present key (HEAD, PUT, GET)"
+    );
+    assert_eq!(t.stats().blocks.stores_skipped, 1);
+    s.refuse_create(true);
+    let u = tier_on(&s, checked()).await;
+    // its first store learns that create-only PUTs are refused
+    assert!(store(&u, &[test_key(3)]).await.is_success());
+    let k2 = test_key(2);
+    let (heads, puts) = (s.count(Op::Head), s.count(Op::Put));
+    assert!(store(&u, &[k2]).await.is_success());
+    assert_eq!(
+        (s.count(Op::Head) - heads, s.count(Op::Put) - puts),
+        (1, 1),
+        "requests of a new key's store without create-only writes (HEAD, PUT)"
+    );
+    let (res, data) = load_keys(&*u, &[k, k2], BS).await;
+    assert!(res.is_success() && data.iter().all(|(k, d)| verify_block(k, 0, d)));
+}
