@@ -672,7 +672,7 @@ fn long_workload(root: &Path) -> Vec<String> {
     let mut v = fs_workload(root, "9");
     let i = v.iter().position(|a| a == "--turns").unwrap();
     v[i + 1] = "100000".into();
-    v.extend(["--duration".to_string(), "20".to_string()]);
+    v.extend(["--duration".to_string(), "90".to_string()]);
     v
 }
 
@@ -700,17 +700,17 @@ fn interrupt_mid_run(sig: i32) {
     let root = dir.path().join("root");
     let child = spawn(&long_workload(&root));
     let start = Instant::now();
-    while blocks_under(&root) < 50 && start.elapsed() < Duration::from_secs(15) {
+    while blocks_under(&root) < 50 && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(blocks_under(&root) >= 50, "no blocks written to interrupt");
     std::thread::sleep(Duration::from_millis(500));
     kill(&child, sig);
     let t = Instant::now();
-    let out = finish(child, Duration::from_secs(15));
+    let out = finish(child, Duration::from_secs(30));
     assert!(
         !out.timed_out,
-        "did not stop within 15 s of the signal: {}",
+        "did not stop within 30 s of the signal: {}",
         out.all()
     );
     assert_ne!(out.code, Some(101), "panicked on the signal: {}", out.all());

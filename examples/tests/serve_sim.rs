@@ -524,7 +524,7 @@ fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
             "--prefill-tokens-per-s",
             "0",
             "--duration",
-            "4",
+            "8",
             "--no-progress",
             "--metrics-addr",
             "127.0.0.1:0",

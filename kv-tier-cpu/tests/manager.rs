@@ -861,6 +861,14 @@ async fn jobs_carry_their_request_and_tiers_see_requests_start_and_finish() {
     // r1 stores two blocks: the cascade to the tier is r1's; r1 finishes while it is held
     store(&fx.m, r1.id, &keys);
     fx.m.on_request_finished(r1.id);
+    // the store job has started (bounded wait: a loaded machine may take a while to run it)
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !rec.log().contains(&stored_line) {
+        assert!(std::time::Instant::now() < patience, "{:?}", rec.log());
+        fx.m.on_schedule_end();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // and steps go on while it is held
     for _ in 0..3 {
         fx.m.on_schedule_end();
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;

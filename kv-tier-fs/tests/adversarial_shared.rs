@@ -276,18 +276,18 @@ async fn lease_lost_after_epochs_climb(garbage: bool) {
     });
     let new_epoch = std::fs::read_to_string(&lease).unwrap_or_default();
     eprintln!("old epoch {epoch}, new lease {new_epoch:?}");
-    // stores must succeed again within a few seconds
-    let deadline = Instant::now() + Duration::from_secs(6);
+    // stores succeed again: two bounds' worth (bounded wait, 60 s: a loaded machine is slow)
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut i = 0;
     let (mut ok_cur, mut ok_other) = (0, 0);
-    while Instant::now() < deadline {
+    while Instant::now() < deadline && ok_cur + ok_other < 2 * CAP / BS as u64 {
         ok_cur += store_many(&cur, 60, i, 16).await.0;
         ok_other += store_many(&other, 61, i, 16).await.0;
         i += 16;
     }
     assert!(
         ok_cur + ok_other >= 2 * CAP / BS as u64,
-        "after the lease was {} at epoch {epoch}, the new lease is {new_epoch:?}; stores stored cur {ok_cur} other {ok_other} within 6 s; cur {:?}; other {:?}",
+        "after the lease was {} at epoch {epoch}, the new lease is {new_epoch:?}; stores stored cur {ok_cur} other {ok_other} within 60 s; cur {:?}; other {:?}",
         if garbage { "garbled" } else { "deleted" },
         cur.stats().shared.unwrap(),
         other.stats().shared.unwrap()
@@ -483,7 +483,15 @@ async fn churn_of_instances_leaks_no_files() {
             counts.push(count_files(&cd));
         }
     }
+    // the leader reaps the members that left within a few leases (polled, bounded: a loaded
+    // machine's leader may tick late)
+    let reaping = Instant::now() + Duration::from_secs(30);
     tokio::time::sleep(Duration::from_secs_f64(2.0 * LEASE_S)).await;
+    while (count_files(&cd) > 16 || a.stats().shared.unwrap().members != 1)
+        && Instant::now() < reaping
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let fin = count_files(&cd);
     let members = a.stats().shared.unwrap().members;
     eprintln!("coord file counts {counts:?} final {fin} members {members}");

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{BS, ns, store, tier_on};
 use futures::StreamExt;
@@ -791,11 +791,9 @@ async fn a_damaged_objects_delete_spares_the_object_a_store_put_in_its_place() {
     deletes.wait_arrived(1).await; // the store, holding k's claim, deletes the old object
     let t3 = tier.clone();
     let loading = tokio::spawn(async move { load_keys(&*t3, &[k], BS).await.0 });
-    for _ in 0..200 {
-        // the load read the old object, refused it, and waits for the claim
-        if tier.stats().blocks.unverified_refused == 1 {
-            break;
-        }
+    // the load read the old object, refused it, and waits for the claim (polled, bounded)
+    let patience = Instant::now() + Duration::from_secs(60);
+    while tier.stats().blocks.unverified_refused != 1 && Instant::now() < patience {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(tier.stats().blocks.unverified_refused, 1);

