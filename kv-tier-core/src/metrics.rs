@@ -17,12 +17,26 @@
 //!   `kv_tier_fs_gc_swept_files_total`) as they are now. Call it before each scrape (the
 //!   `kv-tier` helper does) or every few seconds.
 //!
+//! The recorder's counters belong to the process: each manager adds what it counted since
+//! it last published ([`MetricsPublisher`]), so a counter is the sum over every manager the
+//! process had, and never goes back (a manager replaced by a new one, or two at once, do
+//! not hide each other's counts). Gauges are levels: with several managers alive, the one
+//! that published last sets them. Histograms are recorded by every manager as it goes.
+//!
 //! Counters end in `_total`; sizes are in bytes (`_bytes`), times in seconds (`_seconds`: a
 //! tier's figures in microseconds or milliseconds are converted).
 
+use std::sync::Mutex;
+
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use rustc_hash::FxHashMap;
 
 use crate::stats::{FailureCauses, Figure, FigureKind, Figures, ManagerStats};
+use crate::sync::lock;
+
+/// What one manager has published of each counter (name and labels): the next publication
+/// adds only what it counted since.
+type Book = Mutex<FxHashMap<String, u64>>;
 
 /// Probe batch latency, per tier (histogram, seconds).
 pub const PROBE_SECONDS: &str = "kv_tier_probe_seconds";
@@ -73,9 +87,23 @@ fn to_labels(labels: &[(&'static str, String)]) -> Vec<metrics::Label> {
         .collect()
 }
 
-fn set_counter(name: &str, help: &str, labels: &[(&'static str, String)], v: u64) {
+/// Adds to the process's counter `name{labels}` what this manager counted since it last
+/// published it (`v` is the manager's total). A total below the last one published (two
+/// publications racing, the older last) adds nothing.
+fn set_counter(book: &Book, name: &str, help: &str, labels: &[(&'static str, String)], v: u64) {
     describe_counter!(name.to_string(), help.to_string());
-    counter!(name.to_string(), to_labels(labels)).absolute(v);
+    let mut key = name.to_string();
+    for (l, lv) in labels {
+        key.push('\u{0}');
+        key.push_str(l);
+        key.push('=');
+        key.push_str(lv);
+    }
+    let mut book = lock(book);
+    let last = book.entry(key).or_insert(0);
+    // registered even at 0, so every series is there from the first scrape
+    counter!(name.to_string(), to_labels(labels)).increment(v.saturating_sub(*last));
+    *last = (*last).max(v);
 }
 
 fn set_gauge(name: &str, help: &str, labels: &[(&'static str, String)], v: f64) {
@@ -83,7 +111,7 @@ fn set_gauge(name: &str, help: &str, labels: &[(&'static str, String)], v: f64) 
     gauge!(name.to_string(), to_labels(labels)).set(v);
 }
 
-fn causes(name: &str, help: &str, tier: &str, c: &FailureCauses) {
+fn causes(book: &Book, name: &str, help: &str, tier: &str, c: &FailureCauses) {
     for (cause, v) in [
         ("missing", c.missing),
         ("corrupt", c.corrupt),
@@ -94,6 +122,7 @@ fn causes(name: &str, help: &str, tier: &str, c: &FailureCauses) {
         ("other", c.other),
     ] {
         set_counter(
+            book,
             name,
             help,
             &[("tier", tier.to_string()), ("cause", cause.to_string())],
@@ -123,18 +152,39 @@ pub fn figure_metric(prefix: &str, f: &Figure) -> (String, FigureKind, f64) {
     (name, kind, value)
 }
 
-fn publish_figure(prefix: &str, f: &Figure, tier: &str) {
+fn publish_figure(book: &Book, prefix: &str, f: &Figure, tier: &str) {
     let (name, kind, v) = figure_metric(prefix, f);
     let labels = [("tier", tier.to_string())];
     match kind {
-        FigureKind::Counter => set_counter(&name, &f.help, &labels, v as u64),
+        FigureKind::Counter => set_counter(book, &name, &f.help, &labels, v as u64),
         FigureKind::Gauge => set_gauge(&name, &f.help, &labels, v),
     }
 }
 
-/// Writes `s` (the manager's statistics, DRAM blocks of `block_size` bytes) to the installed
-/// recorder: counters as absolute values, gauges as levels.
-pub fn publish(s: &ManagerStats, block_size: usize) {
+/// Publishes one manager's statistics to the installed recorder (a manager holds one:
+/// [`TieringManager::publish_metrics`](crate::TieringManager::publish_metrics)). It remembers
+/// what it published of each counter, so each publication adds only what was counted since:
+/// the process's counters sum every manager's (see the module docs).
+#[derive(Debug, Default)]
+pub struct MetricsPublisher {
+    book: Book,
+}
+
+impl MetricsPublisher {
+    /// A publisher that has published nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes `s` (the manager's statistics, DRAM blocks of `block_size` bytes) to the
+    /// installed recorder: counters by what they grew since this publisher's last call,
+    /// gauges as levels.
+    pub fn publish(&self, s: &ManagerStats, block_size: usize) {
+        publish(&self.book, s, block_size);
+    }
+}
+
+fn publish(book: &Book, s: &ManagerStats, block_size: usize) {
     describe();
     let none: &[(&'static str, String)] = &[];
     for (verdict, v) in [
@@ -144,6 +194,7 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
         ("miss", s.misses),
     ] {
         set_counter(
+            book,
             LOOKUPS_TOTAL,
             "Lookups answered, by verdict.",
             &[("verdict", verdict.to_string())],
@@ -151,12 +202,14 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
         );
     }
     set_counter(
+        book,
         "kv_tier_promotions_refused_total",
         "Lookups that found a block in a secondary tier but no DRAM slot to promote it into.",
         none,
         s.promotions_refused,
     );
     set_counter(
+        book,
         "kv_tier_dram_events_dropped_total",
         "DRAM event keys dropped because its buffer was full.",
         none,
@@ -164,12 +217,14 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
             .saturating_sub(s.tiers.iter().map(|t| t.events_dropped).sum::<u64>()),
     );
     set_counter(
+        book,
         "kv_tier_stores_not_admitted_total",
         "Keys prepare_store left out: not looked up store_threshold times.",
         none,
         s.stores_not_admitted,
     );
     set_counter(
+        book,
         "kv_tier_stores_refused_for_write_back_total",
         "prepare_store calls refused because a wait tier's write-back was at its limit.",
         none,
@@ -202,12 +257,14 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
         (p.ready_blocks + p.writing_blocks) as f64 * bs,
     );
     set_counter(
+        book,
         "kv_tier_dram_evictions_total",
         "Blocks evicted from DRAM.",
         none,
         p.evictions,
     );
     set_counter(
+        book,
         "kv_tier_dram_refused_stores_total",
         "DRAM store reservations refused for lack of room.",
         none,
@@ -215,7 +272,7 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
     );
     for t in &s.tiers {
         let tier = || vec![("tier", t.name.clone())];
-        let c = |name: &str, help: &str, v: u64| set_counter(name, help, &tier(), v);
+        let c = |name: &str, help: &str, v: u64| set_counter(book, name, help, &tier(), v);
         let g = |name: &str, help: &str, v: f64| set_gauge(name, help, &tier(), v);
         c(
             "kv_tier_tier_hits_total",
@@ -273,12 +330,14 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
             t.bytes_loaded,
         );
         causes(
+            book,
             "kv_tier_store_failures_total",
             "Blocks whose store failed, by cause.",
             &t.name,
             &t.store_failure_causes,
         );
         causes(
+            book,
             "kv_tier_load_failures_total",
             "Blocks whose load failed, by cause.",
             &t.name,
@@ -313,6 +372,7 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
         c("kv_tier_probes_total", "Probe batches sent.", pr.probes);
         for (outcome, v) in [("found", pr.keys_found), ("absent", pr.keys_absent)] {
             set_counter(
+                book,
                 "kv_tier_probe_keys_total",
                 "Keys answered by probes, by outcome.",
                 &[("tier", t.name.clone()), ("outcome", outcome.to_string())],
@@ -325,6 +385,7 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
             ("panic", pr.probe_panics),
         ] {
             set_counter(
+                book,
                 "kv_tier_probe_failures_total",
                 "Probe batches that failed, by outcome (their keys count as absent).",
                 &[("tier", t.name.clone()), ("outcome", outcome.to_string())],
@@ -378,10 +439,10 @@ pub fn publish(s: &ManagerStats, block_size: usize) {
         let mut figures = Vec::new();
         own.blocks.figures("", "", &mut figures);
         for f in &figures {
-            publish_figure("tier", f, &t.name);
+            publish_figure(book, "tier", f, &t.name);
         }
         for f in &own.figures {
-            publish_figure(&own.kind, f, &t.name);
+            publish_figure(book, &own.kind, f, &t.name);
         }
     }
 }

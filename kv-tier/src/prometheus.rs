@@ -75,8 +75,9 @@ impl Drop for MetricsEndpoint {
 
 /// Installs the recorder (see [`install_recorder`]) and serves `GET /metrics` on `addr`, on
 /// the current tokio runtime: each scrape publishes `manager`'s statistics first, so every
-/// value is as of the scrape. Other paths answer 404. The endpoint does not keep the manager
-/// alive: once it is dropped, scrapes render what was recorded last.
+/// value is as of the scrape (counters are the process's, summed over every manager it had:
+/// see [`kv_tier_core::metrics`]). Other paths answer 404. The endpoint does not keep the
+/// manager alive: once it is dropped, scrapes render what was recorded last.
 pub async fn serve(addr: SocketAddr, manager: &Arc<TieringManager>) -> io::Result<MetricsEndpoint> {
     let handle = install_recorder()?;
     let listener = TcpListener::bind(addr).await.map_err(|e| {

@@ -296,6 +296,7 @@ impl TieringManagerBuilder {
             inbox: Arc::new(Mutex::new(Vec::new())),
             runtime: handle,
             _owned_runtime: owned,
+            metrics: crate::metrics::MetricsPublisher::new(),
         })
     }
 }

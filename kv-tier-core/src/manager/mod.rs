@@ -100,6 +100,8 @@ pub struct TieringManager {
     inbox: Arc<Mutex<Vec<Completion>>>,
     runtime: tokio::runtime::Handle,
     _owned_runtime: OwnedRuntime,
+    /// What [`TieringManager::publish_metrics`] published of each counter.
+    metrics: crate::metrics::MetricsPublisher,
 }
 
 impl fmt::Debug for TieringManager {
@@ -515,9 +517,11 @@ impl TieringManager {
 
     /// Writes [`TieringManager::stats`] (with every tier's own) to the installed `metrics`
     /// recorder, as counters and gauges named `kv_tier_...` (see [`crate::metrics`]); a
-    /// no-op without a recorder. Call it before each scrape, or every few seconds.
+    /// no-op without a recorder. Call it before each scrape, or every few seconds. Counters
+    /// grow by what this manager counted since its last call: they are the process's, summed
+    /// over every manager it had (one replaced by another does not hide the new one's counts).
     pub fn publish_metrics(&self) {
-        crate::metrics::publish(&self.stats(), self.block_size());
+        self.metrics.publish(&self.stats(), self.block_size());
     }
 
     /// A snapshot of the counters.
