@@ -2,6 +2,7 @@
 //! first-level directories, stray temp files.
 
 use std::io;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -137,10 +138,15 @@ pub(crate) struct Probe {
     pub(crate) xattrs: bool,
     /// Whether a block can be written unnamed and linked into place (`O_TMPFILE`).
     pub(crate) tmpfile: bool,
+    /// Allocated bytes of a fresh, empty directory here: what a new leaf or top directory
+    /// costs (4 KiB on ext4, 0 where small directories live in their inode or in memory).
+    pub(crate) dir_alloc: u64,
 }
 
 /// One probe file per open: writability, O_DIRECT (and its alignment), user xattrs, and
-/// (`want_tmpfile`) publishing an `O_TMPFILE` file by `linkat`.
+/// (`want_tmpfile`) publishing an `O_TMPFILE` file by `linkat`; and one probe directory, for
+/// the allocated size of a fresh directory (not the rank directory's own, which grows with
+/// its entries: a populated one is many times a fresh one).
 pub(crate) fn probe_dir(
     dir: &Path,
     want_direct: bool,
@@ -204,11 +210,27 @@ pub(crate) fn probe_dir(
                 }
             }
         };
+    let dir_alloc = fresh_dir_alloc(dir, &path);
     Ok(Probe {
         direct_align,
         xattrs,
         tmpfile,
+        dir_alloc,
     })
+}
+
+/// Allocated bytes of an empty directory made at `at` (then removed) in `dir`. Where none
+/// can be made, the smaller of `dir`'s own size and its filesystem's block size.
+fn fresh_dir_alloc(dir: &Path, at: &Path) -> u64 {
+    let made = std::fs::create_dir(at).and_then(|()| std::fs::symlink_metadata(at));
+    let _ = std::fs::remove_dir(at);
+    match made {
+        Ok(m) => m.blocks() * 512,
+        Err(e) => {
+            tracing::debug!(dir = %dir.display(), error = %e, "could not make a probe directory");
+            std::fs::metadata(dir).map_or(4096, |m| (m.blocks() * 512).min(m.blksize()))
+        }
+    }
 }
 
 /// Creates the layout's 4,096 first-level directories (`<hex[0..3]>`) in the background.

@@ -113,9 +113,10 @@ kv_tier_core::counters! {
         last_sweep_us,
         /// How long the startup adopt walk took, in milliseconds.
         adopt_ms,
-        /// Files in the tree that are not block files of this layout (a `.bin` that is not a
-        /// regular file, or whose name or place is not a block's), as the last walk (at open or a
-        /// rescan) found them: left alone, not counted toward the cap.
+        /// Files in the tree that are not block files of this layout (a `.bin` in the rank,
+        /// a top or a leaf directory that is not a regular file, or whose name or place is not
+        /// a block's; directories below the leaves are not walked), as the last walk (at open
+        /// or a rescan) found them: left alone, not counted toward the cap.
         foreign_files,
         /// Times a store, a load or a rescan found the tier over its cap and woke the GC (without
         /// waiting for `gc_interval_s`; counted with the GC off the background thread too).

@@ -82,10 +82,11 @@ impl FsTier {
             }
             None => false,
         };
-        let (alloc_unit, dir_alloc) = match std::fs::metadata(&rank_dir) {
-            Ok(m) => (m.blksize().max(512), m.blocks() * 512),
+        let alloc_unit = match std::fs::metadata(&rank_dir) {
+            Ok(m) => m.blksize().max(512),
             Err(e) => return Err(Error::io("stat", &rank_dir, e)),
         };
+        let dir_alloc = probe.dir_alloc;
         let alloc_block = (block_size as u64).div_ceil(alloc_unit) * alloc_unit;
         let sidecar_unit = if cfg.checksum == Checksum::Crc32c && !probe.xattrs {
             alloc_unit

@@ -65,8 +65,8 @@ pub(super) struct Index {
     /// sweep is deleting.
     pub(super) lru: LruIndex<Entry>,
     /// Indexed files per leaf directory, and the directory's allocated bytes (a directory
-    /// grows with its entries and does not shrink: measured by walks and, every
-    /// [`MEASURE_EVERY`] files, by stores).
+    /// grows with its entries and does not shrink: measured by walks and, once it holds
+    /// [`MEASURE_EVERY`] files, by every store into it).
     leaves: FxHashMap<Leaf, LeafUse>,
     /// Leaf directories in use per top directory.
     tops: FxHashMap<u32, u32>,
@@ -98,8 +98,8 @@ struct LeafUse {
     bytes: u64,
 }
 
-/// A store measures its leaf directory's size when the leaf's file count reaches a multiple
-/// of this.
+/// From this many files on, a leaf directory may grow with a store's entries: stores into it
+/// reserve a directory unit for that and measure it after publishing.
 pub(crate) const MEASURE_EVERY: u32 = 16;
 
 /// What removing an entry left behind.
@@ -136,6 +136,11 @@ impl Index {
     /// until its unlink (and its directories' removal) is done.
     pub(super) fn victim_bytes(&self, size: u64, r: &Removed) -> u64 {
         size + (u64::from(r.leaf_empty) + u64::from(r.top_empty)) * self.dir_unit
+    }
+
+    /// Whether top directories count per use (they were not pre-created).
+    pub(super) fn counts_tops(&self) -> bool {
+        self.count_tops
     }
 
     pub(super) fn dir_bytes(&self) -> u64 {
@@ -251,6 +256,17 @@ impl Index {
 
     pub(super) fn unreserve(&mut self, bytes: u64) {
         self.reserved = self.reserved.saturating_sub(bytes);
+    }
+
+    /// What a new file in `key`'s leaf directory may add to the directory itself: one unit
+    /// once it holds [`MEASURE_EVERY`] files or more (a few dozen entries fill a directory's
+    /// first unit; a store adds at most two, which never grow it by more than a unit), 0
+    /// before. Stores reserve it, and measure such a leaf after publishing.
+    pub(super) fn growth_slack(&self, key: &BlockKey) -> u64 {
+        match self.leaves.get(&leaf_of(key)) {
+            Some(l) if l.files + 1 >= MEASURE_EVERY => self.dir_unit,
+            _ => 0,
+        }
     }
 
     /// Whether `key`'s leaf (and top) directory is in use: what a new file there would add.

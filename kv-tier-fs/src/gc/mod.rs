@@ -431,11 +431,12 @@ impl Gc {
         alloc_block + self.sidecar_unit.load(Ordering::Relaxed)
     }
 
-    /// Reserves room for one new block file of `key` (its bytes and any directory it
-    /// creates) under the hard ceiling; `None` when it does not fit now.
+    /// Reserves room for one new block file of `key` (its bytes, any directory it creates,
+    /// and what its entry may add to a well-filled leaf directory) under the hard ceiling;
+    /// `None` when it does not fit now.
     pub(crate) fn try_reserve(&self, key: &BlockKey, file_bytes: u64) -> Option<u64> {
         let mut idx = self.lock();
-        let bytes = file_bytes + idx.dirs_needed(key);
+        let bytes = file_bytes + idx.dirs_needed(key) + idx.growth_slack(key);
         idx.reserve(bytes, self.cfg.hard_bytes).then_some(bytes)
     }
 
@@ -455,7 +456,9 @@ impl Gc {
 
     /// A file this tier published (mtime: now), replacing the reservation made for it.
     /// Returns whether its leaf directory is due for a measurement
-    /// ([`Gc::set_leaf_bytes`]): directories grow with their entries.
+    /// ([`Gc::set_leaf_bytes`]): directories grow with their entries. A leaf of
+    /// [`index::MEASURE_EVERY`] files or more is measured after every store (its growth was
+    /// reserved, so it must be known before the reservation's slack is given to others).
     pub(crate) fn on_published(&self, key: BlockKey, file_bytes: u64, reserved: u64) -> bool {
         let now = self.now_ns();
         let (over, measure) = {
@@ -464,7 +467,7 @@ impl Gc {
             idx.insert(key, file_bytes, now);
             (
                 self.is_over(&idx),
-                idx.leaf_files(&key).is_multiple_of(index::MEASURE_EVERY),
+                idx.leaf_files(&key) >= index::MEASURE_EVERY,
             )
         };
         if over {

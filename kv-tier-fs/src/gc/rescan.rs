@@ -27,12 +27,14 @@ impl Gc {
     pub(crate) fn adopt_tree(&self, threads: usize, tmp_age: Duration) -> Reaped {
         let _span = tracing::info_span!("kv_tier_fs_adopt", tier = %self.at.name).entered();
         let t = std::time::Instant::now();
+        let reap_tops = self.lock().counts_tops();
         let w = walk(
             &self.at.ns,
             &self.at.rank_dir(),
             threads,
             Some(tmp_age),
             SystemTime::now(),
+            reap_tops,
         );
         let n = w.blocks.len();
         self.adopt(w.blocks, &w.leaves);
@@ -48,6 +50,7 @@ impl Gc {
             bytes = self.total_bytes(),
             ms = t.elapsed().as_millis() as u64,
             foreign = w.foreign,
+            empty_dirs_removed = w.dirs_reaped,
             "fs tier adopted its directory"
         );
         Reaped {
@@ -65,12 +68,14 @@ impl Gc {
         let seq0 = self.seq();
         // while the tier runs its own temp files are in flight: never younger than a minute
         let tmp_age = self.cfg.tmp_age.max(RESCAN_TMP_FLOOR);
+        let reap_tops = self.lock().counts_tops();
         let w = walk(
             &self.at.ns,
             &self.at.rank_dir(),
             4,
             Some(tmp_age),
             SystemTime::now(),
+            reap_tops,
         );
         let c = &self.counters;
         c.tmp_reaped.fetch_add(w.tmp_reaped, Ordering::Relaxed);

@@ -185,8 +185,9 @@ impl Gc {
             };
             let mut stop = false;
             for (mtime, key) in cands {
-                if !self.may_sweep() {
-                    // a shared root's leader stepped down: its index is no longer the one
+                if !self.may_sweep() || self.stopped() {
+                    // a shared root's leader stepped down (its index is no longer the one),
+                    // or the tier is shutting down: what is decided is unlinked, no more
                     stop = true;
                     break;
                 }

@@ -26,6 +26,8 @@ pub(crate) struct Walk {
     pub(crate) foreign: u64,
     /// Allocated bytes of each leaf directory holding blocks, named by one of its keys.
     pub(crate) leaves: Vec<(BlockKey, u64)>,
+    /// Empty directories removed (leaf directories; top ones where they count per use).
+    pub(crate) dirs_reaped: u64,
 }
 
 /// Parses `<top>/<leaf>/<hex>.bin` under the rank dir into a key, checking it is where the
@@ -42,12 +44,18 @@ pub(crate) fn parse_block(ns: &Namespace, top: &str, leaf: &str, file: &str) -> 
 /// `tmp_age` (`None`: leaves them; this includes temp files directly in the rank directory,
 /// such as an open's capability probe killed mid-way) and checksum sidecars whose block file
 /// is gone (older than `tmp_age`: a publisher writes the sidecar right after its block).
+/// Empty leaf directories are removed (files deleted behind the tier's back leave them, and
+/// an index counts only directories that hold blocks), and so are
+/// empty top directories with `reap_empty_tops` (where tops count per use; pre-created ones
+/// are a fixed part of the total and stay). A store racing a removal makes the directory
+/// again. `.bin` entries where no block can be (the rank or a top directory) count as foreign.
 pub(crate) fn walk(
     ns: &Namespace,
     rank_dir: &Path,
     threads: usize,
     tmp_age: Option<Duration>,
     now: SystemTime,
+    reap_empty_tops: bool,
 ) -> Walk {
     let Ok(rd) = std::fs::read_dir(rank_dir) else {
         return Walk::default();
@@ -60,23 +68,27 @@ pub(crate) fn walk(
         })
     };
     let mut tops: Vec<PathBuf> = Vec::new();
-    let mut reaped_here = 0;
+    let mut here = Walk::default();
     for e in rd.flatten() {
         let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
-        if is_dir {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if is_dir && name.ends_with(".tmp") {
+            // an open's probe directory, left by a process killed mid-way
+            if e.metadata().is_ok_and(|m| is_old(&m)) && std::fs::remove_dir(e.path()).is_ok() {
+                here.dirs_reaped += 1;
+            }
+        } else if is_dir {
             tops.push(e.path());
-        } else if e.file_name().to_string_lossy().ends_with(".tmp")
-            && e.metadata().is_ok_and(|m| is_old(&m))
-            && std::fs::remove_file(e.path()).is_ok()
-        {
-            reaped_here += 1;
+        } else if name.ends_with(".tmp") {
+            if e.metadata().is_ok_and(|m| is_old(&m)) && std::fs::remove_file(e.path()).is_ok() {
+                here.tmp_reaped += 1;
+            }
+        } else if name.ends_with(".bin") {
+            here.foreign += 1;
         }
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let out = Mutex::new(Walk {
-        tmp_reaped: reaped_here,
-        ..Walk::default()
-    });
+    let out = Mutex::new(here);
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| {
@@ -96,15 +108,22 @@ pub(crate) fn walk(
                         let lp = leaf.path();
                         let leaf_name = leaf.file_name().to_string_lossy().into_owned();
                         if !leaf.file_type().is_ok_and(|t| t.is_dir()) {
-                            if leaf_name.ends_with(".tmp")
-                                && leaf.metadata().is_ok_and(|m| is_old(&m))
-                                && std::fs::remove_file(&lp).is_ok()
-                            {
-                                local.tmp_reaped += 1;
+                            if leaf_name.ends_with(".tmp") {
+                                if leaf.metadata().is_ok_and(|m| is_old(&m))
+                                    && std::fs::remove_file(&lp).is_ok()
+                                {
+                                    local.tmp_reaped += 1;
+                                }
+                            } else if leaf_name.ends_with(".bin") {
+                                local.foreign += 1;
                             }
                             continue;
                         }
                         walk_leaf(ns, &top_name, &leaf_name, &lp, &is_old, &mut local);
+                    }
+                    // removed only if empty (a leaf made meanwhile keeps it)
+                    if reap_empty_tops && std::fs::remove_dir(top).is_ok() {
+                        local.dirs_reaped += 1;
                     }
                 }
                 let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
@@ -113,6 +132,7 @@ pub(crate) fn walk(
                 o.tmp_reaped += local.tmp_reaped;
                 o.sidecars_reaped += local.sidecars_reaped;
                 o.foreign += local.foreign;
+                o.dirs_reaped += local.dirs_reaped;
             });
         }
     });
@@ -134,14 +154,19 @@ fn walk_leaf(
     };
     let mut bins: Vec<(String, BlockKey, std::fs::Metadata)> = Vec::new();
     let mut sidecars: FxHashMap<String, std::fs::Metadata> = FxHashMap::default();
+    // entries that stay (all but reaped temp files and sidecars)
+    let mut kept = 0usize;
     for f in files.flatten() {
         let name = f.file_name().to_string_lossy().into_owned();
         if name.ends_with(".tmp") {
             if f.metadata().is_ok_and(|m| is_old(&m)) && std::fs::remove_file(f.path()).is_ok() {
                 local.tmp_reaped += 1;
+            } else {
+                kept += 1;
             }
             continue;
         }
+        kept += 1;
         if let Some(bin) = name.strip_suffix(crate::file::CRC_SIDECAR_SUFFIX) {
             if let Ok(m) = f.metadata() {
                 sidecars.insert(bin.to_string(), m);
@@ -172,6 +197,12 @@ fn walk_leaf(
         let path = dir.join(format!("{bin}{}", crate::file::CRC_SIDECAR_SUFFIX));
         if is_old(&m) && !dir.join(&bin).exists() && std::fs::remove_file(&path).is_ok() {
             local.sidecars_reaped += 1;
+            kept -= 1;
         }
+    }
+    // removed only if still empty (a store's file made meanwhile keeps it; a store whose
+    // directory went makes it again, as after a sweep that emptied it)
+    if kept == 0 && std::fs::remove_dir(dir).is_ok() {
+        local.dirs_reaped += 1;
     }
 }
