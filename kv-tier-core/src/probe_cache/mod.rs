@@ -217,9 +217,11 @@ impl ProbeCache {
     ///
     /// The wait is judged where answers are applied ([`ProbeCache::apply_results`], at the
     /// start of a scheduling step): a key whose probe was sent at least the budget before
-    /// that moment and had not answered by then is absent for its asking requests until the
-    /// next application. An answer that arrived in the meantime is not discarded: it is
-    /// applied there and serves from then on.
+    /// that moment and had not answered by then is absent for the requests that asked for it
+    /// then, for as long as they live (a request's verdict does not flip from `Miss` to a hit:
+    /// its engine has planned to compute those tokens). The answer is not discarded when it
+    /// arrives: it is applied at the next application and serves every other request from
+    /// then on.
     pub fn with_budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
         self
