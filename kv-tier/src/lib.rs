@@ -140,8 +140,9 @@
 //!   copy DRAM -> GPU from the views, then drop them.
 //! - **Request end**: [`on_request_finished`](TieringManager::on_request_finished) releases
 //!   what the request held.
-//! - **Shutdown**: [`shutdown`](TieringManager::shutdown) (or `shutdown_blocking`) cancels
-//!   queued promotions, waits for the jobs in flight and shuts every tier down.
+//! - **Shutdown**: [`shutdown`](TieringManager::shutdown) (or `shutdown_blocking`) stops
+//!   sending work to the tiers (from then on the manager serves DRAM only), cancels queued
+//!   promotions, waits for the jobs in flight and shuts every tier down.
 //!
 //! ```
 //! use kv_tier::{BlockKey, LookupResult, RequestContext};

@@ -3228,6 +3228,64 @@ fn waits_return_under_continuous_traffic() {
     assert_clean(&m, &[]);
 }
 
+/// Promise (kv-tier-core/src/manager/lifecycle.rs, `shutdown`: "From its start the manager
+/// serves DRAM only: lookups past DRAM answer `Miss` and stores cascade nowhere, so the wait
+/// ends however much traffic other threads bring meanwhile"). Every store job takes 50 ms and
+/// another thread commits a store every 10 ms: jobs are always in flight. Shutdown returns
+/// (bounded), and no store committed after it began reaches the tier. (Found by CI: shutdown
+/// waited for idleness before it stopped sending, and under traffic that never came: "did not
+/// return within 30 s".)
+#[test]
+fn shutdown_ends_while_other_threads_keep_committing_stores() {
+    let _g = shared();
+    let (_mem, faulty) = faulty_mem();
+    faulty.delay(Some(Duration::from_millis(50)));
+    let m = Arc::new(manager(mcfg(256, ""), vec![faulty.clone()]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let (m, stop) = (m.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let r = ctx(800_000 + i);
+                if let Ok(mut p) = m.prepare_store(&[test_key(900_000 + i)]) {
+                    for (k, s) in p.slots() {
+                        fill_block(k, 0, s.as_mut_slice());
+                    }
+                    p.commit(r.id);
+                }
+                m.on_schedule_end();
+                m.on_request_finished(r.id);
+                i += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            i
+        })
+    };
+    // jobs in flight at every moment from here
+    std::thread::sleep(Duration::from_millis(200));
+    let jobs = |m: &TieringManager| m.stats().tiers[0].store_jobs;
+    let seen_before = jobs(&m);
+    let done = block_on(&m, async {
+        tokio::time::timeout(LIMIT, m.shutdown()).await
+    });
+    let seen_at_end = jobs(&m);
+    std::thread::sleep(Duration::from_millis(100));
+    stop.store(true, Ordering::SeqCst);
+    let n = traffic.join().unwrap();
+    assert!(
+        done.is_ok(),
+        "shutdown did not return within {LIMIT:?} while {n} stores were committed"
+    );
+    done.unwrap().unwrap();
+    assert!(seen_before > 0, "no store reached the tier before shutdown");
+    assert_eq!(
+        jobs(&m),
+        seen_at_end,
+        "a store committed after shutdown was sent to the tier"
+    );
+}
+
 /// Promises of kv-tier-core/src/probe_cache/mod.rs, on a `ProbeCache` driven directly:
 /// `leased_keys`: "an expired lease is dropped by a reaper within a quarter lease, even while
 /// nobody calls the lookup"; `ProbeCache`: "an answer that expired before any ask used it is

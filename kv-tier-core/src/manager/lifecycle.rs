@@ -78,16 +78,18 @@ impl TieringManager {
         self.release_held();
         self.primary.reset()
     }
-    /// Cancels queued promotions, waits for jobs in flight, and shuts every tier down.
-    /// Afterwards the manager serves DRAM only: lookups past DRAM answer `Miss` and stores
-    /// cascade nowhere.
+    /// Cancels queued promotions, waits for jobs in flight, and shuts every tier down. From
+    /// its start the manager serves DRAM only: lookups past DRAM answer `Miss` and stores
+    /// cascade nowhere, so the wait ends however much traffic other threads bring meanwhile.
     pub async fn shutdown(&self) -> Result<()> {
+        // First: nothing new is sent from here (a wait for idleness while other threads keep
+        // sending could run as long as they do)
+        lock(&self.state).shut_down = true;
         self.cancel_promotions();
         self.wait_idle().await;
         self.release_held();
-        lock(&self.state).shut_down = true;
-        // jobs other callers sent after the wait's last look (nothing new is sent now): they
-        // end, or reach their deadline, before their tiers go
+        // jobs other callers sent before the flag: they end, or reach their deadline, before
+        // their tiers go
         self.wait_jobs().await;
         // Each tier's shutdown runs on the manager's runtime, within `shutdown_timeout_s` (not
         // a job's deadline: it waits for work abandoned jobs left running); one that hangs or
