@@ -5,6 +5,7 @@ mod capacity;
 mod client;
 mod config;
 mod error;
+mod existing;
 mod inspect;
 mod load;
 mod shared;

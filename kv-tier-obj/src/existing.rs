@@ -1,0 +1,90 @@
+//! What a store finds at a block's path before it writes: nothing, a block a load will
+//! accept, or an object in the way (one HEAD tells presence, size and checksum).
+
+use std::sync::atomic::Ordering;
+
+use kv_tier_core::checksum::parse_crc_hex;
+use kv_tier_core::{BlockKey, Result};
+use object_store::path::Path as ObjPath;
+use object_store::{Attribute, ObjectStore};
+
+use crate::block::{CRC_METADATA_KEY, Existing, ReqError, Shared};
+use crate::config::ObjChecksum;
+
+impl Shared {
+    /// What is at `key`'s path: nothing, a block a load will accept, or an object in the way
+    /// (see [`Shared::unverifiable`]), which is reported here. One HEAD: a present, usable
+    /// object is cached as present, as [`Shared::head`] does.
+    pub(crate) async fn existing(&self, key: &BlockKey, path: &ObjPath) -> Result<Existing> {
+        if self.is_deleting(key) {
+            return Ok(Existing::Absent);
+        }
+        let epoch = self.delete_epoch.load(Ordering::SeqCst);
+        match self.head_meta(path).await? {
+            None => {
+                self.exists.invalidate(key);
+                Ok(Existing::Absent)
+            }
+            Some(got) if self.unverifiable(&got) => {
+                self.warn_in_the_way(key);
+                Ok(Existing::InTheWay)
+            }
+            Some(_) => {
+                if epoch == self.delete_epoch.load(Ordering::SeqCst) {
+                    self.exists.insert(*key, ());
+                }
+                Ok(Existing::Usable)
+            }
+        }
+    }
+
+    /// A foreign or half-written object (a store whose PUT is not atomic can keep the body of
+    /// a cancelled PUT without its metadata) would fail every load: it goes, and the store
+    /// writes the block.
+    pub(crate) fn warn_in_the_way(&self, key: &BlockKey) {
+        tracing::warn!(tier = %self.name, %key, "an object that is not a whole block with a valid checksum is in the way; replacing it");
+    }
+
+    /// Whether the object at `path` is one a load would refuse; one gone meanwhile counts as
+    /// in the way, so the caller's delete (harmless on a missing object) runs and the PUT
+    /// writes the block.
+    pub(crate) async fn existing_is_unverifiable(&self, path: &ObjPath) -> Result<bool> {
+        Ok(self
+            .head_meta(path)
+            .await?
+            .is_none_or(|got| self.unverifiable(&got)))
+    }
+
+    /// The object at `path`'s metadata and attributes (a HEAD), `None` if there is none.
+    async fn head_meta(&self, path: &ObjPath) -> Result<Option<object_store::GetResult>> {
+        let opts = object_store::GetOptions {
+            head: true,
+            ..Default::default()
+        };
+        match self.request(self.store.get_opts(path, opts)).await {
+            Ok(got) => Ok(Some(got)),
+            Err(ReqError::Store(object_store::Error::NotFound { .. })) => Ok(None),
+            Err(e) => Err(self.err(&format!("HEAD {path}"), e)),
+        }
+    }
+
+    /// Whether an object (its metadata only) is one a load would refuse: not the size of a
+    /// block; or, with checksums on, a malformed checksum, or none where unverified objects
+    /// are not accepted. So a store that finds it replaces it, and a reported store is a
+    /// readable block (also without checksums, and with `accept_unverified`).
+    fn unverifiable(&self, got: &object_store::GetResult) -> bool {
+        if got.meta.size != self.block_size as u64 {
+            return true;
+        }
+        if self.checksum != ObjChecksum::Crc32c {
+            return false;
+        }
+        match got
+            .attributes
+            .get(&Attribute::Metadata(CRC_METADATA_KEY.into()))
+        {
+            Some(v) => parse_crc_hex(v.as_ref()).is_none(),
+            None => !self.accept_unverified,
+        }
+    }
+}
