@@ -259,18 +259,23 @@ impl Shared {
         }
         let path = self.path(key);
         let epoch = self.delete_epoch.load(Ordering::SeqCst);
-        match self.request(self.store.head(&path)).await {
-            Ok(_) => {
-                if epoch == self.delete_epoch.load(Ordering::SeqCst) {
-                    self.exists.insert(*key, ());
-                }
-                Ok(true)
-            }
-            Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
-                self.exists.invalidate(key);
-                Ok(false)
-            }
-            Err(e) => Err(self.err(&format!("HEAD {path}"), e)),
+        let present = match self.request(self.store.head(&path)).await {
+            Ok(_) => true,
+            Err(ReqError::Store(object_store::Error::NotFound { .. })) => false,
+            Err(e) => return Err(self.err(&format!("HEAD {path}"), e)),
+        };
+        self.note_presence(key, epoch, present);
+        Ok(present)
+    }
+
+    /// Caches what a HEAD sent at delete epoch `epoch` found: "present" only if no delete
+    /// began since (a HEAD that overlapped a DELETE does not cache "present"), "absent"
+    /// always.
+    pub(crate) fn note_presence(&self, key: &BlockKey, epoch: u64, present: bool) {
+        if !present {
+            self.exists.invalidate(key);
+        } else if epoch == self.delete_epoch.load(Ordering::SeqCst) {
+            self.exists.insert(*key, ());
         }
     }
 

@@ -22,7 +22,7 @@ impl Shared {
         let epoch = self.delete_epoch.load(Ordering::SeqCst);
         match self.head_meta(path).await? {
             None => {
-                self.exists.invalidate(key);
+                self.note_presence(key, epoch, false);
                 Ok(Existing::Absent)
             }
             Some(got) if self.unverifiable(&got) => {
@@ -30,9 +30,7 @@ impl Shared {
                 Ok(Existing::InTheWay)
             }
             Some(_) => {
-                if epoch == self.delete_epoch.load(Ordering::SeqCst) {
-                    self.exists.insert(*key, ());
-                }
+                self.note_presence(key, epoch, true);
                 Ok(Existing::Usable)
             }
         }

@@ -66,7 +66,7 @@ pub(super) struct Index {
     pub(super) lru: LruIndex<Entry>,
     /// Indexed files per leaf directory, and the directory's allocated bytes (a directory
     /// grows with its entries and does not shrink: measured by walks and, once it holds
-    /// [`MEASURE_EVERY`] files, by every store into it).
+    /// [`LEAF_GROWS_FROM`] files, by every store into it).
     leaves: FxHashMap<Leaf, LeafUse>,
     /// Leaf directories in use per top directory.
     tops: FxHashMap<u32, u32>,
@@ -100,7 +100,7 @@ struct LeafUse {
 
 /// From this many files on, a leaf directory may grow with a store's entries: stores into it
 /// reserve a directory unit for that and measure it after publishing.
-pub(crate) const MEASURE_EVERY: u32 = 16;
+pub(crate) const LEAF_GROWS_FROM: u32 = 16;
 
 /// What removing an entry left behind.
 #[derive(Debug, Clone, Copy)]
@@ -259,12 +259,12 @@ impl Index {
     }
 
     /// What a new file in `key`'s leaf directory may add to the directory itself: one unit
-    /// once it holds [`MEASURE_EVERY`] files or more (a few dozen entries fill a directory's
+    /// once it holds [`LEAF_GROWS_FROM`] files or more (a few dozen entries fill a directory's
     /// first unit; a store adds at most two, which never grow it by more than a unit), 0
     /// before. Stores reserve it, and measure such a leaf after publishing.
     pub(super) fn growth_slack(&self, key: &BlockKey) -> u64 {
         match self.leaves.get(&leaf_of(key)) {
-            Some(l) if l.files + 1 >= MEASURE_EVERY => self.dir_unit,
+            Some(l) if l.files + 1 >= LEAF_GROWS_FROM => self.dir_unit,
             _ => 0,
         }
     }

@@ -457,7 +457,7 @@ impl Gc {
     /// A file this tier published (mtime: now), replacing the reservation made for it.
     /// Returns whether its leaf directory is due for a measurement
     /// ([`Gc::set_leaf_bytes`]): directories grow with their entries. A leaf of
-    /// [`index::MEASURE_EVERY`] files or more is measured after every store (its growth was
+    /// [`index::LEAF_GROWS_FROM`] files or more is measured after every store (its growth was
     /// reserved, so it must be known before the reservation's slack is given to others).
     pub(crate) fn on_published(&self, key: BlockKey, file_bytes: u64, reserved: u64) -> bool {
         let now = self.now_ns();
@@ -467,7 +467,7 @@ impl Gc {
             idx.insert(key, file_bytes, now);
             (
                 self.is_over(&idx),
-                idx.leaf_files(&key) >= index::MEASURE_EVERY,
+                idx.leaf_files(&key) >= index::LEAF_GROWS_FROM,
             )
         };
         if over {
