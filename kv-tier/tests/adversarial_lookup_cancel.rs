@@ -3156,9 +3156,9 @@ fn dropping_a_build_or_a_manager_over_a_shared_fs_root_leaves_no_thread() {
 
 // ------------------------------------------------------------------------------ 8. liveness and the ProbeCache's smaller promises
 
-/// Promise (kv-tier-core/src/manager/lifecycle.rs, `wait_idle`: "Work that other callers add
-/// meanwhile is waited for if it is there at the wait's last look; what they add after it
-/// may still be in flight when this returns"; `wait_until`: "Each job and probe has a
+/// Promise (kv-tier-core/src/manager/lifecycle.rs, `wait_idle`: "Work that other callers send
+/// meanwhile is not waited for (it may still be in flight when this returns), so the wait
+/// ends however much traffic they bring"; `wait_until`: "Each job and probe has a
 /// deadline, so this returns within the longest of them"). With another thread adding
 /// stores and probes without pause, `wait_idle`, `wait_jobs`, `reset_cache` and `shutdown`
 /// each return (bounded), and afterwards nothing is left.

@@ -38,7 +38,7 @@ pub(super) struct JobInfo {
 }
 
 pub(super) struct Completion {
-    job: u64,
+    pub(super) job: u64,
     result: JobResult,
     /// The job passed its deadline (`Timeout`) or panicked (`Panicked`): every key failed.
     abandoned: Option<Error>,

@@ -26,28 +26,39 @@ impl TieringManager {
                 .all(|l| l.in_flight() == 0 && l.queued() == 0)
     }
 
-    /// Sends everything queued and waits until every job and probe has completed and been
-    /// applied. For tests and shutdown. Work that other callers add meanwhile is waited for
-    /// if it is there at the wait's last look; what they add after it may still be in flight
-    /// when this returns.
+    /// Sends everything queued, waits until every job and probe in flight at that moment has
+    /// completed, and applies what has completed. For tests and shutdown. Work that other
+    /// callers send meanwhile is not waited for (it may still be in flight when this
+    /// returns), so the wait ends however much traffic they bring.
     pub async fn wait_idle(&self) {
         self.wait_until(true, true).await;
     }
 
-    /// Waits until no store or load job is in flight, sending nothing new (queued promotions
-    /// and probes stay queued) and applying what completes. For tests, and for callers that
-    /// need a store's cascade to have landed before anything else is asked of the tiers.
+    /// Waits until every store and load job in flight when it is called has reported, sending
+    /// nothing new (queued promotions and probes stay queued) and applying what completes. For
+    /// tests, and for callers that need a store's cascade to have landed before anything else
+    /// is asked of the tiers. Jobs other callers send meanwhile are not waited for.
     pub async fn wait_jobs(&self) {
         self.wait_until(false, false).await
     }
 
-    /// Waits until every job in flight (and, with `probes`, every probe) has reported, then
-    /// applies them all in one drain, in submission order: the result does not depend on
-    /// which finished first.
+    /// Waits until every job in flight when the wait began (and, with `probes`, every probe
+    /// batch) has reported, then applies all that has arrived in one drain, in submission
+    /// order: the result does not depend on which finished first.
     ///
-    /// Any number of callers may wait at once: every arrival wakes them all. Each job and probe
-    /// has a deadline, so this returns within the longest of them.
+    /// Only what was sent when the wait began counts: waiting for a moment when nothing at all
+    /// is in flight could last as long as other threads keep sending. Any number of callers
+    /// may wait at once: every arrival wakes them all. Each job and probe has a deadline, so
+    /// this returns within the longest of them.
     async fn wait_until(&self, flush: bool, probes: bool) {
+        let (jobs_mark, probe_marks) = {
+            let mut st = lock(&self.state);
+            if flush {
+                self.flush(&mut st);
+            }
+            let probes: Vec<u64> = st.lookups.iter().map(|l| l.batches_sent()).collect();
+            (st.next_job, probes)
+        };
         loop {
             // Registered before looking, so an arrival between the look and the await is seen.
             let notified = self.notify.notified();
@@ -55,11 +66,20 @@ impl TieringManager {
             notified.as_mut().enable();
             {
                 let mut st = lock(&self.state);
-                if flush {
-                    self.flush(&mut st);
-                }
-                let jobs_done = lock(&self.inbox).len() == st.jobs.len();
-                let probes_done = !probes || st.lookups.iter().all(|l| l.all_arrived());
+                // Each job reports exactly once, and a drain removes its report and its entry
+                // together (under the state lock): the jobs before the mark have all reported
+                // when their reports waiting in the inbox are as many as their entries.
+                let jobs_done = {
+                    let inbox = lock(&self.inbox);
+                    let reported = inbox.iter().filter(|c| c.job < jobs_mark).count();
+                    st.jobs.keys().filter(|id| **id < jobs_mark).count() == reported
+                };
+                let probes_done = !probes
+                    || st
+                        .lookups
+                        .iter()
+                        .zip(&probe_marks)
+                        .all(|(l, m)| l.arrived_before(*m));
                 if jobs_done && probes_done {
                     self.drain(&mut st);
                     return;

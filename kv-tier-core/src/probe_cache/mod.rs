@@ -62,6 +62,8 @@ enum Outcome {
 }
 
 struct ProbeBatch {
+    /// The batch's number, in the order batches were sent.
+    seq: u64,
     keys: Vec<(BlockKey, u64)>,
     outcome: Outcome,
     /// How long the probe took.
@@ -73,6 +75,7 @@ struct ProbeBatch {
 
 /// Hands a probe's outcome to the lookup exactly once, even if the probe's task is dropped.
 struct Report {
+    seq: u64,
     batch: Option<(Vec<(BlockKey, u64)>, ProtectGuard)>,
     inbox: Arc<Mutex<Vec<ProbeBatch>>>,
     notify: Arc<Notify>,
@@ -83,6 +86,7 @@ impl Report {
     fn send(&mut self, outcome: Outcome) {
         if let Some((keys, guard)) = self.batch.take() {
             lock(&self.inbox).push(ProbeBatch {
+                seq: self.seq,
                 keys,
                 outcome,
                 took: self.sent.elapsed(),
@@ -127,6 +131,10 @@ pub struct ProbeCache {
     inbox: Arc<Mutex<Vec<ProbeBatch>>>,
     notify: Arc<Notify>,
     in_flight: usize,
+    /// Batches sent so far (the next batch's number).
+    batches_sent: u64,
+    /// Numbers of the batches sent and not yet applied.
+    outstanding: std::collections::BTreeSet<u64>,
     /// The one generation counter: probes and leases take numbers from it.
     next_gen: u64,
     probe_timeout: Duration,
@@ -189,6 +197,8 @@ impl ProbeCache {
             inbox: Arc::new(Mutex::new(Vec::new())),
             notify,
             in_flight: 0,
+            batches_sent: 0,
+            outstanding: std::collections::BTreeSet::new(),
             next_gen: 0,
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             budget: DEFAULT_PROBE_TIMEOUT,
@@ -428,6 +438,9 @@ impl ProbeCache {
         let batch = std::mem::take(&mut self.queue);
         let n = batch.len();
         self.in_flight += 1;
+        let seq = self.batches_sent;
+        self.batches_sent += 1;
+        self.outstanding.insert(seq);
         self.stats.probes += 1;
         self.stats.probed_keys += n as u64;
         let keys: Vec<BlockKey> = batch.iter().map(|(k, _)| *k).collect();
@@ -441,6 +454,7 @@ impl ProbeCache {
             }
         }
         let mut report = Report {
+            seq,
             batch: Some((batch, guard)),
             inbox: self.inbox.clone(),
             notify: self.notify.clone(),
@@ -468,6 +482,7 @@ impl ProbeCache {
         let n = batches.len();
         for batch in batches {
             self.in_flight -= 1;
+            self.outstanding.remove(&batch.seq);
             self.latency.record(batch.took);
             crate::metrics::record_probe(&self.name, batch.took);
             if batch.took > self.budget && matches!(batch.outcome, Outcome::Answered(_)) {
@@ -552,6 +567,19 @@ impl ProbeCache {
     /// Whether every probe batch sent has answered (answers may await `apply_results`).
     pub fn all_arrived(&self) -> bool {
         lock(&self.inbox).len() == self.in_flight
+    }
+
+    /// How many probe batches were sent so far: a mark for [`ProbeCache::arrived_before`].
+    pub fn batches_sent(&self) -> u64 {
+        self.batches_sent
+    }
+
+    /// Whether every probe batch sent before `mark` (a [`ProbeCache::batches_sent`] figure)
+    /// has answered or been applied; batches sent since do not count, so a caller waiting
+    /// for this is not kept waiting by probes other callers keep sending.
+    pub fn arrived_before(&self, mark: u64) -> bool {
+        let arrived = lock(&self.inbox).iter().filter(|b| b.seq < mark).count();
+        self.outstanding.range(..mark).count() == arrived
     }
 
     /// Whether probe answers are waiting to be applied.
