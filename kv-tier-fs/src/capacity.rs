@@ -10,23 +10,33 @@ use kv_tier_core::{BlockKey, Error, Result};
 use crate::block::Shared;
 use crate::gc::{Gc, Goal};
 
-/// Bytes a store reserved under the hard ceiling; released on drop unless taken over by the
-/// published file's entry.
+/// Bytes a store reserved under the hard ceiling for one key; released on drop unless taken
+/// over by the published file's entry (by the store, or by whoever indexed the file first).
 pub(crate) struct Room<'a> {
     gc: &'a Gc,
-    bytes: u64,
+    key: BlockKey,
+    reservation: Option<u64>,
+    /// It holds room for the growth of the key's leaf directory.
+    grows: bool,
 }
 
 impl Room<'_> {
-    pub(crate) fn take(&mut self) -> u64 {
-        std::mem::take(&mut self.bytes)
+    /// Whether it holds room for the growth of the key's leaf directory: the leaf is then
+    /// measured after the publish and counted as the room is given up.
+    pub(crate) fn grows(&self) -> bool {
+        self.grows
+    }
+
+    /// The reservation's number, for [`Gc::on_published`]; the room no longer releases it.
+    pub(crate) fn take(&mut self) -> Option<u64> {
+        self.reservation.take()
     }
 }
 
 impl Drop for Room<'_> {
     fn drop(&mut self) {
-        if self.bytes > 0 {
-            self.gc.unreserve(self.bytes);
+        if let Some(n) = self.reservation {
+            self.gc.unreserve(&self.key, n);
         }
     }
 }
@@ -46,8 +56,13 @@ impl Shared {
         let deadline = crate::gc::room_deadline();
         let mut waited = false;
         loop {
-            if let Some(bytes) = gc.try_reserve(key, file_bytes) {
-                return Ok(Some(Room { gc, bytes }));
+            if let Some((n, grows)) = gc.try_reserve(key, file_bytes) {
+                return Ok(Some(Room {
+                    gc,
+                    key: *key,
+                    reservation: Some(n),
+                    grows,
+                }));
             }
             if !waited {
                 waited = true;
@@ -60,7 +75,7 @@ impl Shared {
                 gc.sweep(Goal::Room(file_bytes + 2 * self.dir_alloc)) == 0
                     && gc
                         .try_reserve(key, file_bytes)
-                        .map(|b| gc.unreserve(b))
+                        .map(|(n, _)| gc.unreserve(key, n))
                         .is_none()
             };
             if hopeless {

@@ -18,12 +18,6 @@ pub(crate) fn io_error(tier: &str, op: &'static str, path: &Path, e: io::Error) 
     }
 }
 
-/// What a load did besides failing: whether it deleted the file.
-pub(crate) struct LoadFailure {
-    pub(crate) error: Error,
-    pub(crate) deleted: bool,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,11 +9,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use kv_tier_core::checksum::{self, Verdict};
-use kv_tier_core::{AlignedBuf, BlockKey, BlockSink, Error};
+use kv_tier_core::{AlignedBuf, BlockKey, BlockSink, Error, Result};
 
 use crate::block::{FsOp, Shared, bump};
 use crate::config::Checksum;
-use crate::error::LoadFailure;
 use crate::file;
 
 impl Shared {
@@ -56,8 +55,9 @@ impl Shared {
         }
     }
     /// Removes what stands at a block's path (a file, a link or a whole directory) and its
-    /// sidecar. With `opened`, only if the same file is still there (publishing never
-    /// replaces, so it is ours to remove unless someone replaced it meanwhile).
+    /// sidecar, and reports the removal (`BlockRemoved`). With `opened`, only if the same
+    /// file is still there (publishing never replaces, so it is ours to remove unless someone
+    /// replaced it meanwhile).
     pub(crate) fn remove_damaged(
         &self,
         key: &BlockKey,
@@ -84,8 +84,13 @@ impl Shared {
         let _ = std::fs::remove_file(file::sidecar_path(path));
         if ok {
             bump(&self.counters.blocks.corrupt_deleted, 1);
-            if let (Some(gc), Some(seq)) = (&self.gc, seq) {
-                gc.forget(&[(*key, seq)]);
+            match (&self.gc, seq) {
+                // reported under the index lock (unless a store indexed its own file since:
+                // then the key's last event is that store's)
+                (Some(gc), Some(seq)) => {
+                    gc.forget(&[(*key, seq)]);
+                }
+                _ => self.events.push(vec![*key], true),
             }
         }
         ok
@@ -93,43 +98,26 @@ impl Shared {
 
     /// A block that cannot be served for a reason that will not go away: it is removed (the
     /// next store rewrites it) and the load fails as `Corrupt`.
-    fn damaged(
-        &self,
-        key: &BlockKey,
-        path: &Path,
-        opened: Option<&File>,
-        reason: String,
-    ) -> LoadFailure {
+    fn damaged(&self, key: &BlockKey, path: &Path, opened: Option<&File>, reason: String) -> Error {
         let deleted = self.remove_damaged(key, path, opened);
         tracing::warn!(tier = %self.name, %key, path = %path.display(), %reason, deleted, "damaged block file");
-        LoadFailure {
-            error: Error::Corrupt {
-                key: *key,
-                tier: self.name.clone(),
-                reason: format!("{reason} ({})", path.display()),
-            },
-            deleted,
+        Error::Corrupt {
+            key: *key,
+            tier: self.name.clone(),
+            reason: format!("{reason} ({})", path.display()),
         }
     }
 
     /// Reads one block straight into its sink. A block is served only whole, and with
     /// checksums on only verified (or, with `accept_unverified`, carrying no checksum at
     /// all); anything at its path that cannot be served for good is removed and reported.
-    pub(crate) fn load_block(
-        &self,
-        key: &BlockKey,
-        sink: &mut BlockSink,
-    ) -> std::result::Result<(), LoadFailure> {
-        let plain = |error| LoadFailure {
-            error,
-            deleted: false,
-        };
+    pub(crate) fn load_block(&self, key: &BlockKey, sink: &mut BlockSink) -> Result<()> {
         if sink.len() != self.block_size {
-            return Err(plain(Error::WrongSize {
+            return Err(Error::WrongSize {
                 key: *key,
                 got: sink.len(),
                 expected: self.block_size,
-            }));
+            });
         }
         let path = self.ns.block_path(&self.root, key);
         // the index entry this load may find gone (see `remove_damaged`)
@@ -143,10 +131,10 @@ impl Shared {
                 if let (Some(gc), Some(seq)) = (&self.gc, seq) {
                     gc.forget(&[(*key, seq)]);
                 }
-                return Err(plain(Error::NotFound {
+                return Err(Error::NotFound {
                     key: *key,
                     tier: self.name.clone(),
-                }));
+                });
             }
             Err(e) => {
                 // a link (ELOOP), or a directory where O_DIRECT is refused (EINVAL, EISDIR)
@@ -156,7 +144,7 @@ impl Shared {
                     let reason = format!("not a regular file ({:?})", m.file_type());
                     return Err(self.damaged(key, &path, None, reason));
                 }
-                return Err(plain(self.io_err("open", &path, e)));
+                return Err(self.io_err("open", &path, e));
             }
         };
         // read first: the count tells the file's size (`read_sized`), so a whole block
@@ -193,7 +181,7 @@ impl Shared {
                     let reason = format!("not a regular file ({:?})", m.file_type());
                     return Err(self.damaged(key, &path, Some(&f), reason));
                 }
-                return Err(plain(self.io_err("read", &path, e)));
+                return Err(self.io_err("read", &path, e));
             }
         };
         if n != self.block_size {
@@ -215,7 +203,7 @@ impl Shared {
             } else {
                 stat(&mut meta).and_then(|m| file::read_sidecar(&path, m.ino()))
             }
-            .map_err(|e| plain(self.io_err("read checksum", &path, e)))?;
+            .map_err(|e| self.io_err("read checksum", &path, e))?;
             let verdict = checksum::verify(&stored, key, sink.as_slice(), self.accept_unverified);
             let pending = |meta: &mut Option<std::fs::Metadata>| {
                 stat(meta).is_ok_and(|m| self.sidecar_pending(&m))
@@ -229,14 +217,14 @@ impl Shared {
                 }
                 Verdict::Unverified => bump(&self.counters.blocks.unverified_loads, 1),
                 Verdict::Missing if pending(&mut meta) => {
-                    return Err(plain(Error::Backend {
+                    return Err(Error::Backend {
                         tier: self.name.clone(),
                         message: format!(
                             "block {key} was published a moment ago and its checksum sidecar is not written yet ({})",
                             path.display()
                         ),
                         transient: true,
-                    }));
+                    });
                 }
                 Verdict::Missing => {
                     bump(&self.counters.blocks.unverified_refused, 1);

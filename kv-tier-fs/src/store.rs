@@ -55,11 +55,19 @@ impl Shared {
             if self.write_block_making_room(key, &dest, src)? {
                 bump(&self.counters.blocks.blocks_written, 1);
                 bump(&self.counters.blocks.bytes_written, self.block_size as u64);
-                if let (Some(gc), Some(mut room)) = (&self.gc, room)
-                    && gc.on_published(*key, gc.file_bytes(self.alloc_block), room.take())
-                    && let Some(Ok(m)) = dest.parent().map(std::fs::symlink_metadata)
-                {
-                    gc.set_leaf_bytes(key, crate::gc::allocated(&m));
+                if let (Some(gc), Some(mut room)) = (&self.gc, room) {
+                    let leaf = || {
+                        let m = std::fs::symlink_metadata(dest.parent()?).ok()?;
+                        Some(crate::gc::allocated(&m))
+                    };
+                    // measured before the room for its growth is given up (see `on_published`)
+                    let grown = if room.grows() { leaf() } else { None };
+                    let file_bytes = gc.file_bytes(self.alloc_block);
+                    if gc.on_published(*key, file_bytes, room.take(), grown)
+                        && let Some(bytes) = leaf()
+                    {
+                        gc.set_leaf_bytes(key, bytes);
+                    }
                 }
                 return Ok(true);
             }
@@ -91,8 +99,8 @@ impl Shared {
             if let Some(reason) = damage
                 && self.remove_damaged(key, &dest, None)
             {
+                // (reported removed by `remove_damaged`)
                 tracing::warn!(tier = %self.name, %key, path = %dest.display(), %reason, "removed a damaged block before storing it again");
-                self.events.push(vec![*key], true);
             }
         }
     }

@@ -10,7 +10,6 @@ use kv_tier_core::registry::Opener;
 
 use crate::block::{Counters, FsOp, Shared, bump, random_salt};
 use crate::config::{Checksum, FsTierConfig};
-use crate::error::LoadFailure;
 use crate::gc::{Gc, Place};
 use crate::io::{Class, Collector, Engine, Task};
 use crate::root::{prepare_root, probe_dir, reap_tmp, spawn_top_dirs, write_or_check_config};
@@ -252,14 +251,13 @@ impl FsTier {
     /// Runs `op` once per block on the I/O threads (one task per block, so a job spreads over
     /// every idle thread), with the keys protected meanwhile. `None` after shutdown.
     ///
-    /// `op` records keys for the job's event in the batch it is given (stored keys for
-    /// stores, removed ones for loads), each logged as it is added, so a dropped job's work
-    /// is still reported.
+    /// `op` records the keys a store published in the batch it is given, each logged as it
+    /// is added, so a dropped job's work is still reported (removals are logged where they
+    /// happen: a load's removal of a damaged file by that removal).
     async fn run_blocks<B, R>(
         &self,
         class: Class,
         blocks: Vec<(BlockKey, B)>,
-        removed: bool,
         hold: Option<Arc<crate::shared::Finish>>,
         op: fn(&Shared, &BlockKey, B, &EventBatch) -> R,
     ) -> Option<Vec<(BlockKey, R)>>
@@ -274,7 +272,7 @@ impl FsTier {
         // Held by the tasks, not by this future: if the caller drops the future, the keys
         // stay protected until the I/O on them has ended.
         let protect = Arc::new(self.shared.protection.protect(&keys));
-        let batch = Arc::new(EventBatch::new(self.shared.events.clone(), removed));
+        let batch = Arc::new(EventBatch::new(self.shared.events.clone(), false));
         let (col, rx) = Collector::new(blocks.len());
         let tasks: Vec<Task> = blocks
             .into_iter()
@@ -395,22 +393,16 @@ impl SecondaryTier for FsTier {
             None => (Vec::new(), None),
         };
         let Some(results) = self
-            .run_blocks(
-                Class::Store,
-                blocks,
-                false,
-                hold,
-                |files, key, src, batch| {
-                    let r = files.store_block(key, &src);
-                    drop(src); // unpin the DRAM slot as soon as the bytes are written
-                    // written by this store (a block found present was reported when written:
-                    // the fs tier reports a removal only once the file is gone)
-                    if matches!(r, Ok(true)) {
-                        batch.add(*key);
-                    }
-                    r
-                },
-            )
+            .run_blocks(Class::Store, blocks, hold, |files, key, src, batch| {
+                let r = files.store_block(key, &src);
+                drop(src); // unpin the DRAM slot as soon as the bytes are written
+                // written by this store (a block found present was reported when written:
+                // the fs tier reports a removal only once the file is gone)
+                if matches!(r, Ok(true)) {
+                    batch.add(*key);
+                }
+                r
+            })
             .await
         else {
             return JobResult::all_failed(keys, &self.closed());
@@ -437,24 +429,15 @@ impl SecondaryTier for FsTier {
             .run_blocks(
                 Class::Load,
                 job.blocks,
-                true,
                 None,
-                |files, key, mut sink, batch| {
-                    let r = files.load_block(key, &mut sink);
-                    if matches!(r, Err(LoadFailure { deleted: true, .. })) {
-                        batch.add(*key);
-                    }
-                    r
-                },
+                // (a damaged file a load removes is reported removed by the removal)
+                |files, key, mut sink, _| files.load_block(key, &mut sink),
             )
             .await
         else {
             return JobResult::all_failed(keys, &self.closed());
         };
         let c = &self.shared.counters.blocks;
-        let results = results
-            .into_iter()
-            .map(|(key, r)| (key, r.map_err(|f: LoadFailure| f.error)));
         JobResult::from_results(results, |e| {
             if matches!(e, Error::NotFound { .. }) {
                 bump(&c.load_misses, 1);

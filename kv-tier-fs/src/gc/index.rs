@@ -75,6 +75,11 @@ pub(super) struct Index {
     base_bytes: u64,
     /// Bytes stores in flight have reserved.
     pub(super) reserved: u64,
+    /// The reservations in `reserved`, per key: (number, bytes). A file of the key indexed
+    /// before its store swaps its reservation for the entry (a load or another store saw it
+    /// first) takes one over, so no block counts twice.
+    by_key: FxHashMap<BlockKey, Vec<(u64, u64)>>,
+    next_reservation: u64,
     /// Bytes of files (and the directories they empty) a sweep took out of the index and has
     /// not unlinked yet: still on disk, so still counted.
     pub(super) unlinking_bytes: u64,
@@ -258,6 +263,45 @@ impl Index {
         self.reserved = self.reserved.saturating_sub(bytes);
     }
 
+    /// Reserves `bytes` for a new file of `key` if the total stays within `limit`; returns
+    /// the reservation's number.
+    pub(super) fn reserve_for(&mut self, key: BlockKey, bytes: u64, limit: u64) -> Option<u64> {
+        if !self.reserve(bytes, limit) {
+            return None;
+        }
+        let n = self.next_reservation;
+        self.next_reservation += 1;
+        self.by_key.entry(key).or_default().push((n, bytes));
+        Some(n)
+    }
+
+    /// Ends reservation `n` of `key`, unless a file of the key took it over.
+    pub(super) fn release(&mut self, key: &BlockKey, n: u64) {
+        let Some(list) = self.by_key.get_mut(key) else {
+            return;
+        };
+        if let Some(i) = list.iter().position(|(m, _)| *m == n) {
+            let (_, bytes) = list.swap_remove(i);
+            self.reserved = self.reserved.saturating_sub(bytes);
+        }
+        if list.is_empty() {
+            self.by_key.remove(key);
+        }
+    }
+
+    /// A file of `key` is being indexed: one reservation made for the key (if any) is now
+    /// that file's entry.
+    pub(super) fn take_over(&mut self, key: &BlockKey) {
+        if let Some(list) = self.by_key.get_mut(key)
+            && let Some((_, bytes)) = list.pop()
+        {
+            if list.is_empty() {
+                self.by_key.remove(key);
+            }
+            self.unreserve(bytes);
+        }
+    }
+
     /// What a new file in `key`'s leaf directory may add to the directory itself: one unit
     /// once it holds [`LEAF_GROWS_FROM`] files or more (a few dozen entries fill a directory's
     /// first unit; a store adds at most two, which never grow it by more than a unit), 0
@@ -387,5 +431,34 @@ mod tests {
         assert!(!idx.reserve(101, limit));
         assert!(idx.reserve(100, limit));
         assert_eq!(idx.total(), limit);
+    }
+
+    /// A file of a key indexed (by a load or a store that found it) before its own store
+    /// swapped its reservation for the entry takes the reservation over: the block is never
+    /// counted twice, and the store's later release or publish changes nothing more.
+    #[test]
+    fn a_file_indexed_before_its_store_publishes_takes_its_reservation_over() {
+        let mut idx = Index::new(4096, 0, true);
+        let (a, b) = (key([1, 2, 3], 0), key([1, 2, 4], 0));
+        let dirs = idx.dirs_needed(&a);
+        let ra = idx.reserve_for(a, 8192 + dirs, u64::MAX).unwrap();
+        let rb = idx.reserve_for(b, 8192, u64::MAX).unwrap();
+        assert_eq!(idx.total(), 2 * 8192 + dirs);
+        // a load sees a's file first
+        idx.take_over(&a);
+        idx.insert(a, 8192, 10);
+        assert_eq!(idx.total(), 2 * 8192 + dirs, "a counted once");
+        // then a's store publishes: its reservation is gone already
+        idx.release(&a, ra);
+        idx.insert(a, 8192, 11);
+        assert_eq!(idx.total(), 2 * 8192 + dirs);
+        assert_eq!(idx.peak, 2 * 8192 + dirs, "never counted twice");
+        // b's store skips (dropped room): its reservation ends, once
+        idx.release(&b, rb);
+        idx.release(&b, rb);
+        assert_eq!((idx.total(), idx.reserved), (8192 + dirs, 0));
+        // nothing to take over: a file of b indexed with no store in flight
+        idx.take_over(&b);
+        assert_eq!(idx.reserved, 0);
     }
 }

@@ -368,8 +368,8 @@ impl Gc {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Forgets keys whose files were verified absent, unless they were (re)inserted since.
-    /// Returns those forgotten.
+    /// Forgets keys whose files were verified absent, unless they were (re)inserted since,
+    /// and reports them removed (`BlockRemoved`). Returns those forgotten.
     pub(crate) fn forget(&self, keys: &[(BlockKey, u64)]) -> Vec<BlockKey> {
         let mut idx = self.lock();
         let mut out = Vec::new();
@@ -379,6 +379,9 @@ impl Gc {
                 out.push(*k);
             }
         }
+        // Reported before the index lock drops: a store that publishes one of these keys
+        // again indexes it after this, so its `BlockStored` comes after this removal.
+        self.at.events.push(out.clone(), true);
         drop(idx);
         if !out.is_empty() {
             self.freed();
@@ -434,14 +437,19 @@ impl Gc {
     /// Reserves room for one new block file of `key` (its bytes, any directory it creates,
     /// and what its entry may add to a well-filled leaf directory) under the hard ceiling;
     /// `None` when it does not fit now.
-    pub(crate) fn try_reserve(&self, key: &BlockKey, file_bytes: u64) -> Option<u64> {
+    /// Returns the reservation's number, and whether it holds room for the leaf directory's
+    /// growth (then the leaf is measured before the reservation is given up).
+    pub(crate) fn try_reserve(&self, key: &BlockKey, file_bytes: u64) -> Option<(u64, bool)> {
         let mut idx = self.lock();
-        let bytes = file_bytes + idx.dirs_needed(key) + idx.growth_slack(key);
-        idx.reserve(bytes, self.cfg.hard_bytes).then_some(bytes)
+        let slack = idx.growth_slack(key);
+        let bytes = file_bytes + idx.dirs_needed(key) + slack;
+        idx.reserve_for(*key, bytes, self.cfg.hard_bytes)
+            .map(|n| (n, slack > 0))
     }
 
-    pub(crate) fn unreserve(&self, bytes: u64) {
-        self.lock().unreserve(bytes);
+    /// Ends reservation `n` of `key` (if a file of the key has not taken it over).
+    pub(crate) fn unreserve(&self, key: &BlockKey, n: u64) {
+        self.lock().release(key, n);
     }
 
     /// Waits (at most `d`) for bytes to be freed.
@@ -454,20 +462,33 @@ impl Gc {
         self.room_cv.notify_all();
     }
 
-    /// A file this tier published (mtime: now), replacing the reservation made for it.
-    /// Returns whether its leaf directory is due for a measurement
-    /// ([`Gc::set_leaf_bytes`]): directories grow with their entries. A leaf of
-    /// [`index::LEAF_GROWS_FROM`] files or more is measured after every store (its growth was
-    /// reserved, so it must be known before the reservation's slack is given to others).
-    pub(crate) fn on_published(&self, key: BlockKey, file_bytes: u64, reserved: u64) -> bool {
+    /// A file this tier published (mtime: now), replacing the reservation made for it (unless
+    /// a file of the key indexed first took it over), with `leaf_bytes`, its leaf directory's
+    /// size measured after the publish, when the reservation held room for the leaf's growth:
+    /// the growth is counted in the same step as that room is given up, so no other store can
+    /// take the room meanwhile. Returns whether the leaf directory is due for a measurement
+    /// ([`Gc::set_leaf_bytes`]) still: directories grow with their entries, and a leaf of
+    /// [`index::LEAF_GROWS_FROM`] files or more is measured after every store.
+    pub(crate) fn on_published(
+        &self,
+        key: BlockKey,
+        file_bytes: u64,
+        reservation: Option<u64>,
+        leaf_bytes: Option<u64>,
+    ) -> bool {
         let now = self.now_ns();
         let (over, measure) = {
             let mut idx = self.lock();
-            idx.unreserve(reserved);
+            if let Some(n) = reservation {
+                idx.release(&key, n);
+            }
             idx.insert(key, file_bytes, now);
+            if let Some(b) = leaf_bytes {
+                idx.set_leaf_bytes(&key, b);
+            }
             (
                 self.is_over(&idx),
-                idx.leaf_files(&key) >= index::LEAF_GROWS_FROM,
+                leaf_bytes.is_none() && idx.leaf_files(&key) >= index::LEAF_GROWS_FROM,
             )
         };
         if over {
@@ -509,6 +530,9 @@ impl Gc {
                 return;
             }
             idx.foreign.remove(&key);
+            // a store of this process may have just published it: its reservation is this
+            // entry now (counted once)
+            idx.take_over(&key);
             idx.insert(key, size, mtime_ns(m));
             self.is_over(&idx)
         };

@@ -94,9 +94,9 @@ impl Gc {
             .collect();
         let gone = self.forget(&absent);
         c.rescans.fetch_add(1, Ordering::Relaxed);
+        // (reported by `forget`, in the index's order)
         c.external_removals
             .fetch_add(gone.len() as u64, Ordering::Relaxed);
-        self.at.events.push(gone, true);
     }
 
     /// Adopts what the startup walk found (block files, then their leaf directories' sizes).
@@ -139,7 +139,13 @@ impl Gc {
                 Some(e) if e.seq > seq0 => {}
                 Some(e) if e.size == f.size && e.mtime == f.mtime => {}
                 // the disk is the truth for what predates the walk (a queued stamp stays)
-                _ => idx.insert(f.key, f.size, f.mtime),
+                Some(_) => idx.insert(f.key, f.size, f.mtime),
+                // new to the index: a store of this process may have just published it (its
+                // reservation is this entry now)
+                None => {
+                    idx.take_over(&f.key);
+                    idx.insert(f.key, f.size, f.mtime);
+                }
             }
         }
         for (k, bytes) in leaves {

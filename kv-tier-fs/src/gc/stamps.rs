@@ -178,6 +178,9 @@ impl Gc {
                     }
                 }
             }
+            // reported before the index lock drops: a store publishing one of these keys
+            // again indexes it after this, so its `BlockStored` comes after the removal
+            self.at.events.push(removed.clone(), true);
         }
         for (_, _, learned) in &results {
             for (k, m) in learned {
@@ -192,6 +195,5 @@ impl Gc {
         self.counters
             .external_removals
             .fetch_add(removed.len() as u64, Ordering::Relaxed);
-        self.at.events.push(removed, true);
     }
 }

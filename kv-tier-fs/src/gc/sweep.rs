@@ -154,8 +154,6 @@ impl Gc {
             }
         };
         let mut deleted: Vec<BlockKey> = Vec::new();
-        // files found gone (deleted behind the tier's back): reported removed as well
-        let mut vanished: Vec<BlockKey> = Vec::new();
         let (mut in_flight, mut recent, mut in_grace, mut bytes) = (0u64, 0u64, 0u64, 0u64);
         let mut cursor: Option<(i64, BlockKey)> = None;
         let mut first = true;
@@ -239,6 +237,9 @@ impl Gc {
                         }
                         Err(ref err) if err.kind() == io::ErrorKind::NotFound => {
                             idx.remove(&key);
+                            // reported under the locks: a store of the key protects it (and
+                            // indexes its file) only after this, so its event comes after
+                            self.at.events.push(vec![key], true);
                             decision = Some(Decision::Gone);
                             return;
                         }
@@ -272,7 +273,6 @@ impl Gc {
                         self.counters
                             .external_removals
                             .fetch_add(1, Ordering::Relaxed);
-                        vanished.push(key);
                     }
                     None => {}
                 }
@@ -285,6 +285,11 @@ impl Gc {
                     deleted.push(v.key);
                     bytes += v.entry.size;
                 }
+                // Reported while the victims are still marked deleting: a store of one of
+                // them publishes only after `batch.end()`, so its `BlockStored` comes after.
+                self.at
+                    .events
+                    .push(gone.iter().map(|v| v.key).collect(), true);
                 self.remove_empty_dirs(&gone);
                 batch.end();
             }
@@ -323,10 +328,9 @@ impl Gc {
             ?goal,
             "fs tier sweep"
         );
-        let n = deleted.len();
-        deleted.extend(vanished);
-        self.at.events.push(deleted, true);
-        n
+        // (every removal was reported as it happened: victims per batch, files found gone
+        // behind the tier's back at their decision)
+        deleted.len()
     }
 
     /// Unlinks a decided batch on a few threads, holding no lock across an unlink. Right

@@ -1,0 +1,176 @@
+//! The order of `BlockStored` and `BlockRemoved` events against the disk: a key's last event
+//! says whether its file is there, even when a sweep and a store of the key interleave.
+//! Interleavings are held with the sweep hook.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{BS, HOOK_DEADLINE, age, cfg, hook_at, leaf_key, load, ns, store};
+use kv_tier_core::{BlockKey, SecondaryTier, TierEvent};
+use kv_tier_fs::{FsTier, SweepPoint};
+use kv_tier_testkit::temp_root;
+
+/// A bounded tier (sweeps by hand only) whose cap holds `cap_blocks` test blocks and whose low
+/// watermark holds 80% of them; the hard ceiling is out of the way.
+fn bounded(root: &Path, cap_blocks: u64) -> Arc<FsTier> {
+    use std::os::unix::fs::MetadataExt;
+    let dirs = 2 * std::fs::metadata(root).unwrap().blocks() * 512;
+    let cap = cap_blocks * BS as u64 + dirs;
+    let low = 0.8 * (cap_blocks * BS as u64) as f64 + dirs as f64 + 0.5;
+    let mut c = cfg(root);
+    c.gc_max_size_gb = Some(cap as f64 / (1u64 << 30) as f64);
+    c.gc_low_watermark = Some(low / cap as f64);
+    c.gc_hard_ceiling = Some(1000.0);
+    c.gc_grace_s = Some(300.0);
+    c.gc_stamp_interval_s = Some(60.0);
+    c.gc_interval_s = Some(3600.0);
+    c.gc_background = false;
+    Arc::new(FsTier::open("fs", c, ns(), BS).unwrap())
+}
+
+/// `n` keys in one leaf directory, stored, oldest first (key 0 the oldest).
+async fn aged(tier: &FsTier, n: u64) -> Vec<BlockKey> {
+    let ks: Vec<BlockKey> = (0..n).map(leaf_key).collect();
+    assert!(store(tier, &ks, 0).await.is_success());
+    age(tier, &ks, |i| (n - i as u64) * 1000);
+    tier.take_events();
+    ks
+}
+
+/// Whether `key`'s last event is a removal (`None`: no event of it).
+fn last_removed(ev: &[TierEvent], key: &BlockKey) -> Option<bool> {
+    ev.iter()
+        .rev()
+        .find(|e| e.keys.contains(key))
+        .map(|e| e.removed)
+}
+
+/// Stores `key` again while the sweep is held (bounded: a store that waits for the held sweep
+/// fails the test instead of hanging it).
+async fn store_while_held(tier: &Arc<FsTier>, key: BlockKey) {
+    let t = tier.clone();
+    let r = tokio::time::timeout(HOOK_DEADLINE, async move { store(&*t, &[key], 0).await })
+        .await
+        .expect("the store waited for the held sweep");
+    assert!(r.is_success());
+}
+
+/// A sweep decides and unlinks its victims in batches (256 a batch) and used to report every
+/// removal when the whole sweep ended: a store of a key the first batch removed, made while
+/// a later batch was still being decided, was reported stored *before* its removal, so the
+/// key's last event said "removed" while its file was on disk. Held at the first decision of
+/// the second batch, the store of a key of the first batch must come after its removal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_a_sweep_removed_and_a_store_wrote_again_ends_stored() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 100);
+    let ks = aged(&tier, 400).await;
+    // 400 over a cap of 100 down to 80: over 300 victims, the oldest first, 256 in the first
+    // batch
+    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::BeforeDelete(ks[256]));
+    let sweep = {
+        let t = tier.clone();
+        std::thread::spawn(move || t.gc_sweep_now().unwrap())
+    };
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep never reached its second batch");
+    assert!(
+        !tier.block_path(&ks[0]).exists(),
+        "the first batch is unlinked"
+    );
+    store_while_held(&tier, ks[0]).await;
+    go_tx.send(()).unwrap();
+    let deleted = sweep.join().unwrap();
+    assert!(deleted > 256, "one batch only: {deleted}");
+    let ev = tier.take_events();
+    assert!(
+        tier.block_path(&ks[0]).exists(),
+        "the newest file was swept"
+    );
+    assert_eq!(
+        ev.iter()
+            .filter(|e| e.keys.contains(&ks[0]))
+            .map(|e| e.removed)
+            .collect::<Vec<_>>(),
+        vec![true, false],
+        "removed by the sweep, then stored again: in that order"
+    );
+    // every key: its last event says whether its file is there
+    for (i, k) in ks.iter().enumerate() {
+        let on_disk = tier.block_path(k).exists();
+        assert_eq!(
+            last_removed(&ev, k) != Some(true),
+            on_disk,
+            "key {i}: on disk {on_disk}, events {:?}",
+            last_removed(&ev, k)
+        );
+    }
+    let removals = ev
+        .iter()
+        .filter(|e| e.removed)
+        .map(|e| e.keys.len())
+        .sum::<usize>();
+    assert_eq!(removals, deleted, "each victim reported removed once");
+}
+
+/// A file deleted behind the tier's back is found gone by the sweep and reported removed; a
+/// store of the key made later in the same sweep must be reported after that removal (it
+/// used to be reported at the sweep's end, after the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_file_stored_again_during_the_sweep_ends_stored() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10);
+    let ks = aged(&tier, 15).await;
+    std::fs::remove_file(tier.block_path(&ks[0])).unwrap();
+    // key 0 is decided (found gone) before the sweep stops at key 1
+    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::BeforeDelete(ks[1]));
+    let sweep = {
+        let t = tier.clone();
+        std::thread::spawn(move || t.gc_sweep_now().unwrap())
+    };
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep never reached key 1");
+    store_while_held(&tier, ks[0]).await;
+    go_tx.send(()).unwrap();
+    sweep.join().unwrap();
+    let ev = tier.take_events();
+    assert!(tier.block_path(&ks[0]).exists());
+    assert_eq!(
+        ev.iter()
+            .filter(|e| e.keys.contains(&ks[0]))
+            .map(|e| e.removed)
+            .collect::<Vec<_>>(),
+        vec![true, false],
+        "found gone, then stored again: in that order"
+    );
+    assert_eq!(tier.stats().gc.unwrap().external_removals, 1);
+}
+
+/// A load that finds a block's file gone (deleted behind the tier's back) forgets it and
+/// reports it removed, once: a rescan afterwards does not report it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_that_finds_a_file_gone_reports_it_removed_once() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10);
+    let ks = aged(&tier, 3).await;
+    std::fs::remove_file(tier.block_path(&ks[1])).unwrap();
+    let (r, _) = load(&*tier, &ks[1..2]).await;
+    assert!(!r.is_success());
+    tier.gc_rescan_now().unwrap();
+    let ev = tier.take_events();
+    assert_eq!(
+        ev.iter()
+            .filter(|e| e.removed)
+            .flat_map(|e| e.keys.clone())
+            .collect::<Vec<_>>(),
+        vec![ks[1]]
+    );
+    assert_eq!(tier.stats().gc.unwrap().files, 2);
+    // stored again: its last event is the store
+    assert!(store(&*tier, &ks[1..2], 0).await.is_success());
+    assert_eq!(last_removed(&tier.take_events(), &ks[1]), Some(false));
+}
