@@ -36,7 +36,7 @@ pub(crate) fn run(
     };
     let now = SystemTime::now();
     let mut listed = Vec::new();
-    let (mut deleted, mut freed, mut failed) = (0u64, 0u64, 0u64);
+    let (mut deleted, mut freed, mut failed, mut gone) = (0u64, 0u64, 0u64, 0u64);
     for b in &victims {
         let age = now.duration_since(b.mtime).unwrap_or_default().as_secs();
         let outcome = if dry_run {
@@ -53,6 +53,12 @@ pub(crate) fn run(
                         }
                     }
                     "deleted".to_string()
+                }
+                // deleted since the walk (an engine's own sweep on a root in use): not a
+                // failure, and not freed by this run
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    gone += 1;
+                    "already gone".to_string()
                 }
                 Err(e) => {
                     failed += 1;
@@ -87,6 +93,7 @@ pub(crate) fn run(
         "deleted": deleted,
         "freed_bytes": freed,
         "failed": failed,
+        "already_gone": gone,
     });
     if json {
         print_json(&report);
@@ -112,10 +119,11 @@ pub(crate) fn run(
             human(cap),
             human(freed),
             human(target),
-            if failed > 0 {
-                format!(", {failed} could not be deleted")
-            } else {
-                String::new()
+            match (failed, gone) {
+                (0, 0) => String::new(),
+                (0, g) => format!(", {g} were already gone"),
+                (f, 0) => format!(", {f} could not be deleted"),
+                (f, g) => format!(", {f} could not be deleted, {g} were already gone"),
             }
         );
     }

@@ -3,7 +3,9 @@
 //! - `kv-tier inspect ROOT`: namespaces with their `config.json`, block counts, allocated
 //!   bytes, ages, temp files and orphan sidecars;
 //! - `kv-tier verify ROOT [--repair]`: sizes and checksums of every block;
-//! - `kv-tier gc ROOT --max-size-gb X [--dry-run]`: what a sweep would delete, oldest first;
+//! - `kv-tier gc ROOT --max-size-gb X [--dry-run]`: what a sweep would delete, oldest first
+//!   (a file deleted by someone else since the walk is reported "already gone", not an
+//!   error: on a root in use, the engine's own sweeps);
 //! - `kv-tier config check FILE`: the effective config, or the error naming the field;
 //! - `kv-tier s3-server --root DIR --port P`: a local S3 server to try the obj tier.
 //!

@@ -165,34 +165,45 @@ fn allocated(m: &std::fs::Metadata) -> u64 {
 }
 
 /// Walks a rank directory (`<top>/<leaf>/<file>`); with `ns`, block names are checked
-/// against the layout and keyed.
+/// against the layout and keyed. A root in use may change under the walk: a directory or file
+/// gone meanwhile (a sweep removed it and its emptied directories) is skipped, not an error.
 pub fn scan_rank(rank_dir: &Path, ns: Option<&Namespace>) -> io::Result<RankScan> {
     let mut s = RankScan {
         dir_bytes: allocated(&std::fs::symlink_metadata(rank_dir)?),
         ..RankScan::default()
     };
-    let mut tops: Vec<_> = std::fs::read_dir(rank_dir)?.collect::<io::Result<_>>()?;
-    tops.sort_by_key(|e| e.file_name());
+    let Some(tops) = list(rank_dir)? else {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} is gone", rank_dir.display()),
+        ));
+    };
     for top in tops {
-        let m = top.metadata()?;
+        let Some(m) = gone_is_none(top.metadata())? else {
+            continue;
+        };
         if !m.is_dir() {
             classify_file(&mut s, top.path(), None, ns);
             continue;
         }
+        let Some(leaves) = list(&top.path())? else {
+            continue;
+        };
         s.dirs += 1;
         s.dir_bytes += allocated(&m);
-        let mut leaves: Vec<_> = std::fs::read_dir(top.path())?.collect::<io::Result<_>>()?;
-        leaves.sort_by_key(|e| e.file_name());
         for leaf in leaves {
-            let m = leaf.metadata()?;
+            let Some(m) = gone_is_none(leaf.metadata())? else {
+                continue;
+            };
             if !m.is_dir() {
                 classify_file(&mut s, leaf.path(), None, ns);
                 continue;
             }
+            let Some(files) = list(&leaf.path())? else {
+                continue;
+            };
             s.dirs += 1;
             s.dir_bytes += allocated(&m);
-            let mut files: Vec<_> = std::fs::read_dir(leaf.path())?.collect::<io::Result<_>>()?;
-            files.sort_by_key(|e| e.file_name());
             let rel = |f: &std::fs::DirEntry| {
                 format!(
                     "{}/{}/{}",
@@ -208,6 +219,32 @@ pub fn scan_rank(rank_dir: &Path, ns: Option<&Namespace>) -> io::Result<RankScan
         }
     }
     Ok(s)
+}
+
+/// `Ok(None)` for an error saying the thing is gone.
+fn gone_is_none<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A directory's entries sorted by name; `None` if the directory is gone. An error names the
+/// directory.
+fn list(dir: &Path) -> io::Result<Option<Vec<std::fs::DirEntry>>> {
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", dir.display()));
+    let Some(entries) = gone_is_none(std::fs::read_dir(dir)).map_err(named)? else {
+        return Ok(None);
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        if let Some(e) = gone_is_none(e).map_err(named)? {
+            out.push(e);
+        }
+    }
+    out.sort_by_key(|e| e.file_name());
+    Ok(Some(out))
 }
 
 fn classify_file(s: &mut RankScan, path: PathBuf, rel: Option<String>, ns: Option<&Namespace>) {
@@ -341,4 +378,50 @@ pub fn sweep_order(blocks: &[BlockFile], total: u64, target: u64) -> Vec<&BlockF
             go
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A root in use changes under a walk: files, leaf and top directories go (a sweep and
+    /// the directories it empties) and come back (stores). The walk never fails on that.
+    #[test]
+    fn a_walk_of_a_root_that_changes_under_it_does_not_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let rank = dir.path().to_path_buf();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let (rank, stop) = (rank.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 50 {
+                    for t in 0..4 {
+                        for l in 0..4 {
+                            let leaf = rank.join(format!("{t:03x}")).join(format!("{l:02x}_g0"));
+                            std::fs::create_dir_all(&leaf).unwrap();
+                            for f in 0..4 {
+                                std::fs::write(leaf.join(format!("{f:064x}.bin")), b"x").unwrap();
+                            }
+                        }
+                    }
+                    for t in 0..4 {
+                        let _ = std::fs::remove_dir_all(rank.join(format!("{t:03x}")));
+                    }
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        let mut walks = 0;
+        let mut seen = 0;
+        while walks < 150 {
+            let s = scan_rank(&rank, None).unwrap_or_else(|e| panic!("walk {walks}: {e}"));
+            seen += s.blocks.len();
+            walks += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(churn.join().unwrap() >= 50);
+        assert!(seen > 0, "the walks never met a file: no churn to speak of");
+    }
 }
