@@ -249,6 +249,35 @@ async fn a_failed_load_is_a_miss_for_its_request_until_it_ends() {
     assert_eq!((al.tracked_keys(), al.tracked_requests()), (0, 0));
 }
 
+/// A probe queued and not sent yet, whose only request finishes, goes with its key: nothing
+/// is tracked afterwards and the next flush sends nothing. A key another request still asks
+/// for keeps its queued probe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_request_takes_its_unsent_probes_with_it() {
+    let t = Arc::new(FaultyTier::new(Arc::new(MemoryTier::new("m", BS))));
+    let (mut al, notify) = cache(t.clone());
+    let (k, j) = (test_key(1), test_key(2));
+    let (r1, r2) = (RequestId(1), RequestId(2));
+    assert_eq!(al.ask(&k, r1), Presence::Retry);
+    assert_eq!(al.ask(&j, r1), Presence::Retry);
+    assert_eq!(al.ask(&j, r2), Presence::Retry);
+    assert_eq!((al.queued(), al.tracked_keys()), (2, 2));
+    al.finish_request(r1);
+    assert_eq!(
+        (al.queued(), al.tracked_keys()),
+        (1, 1),
+        "k's probe asked by nobody stays queued"
+    );
+    let gate = t.hold_lookups();
+    assert_eq!(al.flush(), 1, "only j is probed");
+    gate.open();
+    settle(&mut al, &notify).await;
+    assert_eq!(al.ask(&j, r2), Presence::Absent);
+    al.finish_request(r2);
+    assert_eq!((al.queued(), al.tracked_keys(), al.in_flight()), (0, 0, 0));
+    assert_eq!(al.flush(), 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn ending_one_request_keeps_the_misses_and_waits_of_the_others() {
     let t = Arc::new(FaultyTier::new(Arc::new(MemoryTier::new("m", BS))));

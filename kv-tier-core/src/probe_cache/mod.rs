@@ -410,20 +410,33 @@ impl ProbeCache {
     }
 
     /// Forgets a finished request's negative answers and references; keys no live request
-    /// asks for are dropped with their leases.
+    /// asks for are dropped with their leases, and with their probes queued and not sent yet
+    /// (a probe in flight keeps its key until its answer is applied).
     pub fn finish_request(&mut self, req: RequestId) {
         let Some(keys) = self.requests.remove(&req) else {
             return;
         };
+        let mut unqueued = FxHashSet::default();
         for k in keys {
             if let Some(e) = self.keys.get_mut(&k) {
                 e.refs = e.refs.saturating_sub(1);
                 e.missed_by.retain(|r| *r != req);
                 e.waiters.retain(|r| *r != req);
-                if e.refs == 0 && e.pending.is_none() {
+                if e.refs > 0 {
+                    continue;
+                }
+                // a probe queued and not sent yet is asked of nobody now: it goes with the key
+                let queued = e.pending.is_some() && e.sent.is_none();
+                if e.pending.is_none() || queued {
                     self.keys.remove(&k);
                 }
+                if queued {
+                    unqueued.insert(k);
+                }
             }
+        }
+        if !unqueued.is_empty() {
+            self.queue.retain(|(k, _)| !unqueued.contains(k));
         }
     }
 
