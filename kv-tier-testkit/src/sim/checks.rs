@@ -25,24 +25,15 @@ impl Driver<'_> {
             if sample.is_empty() {
                 continue;
             }
-            let tier = self.tiers[t].faulty.clone();
-            let found = bounded("an audit lookup", tier.lookup(&sample))
-                .await?
-                .map_err(|e| format!("audit lookup in {} failed: {e}", self.names[t]))?;
+            let (tier, name) = (self.tiers[t].faulty.clone(), self.names[t].clone());
+            let mut missing = not_found(&*tier, &name, &sample).await?;
             self.report.audited_keys += sample.len() as u64;
-            let missing: Vec<BlockKey> = sample
-                .iter()
-                .zip(&found)
-                .filter(|(_, f)| !**f)
-                .map(|(k, _)| *k)
-                .collect();
             if missing.is_empty() {
                 continue;
             }
             // An eviction may have raced the lookup (its removal event says so), or the lookup
             // passed its own short deadline on a busy machine (a remote tier answers keys it
             // had no answer for as absent): ask again, bounded, before calling a key lost.
-            let mut missing = missing;
             let patience = tokio::time::Instant::now() + Duration::from_secs(10);
             loop {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -51,15 +42,7 @@ impl Driver<'_> {
                 if missing.is_empty() || tokio::time::Instant::now() >= patience {
                     break;
                 }
-                let again = bounded("an audit lookup", tier.lookup(&missing))
-                    .await?
-                    .map_err(|e| format!("audit lookup in {} failed: {e}", self.names[t]))?;
-                missing = missing
-                    .iter()
-                    .zip(&again)
-                    .filter(|(_, f)| !**f)
-                    .map(|(k, _)| *k)
-                    .collect();
+                missing = not_found(&*tier, &name, &missing).await?;
             }
             let lost: Vec<&BlockKey> = missing.iter().collect();
             if !lost.is_empty() {
@@ -279,4 +262,21 @@ impl Driver<'_> {
         self.note("checkpoint".into());
         Ok(())
     }
+}
+
+/// The keys of `keys` the tier `name` does not find (one bounded lookup).
+async fn not_found(
+    tier: &dyn SecondaryTier,
+    name: &str,
+    keys: &[BlockKey],
+) -> Result<Vec<BlockKey>, String> {
+    let found = bounded("an audit lookup", tier.lookup(keys))
+        .await?
+        .map_err(|e| format!("audit lookup in {name} failed: {e}"))?;
+    Ok(keys
+        .iter()
+        .zip(&found)
+        .filter(|(_, f)| !**f)
+        .map(|(k, _)| *k)
+        .collect())
 }
