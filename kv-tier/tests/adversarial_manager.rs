@@ -322,13 +322,14 @@ fn a_hanging_load_ends_at_the_job_deadline_and_frees_everything() {
     let req = RequestContext::new(1);
     let k = test_key(3);
     let t0 = Instant::now();
-    let v = settle(&m, &k, &req, Duration::from_secs(5));
+    let v = settle(&m, &k, &req, Duration::from_secs(30));
     assert_eq!(
         v,
         LookupResult::Miss,
         "a load that never ended produced a hit"
     );
-    assert!(t0.elapsed() < Duration::from_secs(3));
+    // ended by its deadline (0.2 s), not never: bounded with room for a loaded machine
+    assert!(t0.elapsed() < Duration::from_secs(30));
     let s = m.stats();
     assert_eq!(s.tiers[0].jobs_timed_out, 1, "{:#?}", s.tiers[0]);
     assert_eq!(s.tiers[0].load_failure_causes.timed_out, 1);
@@ -359,8 +360,9 @@ fn a_hanging_store_is_abandoned_and_its_pins_return() {
     m.on_request_finished(RequestId(1));
     let t0 = Instant::now();
     idle(&m);
+    // ended by the job's deadline (0.2 s), not never: bounded with room for a loaded machine
     assert!(
-        t0.elapsed() < Duration::from_secs(3),
+        t0.elapsed() < Duration::from_secs(30),
         "wait_idle took {:?}",
         t0.elapsed()
     );
@@ -958,18 +960,14 @@ fn a_huge_prefix_over_a_small_dram() {
     let req = RequestContext::new(1);
     let t0 = Instant::now();
     let c = loop {
-        let s = Instant::now();
+        // (that a lookup does not wait for the tier is shown without a clock by
+        // `a_huge_lookup_returns_while_the_tier_has_not_answered`)
         let c = m.lookup_prefix(&keys, &req);
-        assert!(
-            s.elapsed() < Duration::from_secs(1),
-            "one lookup took {:?}",
-            s.elapsed()
-        );
         if !c.retry && c.hit == c.present {
             break c;
         }
         step(&m);
-        assert!(t0.elapsed() < Duration::from_secs(10), "{c:?}");
+        assert!(t0.elapsed() < Duration::from_secs(60), "{c:?}");
     };
     assert!(c.hit >= 1 && c.hit <= 8, "{c:?}");
     assert!(load_and_verify(&m, &keys[..c.hit]));
@@ -979,7 +977,9 @@ fn a_huge_prefix_over_a_small_dram() {
     m.shutdown_blocking().unwrap();
 }
 
-/// 200k keys, nothing anywhere, over fs: one lookup call does not block; all settle to Miss.
+/// 200k keys, nothing anywhere, over fs: all settle to Miss, and nothing is left behind.
+/// (That one lookup call does not wait for the tier is shown without a clock by
+/// `a_huge_lookup_returns_while_the_tier_has_not_answered`.)
 #[test]
 fn a_huge_lookup_of_missing_keys_over_fs() {
     let dir = tempfile::tempdir().unwrap();
@@ -989,25 +989,56 @@ fn a_huge_lookup_of_missing_keys_over_fs() {
         .unwrap();
     let keys: Vec<BlockKey> = (0..200_000).map(test_key).collect();
     let req = RequestContext::new(1);
-    let s = Instant::now();
     let v = m.lookup_many(&keys, &req);
-    assert!(
-        s.elapsed() < Duration::from_secs(2),
-        "lookup_many blocked {:?}",
-        s.elapsed()
-    );
-    assert_eq!(v[0], LookupResult::Retry);
-    let s = Instant::now();
+    assert!(v.iter().all(|r| *r == LookupResult::Retry));
     m.on_schedule_end();
-    assert!(
-        s.elapsed() < Duration::from_secs(2),
-        "on_schedule_end blocked {:?}",
-        s.elapsed()
-    );
     let t0 = Instant::now();
     loop {
         let v = m.lookup_many(&keys, &req);
         if v[0] == LookupResult::Miss {
+            break;
+        }
+        step(&m);
+        assert!(t0.elapsed() < Duration::from_secs(60), "never settled");
+    }
+    m.on_schedule_end();
+    m.on_request_finished(req.id);
+    assert_clean(&m);
+    m.shutdown_blocking().unwrap();
+}
+
+/// 200k keys asked of a tier whose existence checks are held: `lookup_many` and
+/// `on_schedule_end` return while no answer can have come (the probe is sent off the
+/// caller's thread); once the tier answers, every key settles to Miss.
+#[test]
+fn a_huge_lookup_returns_while_the_tier_has_not_answered() {
+    let t = Arc::new(FaultyTier::new(Arc::new(MemoryTier::new("mem", BS))));
+    let gate = t.hold_lookups();
+    let m = build(cfg(8, BS, r#", "probe_timeout_s": 600"#), vec![t.clone()]);
+    let keys: Vec<BlockKey> = (0..200_000).map(test_key).collect();
+    let req = RequestContext::new(1);
+    let v = m.lookup_many(&keys, &req);
+    assert!(v.iter().all(|r| *r == LookupResult::Retry));
+    m.on_schedule_end();
+    let t0 = Instant::now();
+    while gate.arrived() == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the probe never reached the tier"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!gate.is_open(), "returned only once the tier could answer");
+    assert!(
+        m.lookup_many(&keys, &req)
+            .iter()
+            .all(|r| *r == LookupResult::Retry),
+        "a verdict without an answer"
+    );
+    gate.open();
+    loop {
+        let v = m.lookup_many(&keys, &req);
+        if v.iter().all(|r| *r == LookupResult::Miss) {
             break;
         }
         step(&m);
