@@ -84,13 +84,10 @@ impl Shared {
         let _ = std::fs::remove_file(file::sidecar_path(path));
         if ok {
             bump(&self.counters.blocks.corrupt_deleted, 1);
-            match (&self.gc, seq) {
-                // reported under the index lock (unless a store indexed its own file since:
-                // then the key's last event is that store's)
-                (Some(gc), Some(seq)) => {
-                    gc.forget(&[(*key, seq)]);
-                }
-                _ => self.events.push(vec![*key], true),
+            match &self.gc {
+                // (whether a file is at the path again: a store's, published since)
+                Some(gc) => gc.removed_damaged(key, seq, std::fs::symlink_metadata(path).is_ok()),
+                None => self.events.push(vec![*key], true),
             }
         }
         ok

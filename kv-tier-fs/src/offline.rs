@@ -390,12 +390,13 @@ mod tests {
     fn a_walk_of_a_root_that_changes_under_it_does_not_fail() {
         let dir = tempfile::tempdir().unwrap();
         let rank = dir.path().to_path_buf();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let rounds = std::sync::Arc::new(AtomicU64::new(0));
         let churn = {
-            let (rank, stop) = (rank.clone(), stop.clone());
+            let (rank, stop, rounds) = (rank.clone(), stop.clone(), rounds.clone());
             std::thread::spawn(move || {
-                let mut rounds = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) || rounds < 50 {
+                while !stop.load(Ordering::Relaxed) {
                     for t in 0..4 {
                         for l in 0..4 {
                             let leaf = rank.join(format!("{t:03x}")).join(format!("{l:02x}_g0"));
@@ -408,20 +409,24 @@ mod tests {
                     for t in 0..4 {
                         let _ = std::fs::remove_dir_all(rank.join(format!("{t:03x}")));
                     }
-                    rounds += 1;
+                    rounds.fetch_add(1, Ordering::Relaxed);
                 }
-                rounds
             })
         };
-        let mut walks = 0;
-        let mut seen = 0;
-        while walks < 150 {
+        // walks for as long as the tree changes 50 times (and at least 50 walks)
+        let t0 = std::time::Instant::now();
+        while rounds.load(Ordering::Relaxed) == 0 {
+            assert!(t0.elapsed().as_secs() < 60, "the churn never began");
+            std::thread::yield_now();
+        }
+        let (mut walks, mut seen) = (0, 0);
+        while walks < 50 || rounds.load(Ordering::Relaxed) < 50 {
             let s = scan_rank(&rank, None).unwrap_or_else(|e| panic!("walk {walks}: {e}"));
             seen += s.blocks.len();
             walks += 1;
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(churn.join().unwrap() >= 50);
+        stop.store(true, Ordering::Relaxed);
+        churn.join().unwrap();
         assert!(seen > 0, "the walks never met a file: no churn to speak of");
     }
 }

@@ -174,3 +174,112 @@ async fn a_load_that_finds_a_file_gone_reports_it_removed_once() {
     assert!(store(&*tier, &ks[1..2], 0).await.is_success());
     assert_eq!(last_removed(&tier.take_events(), &ks[1]), Some(false));
 }
+
+/// A rescan walks the tree with no lock held, then merges what it saw. Files a sweep deleted
+/// between the walk and the merge used to come back into the index (the merge keeps entries
+/// that appeared while it walked, and took these for new): the index then counted files that
+/// were gone, and a later sweep or rescan found them "deleted behind the tier's back" and
+/// reported them removed a second time. Held between its walk and its merge, the rescan
+/// must leave the sweep's work as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_does_not_bring_back_what_a_sweep_deleted_during_its_walk() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10);
+    let ks = aged(&tier, 15).await;
+    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::RescanWalked);
+    let rescan = {
+        let t = tier.clone();
+        std::thread::spawn(move || t.gc_rescan_now().unwrap())
+    };
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the rescan never finished its walk");
+    // the walk saw all 15 files; a sweep deletes the oldest now
+    tier.set_sweep_hook(None).unwrap();
+    let deleted = tier.gc_sweep_now().unwrap();
+    assert!(deleted > 0);
+    go_tx.send(()).unwrap();
+    rescan.join().unwrap();
+    let on_disk = ks.iter().filter(|k| tier.block_path(k).exists()).count();
+    let s = tier.stats().gc.unwrap();
+    assert_eq!(
+        (s.files as usize, on_disk),
+        (15 - deleted, 15 - deleted),
+        "the rescan put back files the sweep deleted: {s:?}"
+    );
+    // nothing is found gone later, and nothing is reported removed twice
+    tier.gc_rescan_now().unwrap();
+    tier.gc_sweep_now().unwrap();
+    let s = tier.stats().gc.unwrap();
+    assert_eq!(s.external_removals, 0, "{s:?}");
+    let ev = tier.take_events();
+    for k in &ks {
+        let removals = ev
+            .iter()
+            .filter(|e| e.removed && e.keys.contains(k))
+            .count();
+        assert!(removals <= 1, "{k} reported removed {removals} times");
+        assert_eq!(
+            last_removed(&ev, k) == Some(true),
+            !tier.block_path(k).exists()
+        );
+    }
+}
+
+/// A sweep keeps a victim that was protected since its decision, and used to put it back in
+/// the index as it was: when the victim's file went meanwhile (here a load found it damaged
+/// and removed it, reporting the removal itself), the index then held a file that was gone,
+/// and whoever found it gone reported it removed a second time. Now the damaged file's
+/// removal is reported once (by the sweep, which finds it gone) and the entry is not put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_victim_removed_as_damaged_during_the_sweep_is_reported_once() {
+    let root = temp_root();
+    let tier = bounded(root.path(), 10);
+    let ks = aged(&tier, 15).await;
+    let victim = ks[0];
+    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::Unlinking);
+    let sweep = {
+        let t = tier.clone();
+        std::thread::spawn(move || t.gc_sweep_now().unwrap())
+    };
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep never reached its unlinks");
+    // the victim is decided; a job protects it (so the sweep keeps it) and a load finds its
+    // file damaged and removes it
+    let guard = tier.protect(&[victim]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(tier.block_path(&victim))
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let (r, _) = load(&*tier, &[victim]).await;
+    assert!(!r.is_success());
+    assert!(!tier.block_path(&victim).exists(), "the load removed it");
+    go_tx.send(()).unwrap();
+    let deleted = sweep.join().unwrap();
+    drop(guard);
+    let on_disk = ks.iter().filter(|k| tier.block_path(k).exists()).count();
+    assert_eq!(on_disk, 15 - 1 - deleted);
+    let s = tier.stats().gc.unwrap();
+    assert_eq!(
+        s.files as usize, on_disk,
+        "the gone victim is back in the index: {s:?}"
+    );
+    // a later rescan and sweep find nothing gone; the victim was reported removed once
+    tier.gc_rescan_now().unwrap();
+    tier.gc_sweep_now().unwrap();
+    let ev = tier.take_events();
+    let removals = ev
+        .iter()
+        .filter(|e| e.removed && e.keys.contains(&victim))
+        .count();
+    assert_eq!(removals, 1, "{ev:?}");
+    for k in &ks {
+        assert_eq!(
+            last_removed(&ev, k) == Some(true),
+            !tier.block_path(k).exists()
+        );
+    }
+}

@@ -80,6 +80,11 @@ pub(super) struct Index {
     /// first) takes one over, so no block counts twice.
     by_key: FxHashMap<BlockKey, Vec<(u64, u64)>>,
     next_reservation: u64,
+    /// The `seq` each rescan walk under way started at, and the keys that left the index
+    /// since the oldest of them (with the `seq` of their removal): a walk may have seen a file
+    /// before a sweep deleted it, and its merge must not put it back.
+    walks: Vec<u64>,
+    removed_in_walk: FxHashMap<BlockKey, u64>,
     /// Bytes of files (and the directories they empty) a sweep took out of the index and has
     /// not unlinked yet: still on disk, so still counted.
     pub(super) unlinking_bytes: u64,
@@ -195,6 +200,7 @@ impl Index {
 
     pub(super) fn remove(&mut self, key: &BlockKey) -> Option<Removed> {
         self.lru.remove(key)?;
+        self.note_removed(key);
         let l = leaf_of(key);
         let mut r = Removed {
             leaf_empty: false,
@@ -220,6 +226,37 @@ impl Index {
             }
         }
         Some(r)
+    }
+
+    /// A rescan walk begins: returns the `seq` it starts at.
+    pub(super) fn begin_walk(&mut self) -> u64 {
+        self.walks.push(self.seq);
+        self.seq
+    }
+
+    /// The rescan walk that started at `seq0` ended (merged, or dropped): removals no walk
+    /// under way started before are forgotten.
+    pub(super) fn end_walk(&mut self, seq0: u64) {
+        if let Some(i) = self.walks.iter().position(|s| *s == seq0) {
+            self.walks.swap_remove(i);
+        }
+        match self.walks.iter().min() {
+            None => self.removed_in_walk.clear(),
+            Some(&oldest) => self.removed_in_walk.retain(|_, s| *s > oldest),
+        }
+    }
+
+    /// `key`'s file left (or its entry the index) now: remembered while rescan walks run.
+    pub(super) fn note_removed(&mut self, key: &BlockKey) {
+        if !self.walks.is_empty() {
+            self.seq += 1;
+            self.removed_in_walk.insert(*key, self.seq);
+        }
+    }
+
+    /// Whether `key` left the index after `seq0` (while a walk that started then ran).
+    pub(super) fn removed_since(&self, key: &BlockKey, seq0: u64) -> bool {
+        self.removed_in_walk.get(key).is_some_and(|s| *s > seq0)
     }
 
     /// Files indexed in `key`'s leaf directory.

@@ -284,6 +284,29 @@ impl Gc {
         out
     }
 
+    /// A damaged file of `key` was removed (by a load or a store; `seq`: its index entry's
+    /// before the removal; `replaced`: a file is at the path again): reported removed once,
+    /// under the index lock. A sweep's victim (marked deleting) is reported by that sweep,
+    /// which finds it gone; an entry a store indexed since (another `seq`, or a file there
+    /// again) is that store's own file and stays, its `BlockStored` the key's last event.
+    pub(crate) fn removed_damaged(&self, key: &BlockKey, seq: Option<u64>, replaced: bool) {
+        let mut idx = self.lock();
+        if idx.lru.is_deleting(key) {
+            return;
+        }
+        match (idx.lru.get(key).map(|e| e.seq), seq) {
+            (Some(now), Some(before)) if now != before => return,
+            (Some(_), None) if replaced => return,
+            (Some(_), _) => {
+                idx.remove(key);
+            }
+            (None, _) => {}
+        }
+        self.at.events.push(vec![*key], true);
+        drop(idx);
+        self.freed();
+    }
+
     fn kick_if_over(&self) {
         if self.over_cap() {
             self.kick();
@@ -416,6 +439,10 @@ impl Gc {
 
     /// [`Gc::on_seen`] whoever sweeps (a shared root's new leader, before it does).
     pub(crate) fn index_seen(&self, key: BlockKey, m: &std::fs::Metadata) {
+        if std::os::unix::fs::MetadataExt::nlink(m) == 0 {
+            // looked at through an open file since deleted (a load's): not on disk any more
+            return;
+        }
         let size = allocated(m) + self.sidecar_unit.load(Ordering::Relaxed);
         let over = {
             let mut idx = self.lock();

@@ -65,7 +65,10 @@ impl Gc {
     /// orphan sidecars older than `tmp_reap_age_s` (and never younger than a minute).
     pub(crate) fn rescan(&self) {
         let _span = tracing::info_span!("kv_tier_fs_rescan", tier = %self.at.name).entered();
-        let seq0 = self.seq();
+        // removals from the index during the walk are remembered until it ends (however it
+        // ends), so its merge does not put back a file a sweep deleted meanwhile
+        let walking = Walking::begin(self);
+        let seq0 = walking.seq0;
         // while the tier runs its own temp files are in flight: never younger than a minute
         let tmp_age = self.cfg.tmp_age.max(RESCAN_TMP_FLOOR);
         let reap_tops = self.lock().counts_tops();
@@ -110,15 +113,10 @@ impl Gc {
         }
     }
 
-    /// The index's counter now: entries inserted from here on are newer than a walk that
-    /// starts now.
-    fn seq(&self) -> u64 {
-        self.lock().seq
-    }
-
     /// Merges what a walk that started at `seq0` found. Found files update or join the index
     /// with their size and mtime on disk, except entries (re)inserted after the walk started,
-    /// which are newer than what it saw.
+    /// which are newer than what it saw, and files that left the index or the disk after it
+    /// started (a sweep deleted them: what the walk saw is stale).
     /// Returns the indexed keys the walk did not find and that are older than it, with their
     /// `seq`: they are to be checked on disk before [`Gc::forget`].
     pub(super) fn merge(
@@ -135,6 +133,9 @@ impl Gc {
             match idx.lru.get(&f.key).copied() {
                 // a sweep's victim on its way out: counted until its unlink
                 None if idx.lru.is_deleting(&f.key) => {}
+                // seen by the walk, then deleted (by a sweep, or found gone): what the walk
+                // saw is stale (a store of it since indexes its own file)
+                None if idx.removed_since(&f.key, seq0) => {}
                 // newer than what the walk saw
                 Some(e) if e.seq > seq0 => {}
                 Some(e) if e.size == f.size && e.mtime == f.mtime => {}
@@ -160,5 +161,24 @@ impl Gc {
         drop(idx);
         self.kick_if_over();
         missing
+    }
+}
+
+/// A rescan walk under way in the index ([`Index::begin_walk`]); ended on drop.
+struct Walking<'a> {
+    gc: &'a Gc,
+    seq0: u64,
+}
+
+impl<'a> Walking<'a> {
+    fn begin(gc: &'a Gc) -> Self {
+        let seq0 = gc.lock().begin_walk();
+        Self { gc, seq0 }
+    }
+}
+
+impl Drop for Walking<'_> {
+    fn drop(&mut self) {
+        self.gc.lock().end_walk(self.seq0);
     }
 }

@@ -77,6 +77,9 @@ impl Batch<'_> {
                 if idx.lru.end_deletion(&v.key) {
                     self.gc.deleting_now.fetch_sub(1, Ordering::SeqCst);
                 }
+                // its file went only now: a rescan that walked meanwhile may have seen it
+                // (after the decision took it out of the index) and must not put it back
+                idx.note_removed(&v.key);
             }
         }
         self.gc.deleting_cv.notify_all();
@@ -279,17 +282,20 @@ impl Gc {
             }
             if !batch.victims.is_empty() {
                 self.hook(SweepPoint::Unlinking);
-                let (gone, kept) = self.unlink(&batch.victims, protection);
+                let (gone, kept, vanished) = self.unlink(&batch.victims, protection);
                 in_flight += kept;
                 for v in &gone {
                     deleted.push(v.key);
                     bytes += v.entry.size;
                 }
+                self.counters
+                    .external_removals
+                    .fetch_add(vanished.len() as u64, Ordering::Relaxed);
                 // Reported while the victims are still marked deleting: a store of one of
                 // them publishes only after `batch.end()`, so its `BlockStored` comes after.
                 self.at
                     .events
-                    .push(gone.iter().map(|v| v.key).collect(), true);
+                    .push(gone.iter().chain(&vanished).map(|v| v.key).collect(), true);
                 self.remove_empty_dirs(&gone);
                 batch.end();
             }
@@ -336,13 +342,16 @@ impl Gc {
     /// Unlinks a decided batch on a few threads, holding no lock across an unlink. Right
     /// before each unlink the key's protection is checked again, atomically with marking it
     /// "unlinking" (which `protect()` waits out): a key protected since its decision is kept.
-    /// Kept keys and failed unlinks go back to the index. Returns (gone, kept count).
+    /// Kept keys and failed unlinks go back to the index, unless the file of a kept key went
+    /// meanwhile (a load removed it as damaged, or someone else deleted it: reported removed
+    /// with the batch, as found gone). Returns (gone, kept count, vanished).
     fn unlink<'a>(
         &self,
         batch: &'a [Victim],
         protection: &ProtectionSet,
-    ) -> (Vec<&'a Victim>, u64) {
-        // per victim: Some(true) gone, Some(false) failed, None kept (protected)
+    ) -> (Vec<&'a Victim>, u64, Vec<&'a Victim>) {
+        // per victim: Some(true) gone, Some(false) failed, None kept (protected) with whether
+        // its file is still there
         let unlink_chunk = |chunk: &[Victim]| {
             let mut out = Vec::with_capacity(chunk.len());
             for v in chunk {
@@ -357,7 +366,10 @@ impl Gc {
                     true
                 });
                 if !go {
-                    out.push(None);
+                    // (looked at with no lock held; the key stays marked deleting, so a
+                    // load's removal of it is reported here, not by the load)
+                    let there = std::fs::symlink_metadata(&v.path).is_ok();
+                    out.push((None, there));
                     continue;
                 }
                 // unmarked when this unlink ends, however it ends: `protect()` waits for it
@@ -368,7 +380,7 @@ impl Gc {
                 self.hook(super::SweepPoint::UnlinkingKey(v.key));
                 let r = std::fs::remove_file(&v.path);
                 drop(unlinking);
-                out.push(Some(match r {
+                out.push((Some(match r {
                                 Ok(()) => {
                                     // its sidecar too, whatever the tier's mode: a root
                                     // written where xattrs were missing keeps sidecars
@@ -382,12 +394,12 @@ impl Gc {
                                     tracing::warn!(path = %v.path.display(), error = %e, "sweep could not delete a block file");
                                     false
                                 }
-                            }));
+                            }), true));
             }
             out
         };
         // a few threads for a big batch (each unlink waits on the journal at its pace)
-        let outcome: Vec<Option<bool>> = if batch.len() < 32 {
+        let outcome: Vec<(Option<bool>, bool)> = if batch.len() < 32 {
             unlink_chunk(batch)
         } else {
             let per = batch.len().div_ceil(4);
@@ -404,12 +416,20 @@ impl Gc {
                     .collect()
             })
         };
-        let mut gone = Vec::new();
+        let (mut gone, mut vanished) = (Vec::new(), Vec::new());
         let mut kept = 0;
         let mut idx = self.lock();
-        for (v, o) in batch.iter().zip(outcome) {
+        for (v, (o, there)) in batch.iter().zip(outcome) {
             match o {
                 Some(true) => gone.push(v),
+                None if !there => {
+                    // kept, but its file is gone: out of the index for good
+                    if !v.requeued.swap(true, Ordering::Relaxed) {
+                        let held = idx.victim_bytes(v.entry.size, &v.removed);
+                        idx.unlinking_bytes = idx.unlinking_bytes.saturating_sub(held);
+                    }
+                    vanished.push(v);
+                }
                 Some(false) | None => {
                     if o.is_some() {
                         self.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -428,7 +448,7 @@ impl Gc {
                 }
             }
         }
-        (gone, kept)
+        (gone, kept, vanished)
     }
 
     /// Removes the leaf (and top) directories the deleted files left empty. A directory that
