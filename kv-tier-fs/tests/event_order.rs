@@ -7,27 +7,17 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{BS, HOOK_DEADLINE, age, cfg, hook_at, leaf_key, load, ns, store};
+use common::{
+    BS, HOOK_DEADLINE, age, hand_swept_cfg, hook_at, leaf_key, load, ns, store, sweep_held_at,
+};
 use kv_tier_core::{BlockKey, SecondaryTier, TierEvent};
 use kv_tier_fs::{FsTier, SweepPoint};
 use kv_tier_testkit::temp_root;
 
-/// A bounded tier (sweeps by hand only) whose cap holds `cap_blocks` test blocks and whose low
-/// watermark holds 80% of them; the hard ceiling is out of the way.
+/// A bounded tier (sweeps by hand only) whose cap holds `cap_blocks` test blocks and whose
+/// low watermark holds 80% of them; the hard ceiling is out of the way.
 fn bounded(root: &Path, cap_blocks: u64) -> Arc<FsTier> {
-    use std::os::unix::fs::MetadataExt;
-    let dirs = 2 * std::fs::metadata(root).unwrap().blocks() * 512;
-    let cap = cap_blocks * BS as u64 + dirs;
-    let low = 0.8 * (cap_blocks * BS as u64) as f64 + dirs as f64 + 0.5;
-    let mut c = cfg(root);
-    c.gc_max_size_gb = Some(cap as f64 / (1u64 << 30) as f64);
-    c.gc_low_watermark = Some(low / cap as f64);
-    c.gc_hard_ceiling = Some(1000.0);
-    c.gc_grace_s = Some(300.0);
-    c.gc_stamp_interval_s = Some(60.0);
-    c.gc_interval_s = Some(3600.0);
-    c.gc_background = false;
-    Arc::new(FsTier::open("fs", c, ns(), BS).unwrap())
+    Arc::new(FsTier::open("fs", hand_swept_cfg(root, cap_blocks, 0.8), ns(), BS).unwrap())
 }
 
 /// `n` keys in one leaf directory, stored, oldest first (key 0 the oldest).
@@ -69,14 +59,7 @@ async fn a_key_a_sweep_removed_and_a_store_wrote_again_ends_stored() {
     let ks = aged(&tier, 400).await;
     // 400 over a cap of 100 down to 80: over 300 victims, the oldest first, 256 in the first
     // batch
-    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::BeforeDelete(ks[256]));
-    let sweep = {
-        let t = tier.clone();
-        std::thread::spawn(move || t.gc_sweep_now().unwrap())
-    };
-    at_rx
-        .recv_timeout(HOOK_DEADLINE)
-        .expect("the sweep never reached its second batch");
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::BeforeDelete(ks[256]));
     assert!(
         !tier.block_path(&ks[0]).exists(),
         "the first batch is unlinked"
@@ -126,14 +109,7 @@ async fn a_vanished_file_stored_again_during_the_sweep_ends_stored() {
     let ks = aged(&tier, 15).await;
     std::fs::remove_file(tier.block_path(&ks[0])).unwrap();
     // key 0 is decided (found gone) before the sweep stops at key 1
-    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::BeforeDelete(ks[1]));
-    let sweep = {
-        let t = tier.clone();
-        std::thread::spawn(move || t.gc_sweep_now().unwrap())
-    };
-    at_rx
-        .recv_timeout(HOOK_DEADLINE)
-        .expect("the sweep never reached key 1");
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::BeforeDelete(ks[1]));
     store_while_held(&tier, ks[0]).await;
     go_tx.send(()).unwrap();
     sweep.join().unwrap();
@@ -237,14 +213,7 @@ async fn a_victim_removed_as_damaged_during_the_sweep_is_reported_once() {
     let tier = bounded(root.path(), 10);
     let ks = aged(&tier, 15).await;
     let victim = ks[0];
-    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::Unlinking);
-    let sweep = {
-        let t = tier.clone();
-        std::thread::spawn(move || t.gc_sweep_now().unwrap())
-    };
-    at_rx
-        .recv_timeout(HOOK_DEADLINE)
-        .expect("the sweep never reached its unlinks");
+    let (sweep, go_tx) = sweep_held_at(&tier, SweepPoint::Unlinking);
     // the victim is decided; a job protects it (so the sweep keeps it) and a load finds its
     // file damaged and removes it
     let guard = tier.protect(&[victim]);

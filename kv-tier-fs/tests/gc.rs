@@ -8,42 +8,15 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
-use common::{BS, HOOK_DEADLINE, age, cfg, hook_at, leaf_key, load, ns, store};
+use common::{
+    BS, HOOK_DEADLINE, age, cfg, hand_swept_cfg, held, leaf_key, load, ns, store, sweep_held_at,
+};
 use kv_tier_core::{BlockKey, SecondaryTier};
-use kv_tier_fs::{FsTier, FsTierConfig, SweepPoint};
+use kv_tier_fs::{FsTier, SweepPoint};
 use kv_tier_testkit::{find_files, temp_root, test_key};
 
-/// Allocated bytes of the directories the test keys keep: they all share one leaf directory
-/// (and so one top directory), each a directory's allocation on this filesystem.
-fn dirs(root: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    2 * std::fs::metadata(root).unwrap().blocks() * 512
-}
-
-/// What `n` test blocks hold on disk: their files and their shared directories.
-fn held(root: &Path, n: u64) -> u64 {
-    n * BS as u64 + dirs(root)
-}
-
-/// A bounded tier whose cap holds `cap_blocks` test blocks and whose low watermark holds
-/// `watermark x cap_blocks` of them. The hard ceiling is out of the way: these tests drive
-/// sweeps by hand (the ceiling has tests of its own).
-fn bounded_cfg(root: &Path, cap_blocks: u64, watermark: f64) -> FsTierConfig {
-    let mut c = cfg(root);
-    let cap = held(root, cap_blocks);
-    let low = watermark * (cap_blocks * BS as u64) as f64 + dirs(root) as f64 + 0.5;
-    c.gc_max_size_gb = Some(cap as f64 / (1u64 << 30) as f64);
-    c.gc_low_watermark = Some(low / cap as f64);
-    c.gc_hard_ceiling = Some(1000.0);
-    c.gc_grace_s = Some(300.0);
-    c.gc_stamp_interval_s = Some(60.0);
-    c.gc_interval_s = Some(3600.0);
-    c.gc_background = false;
-    c
-}
-
 fn bounded(root: &Path, cap_blocks: u64, watermark: f64) -> FsTier {
-    FsTier::open("fs", bounded_cfg(root, cap_blocks, watermark), ns(), BS).unwrap()
+    FsTier::open("fs", hand_swept_cfg(root, cap_blocks, watermark), ns(), BS).unwrap()
 }
 
 fn keys(range: std::ops::Range<u64>) -> Vec<BlockKey> {
@@ -63,7 +36,7 @@ fn gc(tier: &FsTier) -> kv_tier_fs::GcStats {
 /// the ceiling at `ceiling` x the cap.
 async fn with_ceiling(root: &Path, ks: &[BlockKey], ceiling: f64) -> FsTier {
     assert!(store(&bounded(root, 10, 0.8), ks, 0).await.is_success());
-    let mut c = bounded_cfg(root, 10, 0.8);
+    let mut c = hand_swept_cfg(root, 10, 0.8);
     c.gc_hard_ceiling = Some(ceiling);
     FsTier::open("fs", c, ns(), BS).unwrap()
 }
@@ -220,7 +193,7 @@ async fn touch_stamps_the_mtime_off_thread_and_is_rate_limited() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn touching_missing_keys_is_harmless_and_tracking_is_bounded() {
     let root = temp_root();
-    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    let mut c = hand_swept_cfg(root.path(), 10, 0.8);
     c.gc_max_tracked = Some(2);
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
     // keys of no file: queued like keys of other processes (bounded), then found absent
@@ -265,21 +238,6 @@ async fn only_bin_files_are_swept() {
     );
     assert_eq!(tier.gc_sweep_now().unwrap(), 7);
     assert!(tmp.exists() && other.exists() && config.exists());
-}
-
-/// Holds the sweep at `point`: returns the sweep's thread once it has reached it, and the
-/// sender that lets it go on.
-fn sweep_held_at(
-    tier: &Arc<FsTier>,
-    point: SweepPoint,
-) -> (std::thread::JoinHandle<usize>, mpsc::Sender<()>) {
-    let (at_rx, go_tx) = hook_at(tier, point);
-    let t = tier.clone();
-    let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
-    at_rx
-        .recv_timeout(HOOK_DEADLINE)
-        .expect("the sweep hook was never reached");
-    (sweep, go_tx)
 }
 
 /// The reference's race: a key protected by a store in flight is decided under the same lock
@@ -465,7 +423,7 @@ fn wait_for(what: &str, cond: impl Fn() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gc_thread_survives_a_panic_and_stops_promptly() {
     let root = temp_root();
-    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    let mut c = hand_swept_cfg(root.path(), 10, 0.8);
     c.gc_background = true;
     c.gc_interval_s = Some(0.02);
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
@@ -494,7 +452,7 @@ async fn the_gc_thread_survives_a_panic_and_stops_promptly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_crosses_the_cap_wakes_the_gc() {
     let root = temp_root();
-    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    let mut c = hand_swept_cfg(root.path(), 10, 0.8);
     c.gc_background = true; // interval stays at an hour
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
     let ks = keys(0..10);
@@ -633,7 +591,7 @@ async fn a_rescan_takes_a_new_size_under_an_old_mtime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_blocks_seen_past_the_cap_wake_the_sweep() {
     let root = temp_root();
-    let mut c = bounded_cfg(root.path(), 10, 0.8);
+    let mut c = hand_swept_cfg(root.path(), 10, 0.8);
     c.gc_background = true;
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
     let ks = keys(0..10);
@@ -655,7 +613,7 @@ async fn foreign_blocks_seen_past_the_cap_wake_the_sweep() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecars_count_toward_the_cap_and_go_with_their_blocks() {
     let m = common::Mount::new("ramfs", "");
-    let mut c = bounded_cfg(&m.dir, 10, 0.8);
+    let mut c = hand_swept_cfg(&m.dir, 10, 0.8);
     c.checksum = kv_tier_fs::Checksum::Crc32c;
     // ramfs keeps no blocks for directories; a block and its sidecar take a page each
     let per_block = 2 * BS as u64;
@@ -869,7 +827,7 @@ async fn protect_waits_out_an_unlink_under_way() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learned_block_counts_with_its_sidecar() {
     let m = common::Mount::new("ramfs", "");
-    let mut c = bounded_cfg(&m.dir, 10, 0.8);
+    let mut c = hand_swept_cfg(&m.dir, 10, 0.8);
     c.checksum = kv_tier_fs::Checksum::Crc32c;
     let per_block = 2 * BS as u64; // ramfs: a page for the block, one for its sidecar
     c.gc_max_size_gb = Some((10 * per_block) as f64 / (1u64 << 30) as f64);

@@ -169,3 +169,47 @@ pub fn hook_at(
     .unwrap();
     (at_rx, go_tx)
 }
+
+/// Allocated bytes of the directories the test keys keep: they all share one leaf directory
+/// (and so one top directory), each a directory's allocation on this filesystem.
+pub fn dirs(root: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    2 * std::fs::metadata(root).unwrap().blocks() * 512
+}
+
+/// What `n` test blocks hold on disk: their files and their shared directories.
+pub fn held(root: &Path, n: u64) -> u64 {
+    n * BS as u64 + dirs(root)
+}
+
+/// A bounded tier whose cap holds `cap_blocks` test blocks and whose low watermark holds
+/// `watermark x cap_blocks` of them. The hard ceiling is out of the way: these tests drive
+/// sweeps by hand (the ceiling has tests of its own).
+pub fn hand_swept_cfg(root: &Path, cap_blocks: u64, watermark: f64) -> FsTierConfig {
+    let mut c = cfg(root);
+    let cap = held(root, cap_blocks);
+    let low = watermark * (cap_blocks * BS as u64) as f64 + dirs(root) as f64 + 0.5;
+    c.gc_max_size_gb = Some(cap as f64 / (1u64 << 30) as f64);
+    c.gc_low_watermark = Some(low / cap as f64);
+    c.gc_hard_ceiling = Some(1000.0);
+    c.gc_grace_s = Some(300.0);
+    c.gc_stamp_interval_s = Some(60.0);
+    c.gc_interval_s = Some(3600.0);
+    c.gc_background = false;
+    c
+}
+
+/// Holds the sweep at `point`: returns the sweep's thread once it has reached it, and the
+/// sender that lets it go on.
+pub fn sweep_held_at(
+    tier: &std::sync::Arc<FsTier>,
+    point: kv_tier_fs::SweepPoint,
+) -> (std::thread::JoinHandle<usize>, std::sync::mpsc::Sender<()>) {
+    let (at_rx, go_tx) = hook_at(tier, point);
+    let t = tier.clone();
+    let sweep = std::thread::spawn(move || t.gc_sweep_now().unwrap());
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the sweep hook was never reached");
+    (sweep, go_tx)
+}
