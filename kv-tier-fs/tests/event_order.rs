@@ -252,3 +252,73 @@ async fn a_victim_removed_as_damaged_during_the_sweep_is_reported_once() {
         );
     }
 }
+
+/// The stamps thread looks at files with no lock held, and indexes a stamped file the index
+/// does not know (another process's). A sweep's victim is out of the index from its decision
+/// on: stamped then (a load touched it), its file was learned back after the sweep had
+/// deleted and reported it, so the index held a gone file, found gone later and reported
+/// removed a second time. Held between their looks and their application, the stamps must
+/// not bring back what the sweep deleted meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stamps_do_not_bring_back_a_victim_the_sweep_deleted_meanwhile() {
+    use std::sync::Mutex;
+    use std::sync::mpsc::channel;
+    let root = temp_root();
+    let tier = bounded(root.path(), 10);
+    let ks = aged(&tier, 15).await;
+    let victim = ks[0];
+    let (at_tx, at_rx) = channel::<SweepPoint>();
+    let (go_sweep, sweep_rx) = channel::<()>();
+    let (go_stamps, stamps_rx) = channel::<()>();
+    let (sweep_rx, stamps_rx) = (Mutex::new(sweep_rx), Mutex::new(stamps_rx));
+    tier.set_sweep_hook(Some(Arc::new(move |p| {
+        let rx = match p {
+            SweepPoint::Unlinking => &sweep_rx,
+            SweepPoint::StampsDone => &stamps_rx,
+            _ => return,
+        };
+        let _ = at_tx.send(p);
+        let _ = rx.lock().unwrap().recv();
+    })))
+    .unwrap();
+    let reached = |want: SweepPoint| {
+        let p = at_rx
+            .recv_timeout(HOOK_DEADLINE)
+            .expect("a hook point was never reached");
+        assert_eq!(p, want);
+    };
+    let sweep = {
+        let t = tier.clone();
+        std::thread::spawn(move || t.gc_sweep_now().unwrap())
+    };
+    reached(SweepPoint::Unlinking); // the victims are decided, their files still there
+    tier.touch(&[victim]);
+    let stamps = {
+        let t = tier.clone();
+        std::thread::spawn(move || t.gc_apply_stamps_now().unwrap())
+    };
+    reached(SweepPoint::StampsDone); // the victim's file stamped and looked at
+    go_sweep.send(()).unwrap();
+    let deleted = sweep.join().unwrap();
+    assert!(!tier.block_path(&victim).exists());
+    go_stamps.send(()).unwrap();
+    stamps.join().unwrap();
+    tier.set_sweep_hook(None).unwrap();
+    let on_disk = ks.iter().filter(|k| tier.block_path(k).exists()).count();
+    assert_eq!(on_disk, 15 - deleted);
+    let s = tier.stats().gc.unwrap();
+    assert_eq!(
+        s.files as usize, on_disk,
+        "a deleted victim is back in the index: {s:?}"
+    );
+    tier.gc_rescan_now().unwrap();
+    tier.gc_sweep_now().unwrap();
+    let s = tier.stats().gc.unwrap();
+    assert_eq!(s.external_removals, 0, "{s:?}");
+    let ev = tier.take_events();
+    let removals = ev
+        .iter()
+        .filter(|e| e.removed && e.keys.contains(&victim))
+        .count();
+    assert_eq!(removals, 1);
+}

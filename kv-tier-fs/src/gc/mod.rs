@@ -300,7 +300,10 @@ impl Gc {
             (Some(_), _) => {
                 idx.remove(key);
             }
-            (None, _) => {}
+            // its entry left the index since: whoever took it out (a load or a rescan that
+            // found the file gone after this removal) reported it
+            (None, Some(_)) => return,
+            (None, None) => {}
         }
         self.at.events.push(vec![*key], true);
         drop(idx);
@@ -437,8 +440,21 @@ impl Gc {
         self.index_seen(key, m);
     }
 
+    /// [`Gc::on_seen`] of a file a stamps run looked at (see [`Gc::index_seen_since`]).
+    pub(super) fn on_seen_since(&self, key: BlockKey, m: &std::fs::Metadata, since: u64) {
+        if self.may_sweep() {
+            self.index_seen_since(key, m, Some(since));
+        }
+    }
+
     /// [`Gc::on_seen`] whoever sweeps (a shared root's new leader, before it does).
     pub(crate) fn index_seen(&self, key: BlockKey, m: &std::fs::Metadata) {
+        self.index_seen_since(key, m, None);
+    }
+
+    /// [`Gc::index_seen`] of a file looked at since `since` (a [`Walking`]'s `seq0`): not if
+    /// it left the index or the disk since (what the look saw of it is stale).
+    fn index_seen_since(&self, key: BlockKey, m: &std::fs::Metadata, since: Option<u64>) {
         if std::os::unix::fs::MetadataExt::nlink(m) == 0 {
             // looked at through an open file since deleted (a load's): not on disk any more
             return;
@@ -448,7 +464,10 @@ impl Gc {
             let mut idx = self.lock();
             // known, or a sweep's victim on its way out (still counted until its unlink; the
             // batch puts it back itself if it stays)
-            if idx.lru.contains(&key) || idx.lru.is_deleting(&key) {
+            if idx.lru.contains(&key)
+                || idx.lru.is_deleting(&key)
+                || since.is_some_and(|s| idx.removed_since(&key, s))
+            {
                 return;
             }
             idx.foreign.remove(&key);
@@ -526,6 +545,27 @@ impl Gc {
 
 /// `Gc::frozen_ns` when the clock runs.
 const RUNNING: i64 = i64::MIN;
+
+/// A look at the disk made with no lock held (a rescan's walk, a stamps run) under way in
+/// the index ([`Index::begin_walk`]): what leaves the index or the disk meanwhile is
+/// remembered until it ends (on drop), so what the look saw of it is not put back.
+pub(super) struct Walking<'a> {
+    gc: &'a Gc,
+    pub(super) seq0: u64,
+}
+
+impl<'a> Walking<'a> {
+    pub(super) fn begin(gc: &'a Gc) -> Self {
+        let seq0 = gc.lock().begin_walk();
+        Self { gc, seq0 }
+    }
+}
+
+impl Drop for Walking<'_> {
+    fn drop(&mut self) {
+        self.gc.lock().end_walk(self.seq0);
+    }
+}
 
 /// How long a store waits for another thread's sweep to make room.
 pub(crate) fn room_deadline() -> Instant {

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use kv_tier_core::BlockKey;
 use rustc_hash::FxHashSet;
 
-use super::{Found, Gc, SweepPoint, walk};
+use super::{Found, Gc, SweepPoint, Walking, walk};
 
 /// Rescans reap temp files at least this old, whatever `tmp_reap_age_s` says: they run while
 /// the tier's own writes are in flight.
@@ -161,24 +161,5 @@ impl Gc {
         drop(idx);
         self.kick_if_over();
         missing
-    }
-}
-
-/// A rescan walk under way in the index ([`Index::begin_walk`]); ended on drop.
-struct Walking<'a> {
-    gc: &'a Gc,
-    seq0: u64,
-}
-
-impl<'a> Walking<'a> {
-    fn begin(gc: &'a Gc) -> Self {
-        let seq0 = gc.lock().begin_walk();
-        Self { gc, seq0 }
-    }
-}
-
-impl Drop for Walking<'_> {
-    fn drop(&mut self) {
-        self.gc.lock().end_walk(self.seq0);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use kv_tier_core::BlockKey;
 
-use super::{Gc, Index};
+use super::{Gc, Index, Walking};
 
 /// Sets atime and mtime of `path` to `ns` (since the epoch).
 pub(crate) fn stamp(path: &Path, ns: i64) -> io::Result<()> {
@@ -94,6 +94,9 @@ impl Gc {
     /// stamped join the index.
     pub(crate) fn apply_stamps(&self) {
         let (ns, root) = (&self.at.ns, &self.at.root);
+        // the stamps look at files with no lock held: a file a sweep deletes meanwhile is
+        // not learned back from what they saw
+        let walking = Walking::begin(self);
         let queued: Vec<Queued> = {
             let mut idx = self.lock();
             let own = std::mem::take(&mut idx.pending);
@@ -184,7 +187,7 @@ impl Gc {
         }
         for (_, _, learned) in &results {
             for (k, m) in learned {
-                self.on_seen(*k, m);
+                self.on_seen_since(*k, m, walking.seq0);
             }
             n_done += learned.len() as u64;
         }
