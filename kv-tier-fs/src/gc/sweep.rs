@@ -46,6 +46,20 @@ struct Victim {
     requeued: std::sync::atomic::AtomicBool,
 }
 
+/// What became of a victim at its unlink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unlinked {
+    /// Its file is gone (deleted now, or already).
+    Gone,
+    /// The unlink failed: the file stays.
+    Failed,
+    /// Protected since its decision: kept, its file still there.
+    Kept,
+    /// Protected since its decision, but its file went meanwhile (a load removed it as
+    /// damaged, or someone else deleted it).
+    KeptGone,
+}
+
 /// The victims of one batch: out of the index and marked deleting until the batch ends.
 /// Dropped before its end (a panic between the decisions and the unlinks' end: a bug, or a
 /// test's hook), it puts back in the index those whose file is still there and clears every
@@ -350,8 +364,6 @@ impl Gc {
         batch: &'a [Victim],
         protection: &ProtectionSet,
     ) -> (Vec<&'a Victim>, u64, Vec<&'a Victim>) {
-        // per victim: Some(true) gone, Some(false) failed, None kept (protected) with whether
-        // its file is still there
         let unlink_chunk = |chunk: &[Victim]| {
             let mut out = Vec::with_capacity(chunk.len());
             for v in chunk {
@@ -368,8 +380,11 @@ impl Gc {
                 if !go {
                     // (looked at with no lock held; the key stays marked deleting, so a
                     // load's removal of it is reported here, not by the load)
-                    let there = std::fs::symlink_metadata(&v.path).is_ok();
-                    out.push((None, there));
+                    out.push(if std::fs::symlink_metadata(&v.path).is_ok() {
+                        Unlinked::Kept
+                    } else {
+                        Unlinked::KeptGone
+                    });
                     continue;
                 }
                 // unmarked when this unlink ends, however it ends: `protect()` waits for it
@@ -380,26 +395,24 @@ impl Gc {
                 self.hook(super::SweepPoint::UnlinkingKey(v.key));
                 let r = std::fs::remove_file(&v.path);
                 drop(unlinking);
-                out.push((Some(match r {
-                                Ok(()) => {
-                                    // its sidecar too, whatever the tier's mode: a root
-                                    // written where xattrs were missing keeps sidecars
-                                    let _ = std::fs::remove_file(crate::file::sidecar_path(
-                                        &v.path,
-                                    ));
-                                    true
-                                }
-                                Err(e) if e.kind() == io::ErrorKind::NotFound => true,
-                                Err(e) => {
-                                    tracing::warn!(path = %v.path.display(), error = %e, "sweep could not delete a block file");
-                                    false
-                                }
-                            }), true));
+                out.push(match r {
+                    Ok(()) => {
+                        // its sidecar too, whatever the tier's mode: a root written where
+                        // xattrs were missing keeps sidecars
+                        let _ = std::fs::remove_file(crate::file::sidecar_path(&v.path));
+                        Unlinked::Gone
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Unlinked::Gone,
+                    Err(e) => {
+                        tracing::warn!(path = %v.path.display(), error = %e, "sweep could not delete a block file");
+                        Unlinked::Failed
+                    }
+                });
             }
             out
         };
         // a few threads for a big batch (each unlink waits on the journal at its pace)
-        let outcome: Vec<(Option<bool>, bool)> = if batch.len() < 32 {
+        let outcome: Vec<Unlinked> = if batch.len() < 32 {
             unlink_chunk(batch)
         } else {
             let per = batch.len().div_ceil(4);
@@ -419,10 +432,10 @@ impl Gc {
         let (mut gone, mut vanished) = (Vec::new(), Vec::new());
         let mut kept = 0;
         let mut idx = self.lock();
-        for (v, (o, there)) in batch.iter().zip(outcome) {
+        for (v, o) in batch.iter().zip(outcome) {
             match o {
-                Some(true) => gone.push(v),
-                None if !there => {
+                Unlinked::Gone => gone.push(v),
+                Unlinked::KeptGone => {
                     // kept, but its file is gone: out of the index for good
                     if !v.requeued.swap(true, Ordering::Relaxed) {
                         let held = idx.victim_bytes(v.entry.size, &v.removed);
@@ -430,8 +443,8 @@ impl Gc {
                     }
                     vanished.push(v);
                 }
-                Some(false) | None => {
-                    if o.is_some() {
+                Unlinked::Failed | Unlinked::Kept => {
+                    if o == Unlinked::Failed {
                         self.counters.errors.fetch_add(1, Ordering::Relaxed);
                     } else {
                         kept += 1;
