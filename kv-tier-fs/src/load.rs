@@ -243,7 +243,7 @@ impl Shared {
             if seq.is_none()
                 && let Ok(m) = stat(&mut meta)
             {
-                gc.on_seen(*key, &m);
+                gc.on_seen(*key, &m, None);
             }
             gc.queue_stamps(std::slice::from_ref(key));
         }

@@ -79,7 +79,7 @@ impl Shared {
                         if let Some(gc) = &self.gc {
                             // stored again: the block is in use (and maybe written by
                             // another process)
-                            gc.on_seen(*key, &m);
+                            gc.on_seen(*key, &m, None);
                             gc.queue_stamps(std::slice::from_ref(key));
                         }
                         return Ok(false);

@@ -14,12 +14,12 @@ impl ProbeCache {
 
     /// Probe batches sent and not yet applied.
     pub fn in_flight(&self) -> usize {
-        self.in_flight
+        self.outstanding.len()
     }
 
     /// Whether every probe batch sent has answered (answers may await `apply_results`).
     pub fn all_arrived(&self) -> bool {
-        lock(&self.inbox).len() == self.in_flight
+        lock(&self.inbox).len() == self.outstanding.len()
     }
 
     /// How many probe batches were sent so far: a mark for [`ProbeCache::arrived_before`].

@@ -131,10 +131,9 @@ pub struct ProbeCache {
     queue: Vec<(BlockKey, u64)>,
     inbox: Arc<Mutex<Vec<ProbeBatch>>>,
     notify: Arc<Notify>,
-    in_flight: usize,
     /// Batches sent so far (the next batch's number).
     batches_sent: u64,
-    /// Numbers of the batches sent and not yet applied.
+    /// Numbers of the batches sent and not yet applied (how many are in flight).
     outstanding: std::collections::BTreeSet<u64>,
     /// The one generation counter: probes and leases take numbers from it.
     next_gen: u64,
@@ -170,7 +169,7 @@ impl fmt::Debug for ProbeCache {
             .field("tier", &self.tier.info().name)
             .field("tracked_keys", &self.keys.len())
             .field("queued", &self.queue.len())
-            .field("in_flight", &self.in_flight)
+            .field("in_flight", &self.outstanding.len())
             .finish()
     }
 }
@@ -197,7 +196,6 @@ impl ProbeCache {
             queue: Vec::new(),
             inbox: Arc::new(Mutex::new(Vec::new())),
             notify,
-            in_flight: 0,
             batches_sent: 0,
             outstanding: std::collections::BTreeSet::new(),
             next_gen: 0,
@@ -451,7 +449,6 @@ impl ProbeCache {
         }
         let batch = std::mem::take(&mut self.queue);
         let n = batch.len();
-        self.in_flight += 1;
         let seq = self.batches_sent;
         self.batches_sent += 1;
         self.outstanding.insert(seq);
@@ -495,7 +492,6 @@ impl ProbeCache {
         let batches = std::mem::take(&mut *lock(&self.inbox));
         let n = batches.len();
         for batch in batches {
-            self.in_flight -= 1;
             self.outstanding.remove(&batch.seq);
             self.latency.record(batch.took);
             crate::metrics::record_probe(&self.name, batch.took);

@@ -431,30 +431,21 @@ impl Gc {
 
     /// A block file found on disk (by a store that skipped, a load, a stamp): indexed if the
     /// index does not know it yet (written by another process).
-    pub(crate) fn on_seen(&self, key: BlockKey, m: &std::fs::Metadata) {
+    ///
+    /// With `since` (a [`Walking`]'s `seq0`), the file was looked at with no lock held since
+    /// then: not indexed if it left the index or the disk meanwhile (what the look saw of it is
+    /// stale).
+    pub(crate) fn on_seen(&self, key: BlockKey, m: &std::fs::Metadata, since: Option<u64>) {
         if !self.may_sweep() {
             // a shared root's follower keeps no index of its own (the leader's is the one;
             // a takeover rebuilds it from a walk)
             return;
         }
-        self.index_seen(key, m);
-    }
-
-    /// [`Gc::on_seen`] of a file a stamps run looked at (see [`Gc::index_seen_since`]).
-    pub(super) fn on_seen_since(&self, key: BlockKey, m: &std::fs::Metadata, since: u64) {
-        if self.may_sweep() {
-            self.index_seen_since(key, m, Some(since));
-        }
+        self.index_seen(key, m, since);
     }
 
     /// [`Gc::on_seen`] whoever sweeps (a shared root's new leader, before it does).
-    pub(crate) fn index_seen(&self, key: BlockKey, m: &std::fs::Metadata) {
-        self.index_seen_since(key, m, None);
-    }
-
-    /// [`Gc::index_seen`] of a file looked at since `since` (a [`Walking`]'s `seq0`): not if
-    /// it left the index or the disk since (what the look saw of it is stale).
-    fn index_seen_since(&self, key: BlockKey, m: &std::fs::Metadata, since: Option<u64>) {
+    pub(crate) fn index_seen(&self, key: BlockKey, m: &std::fs::Metadata, since: Option<u64>) {
         if std::os::unix::fs::MetadataExt::nlink(m) == 0 {
             // looked at through an open file since deleted (a load's): not on disk any more
             return;

@@ -187,7 +187,7 @@ impl Gc {
         }
         for (_, _, learned) in &results {
             for (k, m) in learned {
-                self.on_seen_since(*k, m, walking.seq0);
+                self.on_seen(*k, m, Some(walking.seq0));
             }
             n_done += learned.len() as u64;
         }

@@ -363,7 +363,7 @@ fn rebuild(c: &Coord, gc: &Gc) -> FxHashMap<String, Member> {
             if let Ok(meta) = std::fs::symlink_metadata(c.ns.block_path(&gc.at.root, &k))
                 && meta.is_file()
             {
-                gc.index_seen(k, &meta);
+                gc.index_seen(k, &meta, None);
             }
         }
         for k in reads {
