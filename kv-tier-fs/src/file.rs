@@ -27,6 +27,19 @@ fn cstr(p: &Path) -> io::Result<CString> {
 /// loads), never through a symbolic link at the block's own path (`ELOOP`): a link there is
 /// damage, not a block. `O_NONBLOCK`: a FIFO at the path must not block the open (it changes
 /// nothing for the reads of a regular file).
+/// `create_dir_all`, made again when a directory it made (or found) is removed before the
+/// next one is made in it: sweeps and `kv-tier gc` remove emptied leaf and top directories
+/// while stores make them. Gives up after a few rounds of that.
+pub(crate) fn make_dirs(dir: &Path) -> io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match std::fs::create_dir_all(dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 8 => tries += 1,
+            r => return r,
+        }
+    }
+}
+
 pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<File> {
     let c = cstr(path)?;
     let mut flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK;
@@ -330,6 +343,20 @@ pub(crate) fn same_file(f: &File, path: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn make_dirs_makes_the_whole_path_again_after_a_remover() {
+        let d = tempfile::tempdir().unwrap();
+        let leaf = d.path().join("top").join("leaf");
+        super::make_dirs(&leaf).unwrap();
+        std::fs::remove_dir(&leaf).unwrap();
+        std::fs::remove_dir(d.path().join("top")).unwrap();
+        super::make_dirs(&leaf).unwrap();
+        assert!(leaf.is_dir());
+        // a path under a file is refused, not retried for ever
+        std::fs::write(d.path().join("f"), b"x").unwrap();
+        assert!(super::make_dirs(&d.path().join("f").join("x")).is_err());
+    }
+
     use super::*;
 
     /// Makes `renameat2` fail with `EINVAL` on the calling thread only (a seccomp filter, as

@@ -182,7 +182,7 @@ impl Shared {
             // file is no entry): make it again and link once more
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 self.leaves.set(key, false);
-                std::fs::create_dir_all(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
+                file::make_dirs(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
                 self.leaves.set(key, true);
                 file::link_unnamed(&f, dest)
             }
@@ -215,7 +215,7 @@ impl Shared {
                 Err(e) if e.kind() == io::ErrorKind::NotFound && tries < 3 => {
                     tries += 1;
                     self.leaves.set(key, false);
-                    std::fs::create_dir_all(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
+                    file::make_dirs(parent).map_err(|e| self.io_err("mkdir", parent, e))?;
                     self.leaves.set(key, true);
                 }
                 Err(e) => return Err(self.io_err("create", at, e)),
