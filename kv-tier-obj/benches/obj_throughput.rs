@@ -4,10 +4,11 @@
 //!
 //! `cargo bench -p kv-tier-obj --bench obj_throughput` (rounds: `KV_TIER_BENCH_ROUNDS`, default 3)
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+#[path = "../tests/it/support/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod support;
 
-use common::S3ServerExt as _;
+use support::S3ServerExt as _;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,12 +70,12 @@ fn main() {
                 .map(|i| test_key((round as u64) << 40 | i as u64))
                 .collect();
             let (t_put, t_get, p_put, p_get) = rt.block_on(async {
-                let server = common::S3Server::start().await;
+                let server = support::S3Server::start().await;
                 let mut cfg = server.config();
                 cfg.io_threads = threads;
                 cfg.request_timeout_s = 120.0;
                 let tier = Arc::new(
-                    ObjTier::connect("obj", cfg, common::ns(), BLOCK)
+                    ObjTier::connect("obj", cfg, support::ns(), BLOCK)
                         .await
                         .unwrap(),
                 );

@@ -1,7 +1,10 @@
 //! [`ControlledStore`]: an `ObjectStore` wrapper (over `InMemory`) whose requests can be held
 //! at a gate or slowed, per kind of request, to drive deadlines and interleavings
 //! deterministically (with tokio's paused clock, a held request lasts exactly until a
-//! deadline fires), or to play a backend that stops answering.
+//! deadline fires), or to play a backend that stops answering; and that fails on demand the
+//! way a network store does: GET bodies that hang, break or run long ([`BodyFault`]), PUTs
+//! refused, half written or whose reply is lost ([`PutFault`]), PUTs that land after the
+//! client gave up, DELETE answers naming another path.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -37,6 +40,41 @@ impl Op {
     pub const ALL: [Op; 4] = [Op::Head, Op::Put, Op::Get, Op::Delete];
 }
 
+/// How the body of a GET goes wrong ([`ControlledStore::break_bodies`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFault {
+    /// Half the body arrives, then the stream never ends.
+    Hang,
+    /// Half the body arrives, then the stream answers an error.
+    Break,
+    /// The whole body arrives with this many bytes (`0xAB`) more; the metadata gives the
+    /// size without them.
+    Longer(usize),
+}
+
+/// How a PUT goes wrong ([`ControlledStore::fail_puts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutFault {
+    /// It does not run, and answers a server error (a 503 SlowDown).
+    Refused,
+    /// It writes the first half of its body, without metadata, then answers an error (a
+    /// store whose writes are not atomic: the connection reset mid-body).
+    HalfWritten,
+    /// It lands, then answers an error (its reply lost: the connection reset after the
+    /// request was sent). A PUT the store refused on its own answers that instead, and does
+    /// not count as one of the failures asked for.
+    ReplyLost,
+}
+
+/// The PUTs [`ControlledStore::fail_puts`] asked to fail.
+struct PutFaults {
+    fault: PutFault,
+    /// Of paths ending with this ("" for every path).
+    suffix: String,
+    /// How many more.
+    left: usize,
+}
+
 #[derive(Default)]
 struct Plan {
     gates: HashMap<Op, Gate>,
@@ -53,9 +91,18 @@ struct Plan {
     /// LISTs of this prefix fail after their first object (a listing that breaks part
     /// way).
     fail_lists: Option<String>,
+    /// GET bodies of these paths go wrong.
+    broken_bodies: HashMap<String, BodyFault>,
+    /// PUTs that fail.
+    put_faults: Option<PutFaults>,
+    /// PUTs of paths ending with this run this long after they were sent, in a task of their
+    /// own.
+    late_puts: Option<(String, Duration)>,
+    /// DELETEs of missing objects answer NotFound naming another path.
+    misname_missing: bool,
 }
 
-/// An `ObjectStore` over [`InMemory`] whose requests can be held or slowed per kind (see the
+/// An `ObjectStore` over [`InMemory`] whose requests can be held, slowed or failed (see the
 /// module docs). Listing, copies and multipart uploads pass straight through.
 ///
 /// ```
@@ -88,6 +135,12 @@ struct Control {
     counts: Mutex<HashMap<Op, usize>>,
     /// Requests that entered (held or not), all kinds.
     started: AtomicUsize,
+    /// PUTs failed as [`ControlledStore::fail_puts`] asked.
+    failed_puts: AtomicUsize,
+    /// Late PUTs sent and not landed yet.
+    late_in_flight: AtomicUsize,
+    /// Late PUTs that landed (or failed) on the inner store.
+    landed_late: AtomicUsize,
 }
 
 impl fmt::Debug for ControlledStore {
@@ -210,6 +263,63 @@ impl ControlledStore {
         self.ctl.plan.lock().unwrap().fail_lists = of.map(str::to_string);
     }
 
+    /// GETs of `path` from now on have bodies that go wrong as `fault` says (`None`: whole
+    /// again). Such a body is sent whole at once, neither chunked nor cut.
+    pub fn break_bodies(&self, path: &str, fault: Option<BodyFault>) {
+        let mut p = self.ctl.plan.lock().unwrap();
+        match fault {
+            Some(f) => p.broken_bodies.insert(path.to_string(), f),
+            None => p.broken_bodies.remove(path),
+        };
+    }
+
+    /// From now on, the next `times` PUTs of paths ending with `suffix` ("" for every path;
+    /// `times` = `usize::MAX`: until [`Self::stop_failing_puts`]) fail as `fault` says,
+    /// replacing what an earlier call asked. They pass the gates and delays first, as any
+    /// PUT does.
+    pub fn fail_puts(&self, fault: PutFault, suffix: &str, times: usize) {
+        self.ctl.plan.lock().unwrap().put_faults = Some(PutFaults {
+            fault,
+            suffix: suffix.to_string(),
+            left: times,
+        });
+    }
+
+    /// PUTs run normally again (ends [`Self::fail_puts`]).
+    pub fn stop_failing_puts(&self) {
+        self.ctl.plan.lock().unwrap().put_faults = None;
+    }
+
+    /// PUTs failed so far as [`Self::fail_puts`] asked.
+    pub fn failed_puts(&self) -> usize {
+        self.ctl.failed_puts.load(Ordering::SeqCst)
+    }
+
+    /// From now on, PUTs of paths ending with `suffix` run `after` (on tokio's clock) once
+    /// sent, in a task of their own: they land whether or not the client still waits (a
+    /// request that timed out or was dropped, and lands all the same). `None` ends it for
+    /// later PUTs.
+    pub fn land_puts_late(&self, suffix: &str, after: Option<Duration>) {
+        self.ctl.plan.lock().unwrap().late_puts = after.map(|d| (suffix.to_string(), d));
+    }
+
+    /// PUTs sent late ([`Self::land_puts_late`]) that have not reached the inner store yet.
+    pub fn late_puts_in_flight(&self) -> usize {
+        self.ctl.late_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// PUTs sent late ([`Self::land_puts_late`]) that reached the inner store.
+    pub fn landed_late(&self) -> usize {
+        self.ctl.landed_late.load(Ordering::SeqCst)
+    }
+
+    /// From now on (`on`), a DELETE of an object that is not there answers NotFound naming
+    /// another path (`/var/lib/objects/<path>`, as a local-filesystem store names its file or
+    /// a prefixing wrapper the prefixed path) instead of succeeding.
+    pub fn misname_missing_deletes(&self, on: bool) {
+        self.ctl.plan.lock().unwrap().misname_missing = on;
+    }
+
     /// Requests that entered so far (held or not), all kinds.
     pub fn started(&self) -> usize {
         self.ctl.started.load(Ordering::SeqCst)
@@ -262,6 +372,97 @@ impl Control {
             tokio::time::sleep(d).await;
         }
     }
+
+    /// The PUT fault this PUT of `location` meets, if any (counted down; a lost reply is
+    /// counted down once the PUT landed).
+    fn put_fault(&self, location: &Path) -> Option<PutFault> {
+        let mut p = self.plan.lock().unwrap();
+        let f = p.put_faults.as_mut()?;
+        if f.left == 0 || !location.as_ref().ends_with(f.suffix.as_str()) {
+            return None;
+        }
+        if f.fault != PutFault::ReplyLost {
+            f.left = f.left.saturating_sub(1);
+            self.failed_puts.fetch_add(1, Ordering::SeqCst);
+        }
+        Some(f.fault)
+    }
+
+    /// Whether a PUT that landed loses its reply (and counts it down).
+    fn lose_reply(&self) -> bool {
+        let mut p = self.plan.lock().unwrap();
+        match p.put_faults.as_mut() {
+            Some(f) if f.fault == PutFault::ReplyLost && f.left > 0 => {
+                f.left = f.left.saturating_sub(1);
+                self.failed_puts.fetch_add(1, Ordering::SeqCst);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A PUT: its gates and delays, the faults asked for, the inner store, its reply delay.
+    async fn put(
+        &self,
+        inner: &InMemory,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        self.enter(Op::Put, location).await;
+        if matches!(opts.mode, object_store::PutMode::Create) && self.plan.lock().unwrap().no_create
+        {
+            return Err(object_store::Error::NotImplemented {
+                operation: "put_opts with PutMode::Create".into(),
+                implementer: "ControlledStore".into(),
+            });
+        }
+        let fault = self.put_fault(location);
+        let r = match fault {
+            Some(PutFault::Refused) => Err(injected("503 SlowDown")),
+            Some(PutFault::HalfWritten) => {
+                let body: Vec<u8> = payload.iter().flat_map(|b| b.iter().copied()).collect();
+                let half = body[..body.len() / 2].to_vec();
+                inner.put(location, PutPayload::from(half)).await?;
+                Err(injected("connection reset by peer mid-body"))
+            }
+            Some(PutFault::ReplyLost) => match inner.put_opts(location, payload, opts).await {
+                Ok(_) if self.lose_reply() => {
+                    Err(injected("connection reset after the request was sent"))
+                }
+                r => r,
+            },
+            None => inner.put_opts(location, payload, opts).await,
+        };
+        self.reply(Op::Put).await;
+        r
+    }
+}
+
+/// An error of the kind a network store answers (object_store's `Generic`: transient).
+fn injected(what: &str) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "controlled",
+        source: format!("{what} (injected)").into(),
+    }
+}
+
+/// `body` as `fault` makes it arrive.
+fn broken_body(body: bytes::Bytes, fault: BodyFault) -> BoxStream<'static, Result<bytes::Bytes>> {
+    let half = body.slice(..body.len() / 2);
+    match fault {
+        BodyFault::Hang => futures::stream::iter(vec![Ok(half)])
+            .chain(futures::stream::pending())
+            .boxed(),
+        BodyFault::Break => {
+            futures::stream::iter(vec![Ok(half), Err(injected("the body broke"))]).boxed()
+        }
+        BodyFault::Longer(n) => {
+            let mut v = body.to_vec();
+            v.extend(std::iter::repeat_n(0xAB, n));
+            futures::stream::iter(vec![Ok(bytes::Bytes::from(v))]).boxed()
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -272,18 +473,27 @@ impl ObjectStore for ControlledStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        self.ctl.enter(Op::Put, location).await;
-        if matches!(opts.mode, object_store::PutMode::Create)
-            && self.ctl.plan.lock().unwrap().no_create
-        {
-            return Err(object_store::Error::NotImplemented {
-                operation: "put_opts with PutMode::Create".into(),
-                implementer: "ControlledStore".into(),
+        let late = self
+            .ctl
+            .plan
+            .lock()
+            .unwrap()
+            .late_puts
+            .clone()
+            .filter(|(suffix, _)| location.as_ref().ends_with(suffix.as_str()));
+        if let Some((_, d)) = late {
+            let (ctl, inner, location) = (self.ctl.clone(), self.inner.clone(), location.clone());
+            ctl.late_in_flight.fetch_add(1, Ordering::SeqCst);
+            let landing = tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                let r = ctl.put(&inner, &location, payload, opts).await;
+                ctl.landed_late.fetch_add(1, Ordering::SeqCst);
+                ctl.late_in_flight.fetch_sub(1, Ordering::SeqCst);
+                r
             });
+            return landing.await.expect("a late PUT panicked");
         }
-        let r = self.inner.put_opts(location, payload, opts).await;
-        self.ctl.reply(Op::Put).await;
-        r
+        self.ctl.put(&self.inner, location, payload, opts).await
     }
 
     async fn put_multipart_opts(
@@ -300,11 +510,15 @@ impl ObjectStore for ControlledStore {
         let got = self.inner.get_opts(location, options).await;
         self.ctl.reply(op).await;
         let got = got?;
-        let (chunk, cut) = {
+        let (chunk, cut, broken) = {
             let p = self.ctl.plan.lock().unwrap();
-            (p.chunk, p.cut)
+            (
+                p.chunk,
+                p.cut,
+                p.broken_bodies.get(location.as_ref()).copied(),
+            )
         };
-        if op == Op::Head || (chunk.is_none() && cut == 0) {
+        if op == Op::Head || (chunk.is_none() && cut == 0 && broken.is_none()) {
             return Ok(got);
         }
         let (meta, range, attributes, extensions) = (
@@ -314,6 +528,15 @@ impl ObjectStore for ControlledStore {
             got.extensions.clone(),
         );
         let body = got.bytes().await?;
+        if let Some(fault) = broken {
+            return Ok(GetResult {
+                payload: GetResultPayload::Stream(broken_body(body, fault)),
+                meta,
+                range,
+                attributes,
+                extensions,
+            });
+        }
         let body = body.slice(..body.len().saturating_sub(cut));
         let n = chunk.unwrap_or(body.len().max(1));
         let chunks: Vec<Result<bytes::Bytes>> = (0..body.len())
@@ -339,6 +562,13 @@ impl ObjectStore for ControlledStore {
                 let (ctl, inner) = (ctl.clone(), inner.clone());
                 async move {
                     let location = location?;
+                    let misname = ctl.plan.lock().unwrap().misname_missing;
+                    if misname && inner.head(&location).await.is_err() {
+                        return Err(object_store::Error::NotFound {
+                            path: format!("/var/lib/objects/{location}"),
+                            source: "No such file or directory".into(),
+                        });
+                    }
                     ctl.enter(Op::Delete, &location).await;
                     let r = inner.delete(&location).await;
                     ctl.reply(Op::Delete).await;

@@ -80,6 +80,16 @@ pub fn sink(len: usize) -> (BlockSink, SinkReader) {
     BlockSink::pair(len)
 }
 
+/// The namespace tier tests write in: model `test-org/test-model`, `torch.float16`, 16 tokens
+/// a hash, rank 0.
+pub fn test_namespace() -> kv_tier_core::Namespace {
+    kv_tier_core::Namespace::new(
+        kv_tier_core::RunFields::new("test-org/test-model", "torch.float16", 16),
+        0,
+    )
+    .expect("a valid namespace")
+}
+
 /// A temporary directory for a tier's root, removed on drop.
 pub fn temp_root() -> tempfile::TempDir {
     tempfile::Builder::new()

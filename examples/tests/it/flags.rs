@@ -1,0 +1,175 @@
+//! The flags: presets set the model's shape, `--help` shows `SimConfig::default()`'s values,
+//! bad and conflicting flags are refused with a message naming them (not a panic), and
+//! `--config` files that are bad, a FIFO or a directory are refused.
+
+use kv_tier_examples::sim::SimConfig;
+
+use kv_tier_testkit::fixtures::files::mkfifo;
+
+use crate::support::*;
+
+#[test]
+fn presets_set_the_model_shape_and_config_refuses_the_tier_flags_it_replaces() {
+    let out = bin().args(["--model", "nope"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("qwen3-0.6b") && err.contains("llama-70b"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("kv.json");
+    std::fs::write(
+        &cfg,
+        r#"{"cpu_bytes_to_use": 1048576, "block_size_bytes": 8192}"#,
+    )
+    .unwrap();
+    let out = bin()
+        .args(["--dram-mb", "64", "--fs-cap-gb", "1", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--config replaces the tier flags") && err.contains("--dram-mb, --fs-cap-gb"),
+        "{err}"
+    );
+    // the presets' block sizes: 16 tokens of layers x kv heads x head dim x 2 bytes x K,V
+    for (name, kib) in [
+        ("tiny", 8),
+        ("qwen3-0.6b", 1792),
+        ("llama-8b", 2048),
+        ("llama-70b", 5120),
+    ] {
+        let p = kv_tier_examples::sim::preset(name).unwrap();
+        let cfg = SimConfig {
+            layers: p.layers,
+            kv_heads: p.kv_heads,
+            head_dim: p.head_dim,
+            dtype_bytes: p.dtype_bytes,
+            ..small(1)
+        };
+        assert_eq!(cfg.block_bytes(), kib << 10, "{name}");
+    }
+    assert_eq!(
+        SimConfig::default().block_bytes(),
+        2 << 20,
+        "MiB-sized blocks by default"
+    );
+}
+
+#[test]
+fn bad_flags_and_configs_fail_with_a_message_not_a_panic() {
+    for (args, want) in [
+        (vec!["--streams"], "a value is required for '--streams"),
+        (vec!["--streams", "many"], "not a valid number"),
+        (vec!["--frobnicate"], "unexpected argument '--frobnicate'"),
+        (vec!["--streams", "0"], "must be 1 to 100000"),
+        (vec!["--max-batch", "0"], "must be 1 to 100000"),
+        (vec!["--prefixes", "0"], "must be 1 to 1000000"),
+        (vec!["--duration", "0"], "must be positive"),
+        (vec!["--duration", "-3"], "must be positive"),
+        (vec!["--fs-cap-gb", "-1"], "must be 0 (none) or 1e-9 to 1e9"),
+        (vec!["--config", "/nonexistent/kv.json"], "--config"),
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(
+            err.contains(args[0]),
+            "the flag is not named: {args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.json");
+    std::fs::write(&cfg, r#"{"cpu_bytes_to_use": 1048576, "block_size_bytes": 8192, "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/x", "n_read_threads": 0}]}"#).unwrap();
+    let out = bin()
+        .args(["--model", "tiny", "--no-progress", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("secondary_tiers[0].n_read_threads"), "{err}");
+}
+
+/// The defaults `--help` shows are `SimConfig::default()`'s.
+#[test]
+fn help_shows_the_defaults_of_sim_config() {
+    let out = bin().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let d = SimConfig::default();
+    let cap = d.fs_cap_gb.unwrap_or(0.0);
+    for (flag, default) in [
+        ("--streams", d.streams.to_string()),
+        ("--turns", d.turns.to_string()),
+        ("--max-batch", d.max_batch.to_string()),
+        ("--gpu-cache-blocks", d.gpu_cache_blocks.to_string()),
+        ("--tokens-per-block", d.tokens_per_block.to_string()),
+        ("--dram-mb", (d.dram_bytes >> 20).to_string()),
+        ("--duration", d.duration.as_secs_f64().to_string()),
+        ("--fs-cap-gb", cap.to_string()),
+        ("--prefill-tokens-per-s", d.prefill_tokens_per_s.to_string()),
+        ("--s3-region", d.s3_region.clone()),
+    ] {
+        let entry = help_entry(&help, flag);
+        assert!(
+            entry.contains(&format!("[default: {default}]")),
+            "{flag}: want the default {default}, help says {entry:?}"
+        );
+    }
+    assert_eq!(d.prefixes, 4 * d.streams, "--help says 4 x streams");
+    assert!(help_entry(&help, "--prefixes").contains("4 x streams"));
+}
+
+#[test]
+fn conflicting_flags_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("kv.json");
+    std::fs::write(
+        &cfg,
+        r#"{"cpu_bytes_to_use": 1048576, "block_size_bytes": 8192}"#,
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    for args in [
+        vec!["--instances", "2", "--config", cfg],
+        vec!["--instances", "2", "--sync-steps", "--fs-cap-gb", "1"],
+        vec!["--compare-admission", "--root-dir", "/tmp"],
+        vec!["--config", cfg, "--s3-endpoint", "http://127.0.0.1:1"],
+    ] {
+        let out = sim(&args, 30);
+        assert_eq!(out.code, Some(2), "{args:?}: {}", out.all());
+        assert_clean_refusal(&out, &[args[0]]);
+    }
+}
+
+#[test]
+fn a_config_that_is_a_fifo_does_not_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("kv.json");
+    mkfifo(&fifo);
+    let out = sim(
+        &[
+            "--model",
+            "tiny",
+            "--no-progress",
+            "--config",
+            fifo.to_str().unwrap(),
+        ],
+        15,
+    );
+    assert_clean_refusal(&out, &["--config"]);
+}
+
+#[test]
+fn a_config_that_is_a_directory_is_refused_naming_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sim(&["--config", dir.path().to_str().unwrap()], 30);
+    assert_eq!(out.code, Some(2), "{}", out.all());
+    assert_clean_refusal(&out, &["--config"]);
+}

@@ -1,0 +1,9 @@
+//! Promotion of a block from a secondary tier into DRAM: the load jobs, the DRAM reservation, and
+//! the hold that keeps a promoted block for its request.
+
+/// The hold of a promoted block for its request, and nothing left held.
+mod holds;
+/// Promotion loads: one per tier and request, partial failures, duplicates.
+mod loads;
+/// The DRAM reservation: never evicts a hit of the same lookup.
+mod reservations;

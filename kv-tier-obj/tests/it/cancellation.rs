@@ -1,0 +1,192 @@
+//! Store, load, lookup and sweep futures dropped at any point: no claim, permit or protection
+//! is left behind, and the same keys store, load and look up normally after.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_tier_core::{BlockKey, SecondaryTier};
+use kv_tier_obj::{ObjTier, ObjTierConfig};
+use kv_tier_testkit::controlled_store::{ControlledStore, Op};
+use kv_tier_testkit::{load_keys, test_key, verify_block};
+
+use crate::support::*;
+
+/// Drops a store, load or lookup future while it waits at each of its await points; the tier
+/// keeps no claim, permit or protection, and the same keys store and load normally after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_dropped_at_each_await_point_leave_no_trace() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = ObjTierConfig::new("mem");
+    c.io_threads = 1;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    let spawn_store = |t: &Arc<ObjTier>| {
+        let t = t.clone();
+        tokio::spawn(async move { obj_store(&t, &[k]).await })
+    };
+
+    // 1. in the PUT
+    let puts = s.hold(Op::Put);
+    let a = spawn_store(&tier);
+    puts.wait_arrived(1).await;
+    // 2. waiting for another store's upload of the same key
+    let b = spawn_store(&tier);
+    // 3. waiting for the one permit (io_threads = 1), on a key of its own
+    let t3 = tier.clone();
+    let other = test_key(2);
+    let c3 = tokio::spawn(async move { obj_store(&t3, &[other]).await });
+    tokio::task::yield_now().await;
+    assert_eq!(s.count(Op::Put), 1);
+    a.abort(); // drops the uploader: its claim and permit go
+    let _ = a.await;
+    // b now uploads (or c3 does first); let them through
+    s.release(Op::Put);
+    let rb = b.await.unwrap();
+    assert!(rb.is_success(), "the waiting store wedged: {:?}", rb.failed);
+    assert!(c3.await.unwrap().is_success());
+    assert!(s.exists(&tier.object_path(&k)).await);
+
+    // 4. in the backend confirmation of a cached key
+    let heads = s.hold(Op::Head);
+    let d = spawn_store(&tier);
+    heads.wait_arrived(1).await;
+    d.abort();
+    let _ = d.await;
+    s.release(Op::Head);
+
+    // 5. a load in its GET, and a lookup in its HEAD
+    tier.clear_exists_cache();
+    let gets = s.hold(Op::Get);
+    let t5 = tier.clone();
+    let e = tokio::spawn(async move { load_keys(&*t5, &[k], BS).await });
+    gets.wait_arrived(1).await;
+    e.abort();
+    let _ = e.await;
+    s.release(Op::Get);
+    let heads = s.hold(Op::Head);
+    let t6 = tier.clone();
+    let f = tokio::spawn(async move { t6.lookup(&[k]).await });
+    heads.wait_arrived(1).await;
+    f.abort();
+    let _ = f.await;
+    s.release(Op::Head);
+
+    assert!(!tier.is_protected(&k) && !tier.is_protected(&other));
+    assert!(obj_store(&tier, &[k, other]).await.is_success());
+    let (res, data) = load_keys(&*tier, &[k, other], BS).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    assert!(data.iter().all(|(k, d)| verify_block(k, 0, d)));
+    assert_eq!(tier.lookup(&[k, other]).await.unwrap(), vec![true, true]);
+}
+
+/// Store, load and lookup futures dropped at many points in time (every request slowed, one
+/// permit, a damaged object on the load's path): no protection left, and afterwards every
+/// key stores, loads and looks up within its deadline.
+#[tokio::test(start_paused = true)]
+async fn futures_dropped_at_every_moment_leave_nothing_behind() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = checked_half_second();
+    cfg.io_threads = 1;
+    cfg.request_timeout_s = 5.0;
+    let tier = tier_on(&s, cfg).await;
+    for op in Op::ALL {
+        s.delay(op, Duration::from_millis(7));
+    }
+    let keys: Vec<_> = (0..4).map(test_key).collect();
+    for step in 0..40u64 {
+        let at = Duration::from_millis(step * 2 + 1);
+        // damage one key's object so a load takes its delete path
+        if step % 3 == 0 {
+            let p = tier.object_path(&keys[(step % 4) as usize]);
+            if s.exists(&p).await {
+                put_raw(&s.inner, &p, vec![1u8; BS], Some("00000000")).await;
+            }
+        }
+        let t1 = tier.clone();
+        let ks = keys.clone();
+        let _ = tokio::time::timeout(at, async move { obj_store(&*t1, &ks).await }).await;
+        let t2 = tier.clone();
+        let ks = keys.clone();
+        let _ = tokio::time::timeout(at, async move { load_keys(&*t2, &ks, BS).await }).await;
+        let _ = tokio::time::timeout(at, tier.lookup(&keys)).await;
+        // two overlapping stores of the same keys, one dropped
+        let t3 = tier.clone();
+        let ks = keys.clone();
+        let h = tokio::spawn(async move { obj_store(&*t3, &ks).await });
+        let _ = tokio::time::timeout(at, obj_store(&*tier, &keys)).await;
+        let r = tokio::time::timeout(Duration::from_secs(60), h)
+            .await
+            .expect("a store wedged after another store of its keys was dropped")
+            .unwrap();
+        assert!(r.is_success(), "step {step}: {:?}", r.failed);
+        for k in &keys {
+            assert!(!tier.is_protected(k), "step {step}: {k} still protected");
+        }
+    }
+    s.release_all();
+    for op in Op::ALL {
+        s.delay(op, Duration::ZERO);
+    }
+    let r = tokio::time::timeout(Duration::from_secs(30), obj_store(&*tier, &keys))
+        .await
+        .expect("store wedged");
+    assert!(r.is_success(), "{:?}", r.failed);
+    let (r, data) = load_keys(&*tier, &keys, BS).await;
+    assert!(r.is_success(), "{:?}", r.failed);
+    assert!(data.iter().all(|(k, d)| verify_block(k, 0, d)));
+    tier.clear_exists_cache();
+    assert_eq!(tier.lookup(&keys).await.unwrap(), vec![true; 4]);
+    assert!(tier.stats().max_in_flight <= 1, "{:?}", tier.stats());
+}
+
+/// `sweep_now` dropped while its DELETEs are held; then stores of the victims must not hang,
+/// keys never reported removed stay found, and the count stays on the safe side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_sweep_now_leaves_nothing_wedged() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded_checked_1s(16);
+    c.request_timeout_s = 10.0;
+    let tier = tier_on(&s, c).await;
+    let mut h = History::default();
+    let keys: Vec<_> = (0..16).map(test_key).collect();
+    for k in &keys {
+        assert!(obj_store(&tier, &[*k]).await.is_success());
+    }
+    let deletes = s.hold(Op::Delete);
+    // over the cap: the store spawns a sweep; sweep_now waits for it
+    let extra = test_key(100);
+    assert!(obj_store(&tier, &[extra]).await.is_success());
+    deletes.wait_arrived(1).await;
+    let r = tokio::time::timeout(Duration::from_millis(50), tier.sweep_now()).await;
+    assert!(r.is_err());
+    // the background sweep is stuck on its DELETEs; stores of its victims wait for it; drop
+    // some of those stores midway as well
+    let victims: Vec<BlockKey> = h
+        .take(&tier)
+        .into_iter()
+        .filter(|(_, r)| *r)
+        .map(|(k, _)| k)
+        .collect();
+    assert!(!victims.is_empty());
+    let r = tokio::time::timeout(Duration::from_millis(50), obj_store(&tier, &victims[..1])).await;
+    assert!(
+        r.is_err(),
+        "the store of a victim did not wait for its delete"
+    );
+    // shut the background sweep down? no: release the deletes instead
+    s.release(Op::Delete);
+    wait_sweeps_done(&tier).await;
+    for k in keys.iter().chain([&extra]) {
+        let r = tokio::time::timeout(Duration::from_secs(5), obj_store(&tier, &[*k])).await;
+        let r = r.unwrap_or_else(|_| panic!("store of {k} wedged"));
+        assert!(r.is_success(), "{:?}", r.failed);
+    }
+    wait_sweeps_done(&tier).await;
+    h.take(&tier);
+    for k in keys.iter().chain([&extra]) {
+        if h.last(k) != Some(true) {
+            assert!(found(&tier, *k).await, "{k} lost");
+        }
+    }
+    assert!(tier.stats().bytes >= present_bytes(&s.inner));
+}

@@ -1,0 +1,204 @@
+//! The index's count (`stats().bytes`, `objects`) follows what is in the bucket, and is never
+//! below it: failed PUTs of new and present keys, damaged objects deleted or not, loads that
+//! miss a key being stored, late NotFounds, and sweep victims already gone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_tier_core::Error;
+use kv_tier_testkit::controlled_store::{ControlledStore, Op, PutFault};
+use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
+use kv_tier_testkit::{load_keys, test_key};
+use object_store::ObjectStoreExt as _;
+use object_store::path::Path;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn a_block_gone_at_load_leaves_the_bound() {
+    let s = Arc::new(ControlledStore::new());
+    let t = tier_on(&s, bounded(8)).await;
+    let k = test_key(1);
+    assert!(obj_store(&t, &[k]).await.is_success());
+    assert_eq!(t.stats().bytes, BS as u64);
+    s.inner
+        .delete(&Path::from(t.object_path(&k)))
+        .await
+        .unwrap();
+    let (res, _) = load_keys(&*t, &[k], BS).await;
+    assert_eq!(res.failed_keys(), vec![k]);
+    assert_eq!((t.stats().objects, t.stats().bytes), (0, 0));
+}
+
+/// The count follows what is there exactly where the tier knows: a damaged object it
+/// deleted leaves it, and so does a new key whose PUT failed (nothing was written).
+#[tokio::test]
+async fn a_deleted_damaged_object_and_a_failed_new_put_leave_the_count() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_checked_1s(64)).await;
+    let (k, fresh) = (test_key(1), test_key(2));
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    assert_eq!((tier.stats().objects, tier.stats().bytes), (1, BS as u64));
+    rot(&s, &tier.object_path(&k)).await;
+    let (res, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        matches!(res.failed[0].1, Error::Corrupt { .. }),
+        "{:?}",
+        res.failed
+    );
+    assert!(!s.exists(&tier.object_path(&k)).await);
+    assert_eq!(
+        (tier.stats().objects, tier.stats().bytes),
+        (0, 0),
+        "a deleted object is still counted"
+    );
+    s.fail_puts(PutFault::Refused, "", usize::MAX);
+    assert!(!obj_store(&tier, &[fresh]).await.is_success());
+    s.stop_failing_puts();
+    assert_eq!(
+        (tier.stats().objects, tier.stats().bytes),
+        (0, 0),
+        "a PUT that failed left a count"
+    );
+}
+
+/// A load deletes a damaged object, the DELETE times out without running: the object is
+/// still there, and must stay counted.
+#[tokio::test(start_paused = true)]
+async fn damaged_objects_whose_delete_failed_stay_counted() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_checked_1s(64)).await;
+    let keys: Vec<_> = (0..8).map(test_key).collect();
+    assert!(obj_store(&tier, &keys).await.is_success());
+    for k in &keys {
+        rot(&s, &tier.object_path(k)).await;
+    }
+    s.hold(Op::Delete);
+    let (res, _) = load_keys(&*tier, &keys, BS).await;
+    assert_eq!(res.failed.len(), 8);
+    s.release(Op::Delete);
+    let (counted, present) = (tier.stats().bytes, present_bytes(&s.inner));
+    assert!(
+        counted >= present,
+        "under-count: stats().bytes {counted} < {present} bytes present"
+    );
+}
+
+/// A store of a key already there (and counted) whose PUT fails with a server error (a
+/// 503) uncounts the key, whose object is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_put_of_a_present_key_keeps_it_counted() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_checked_1s(64)).await;
+    let keys: Vec<_> = (0..8).map(test_key).collect();
+    assert!(obj_store(&tier, &keys).await.is_success());
+    tier.clear_exists_cache(); // or its TTL passed
+    s.fail_puts(PutFault::Refused, "", usize::MAX);
+    let res = obj_store(&tier, &keys).await;
+    s.stop_failing_puts();
+    eprintln!(
+        "second store: ok {} failed {}",
+        res.ok.len(),
+        res.failed.len()
+    );
+    let (counted, present) = (tier.stats().bytes, present_bytes(&s.inner));
+    assert!(
+        counted >= present,
+        "under-count: stats().bytes {counted} < {present} bytes present"
+    );
+}
+
+/// A load of `k` while its store's PUT is in flight: the GET finds nothing and the load
+/// uncounts `k`; then the PUT lands. The object is there, uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_missing_a_key_being_stored_does_not_uncount_it() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded_checked_1s(64);
+    c.request_timeout_s = 5.0;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    let puts = s.hold(Op::Put);
+    let t2 = tier.clone();
+    let storing = tokio::spawn(async move { obj_store(&t2, &[k]).await });
+    puts.wait_arrived(1).await;
+    let (lres, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(matches!(lres.failed[0].1, Error::NotFound { .. }));
+    s.release(Op::Put);
+    assert!(storing.await.unwrap().is_success());
+    let (counted, present) = (tier.stats().bytes, present_bytes(&s.inner));
+    assert!(
+        counted >= present,
+        "under-count: stats().bytes {counted} < {present} bytes present"
+    );
+}
+
+/// A load's GET answers NotFound late; meanwhile a store of the key counted and wrote it.
+/// The late NotFound must not take back the store's count (the object is there).
+#[tokio::test(start_paused = true)]
+async fn a_late_not_found_does_not_uncount_a_key_stored_meanwhile() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_checked_1s(64)).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    s.inner
+        .delete(&Path::from(tier.object_path(&k)))
+        .await
+        .unwrap();
+    s.delay_replies(Op::Get, Duration::from_millis(500));
+    let gets = s.count(Op::Get);
+    let t2 = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t2, &[k], BS).await.0 });
+    // the GET ran: NotFound, late
+    wait_until_async("the load's GET", SETTLE_LIMIT, || s.count(Op::Get) > gets).await;
+    s.delay_replies(Op::Get, Duration::ZERO);
+    assert!(obj_store(&tier, &[k]).await.is_success()); // writes it again
+    let lres = loading.await.unwrap();
+    assert!(
+        matches!(lres.failed[0].1, Error::NotFound { .. }),
+        "{:?}",
+        lres.failed
+    );
+    let (counted, present) = (tier.stats().bytes, present_bytes(&s.inner));
+    assert!(
+        counted >= present,
+        "under-count: {counted} counted, {present} present"
+    );
+}
+
+/// A sweep's victim already gone answers NotFound naming another path (a local store names
+/// the file): it is confirmed gone all the same (answers match victims by position), and
+/// leaves the count; before, it went back to the index for good and every later sweep
+/// deleted a live object in its place.
+#[tokio::test]
+async fn a_victim_gone_before_its_delete_leaves_the_count_whatever_path_its_answer_names() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_checked_1s(4)).await;
+    let keys: Vec<_> = (0..5).map(test_key).collect();
+    for k in &keys[..4] {
+        assert!(obj_store(&tier, &[*k]).await.is_success());
+    }
+    // the two oldest vanish behind the tier's back
+    for k in &keys[..2] {
+        s.inner
+            .delete(&Path::from(tier.object_path(k)))
+            .await
+            .unwrap();
+    }
+    s.misname_missing_deletes(true);
+    assert!(obj_store(&tier, &keys[4..]).await.is_success()); // over: a sweep
+    wait_sweeps_done(&tier).await;
+    assert_eq!(tier.sweep_now().await, 0, "within the bound now");
+    let (counted, present) = (tier.stats().bytes, present_bytes(&s.inner));
+    assert_eq!(
+        counted, present,
+        "the vanished objects are still counted ({counted} counted, {present} present)"
+    );
+    // down to the low watermark (2 of the 5 counted): the 2 vanished ones and the oldest live
+    // one went; the newer live ones stay
+    for k in &keys[3..] {
+        assert!(
+            found(&tier, *k).await,
+            "a live object was swept for phantom bytes"
+        );
+    }
+}

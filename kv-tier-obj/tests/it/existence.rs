@@ -1,0 +1,182 @@
+//! What `lookup` answers: HEADs, the positive-answer cache (hits, and what invalidates it:
+//! failed loads, deletes, objects changed behind the tier's back), and lookups bounded by
+//! `lookup_timeout_s` when HEADs hang.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_tier_core::{Error, SecondaryTier};
+use kv_tier_obj::ObjTierConfig;
+use kv_tier_testkit::controlled_store::{ControlledStore, Op};
+use kv_tier_testkit::{load_keys, test_key, verify_block};
+use object_store::ObjectStoreExt as _;
+use object_store::path::Path;
+
+use crate::support::*;
+
+/// An object another instance wrote is found by one HEAD; the answer is cached, so a second
+/// lookup within `exists_ttl_s` sends no request.
+#[tokio::test]
+async fn an_existence_answer_from_a_head_is_cached() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, ObjTierConfig::new("mem")).await;
+    let k = test_key(1);
+    assert!(obj_store(&writer, &[k]).await.is_success());
+    let reader = tier_on(&s, ObjTierConfig::new("mem")).await;
+    let heads = s.count(Op::Head);
+    assert_eq!(reader.lookup(&[k]).await.unwrap(), vec![true]);
+    assert_eq!(s.count(Op::Head), heads + 1);
+    assert_eq!(reader.lookup(&[k]).await.unwrap(), vec![true]);
+    assert_eq!(
+        s.count(Op::Head),
+        heads + 1,
+        "the second lookup asked again"
+    );
+    assert_eq!(reader.stats().exists_cache_hits, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_are_bounded_by_io_threads_and_answer_from_the_cache_after_stores() {
+    let server = S3Server::start().await;
+    let mut cfg = server.config();
+    cfg.io_threads = 4;
+    let tier = server.tier(cfg).await;
+    let keys: Vec<_> = (0..2000).map(test_key).collect();
+    let found = tier.lookup(&keys).await.unwrap();
+    assert!(found.iter().all(|b| !b));
+    assert!(tier.stats().max_in_flight <= 4, "{:?}", tier.stats());
+    let res = obj_store(&tier, &keys).await;
+    assert!(res.is_success());
+    assert!(tier.stats().max_in_flight <= 4);
+    let before = server.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let found = tier.lookup(&keys).await.unwrap();
+    assert!(found.iter().all(|&b| b));
+    assert_eq!(
+        server.requests.load(std::sync::atomic::Ordering::SeqCst),
+        before,
+        "a lookup of blocks this tier stored went to the server"
+    );
+    // a failed load (404) invalidates the cached answer
+    let sdk = server.sdk();
+    sdk.delete_object()
+        .bucket(BUCKET)
+        .key(tier.object_path(&keys[0]))
+        .send()
+        .await
+        .unwrap();
+    let (res, _) = load_keys(&tier, &keys[..1], BS).await;
+    assert!(matches!(res.failed[0].1, Error::NotFound { .. }));
+    assert_eq!(tier.lookup(&keys[..1]).await.unwrap(), vec![false]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lookups_after_objects_change_behind_the_tiers_back() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, checked_half_second()).await;
+    let other = tier_on(&s, checked_half_second()).await;
+    let (gone, replaced, fresh) = (test_key(1), test_key(2), test_key(3));
+    assert!(obj_store(&*tier, &[gone, replaced]).await.is_success());
+    assert_eq!(
+        tier.lookup(&[gone, replaced, fresh]).await.unwrap(),
+        vec![true, true, false]
+    );
+    s.inner
+        .delete(&Path::from(tier.object_path(&gone)))
+        .await
+        .unwrap();
+    put_raw(&s.inner, &tier.object_path(&replaced), vec![3u8; BS], None).await;
+    assert!(obj_store(&*other, &[fresh]).await.is_success());
+    // fresh: written by another writer, never answered absent from a cache
+    assert_eq!(tier.lookup(&[fresh]).await.unwrap(), vec![true]);
+    // gone and replaced may be answered present from the cache; a load is a miss, and
+    // from then on the lookup answers absent
+    let (r, data) = load_keys(&*tier, &[gone, replaced], BS).await;
+    assert!(data.is_empty(), "{r:?}");
+    assert_eq!(
+        tier.lookup(&[gone, replaced]).await.unwrap(),
+        vec![false, false],
+        "lookup still answers present after loads found the objects missing/damaged"
+    );
+    // a store rewrites both
+    assert!(obj_store(&*tier, &[gone, replaced]).await.is_success());
+    let (r, data) = load_keys(&*tier, &[gone, replaced, fresh], BS).await;
+    assert!(r.is_success(), "{:?}", r.failed);
+    assert!(data.iter().all(|(k, d)| verify_block(k, 0, d)));
+}
+
+/// A lookup while a damaged load's DELETE is in flight caches "present"; once the DELETE
+/// lands the key (reported removed, not stored since) is still answered present. (The sweep
+/// guards against this with a second epoch bump after its delete; the damaged-load delete
+/// bumps only before.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_after_a_damaged_loads_delete_answers_absent() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded_checked_1s(64);
+    c.request_timeout_s = 5.0;
+    let tier = tier_on(&s, c).await;
+    let mut h = History::default();
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    rot(&s, &path).await;
+    let deletes = s.hold_path(Op::Delete, &path);
+    let t2 = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t2, &[k], BS).await.0 });
+    deletes.wait_arrived(1).await;
+    let during = tier.lookup(&[k]).await.unwrap()[0]; // HEAD: still there
+    s.release(Op::Delete);
+    loading.await.unwrap();
+    h.take(&tier);
+    assert_eq!(h.last(&k), Some(true));
+    assert!(!s.exists(&path).await);
+    let after = tier.lookup(&[k]).await.unwrap()[0];
+    assert!(
+        !after,
+        "removed, gone, and still answered present (during the delete: {during})"
+    );
+}
+
+/// A lookup whose HEADs hang for one key answers the others within `lookup_timeout_s`.
+#[tokio::test(start_paused = true)]
+async fn a_lookup_with_one_hanging_head_answers_the_others() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = checked_half_second();
+    cfg.lookup_timeout_s = 0.3;
+    let tier = tier_on(&s, cfg).await;
+    let (a, b) = (test_key(1), test_key(2));
+    assert!(obj_store(&*tier, &[a, b]).await.is_success());
+    tier.clear_exists_cache();
+    let _g = s.hold_path(Op::Head, &tier.object_path(&b));
+    let t0 = tokio::time::Instant::now();
+    let r = tier.lookup(&[a, b]).await;
+    assert!(
+        t0.elapsed() <= Duration::from_millis(400),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        r.expect("lookup failed though one key answered"),
+        vec![true, false]
+    );
+    s.release(Op::Head);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lookup_answers_within_its_deadline_when_the_store_never_answers() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = one_second();
+    c.lookup_timeout_s = 1.0;
+    c.request_timeout_s = 600.0;
+    let tier = tier_on(&s, c).await;
+    s.hold(Op::Head);
+    let keys: Vec<_> = (0..16).map(test_key).collect();
+    let started = tokio::time::Instant::now();
+    let found = tier.lookup(&keys).await.unwrap();
+    assert_eq!(found, vec![false; 16]);
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(tier.stats().lookup_timeouts, 1);
+    // the cancelled HEADs released their permits: later requests run
+    s.release(Op::Head);
+    assert!(obj_store(&tier, &keys[..1]).await.is_success());
+    assert_eq!(tier.lookup(&keys[..2]).await.unwrap(), vec![true, false]);
+}

@@ -1,0 +1,164 @@
+//! What the tier asks of its store: a new block is one PUT, a block already there is
+//! confirmed (one HEAD) and not rewritten, an object in the way is replaced, and without
+//! create-only writes a store looks first. Counted on a controlled in-memory store.
+
+use std::sync::Arc;
+
+use kv_tier_core::SecondaryTier;
+use kv_tier_obj::{CRC_METADATA_KEY, ObjTierConfig, block_crc};
+use kv_tier_testkit::controlled_store::{ControlledStore, Op};
+use kv_tier_testkit::{block_bytes, load_keys, test_key, verify_block};
+use object_store::path::Path;
+use object_store::{
+    Attribute, AttributeValue, Attributes, ObjectStore, ObjectStoreExt as _, PutMode, PutOptions,
+    PutPayload,
+};
+
+use crate::support::*;
+
+#[tokio::test]
+async fn a_new_block_is_one_put_and_one_already_there_is_confirmed_not_rewritten() {
+    let s = Arc::new(ControlledStore::new());
+    let a = tier_on(&s, ObjTierConfig::new("mem")).await;
+    let k = test_key(1);
+    let (heads, gets) = (s.count(Op::Head), s.count(Op::Get));
+    assert!(obj_store(&a, &[k]).await.is_success());
+    assert_eq!(s.count(Op::Put), 1);
+    assert_eq!(
+        (s.count(Op::Head), s.count(Op::Get)),
+        (heads, gets),
+        "a new block was looked up first"
+    );
+    assert_eq!(a.take_events().len(), 1, "a new block is reported stored");
+    let st = a.stats();
+    assert_eq!((st.blocks.blocks_written, st.blocks.stores_skipped), (1, 0));
+    assert!((1..=st.requests).contains(&st.max_in_flight), "{st:?}");
+    let path = a.object_path(&k);
+    let before = etag(&s, &path).await;
+    // another instance (nothing cached) stores the same block
+    let b = tier_on(&s, bounded(8)).await;
+    assert!(obj_store(&b, &[k]).await.is_success());
+    assert_eq!(etag(&s, &path).await, before, "the block was written again");
+    let st = b.stats();
+    assert_eq!((st.blocks.blocks_written, st.blocks.stores_skipped), (0, 1));
+    assert_eq!(
+        (st.objects, st.bytes),
+        (1, BS as u64),
+        "a confirmed block is not counted"
+    );
+    // reported stored all the same: this tier holds it now, and had not said so (after a
+    // removal of the key, this is what says it is back)
+    let ev = b.take_events();
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert!(!ev[0].removed && ev[0].keys == vec![k]);
+}
+
+/// A store of a key the tier knows present asks the backend once (one HEAD tells presence,
+/// size and checksum), writes nothing, and reports it stored; without create-only writes a
+/// new key costs one HEAD and one PUT.
+#[tokio::test]
+async fn a_store_of_a_present_key_is_one_head() {
+    let s = Arc::new(ControlledStore::new());
+    let t = tier_on(&s, checked()).await;
+    let k = test_key(1);
+    assert!(obj_store(&t, &[k]).await.is_success());
+    let (heads, puts, gets) = (s.count(Op::Head), s.count(Op::Put), s.count(Op::Get));
+    assert!(obj_store(&t, &[k]).await.is_success());
+    assert_eq!(
+        (
+            s.count(Op::Head) - heads,
+            s.count(Op::Put) - puts,
+            s.count(Op::Get) - gets
+        ),
+        (1, 0, 0),
+        "requests of a store of a present key (HEAD, PUT, GET)"
+    );
+    assert_eq!(t.stats().blocks.stores_skipped, 1);
+    s.refuse_create(true);
+    let u = tier_on(&s, checked()).await;
+    // its first store learns that create-only PUTs are refused
+    assert!(obj_store(&u, &[test_key(3)]).await.is_success());
+    let k2 = test_key(2);
+    let (heads, puts) = (s.count(Op::Head), s.count(Op::Put));
+    assert!(obj_store(&u, &[k2]).await.is_success());
+    assert_eq!(
+        (s.count(Op::Head) - heads, s.count(Op::Put) - puts),
+        (1, 1),
+        "requests of a new key's store without create-only writes (HEAD, PUT)"
+    );
+    let (res, data) = load_keys(&*u, &[k, k2], BS).await;
+    assert!(res.is_success() && data.iter().all(|(k, d)| verify_block(k, 0, d)));
+}
+
+#[tokio::test]
+async fn an_object_in_the_way_is_replaced_by_a_head_and_the_block() {
+    let s = Arc::new(ControlledStore::new());
+    let t = tier_on(&s, checked()).await;
+    let k = test_key(1);
+    let path = t.object_path(&k);
+    // half a block, with a well-formed checksum of the half
+    let half = block_bytes(&k, 0, BS / 2);
+    let mut attributes = Attributes::new();
+    attributes.insert(
+        Attribute::Metadata(CRC_METADATA_KEY.into()),
+        AttributeValue::from(format!("{:08x}", block_crc(&k, &half))),
+    );
+    let opts = PutOptions {
+        mode: PutMode::Overwrite,
+        attributes,
+        ..Default::default()
+    };
+    s.inner
+        .put_opts(&Path::from(path.clone()), PutPayload::from(half), opts)
+        .await
+        .unwrap();
+    let gets = s.count(Op::Get);
+    assert!(obj_store(&t, &[k]).await.is_success());
+    assert_eq!(
+        s.count(Op::Get),
+        gets,
+        "the object in the way was read, not HEADed"
+    );
+    assert_eq!(
+        s.inner.head(&Path::from(path)).await.unwrap().size,
+        BS as u64
+    );
+    let (res, data) = load_keys(&*t, &[k], BS).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    assert!(verify_block(&k, 0, &data[0].1));
+}
+
+/// Without create-only writes the tier looks before it writes: a new block still stores, an
+/// object in the way is replaced once, and one that cannot be deleted fails the store
+/// (naming it) instead of looping.
+#[tokio::test(start_paused = true)]
+async fn without_conditional_writes_a_store_looks_first_and_replaces_once() {
+    let s = Arc::new(ControlledStore::new());
+    s.refuse_create(true);
+    let mut c = checked();
+    c.request_timeout_s = 1.0;
+    c.max_retries = 0;
+    let t = tier_on(&s, c).await;
+    let (k1, k2, k3) = (test_key(1), test_key(2), test_key(3));
+    assert!(
+        obj_store(&t, &[k1]).await.is_success(),
+        "no fallback without create-only PUTs"
+    );
+    assert!(s.exists(&t.object_path(&k1)).await);
+    put_in_the_way(&s, &t.object_path(&k2)).await;
+    let res = obj_store(&t, &[k2]).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    let (res, data) = load_keys(&*t, &[k2], BS).await;
+    assert!(res.is_success() && verify_block(&k2, 0, &data[0].1));
+    put_in_the_way(&s, &t.object_path(&k3)).await;
+    let _deletes = s.hold(Op::Delete); // the object in the way cannot be deleted
+    let res = tokio::time::timeout(std::time::Duration::from_secs(60), obj_store(&t, &[k3]))
+        .await
+        .expect("a store looped on an object it cannot replace");
+    assert_eq!(res.failed_keys(), vec![k3]);
+    let msg = res.failed[0].1.to_string();
+    assert!(
+        msg.contains("could not be replaced") && msg.contains(&t.object_path(&k3)),
+        "{msg}"
+    );
+}
