@@ -44,7 +44,7 @@ impl Drop for Room<'_> {
 impl Shared {
     /// Reserves room for a new block file under the hard ceiling (bounded mode): when the
     /// total would cross it, runs a sweep for room here, or, if another sweep runs, waits
-    /// for it (at most a second). Fails with `NoSpace` when no room can be made (everything
+    /// for it while it frees room (a second at most since it last freed any). Fails with `NoSpace` when no room can be made (everything
     /// left is protected or being written): the block is then not in this tier.
     pub(crate) fn reserve_room(&self, key: &BlockKey) -> Result<Option<Room<'_>>> {
         let Some(gc) = &self.gc else { return Ok(None) };
@@ -53,7 +53,7 @@ impl Shared {
             return Ok(None);
         }
         let file_bytes = gc.file_bytes(self.alloc_block);
-        let deadline = crate::gc::room_deadline();
+        let mut deadline = crate::gc::room_deadline();
         let mut waited = false;
         loop {
             if let Some((n, grows)) = gc.try_reserve(key, file_bytes) {
@@ -69,7 +69,12 @@ impl Shared {
                 gc.counters.store_waits.fetch_add(1, Ordering::Relaxed);
             }
             let hopeless = if gc.sweep_running() {
-                gc.wait_for_room(Duration::from_millis(20));
+                // another thread's sweep: its batches free room as they go; each one it
+                // frees gives this store another deadline (a loaded disk can make a whole
+                // sweep take longer than one, but a sweep that frees nothing is not waited on)
+                if gc.wait_for_room(Duration::from_millis(20)) {
+                    deadline = crate::gc::room_deadline();
+                }
                 std::time::Instant::now() >= deadline || gc.stopped()
             } else {
                 gc.sweep(Goal::Room(file_bytes + 2 * self.dir_alloc)) == 0

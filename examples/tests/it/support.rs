@@ -90,7 +90,13 @@ pub(crate) fn check_consistent(r: &Report) {
             "bytes loaded = blocks loaded x block size"
         );
         assert_eq!(t.bytes_written, t.blocks_stored * r.block_bytes);
-        assert_eq!(t.store_failures, 0);
+        assert_eq!(
+            t.store_failures,
+            0,
+            "tier {}: failed stores ({})",
+            t.name,
+            t.store_failure_causes.summary()
+        );
     }
     // every Retry waited for at least one tier's probe, and each tier counts its waits
     let waits: u64 = r.tiers.iter().map(|t| t.retry_waits).sum();

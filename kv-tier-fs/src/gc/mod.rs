@@ -374,9 +374,12 @@ impl Gc {
     }
 
     /// Waits (at most `d`) for bytes to be freed.
-    pub(crate) fn wait_for_room(&self, d: Duration) {
+    pub(crate) fn wait_for_room(&self, d: Duration) -> bool {
         let idx = self.lock();
-        let _ = self.room_cv.wait_timeout(idx, d);
+        match self.room_cv.wait_timeout(idx, d) {
+            Ok((_, t)) => !t.timed_out(),
+            Err(p) => !p.into_inner().1.timed_out(),
+        }
     }
 
     fn freed(&self) {
@@ -558,7 +561,8 @@ impl Drop for Walking<'_> {
     }
 }
 
-/// How long a store waits for another thread's sweep to make room.
+/// How long a store waits for another thread's sweep to free something: a sweep that frees
+/// nothing for this long (stuck on the disk, or held) is not waited for further.
 pub(crate) fn room_deadline() -> Instant {
     Instant::now() + Duration::from_secs(1)
 }

@@ -172,8 +172,8 @@ async fn the_index_never_passes_the_hard_ceiling_while_stores_and_loads_race_swe
 }
 
 /// A store that needs room while another thread's sweep holds the GC waits for that sweep
-/// at most its deadline (a second), then fails with `NoSpace`; it never waits on a sweep
-/// that does not end.
+/// at most its deadline (a second since the sweep last freed room), then fails with
+/// `NoSpace`; it never waits on a sweep that does not end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_waiting_for_another_sweep_gives_up_at_its_deadline() {
     let root = temp_root();
