@@ -28,13 +28,15 @@ pub use error::{Error, Result};
 pub use event::{BoundedEvents, EventBatch, EventLog, EventSettings, Locality, Medium, TierEvent};
 pub use key::{BlockKey, InvalidKey};
 pub use layout::{LAYOUT_RANGES, Namespace, RunFields};
-pub use manager::{PendingStore, TieringManager, TieringManagerBuilder};
-pub use probe_cache::{Presence, ProbeCache};
+pub use manager::{NotWritten, PendingStore, StoreReceipt, TieringManager, TieringManagerBuilder};
+pub use probe_cache::{Absence, Presence, ProbeCache};
 pub use registry::{BuildContext, TierBuilder, TierRegistry};
-pub use request::{LookupResult, PrefixCount, RequestContext, RequestId, TierFilter, count_prefix};
+pub use request::{
+    LookupResult, MissCause, PrefixCount, RequestContext, RequestId, TierFilter, count_prefix,
+};
 pub use stats::{
-    BlockCounters, BlockStats, FailureCauses, LatencyHistogram, ManagerStats, TierSnapshot,
-    TierStats,
+    BlockCounters, BlockStats, FailureCauses, LatencyHistogram, ManagerStats, MissCounts,
+    TierSnapshot, TierStats,
 };
 pub use tier::{
     Capability, JobResult, LoadJob, OffloadPolicy, PreparedStore, PrimaryStats, PrimaryTier,

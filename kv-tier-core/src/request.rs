@@ -22,6 +22,54 @@ impl LookupResult {
     }
 }
 
+/// Why the manager answered [`LookupResult::Miss`] for a block
+/// ([`TieringManager::last_miss`](crate::TieringManager::last_miss)): what an engine or a
+/// report needs to tell capacity from a slow or failing tier.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(tag = "cause", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum MissCause {
+    /// No tier the request may load from has it (each one's probe answered "absent", or
+    /// there is none).
+    NotFound,
+    /// `tier`'s probe was still out when the request stopped waiting for it (its probe
+    /// budget), or passed its deadline.
+    ProbeOverBudget {
+        /// The tier.
+        tier: String,
+    },
+    /// `tier`'s probe failed (an error, a panic, a dropped task).
+    ProbeFailed {
+        /// The tier.
+        tier: String,
+    },
+    /// `tier` had it, but its load for this request failed.
+    LoadFailed {
+        /// The tier.
+        tier: String,
+    },
+    /// `tier` has it, but DRAM had no slot to promote it into (everything pinned).
+    NoDramRoom {
+        /// The tier.
+        tier: String,
+    },
+    /// The manager is shut down.
+    ShutDown,
+}
+
+impl MissCause {
+    /// The tier concerned, if the cause names one.
+    pub fn tier(&self) -> Option<&str> {
+        match self {
+            MissCause::ProbeOverBudget { tier }
+            | MissCause::ProbeFailed { tier }
+            | MissCause::LoadFailed { tier }
+            | MissCause::NoDramRoom { tier } => Some(tier),
+            MissCause::NotFound | MissCause::ShutDown => None,
+        }
+    }
+}
+
 /// An engine's request identity. Engines with string ids hash them to a `u64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);

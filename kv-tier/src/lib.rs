@@ -295,12 +295,12 @@ use std::sync::Arc;
 pub use kv_tier_core::{
     AlignedBuf, BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error, EventBatch,
     EventLog, EvictionPolicy, FailureCauses, JobResult, KvTierConfig, LatencyHistogram, LoadJob,
-    Locality, LookupResult, ManagerStats, Medium, Namespace, OffloadPolicy, PAGE_SIZE,
-    PendingStore, PrefixCount, PreparedStore, Presence, PrimaryStats, PrimaryTier, ProbeCache,
-    ProtectGuard, ProtectionSet, RequestContext, RequestId, Result, RunFields, SecondaryTier,
-    SinkReader, StoreJob, TierBuilder, TierEvent, TierFilter, TierInfo, TierOptions, TierRegistry,
-    TierSettings, TierSnapshot, TierSpec, TierStats, TieringManager, TieringManagerBuilder,
-    WriteBackPolicy, async_trait, count_prefix,
+    Locality, LookupResult, ManagerStats, Medium, MissCause, MissCounts, Namespace, NotWritten,
+    OffloadPolicy, PAGE_SIZE, PendingStore, PrefixCount, PreparedStore, Presence, PrimaryStats,
+    PrimaryTier, ProbeCache, ProtectGuard, ProtectionSet, RequestContext, RequestId, Result,
+    RunFields, SecondaryTier, SinkReader, StoreJob, StoreReceipt, TierBuilder, TierEvent,
+    TierFilter, TierInfo, TierOptions, TierRegistry, TierSettings, TierSnapshot, TierSpec,
+    TierStats, TieringManager, TieringManagerBuilder, WriteBackPolicy, async_trait, count_prefix,
 };
 
 /// Everything of the core crate: keys, layout, config, errors, events, the tier traits, the

@@ -118,8 +118,10 @@ pub(super) struct Admission {
 #[derive(Debug)]
 pub(super) struct Admitted<T> {
     pub(super) blocks: Vec<(BlockKey, T)>,
-    pub(super) not_admitted: u64,
-    pub(super) over_budget: u64,
+    /// Keys not looked up `admit_after_lookups` times.
+    pub(super) not_admitted: Vec<BlockKey>,
+    /// Keys past the tier's write budget.
+    pub(super) over_budget: Vec<BlockKey>,
 }
 
 impl Admission {
@@ -184,19 +186,19 @@ impl Admission {
         let (after, _) = self.tiers[i];
         let mut out = Admitted {
             blocks: Vec::with_capacity(blocks.len()),
-            not_admitted: 0,
-            over_budget: 0,
+            not_admitted: Vec::new(),
+            over_budget: Vec::new(),
         };
         let now = Instant::now();
         for (k, b) in blocks {
             if after > 0 && self.count(&k) < after {
-                out.not_admitted += 1;
+                out.not_admitted.push(k);
                 continue;
             }
             if let Some(bucket) = &mut self.tiers[i].1
                 && !bucket.take(block_bytes, now)
             {
-                out.over_budget += 1;
+                out.over_budget.push(k);
                 continue;
             }
             out.blocks.push((k, b));

@@ -276,6 +276,7 @@ impl TieringManagerBuilder {
                 lookups,
                 promotions: BTreeMap::new(),
                 promoting: FxHashMap::default(),
+                last_miss: FxHashMap::default(),
                 holds: Default::default(),
                 jobs: FxHashMap::default(),
                 next_job: 0,

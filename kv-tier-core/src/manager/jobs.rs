@@ -240,7 +240,7 @@ impl TieringManager {
                 JobKind::Load => {
                     let now = tokio::time::Instant::now();
                     for k in &info.keys {
-                        if let Some(since) = st.promoting.remove(k)
+                        if let Some((since, _)) = st.promoting.remove(k)
                             && ok.contains(k)
                         {
                             crate::metrics::record_promotion_wait(

@@ -14,8 +14,10 @@ use crate::config::KvTierConfig;
 use crate::error::{Error, Result};
 use crate::event::TierEvent;
 use crate::key::BlockKey;
-use crate::probe_cache::{Presence, ProbeCache};
-use crate::request::{LookupResult, PrefixCount, RequestContext, RequestId, count_prefix};
+use crate::probe_cache::{Absence, Presence, ProbeCache};
+use crate::request::{
+    LookupResult, MissCause, PrefixCount, RequestContext, RequestId, count_prefix,
+};
 use crate::stats::ManagerStats;
 pub(crate) use crate::sync::lock;
 mod admission;
@@ -30,7 +32,7 @@ mod write_back;
 use builder::OwnedRuntime;
 pub use builder::TieringManagerBuilder;
 use jobs::{Completion, Job, JobInfo};
-pub use pending::PendingStore;
+pub use pending::{NotWritten, PendingStore, StoreReceipt};
 
 use crate::tier::{
     PreparedStore, PrimaryTier, SecondaryTier, StoreJob, stats_caught, take_events_caught,
@@ -44,7 +46,8 @@ struct State {
     /// Keys whose DRAM slot is reserved by a promotion (queued or in flight). Only the
     /// promotion completes them: an engine's `complete_store` of the same key must not mark a
     /// slot readable before (or although) its load ended.
-    promoting: FxHashMap<BlockKey, Instant>,
+    /// With when the first ask for it came and the tier it comes from.
+    promoting: FxHashMap<BlockKey, (Instant, usize)>,
     /// Promoted blocks held for the requests promised them (see `holds`).
     holds: holds::Holds,
     jobs: FxHashMap<u64, JobInfo>,
@@ -57,6 +60,8 @@ struct State {
     admission: admission::Admission,
     /// Per request, the tiers that asked for its blocks at request level.
     request_level: FxHashMap<RequestId, Vec<usize>>,
+    /// Per request, why its last `Miss` was one (until it finishes).
+    last_miss: FxHashMap<RequestId, MissCause>,
 }
 /// The tiering manager: answers lookups without blocking, cascades stores to every secondary
 /// tier, and promotes secondary hits into DRAM in batched background jobs.
@@ -271,8 +276,7 @@ impl TieringManager {
             _ => {}
         }
         if st.shut_down {
-            st.stats.misses += 1;
-            return LookupResult::Miss;
+            return miss(st, req.id, MissCause::ShutDown);
         }
         // Every allowed tier is asked at once (each queues its probe if it does not know);
         // the first tier in order that has the key serves it, once no tier before it could
@@ -300,9 +304,39 @@ impl TieringManager {
             st.stats.retries += 1;
             return LookupResult::Retry;
         }
-        st.stats.misses += 1;
         st.holds.release(req.id, *key);
-        LookupResult::Miss
+        // the first tier in order whose absence is not a plain "not there" names the cause
+        let cause = (0..self.tiers.len())
+            .filter(|&i| req.filter.allows(&self.names[i]))
+            .find_map(|i| {
+                let tier = || self.names[i].clone();
+                match st.lookups[i].absence(key, req.id)? {
+                    Absence::NotFound => None,
+                    Absence::OverBudget | Absence::TimedOut => {
+                        Some(MissCause::ProbeOverBudget { tier: tier() })
+                    }
+                    Absence::ProbeFailed => Some(MissCause::ProbeFailed { tier: tier() }),
+                    Absence::LoadFailed => Some(MissCause::LoadFailed { tier: tier() }),
+                }
+            })
+            .unwrap_or(MissCause::NotFound);
+        miss(st, req.id, cause)
+    }
+
+    /// Why the last [`LookupResult::Miss`] answered for `req` was one, until `req` finishes
+    /// ([`TieringManager::on_request_finished`]). [`TieringManager::lookup_prefix`] and
+    /// [`TieringManager::lookup_many`] stop at their first `Miss`: after one of them, it is
+    /// the cause of the miss that ended the request's prefix.
+    pub fn last_miss(&self, req: RequestId) -> Option<MissCause> {
+        lock(&self.state).last_miss.get(&req).cloned()
+    }
+
+    /// The tier a promotion of `key` into DRAM (queued or in flight) reads from: after a
+    /// `HitPending`, where the block comes from; `None` when no promotion of it is under way
+    /// (it is in DRAM, or being written there by a store).
+    pub fn promotion_tier(&self, key: &BlockKey) -> Option<&str> {
+        let i = lock(&self.state).promoting.get(key)?.1;
+        Some(&self.names[i])
     }
 
     /// A secondary tier has `key`: reserve a DRAM slot and queue the promotion, or answer
@@ -320,7 +354,7 @@ impl TieringManager {
                     st.holds.wait(req, block.0);
                     // the wait is counted from the request's first ask (the probe's time too)
                     let since = st.lookups[i].asked_since(key).unwrap_or_else(Instant::now);
-                    st.promoting.insert(block.0, since);
+                    st.promoting.insert(block.0, (since, i));
                     st.promotions.entry((i, req)).or_default().push(block);
                     st.stats.tiers[i].hits += 1;
                 }
@@ -332,8 +366,8 @@ impl TieringManager {
                 st.lookups[i].release(std::slice::from_ref(key));
                 st.holds.release(req, *key);
                 st.stats.promotions_refused += 1;
-                st.stats.misses += 1;
-                LookupResult::Miss
+                let tier = self.names[i].clone();
+                miss(st, req, MissCause::NoDramRoom { tier })
             }
         }
     }
@@ -405,14 +439,22 @@ impl TieringManager {
     /// ([`OffloadPolicy::RequestLevel`](crate::OffloadPolicy::RequestLevel) from [`SecondaryTier::on_new_request`]) also gets the
     /// store's keys that were already in DRAM (`present`), as vLLM sends prefix hits to such
     /// tiers.
-    fn finish_store(&self, keys: &[BlockKey], present: &[BlockKey], commit: Option<RequestId>) {
+    fn finish_store(
+        &self,
+        keys: &[BlockKey],
+        present: &[BlockKey],
+        commit: Option<RequestId>,
+    ) -> StoreReceipt {
+        let mut receipt = StoreReceipt::default();
         let mut st = self.begin();
         // a store's slots are its own: a slot a promotion reserved is never handed to one
         debug_assert!(!keys.iter().any(|k| st.promoting.contains_key(k)));
         st.write_back
             .unreserve(keys, self.primary.block_size() as u64);
         let stored = self.primary.complete_store(keys, commit.is_some());
-        let Some(req) = commit else { return };
+        let Some(req) = commit else {
+            return receipt;
+        };
         let request_level = st.request_level.get(&req).cloned().unwrap_or_default();
         let present: &[BlockKey] = if request_level.is_empty() {
             &[]
@@ -420,7 +462,7 @@ impl TieringManager {
             present
         };
         if (stored.is_empty() && present.is_empty()) || self.tiers.is_empty() || st.shut_down {
-            return;
+            return receipt;
         }
         let sources = self.primary.sources(&stored);
         let present_sources = self.primary.sources(present);
@@ -447,16 +489,23 @@ impl TieringManager {
             let adm = st
                 .admission
                 .for_tier(i, blocks, self.primary.block_size() as u64);
-            st.stats.tiers[i].not_admitted += adm.not_admitted;
-            st.stats.tiers[i].over_write_budget += adm.over_budget;
+            st.stats.tiers[i].not_admitted += adm.not_admitted.len() as u64;
+            st.stats.tiers[i].over_write_budget += adm.over_budget.len() as u64;
+            receipt.note(&self.names[i], &adm.not_admitted, NotWritten::NotAdmitted);
+            receipt.note(
+                &self.names[i],
+                &adm.over_budget,
+                NotWritten::OverWriteBudget,
+            );
             let a = st.write_back.admit(i, adm.blocks);
             // what the write-back did not take was not written: its budget is not spent
             st.admission.refund(
                 i,
-                a.dropped + a.duplicates,
+                a.dropped.len() as u64 + a.duplicates,
                 self.primary.block_size() as u64,
             );
-            st.stats.tiers[i].writes_dropped += a.dropped;
+            st.stats.tiers[i].writes_dropped += a.dropped.len() as u64;
+            receipt.note(&self.names[i], &a.dropped, NotWritten::WriteBackFull);
             st.stats.tiers[i].writes_deduplicated += a.duplicates;
             if a.blocks.is_empty() {
                 continue;
@@ -471,6 +520,7 @@ impl TieringManager {
                 }),
             );
         }
+        receipt
     }
     /// Ends the scheduling step: applies what has completed, then sends the queued promotions
     /// (one load job per tier and request) and the queued existence probes.
@@ -550,4 +600,12 @@ impl TieringManager {
         }
         s
     }
+}
+
+/// Counts a `Miss` of `cause` for `req` and returns it.
+fn miss(st: &mut State, req: RequestId, cause: MissCause) -> LookupResult {
+    st.stats.misses += 1;
+    st.stats.misses_by_cause.record(&cause);
+    st.last_miss.insert(req, cause);
+    LookupResult::Miss
 }

@@ -66,10 +66,14 @@ impl<'m> PendingStore<'m> {
     /// The slots hold the blocks: they become `Hit` in DRAM, and one store job per secondary
     /// tier copies them down for `req`. Each job pins a slot until its tier has taken the
     /// block's bytes, and counts against the tier's write-back limit until the job ends.
-    pub fn commit(mut self, req: RequestId) {
+    ///
+    /// The receipt names the blocks a tier will not get and why (its admission rule, its
+    /// write budget, its write-back bound); a store job that fails later is counted in the
+    /// tier's stats, not here.
+    pub fn commit(mut self, req: RequestId) -> StoreReceipt {
         let keys = self.take_keys();
         let present = std::mem::take(&mut self.prepared.present);
-        self.manager.finish_store(&keys, &present, Some(req));
+        self.manager.finish_store(&keys, &present, Some(req))
     }
 
     /// Frees the slots; nothing is stored or cascaded. The same as dropping it.
@@ -84,11 +88,45 @@ impl<'m> PendingStore<'m> {
     }
 }
 
+/// Why a committed block is not written to a secondary tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum NotWritten {
+    /// Lookups had not asked for it the tier's `admit_after_lookups` times.
+    NotAdmitted,
+    /// The tier's `write_budget_mb_per_s` was spent.
+    OverWriteBudget,
+    /// The tier's write-back (or the DRAM it may pin) was at its limit and its policy is
+    /// `drop`.
+    WriteBackFull,
+}
+
+/// What [`PendingStore::commit`] left out of the cascade: per tier, the blocks that tier
+/// will not be sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreReceipt {
+    /// (tier name, block, why), in tier order then block order.
+    pub left_out: Vec<(String, BlockKey, NotWritten)>,
+}
+
+impl StoreReceipt {
+    /// Every block went to every tier it was meant for.
+    pub fn is_complete(&self) -> bool {
+        self.left_out.is_empty()
+    }
+
+    pub(super) fn note(&mut self, tier: &str, keys: &[BlockKey], why: NotWritten) {
+        self.left_out
+            .extend(keys.iter().map(|k| (tier.to_string(), *k, why)));
+    }
+}
+
 impl Drop for PendingStore<'_> {
     fn drop(&mut self) {
         if !self.prepared.to_store.is_empty() {
             let keys = self.take_keys();
-            self.manager.finish_store(&keys, &[], None);
+            let _ = self.manager.finish_store(&keys, &[], None);
         }
     }
 }

@@ -16,6 +16,7 @@ impl TieringManager {
     pub fn on_request_finished(&self, req: RequestId) {
         let mut st = self.begin();
         st.holds.finish(req);
+        st.last_miss.remove(&req);
         let queued: Vec<(usize, RequestId)> = st
             .promotions
             .keys()

@@ -23,7 +23,7 @@ pub(super) struct Admission {
     pub(super) blocks: Vec<(BlockKey, BlockSource)>,
     /// Blocks not written: the tier's write-back (or the pinned DRAM) is at its limit and its
     /// policy is `drop`.
-    pub(super) dropped: u64,
+    pub(super) dropped: Vec<BlockKey>,
     /// Blocks already queued for this tier: not queued twice.
     pub(super) duplicates: u64,
 }
@@ -85,7 +85,7 @@ impl WriteBack {
                 && (!new_pin
                     || self.pinned_bytes + self.reserved_bytes + len <= self.max_pinned_bytes);
             if !fits && policy == WriteBackPolicy::Drop {
-                a.dropped += 1;
+                a.dropped.push(k);
                 continue;
             }
             let q = &mut self.queues[tier];
@@ -284,7 +284,7 @@ mod tests {
         let other = BlockKey::from_hash32([2; 32], 0);
         assert_eq!(
             wb.admit(1, vec![(other, src())]).dropped,
-            1,
+            vec![other],
             "past the pinned limit"
         );
         wb.release(0, &[k], 100);

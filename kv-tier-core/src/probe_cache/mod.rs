@@ -34,6 +34,22 @@ pub enum Presence {
     Retry,
 }
 
+/// Why a key is [`Presence::Absent`] for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Absence {
+    /// The tier's probe answered that it does not have it.
+    NotFound,
+    /// The probe was still out when the request stopped waiting for it (the tier's probe
+    /// budget).
+    OverBudget,
+    /// The probe passed its deadline.
+    TimedOut,
+    /// The probe failed, panicked, gave the wrong number of answers or was dropped.
+    ProbeFailed,
+    /// The tier had it, but loading it for this request failed.
+    LoadFailed,
+}
+
 #[derive(Default)]
 struct KeyState {
     /// Known present (from a completed store or a probe), with its lease.
@@ -44,8 +60,9 @@ struct KeyState {
     sent: Option<Instant>,
     /// Requests waiting for the pending probe.
     waiters: Vec<RequestId>,
-    /// Requests for which the key is a miss (negative answers live only in request scope).
-    missed_by: Vec<RequestId>,
+    /// Requests for which the key is a miss, and why (negative answers live only in request
+    /// scope).
+    missed_by: Vec<(RequestId, Absence)>,
     /// Requests that reference this entry; it is dropped when none do and no probe is pending.
     refs: u32,
     /// When a request first asked for the key (since the entry exists).
@@ -274,7 +291,7 @@ impl ProbeCache {
                 e.refs += 1;
             }
             e.since.get_or_insert_with(Instant::now);
-            if e.missed_by.contains(&req) {
+            if e.missed_by.iter().any(|(r, _)| *r == req) {
                 return Presence::Absent;
             }
             match &mut e.present {
@@ -313,9 +330,7 @@ impl ProbeCache {
                 .is_some_and(|t| applied_at.saturating_duration_since(t) >= budget)
         {
             e.waiters.retain(|r| *r != req);
-            if !e.missed_by.contains(&req) {
-                e.missed_by.push(req);
-            }
+            miss_for(&mut e.missed_by, req, Absence::OverBudget);
             self.stats.over_budget += 1;
             return Presence::Absent;
         }
@@ -380,9 +395,7 @@ impl ProbeCache {
                 if fresh {
                     e.refs += 1;
                 }
-                if !e.missed_by.contains(&req) {
-                    e.missed_by.push(req);
-                }
+                miss_for(&mut e.missed_by, req, Absence::LoadFailed);
             }
             let Some(e) = self.keys.get_mut(k) else {
                 continue;
@@ -418,7 +431,7 @@ impl ProbeCache {
         for k in keys {
             if let Some(e) = self.keys.get_mut(&k) {
                 e.refs = e.refs.saturating_sub(1);
-                e.missed_by.retain(|r| *r != req);
+                e.missed_by.retain(|(r, _)| *r != req);
                 e.waiters.retain(|r| *r != req);
                 if e.refs > 0 {
                     continue;
@@ -498,7 +511,7 @@ impl ProbeCache {
             if batch.took > self.budget && matches!(batch.outcome, Outcome::Answered(_)) {
                 self.stats.late_answers += 1;
             }
-            let answers = self.answers(batch.keys.len(), batch.outcome);
+            let (answers, absence) = self.answers(batch.keys.len(), batch.outcome);
             for ((key, generation), present) in batch.keys.into_iter().zip(answers) {
                 let Some(e) = self.keys.get_mut(&key) else {
                     continue;
@@ -520,9 +533,7 @@ impl ProbeCache {
                     self.keys.get_mut(&key).expect("present above").present = Some(lease);
                 } else {
                     for w in waiters {
-                        if !e.missed_by.contains(&w) {
-                            e.missed_by.push(w);
-                        }
+                        miss_for(&mut e.missed_by, w, absence);
                     }
                 }
             }
@@ -531,14 +542,15 @@ impl ProbeCache {
         n
     }
 
-    fn answers(&mut self, n: usize, outcome: Outcome) -> Vec<bool> {
+    /// A batch's answers, and why its absent keys are absent.
+    fn answers(&mut self, n: usize, outcome: Outcome) -> (Vec<bool>, Absence) {
         let name = || self.tier.info().name;
         match outcome {
             Outcome::Answered(a) if a.len() == n => {
                 let found = a.iter().filter(|p| **p).count() as u64;
                 self.stats.keys_found += found;
                 self.stats.keys_absent += n as u64 - found;
-                return a;
+                return (a, Absence::NotFound);
             }
             Outcome::Answered(a) => {
                 self.stats.probe_errors += 1;
@@ -555,12 +567,26 @@ impl ProbeCache {
             Outcome::TimedOut => {
                 self.stats.probe_timeouts += 1;
                 tracing::warn!(tier = %name(), keys = n, deadline = ?self.probe_timeout, "existence probe passed its deadline; counting its keys as absent");
+                return (vec![false; n], Absence::TimedOut);
             }
             Outcome::Dropped => {
                 self.stats.probe_errors += 1;
                 tracing::warn!(tier = %name(), keys = n, "existence probe was dropped (runtime shut down); counting its keys as absent");
             }
         }
-        vec![false; n]
+        (vec![false; n], Absence::ProbeFailed)
+    }
+
+    /// Why `key` is absent for `req`, if it is ([`Presence::Absent`] from [`ProbeCache::ask`]).
+    pub fn absence(&self, key: &BlockKey, req: RequestId) -> Option<Absence> {
+        let e = self.keys.get(key)?;
+        e.missed_by.iter().find(|(r, _)| *r == req).map(|(_, a)| *a)
+    }
+}
+
+/// Notes `key` a miss for `req` with its first cause (a later one does not replace it).
+fn miss_for(missed_by: &mut Vec<(RequestId, Absence)>, req: RequestId, why: Absence) {
+    if !missed_by.iter().any(|(r, _)| *r == req) {
+        missed_by.push((req, why));
     }
 }

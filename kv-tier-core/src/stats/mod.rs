@@ -6,10 +6,13 @@ mod snapshot;
 pub use snapshot::{Figure, FigureKind, Figures, TierSnapshot, figure_name};
 
 /// A latency histogram with about 9% resolution (16 log-linear buckets per power of two),
-/// from 1 µs to about nine years. Fixed size, no allocation per sample.
+/// from 1 µs to about nine years. Fixed size, no allocation per sample. A quantile is the
+/// mean of the samples in its bucket: a measured figure, not a bucket's edge.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LatencyHistogram {
     counts: Vec<u64>,
+    /// Per bucket, the sum of its samples in µs.
+    sums_us: Vec<u64>,
     total: u64,
     sum_us: u128,
     max_us: u64,
@@ -22,6 +25,7 @@ impl Default for LatencyHistogram {
     fn default() -> Self {
         Self {
             counts: vec![0; BUCKETS],
+            sums_us: vec![0; BUCKETS],
             total: 0,
             sum_us: 0,
             max_us: 0,
@@ -78,7 +82,9 @@ impl LatencyHistogram {
     /// Records one sample.
     pub fn record(&mut self, d: Duration) {
         let us = d.as_micros().min(u64::MAX as u128) as u64;
-        self.counts[bucket_of(us)] += 1;
+        let b = bucket_of(us);
+        self.counts[b] += 1;
+        self.sums_us[b] = self.sums_us[b].saturating_add(us);
         self.total += 1;
         self.sum_us += us as u128;
         self.max_us = self.max_us.max(us);
@@ -89,7 +95,8 @@ impl LatencyHistogram {
         self.total
     }
 
-    /// The `q`-quantile (0..=1), as the upper bound of its bucket; zero when empty.
+    /// The `q`-quantile (0..=1): the mean of the samples in the bucket that holds it (within
+    /// the bucket's 9% of the exact sample); zero when empty.
     pub fn quantile(&self, q: f64) -> Duration {
         if self.total == 0 {
             return Duration::ZERO;
@@ -99,7 +106,8 @@ impl LatencyHistogram {
         for (b, &c) in self.counts.iter().enumerate() {
             seen += c;
             if seen >= rank {
-                return Duration::from_micros(bucket_upper_us(b).min(self.max_us));
+                let mean = self.sums_us[b] / c;
+                return Duration::from_micros(mean.min(bucket_upper_us(b)).min(self.max_us));
             }
         }
         Duration::from_micros(self.max_us)
@@ -122,6 +130,9 @@ impl LatencyHistogram {
     pub fn merge(&mut self, other: &LatencyHistogram) {
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
             *a += b;
+        }
+        for (a, b) in self.sums_us.iter_mut().zip(&other.sums_us) {
+            *a = a.saturating_add(*b);
         }
         self.total += other.total;
         self.sum_us += other.sum_us;
@@ -324,6 +335,50 @@ pub struct ManagerStats {
     /// Event keys dropped, DRAM's and every tier's, because their buffer was full
     /// (`event_buffer_keys`) when the engine had not taken them.
     pub events_dropped: u64,
+    /// `Miss` answers by cause (see [`crate::MissCause`]).
+    pub misses_by_cause: MissCounts,
+}
+
+/// `Miss` answers of the manager by [`crate::MissCause`] (summed over tiers).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MissCounts {
+    /// No tier has the block.
+    pub not_found: u64,
+    /// A tier's probe was past its budget or deadline.
+    pub probe_over_budget: u64,
+    /// A tier's probe failed.
+    pub probe_failed: u64,
+    /// A load of the block failed.
+    pub load_failed: u64,
+    /// No DRAM slot to promote into.
+    pub no_dram_room: u64,
+    /// After shutdown.
+    pub shut_down: u64,
+}
+
+impl MissCounts {
+    /// Counts one miss of `cause`.
+    pub fn record(&mut self, cause: &crate::MissCause) {
+        use crate::MissCause as C;
+        match cause {
+            C::NotFound => self.not_found += 1,
+            C::ProbeOverBudget { .. } => self.probe_over_budget += 1,
+            C::ProbeFailed { .. } => self.probe_failed += 1,
+            C::LoadFailed { .. } => self.load_failed += 1,
+            C::NoDramRoom { .. } => self.no_dram_room += 1,
+            C::ShutDown => self.shut_down += 1,
+        }
+    }
+
+    /// All misses counted.
+    pub fn total(&self) -> u64 {
+        self.not_found
+            + self.probe_over_budget
+            + self.probe_failed
+            + self.load_failed
+            + self.no_dram_room
+            + self.shut_down
+    }
 }
 
 #[cfg(test)]
@@ -343,6 +398,35 @@ mod tests {
         assert_eq!(h.max(), Duration::from_micros(1000));
         assert_eq!(h.count(), 1000);
         assert_eq!(LatencyHistogram::default().quantile(0.5), Duration::ZERO);
+    }
+
+    /// The quantile is a figure the samples had: loads of 520, 540 and 557 ms each read as
+    /// themselves, not as the upper edge of their bucket.
+    #[test]
+    fn a_quantile_is_a_measured_figure_not_a_bucket_edge() {
+        for ms in [520u64, 540, 557] {
+            let mut h = LatencyHistogram::default();
+            for _ in 0..10 {
+                h.record(Duration::from_millis(ms));
+            }
+            h.record(Duration::from_secs(5));
+            assert_eq!(h.quantile(0.5), Duration::from_millis(ms));
+        }
+        let mut h = LatencyHistogram::default();
+        h.record(Duration::from_micros(1000));
+        h.record(Duration::from_micros(1010));
+        assert_eq!(
+            h.quantile(0.5),
+            Duration::from_micros(1005),
+            "the bucket's mean"
+        );
+        let mut m = LatencyHistogram::default();
+        m.merge(&h);
+        assert_eq!(
+            m.quantile(0.99),
+            Duration::from_micros(1005),
+            "merged with its sums"
+        );
     }
 
     #[test]

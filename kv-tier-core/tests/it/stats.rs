@@ -69,7 +69,9 @@ fn primary_stats_always_match_what_is_observable() {
                     match rnd(3) {
                         0 => p.abort(),
                         1 => drop(p),
-                        _ => p.commit(RequestId(step)),
+                        _ => {
+                            let _ = p.commit(RequestId(step));
+                        }
                     }
                 }
             }

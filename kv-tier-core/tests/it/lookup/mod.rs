@@ -8,6 +8,8 @@ mod budget;
 mod generations;
 /// Leases: held from the probe to the promotion, reaped, renewed once.
 mod leases;
+/// Why a lookup missed: `last_miss`, `misses_by_cause`, `promotion_tier`.
+mod miss_causes;
 /// The `ProbeCache` on its own: counters, budgets, request scope, reaper.
 mod probe_cache;
 /// Several tiers: all probed at once, the first in order serves, filters.

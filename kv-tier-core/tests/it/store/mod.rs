@@ -5,6 +5,8 @@
 mod admission;
 /// The cascade of a committed store to the secondary tiers.
 mod cascade;
+/// What a commit left out of the cascade, per tier and cause.
+mod receipts;
 /// `prepare_store`'s pending store: commit, abort, drop, duplicates.
 mod typestate;
 /// Write-back bounds per tier and the DRAM they pin.
