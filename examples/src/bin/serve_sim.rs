@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use kv_tier_examples::sim::{DEFAULT_MODEL, PRESETS, SimConfig, preset, render, run};
+use kv_tier_examples::sim::offline::{Policy, Trace, replay};
+use kv_tier_examples::sim::{
+    DEFAULT_DRAM_BLOCKS, DEFAULT_FS_BLOCKS, DEFAULT_MODEL, PRESETS, SimConfig, WORKLOADS, preset,
+    render, run, workload_preset,
+};
 
 /// serve_sim: a serving-workload simulator over kv-tier's tiers
 #[derive(Debug, Parser)]
@@ -33,6 +37,12 @@ struct Cli {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Workload")]
 struct WorkloadArgs {
+    /// A workload preset: default (8 conversations x 20 turns over 32 shared 1k-token
+    /// prefixes), long-context (4 x 24 turns growing to ~30k tokens), shared-prompt (32 users
+    /// x 4 short turns over 2 shared 2k-token system prompts); the flags below change one
+    /// size of it
+    #[arg(long, value_name = "NAME", value_parser = workload_name, default_value = "default")]
+    workload: String,
     /// Concurrent conversations (1 to 100,000)
     #[arg(long, value_name = "N", value_parser = bounded::<1, 100_000>, allow_negative_numbers = true, default_value_t = SimConfig::default().streams)]
     streams: usize,
@@ -95,6 +105,18 @@ struct EngineArgs {
     /// Requests scheduled at once (1 to 100,000)
     #[arg(long, value_name = "N", value_parser = bounded::<1, 100_000>, allow_negative_numbers = true, default_value_t = SimConfig::default().max_batch)]
     max_batch: usize,
+    /// Steps a request waits for its promotions at most before it takes what is there and
+    /// recomputes the rest (1 to 1,000,000)
+    #[arg(long, value_name = "N", value_parser = bounded_u64::<1, 1_000_000>, allow_negative_numbers = true,
+          default_value_t = SimConfig::default().max_wait_steps as u64)]
+    max_wait_steps: u64,
+    /// Shut the manager down mid-run and reopen it on the same root after this long (the
+    /// engine finishes its running requests first; its GPU cache goes too)
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, conflicts_with = "restart_after")]
+    restart_at: Option<f64>,
+    /// As --restart-at, after this many requests (deterministic with --sync-steps)
+    #[arg(long, value_name = "N", value_parser = bounded_u64::<1, 1_000_000_000>)]
+    restart_after: Option<u64>,
     /// Simulated prefill speed of missed tokens, tokens/s (0: none; finite)
     #[arg(long, value_name = "X", allow_negative_numbers = true, value_parser = rate,
           default_value_t = SimConfig::default().prefill_tokens_per_s)]
@@ -104,7 +126,8 @@ struct EngineArgs {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Tiers")]
 struct TierArgs {
-    /// DRAM for the primary tier, in MiB (1 to 16,777,216: 16 TiB)
+    /// DRAM for the primary tier, in MiB (1 to 16,777,216: 16 TiB); not given, 512 blocks of
+    /// the model's (the default below is 512 of the default model's 2 MiB blocks)
     #[arg(long, value_name = "N", value_parser = bounded_u64::<1, 16_777_216>, allow_negative_numbers = true,
           default_value_t = SimConfig::default().dram_bytes >> 20)]
     dram_mb: u64,
@@ -112,7 +135,8 @@ struct TierArgs {
     /// (a run killed or interrupted leaves it, a valid cache directory)]
     #[arg(long, value_name = "DIR")]
     root_dir: Option<PathBuf>,
-    /// The fs tier's GC cap in GiB, 0 for none, else 1e-9 to 1e9
+    /// The fs tier's GC cap in GiB, 0 for none, else 1e-9 to 1e9; not given, 2048 blocks of
+    /// the model's (the default below is 2048 of the default model's 2 MiB blocks)
     #[arg(long, value_name = "X", value_parser = cap_gb, allow_negative_numbers = true,
           default_value_t = SimConfig::default().fs_cap_gb.unwrap_or(0.0))]
     fs_cap_gb: f64,
@@ -125,6 +149,10 @@ struct TierArgs {
     /// Also an obj tier below fs, on this S3 endpoint
     #[arg(long, value_name = "URL")]
     s3_endpoint: Option<String>,
+    /// Also an obj tier below fs, on an S3 server started in this process (objects in a
+    /// temp dir; its own bucket and keys)
+    #[arg(long, conflicts_with_all = ["s3_endpoint", "s3_bucket", "s3_access_key", "s3_secret_key"])]
+    s3_embedded: bool,
     /// Its bucket
     #[arg(long, value_name = "NAME", default_value_t = SimConfig::default().s3_bucket)]
     s3_bucket: String,
@@ -161,6 +189,10 @@ struct OutputArgs {
     /// Also write the report as JSON
     #[arg(long, value_name = "FILE", value_parser = json_out)]
     json: Option<PathBuf>,
+    /// Write the run's request trace (JSON lines): `serve_sim replay FILE` replays it
+    /// offline under LRU, Belady's rule or no bound
+    #[arg(long, value_name = "FILE", value_parser = json_out)]
+    trace: Option<PathBuf>,
     /// Wait for every transfer at each step and run the fs GC there (same seed, same counts)
     #[arg(long)]
     sync_steps: bool,
@@ -265,7 +297,21 @@ fn model_name(v: &str) -> Result<String, String> {
     }
 }
 
-/// The text of a file.
+/// A workload preset's name.
+fn workload_name(v: &str) -> Result<String, String> {
+    match workload_preset(v) {
+        Some(w) => Ok(w.name.to_string()),
+        None => Err(format!(
+            "no such workload; workloads: {}",
+            WORKLOADS
+                .iter()
+                .map(|w| w.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 /// A write budget in MiB/s: positive.
 fn budget_mb(v: &str) -> Result<f64, String> {
     match v.parse::<f64>() {
@@ -295,8 +341,12 @@ fn read_file(path: &str) -> Result<String, String> {
 
 impl Cli {
     /// The simulator's config, the path of the JSON report if asked for, and whether to
-    /// compare admission.
-    fn into_config(self) -> (SimConfig, Option<PathBuf>, bool, usize) {
+    /// compare admission; `given` says which flags the command line gave (a workload preset
+    /// and the model's block size fill in the others).
+    fn into_config(
+        self,
+        given: &dyn Fn(&str) -> bool,
+    ) -> (SimConfig, Option<PathBuf>, bool, usize) {
         let Self {
             workload: w,
             model: m,
@@ -316,13 +366,55 @@ impl Cli {
         } else {
             format!("custom (from {})", p.name)
         };
+        // a workload preset sets the sizes the command line did not
+        let wp = workload_preset(&w.workload).expect("checked by the parser");
+        let pick = |id: &str, flag: usize, preset: usize| if given(id) { flag } else { preset };
+        let streams = pick("streams", w.streams, wp.streams);
+        let turns = pick("turns", w.turns, wp.turns);
+        let prefix_tokens = pick("prefix_tokens", w.prefix_tokens, wp.prefix_tokens);
+        let prompt_tokens = pick("prompt_tokens", w.prompt_tokens, wp.prompt_tokens);
+        let output_tokens = pick("output_tokens", w.output_tokens, wp.output_tokens);
+        let prefixes = match w.prefixes {
+            Some(n) => n,
+            None if wp.name == "default" => 4 * streams,
+            None => wp.prefixes,
+        };
+        let custom = [
+            "streams",
+            "turns",
+            "prefixes",
+            "prefix_tokens",
+            "prompt_tokens",
+            "output_tokens",
+        ]
+        .iter()
+        .any(|id| given(id));
+        let workload = if custom {
+            format!("custom (from {})", wp.name)
+        } else {
+            wp.name.to_string()
+        };
+        let block_bytes =
+            (layers * kv_heads * head_dim * dtype_bytes * 2 * w.tokens_per_block) as u64;
+        // sizes not given: as many blocks of this model as the defaults hold of the default's
+        let dram_bytes = if given("dram_mb") {
+            t.dram_mb << 20
+        } else {
+            DEFAULT_DRAM_BLOCKS * block_bytes
+        };
+        let fs_cap_gb = if given("fs_cap_gb") || t.config_json.is_some() {
+            (t.fs_cap_gb > 0.0).then_some(t.fs_cap_gb)
+        } else {
+            Some((DEFAULT_FS_BLOCKS * block_bytes) as f64 / (1u64 << 30) as f64)
+        };
         let cfg = SimConfig {
-            streams: w.streams,
-            turns: w.turns,
-            prefixes: w.prefixes.unwrap_or(4 * w.streams),
-            prefix_tokens: w.prefix_tokens,
-            prompt_tokens: w.prompt_tokens,
-            output_tokens: w.output_tokens,
+            streams,
+            turns,
+            prefixes,
+            prefix_tokens,
+            prompt_tokens,
+            output_tokens,
+            workload,
             tokens_per_block: w.tokens_per_block,
             seed: w.seed,
             duration: Duration::from_secs_f64(w.duration),
@@ -334,13 +426,17 @@ impl Cli {
             gpu_cache_blocks: e.gpu_cache_blocks,
             max_batch: e.max_batch,
             prefill_tokens_per_s: e.prefill_tokens_per_s,
-            dram_bytes: t.dram_mb << 20,
+            max_wait_steps: e.max_wait_steps as u32,
+            restart_at: e.restart_at.map(Duration::from_secs_f64),
+            restart_after: e.restart_after,
+            dram_bytes,
             root_dir: t.root_dir,
-            fs_cap_gb: (t.fs_cap_gb > 0.0).then_some(t.fs_cap_gb),
+            fs_cap_gb,
             fs_admit_after_lookups: t.fs_admit_after_lookups,
             fs_write_budget_mb_per_s: t.fs_write_budget_mb_per_s,
             config_json: t.config_json,
             s3_endpoint: t.s3_endpoint,
+            s3_embedded: t.s3_embedded,
             s3_bucket: t.s3_bucket,
             s3_access_key: t.s3_access_key,
             s3_secret_key: t.s3_secret_key,
@@ -349,6 +445,7 @@ impl Cli {
             progress: !o.no_progress,
             metrics_addr: o.metrics_addr,
             fs_instance_id: t.instance_id,
+            trace: o.trace,
             ..SimConfig::default()
         };
         (cfg, o.json, o.compare_admission, t.instances)
@@ -371,7 +468,7 @@ const TIER_FLAGS: [&str; 10] = [
 
 /// The command line, parsed; with `--config`, the tier flags it replaces are refused rather
 /// than silently ignored. A usage error exits with 2, `--help` with 0.
-fn parse() -> Cli {
+fn parse() -> (Cli, clap::ArgMatches) {
     use clap::{CommandFactory, FromArgMatches};
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
@@ -393,14 +490,83 @@ fn parse() -> Cli {
                 .exit();
         }
     }
-    cli
+    (cli, matches)
+}
+
+/// Whether the command line gave the argument `id`.
+fn given_in(matches: &clap::ArgMatches) -> impl Fn(&str) -> bool + '_ {
+    |id| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+}
+
+/// `serve_sim replay FILE --policy P`: a trace replayed offline.
+#[derive(Debug, Parser)]
+#[command(name = "serve_sim replay")]
+struct ReplayCli {
+    /// A trace `serve_sim --trace FILE` wrote
+    file: PathBuf,
+    /// The eviction policy: lru, opt (Belady's rule), unbounded, or all
+    #[arg(long, value_name = "POLICY", default_value = "all", value_parser = policy_name)]
+    policy: String,
+}
+
+fn policy_name(v: &str) -> Result<String, String> {
+    if v == "all" || Policy::parse(v).is_some() {
+        Ok(v.to_string())
+    } else {
+        Err("must be lru, opt, unbounded or all".into())
+    }
+}
+
+/// Runs `serve_sim replay`.
+fn replay_main(args: Vec<String>) -> ExitCode {
+    let cli = ReplayCli::parse_from(args);
+    let trace = match Trace::read(&cli.file) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("serve_sim replay: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let policies: Vec<Policy> = match Policy::parse(&cli.policy) {
+        Some(p) => vec![p],
+        None => vec![Policy::Lru, Policy::Opt, Policy::Unbounded],
+    };
+    let h = &trace.header;
+    println!(
+        "replay of {} ({} records; model: {} blocks, DRAM {}, fs {}, GPU cache {})",
+        cli.file.display(),
+        trace.records.len(),
+        h.model_blocks()
+            .map_or("unbounded".to_string(), |b| b.to_string()),
+        h.dram_blocks,
+        h.fs_blocks.map_or("none".to_string(), |b| b.to_string()),
+        h.gpu_blocks
+    );
+    for p in policies {
+        let s = replay(&trace, p);
+        println!(
+            "  {:<10} hit rate {:.1}% ({} of {} prompt blocks: {} from the GPU cache, {} from the cache below)",
+            p.name(),
+            100.0 * s.hit_rate(),
+            s.from_gpu + s.from_cache,
+            s.prompt_blocks,
+            s.from_gpu,
+            s.from_cache
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 /// The shared prefixes' tokens the workload holds at most (they are kept in memory).
 const MAX_PREFIX_POOL_TOKENS: usize = 10_000_000;
 
 fn main() -> ExitCode {
-    let (cfg, json, compare, instances) = parse().into_config();
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("replay") {
+        return replay_main(argv[1..].to_vec());
+    }
+    let (cli, matches) = parse();
+    let (cfg, json, compare, instances) = cli.into_config(&given_in(&matches));
     let usage = |msg: String| -> ! {
         use clap::CommandFactory;
         Cli::command()
@@ -576,7 +742,8 @@ mod tests {
 
     #[test]
     fn no_flags_give_the_default_config() {
-        let (cfg, json, compare, instances) = Cli::parse_from(["serve_sim"]).into_config();
+        let (cfg, json, compare, instances) =
+            Cli::parse_from(["serve_sim"]).into_config(&|_| false);
         assert_eq!(cfg, SimConfig::default());
         assert_eq!(json, None);
         assert!(!compare);

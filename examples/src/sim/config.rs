@@ -67,6 +67,76 @@ pub fn preset(name: &str) -> Option<&'static ModelPreset> {
 /// The default model: MiB-sized blocks, so the run's GB/s say something about the disk.
 pub const DEFAULT_MODEL: &str = "llama-8b";
 
+/// A workload shape serving engines have (`--workload`): the conversation's sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct WorkloadPreset {
+    /// Its name.
+    pub name: &'static str,
+    /// What it stands for.
+    pub about: &'static str,
+    /// Concurrent conversations.
+    pub streams: usize,
+    /// Turns per conversation.
+    pub turns: usize,
+    /// Shared prefixes in the pool.
+    pub prefixes: usize,
+    /// Tokens per shared prefix.
+    pub prefix_tokens: usize,
+    /// New prompt tokens per turn.
+    pub prompt_tokens: usize,
+    /// Output tokens per turn.
+    pub output_tokens: usize,
+}
+
+/// The workloads `--workload` knows.
+pub const WORKLOADS: &[WorkloadPreset] = &[
+    WorkloadPreset {
+        name: "default",
+        about: "8 conversations x 20 turns over 32 shared 1k-token prefixes, 256 new tokens a turn",
+        streams: 8,
+        turns: 20,
+        prefixes: 32,
+        prefix_tokens: 1024,
+        prompt_tokens: 256,
+        output_tokens: 64,
+    },
+    WorkloadPreset {
+        name: "long-context",
+        about: "4 conversations x 24 turns growing to ~30k tokens (1k prompt + 256 output a turn over a 2k prefix): early blocks are touched less",
+        streams: 4,
+        turns: 24,
+        prefixes: 4,
+        prefix_tokens: 2048,
+        prompt_tokens: 1024,
+        output_tokens: 256,
+    },
+    WorkloadPreset {
+        name: "shared-prompt",
+        about: "32 users x 4 short turns over 2 shared 2k-token system prompts",
+        streams: 32,
+        turns: 4,
+        prefixes: 2,
+        prefix_tokens: 2048,
+        prompt_tokens: 128,
+        output_tokens: 64,
+    },
+];
+
+/// The workload preset named `name`.
+pub fn workload_preset(name: &str) -> Option<&'static WorkloadPreset> {
+    WORKLOADS.iter().find(|w| w.name == name)
+}
+
+/// DRAM in blocks when `--dram-mb` is not given (1 GiB of the default model's 2 MiB blocks).
+pub const DEFAULT_DRAM_BLOCKS: u64 = 512;
+
+/// The fs cap in blocks when `--fs-cap-gb` is not given (4 GiB of 2 MiB blocks).
+pub const DEFAULT_FS_BLOCKS: u64 = 2048;
+
+/// Steps a request waits for its promotions at most before it takes what is there, by
+/// default (`--max-wait-steps`).
+pub const DEFAULT_MAX_WAIT_STEPS: u32 = 200;
+
 /// Everything the simulator can be told.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SimConfig {
@@ -102,6 +172,18 @@ pub struct SimConfig {
     pub prefill_tokens_per_s: f64,
     /// Stop admitting new turns after this long.
     pub duration: Duration,
+    /// The workload preset the sizes above came from (`custom` when one was changed).
+    pub workload: String,
+    /// Steps a request waits for its promotions at most before it takes what is there (1 to
+    /// 1,000,000).
+    pub max_wait_steps: u32,
+    /// Shut the manager down and reopen it on the same root after this long (the engine
+    /// first finishes the requests it runs; its GPU cache is lost too).
+    pub restart_at: Option<Duration>,
+    /// As `restart_at`, after this many requests instead (deterministic with `sync_steps`).
+    pub restart_after: Option<u64>,
+    /// Write the run's request trace here (JSON lines; `serve_sim replay` reads it).
+    pub trace: Option<PathBuf>,
     /// Workload seed.
     pub seed: u64,
     /// DRAM for the primary tier, in bytes.
@@ -118,6 +200,9 @@ pub struct SimConfig {
     pub config_json: Option<String>,
     /// An S3 endpoint: adds an `obj` tier below the fs tier.
     pub s3_endpoint: Option<String>,
+    /// Start an S3 server in this process (objects in a temp dir) for the `obj` tier, in
+    /// place of `s3_endpoint` and its bucket and keys.
+    pub s3_embedded: bool,
     /// The bucket of the `obj` tier.
     pub s3_bucket: String,
     /// Access key of the `obj` tier (empty: the AWS credential chain).
@@ -173,6 +258,11 @@ impl Default for SimConfig {
             max_batch: 8,
             prefill_tokens_per_s: 10_000.0,
             duration: Duration::from_secs(70),
+            workload: "default".into(),
+            max_wait_steps: DEFAULT_MAX_WAIT_STEPS,
+            restart_at: None,
+            restart_after: None,
+            trace: None,
             seed: 1,
             dram_bytes: 1 << 30,
             root_dir: None,
@@ -181,6 +271,7 @@ impl Default for SimConfig {
             fs_write_budget_mb_per_s: None,
             config_json: None,
             s3_endpoint: None,
+            s3_embedded: false,
             s3_bucket: "kv-tier".into(),
             s3_access_key: String::new(),
             s3_secret_key: String::new(),
@@ -220,7 +311,12 @@ impl SimConfig {
 
     fn tier_config_as_given(&self, root: &Path) -> Result<KvTierConfig, kv_tier_core::Error> {
         if let Some(text) = &self.config_json {
-            return KvTierConfig::from_json_str(text);
+            let mut cfg = KvTierConfig::from_json_str(text)?;
+            // the attribution follows every tier's events
+            for t in &mut cfg.secondary_tiers {
+                t.tiering.enable_kv_events = Some(true);
+            }
+            return Ok(cfg);
         }
         let mut fs = serde_json::json!({
             "type": "fs",

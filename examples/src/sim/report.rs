@@ -8,8 +8,83 @@ use kv_tier::{ManagerStats, TierStats, TieringManager};
 use serde::Serialize;
 
 use super::SimConfig;
+use super::attribution::{Attribution, describe};
+use super::offline::{Policy, Trace, TraceHeader, replay};
 pub use super::setup::DiskProbe;
 use super::step::Tally;
+
+/// The capacities of the run in blocks, the offline model's, and the run's working set.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct ModelReport {
+    /// DRAM, in blocks.
+    pub dram_blocks: u64,
+    /// The fs tier's cap, in blocks (`None`: no fs tier or no cap).
+    pub fs_blocks: Option<u64>,
+    /// A tier without a bound is below DRAM (an fs tier without a cap, an obj tier).
+    pub unbounded_below: bool,
+    /// The offline model's one level (`None`: unbounded).
+    pub model_blocks: Option<u64>,
+    /// Distinct blocks the run's requests read or stored.
+    pub working_set_blocks: u64,
+    /// What the offline model assumes.
+    pub assumes: String,
+}
+
+/// The run's trace replayed offline: hit rates of the same requests at the same capacity.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Default)]
+pub struct OfflineReport {
+    /// Under LRU (what kv-tier runs).
+    pub lru: f64,
+    /// Under Belady's rule.
+    pub opt: f64,
+    /// With no bound.
+    pub unbounded: f64,
+}
+
+/// Per-request figures: waits, modelled time to first token, waits that did not pay.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct PerRequest {
+    /// The prefill rate the model uses, tokens/s (0: none).
+    pub prefill_tokens_per_s: f64,
+    /// Steps a request waited at most before taking what was there.
+    pub max_wait_steps: u32,
+    /// Requests that waited at least one step for their blocks.
+    pub requests_waited: u64,
+    /// Their wait, from the first lookup to the blocks: p50 and p99, ms (measured values).
+    pub wait_p50_ms: f64,
+    /// See `wait_p50_ms`.
+    pub wait_p99_ms: f64,
+    /// Modelled time to first token (wait + recompute of the missed tokens), p50, ms.
+    pub ttft_p50_ms: f64,
+    /// See `ttft_p50_ms`.
+    pub ttft_p99_ms: f64,
+    /// Requests that waited longer than recomputing the tier tokens they waited for.
+    pub waited_longer_than_recompute: u64,
+    /// The tier tokens of those requests.
+    pub tokens_of_those: u64,
+}
+
+/// Hits before and after a restart of the manager on the same root.
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
+pub struct RestartReport {
+    /// Requests served before it.
+    pub after_requests: u64,
+    /// Seconds the shutdown and reopen took.
+    pub reopen_s: f64,
+    /// Seconds from the reopen to the first token served from a tier (`None`: none was).
+    pub first_tier_hit_after_s: Option<f64>,
+    /// Prompt tokens before.
+    pub before_prompt_tokens: u64,
+    /// Hit rate before.
+    pub before_hit_rate: f64,
+    /// Prompt tokens after.
+    pub after_prompt_tokens: u64,
+    /// Hit rate after.
+    pub after_hit_rate: f64,
+}
+
+/// What the offline model assumes (the report prints it).
+pub(super) const MODEL_ASSUMES: &str = "one level of max(DRAM, fs) blocks (stores go to both, a hit in either serves; a tier without a bound keeps everything), the GPU cache in front as the engine's LRU, whole requests with no timing (no write-back delay, probe budget or give-up), a restart empties DRAM only; opt is Belady's rule per block";
 
 /// Per-tier figures of the report.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -174,6 +249,86 @@ pub struct Report {
     pub wall_seconds: f64,
     /// What the run was given.
     pub inputs: Inputs,
+    /// Every prompt token in one bucket (labels: `served/...`, `lost/...`); they sum to
+    /// `prompt_tokens`.
+    pub attribution: Attribution,
+    /// The capacities in blocks and the working set.
+    pub model: ModelReport,
+    /// The run's trace replayed offline at the same capacity.
+    pub offline: OfflineReport,
+    /// Per-request figures.
+    pub per_request: PerRequest,
+    /// Blocks promoted for a request that it did not use (beyond its served prefix).
+    pub promotions_unused: u64,
+    /// Their bytes.
+    pub promotions_unused_bytes: u64,
+    /// The restart, if the run had one.
+    pub restart: Option<RestartReport>,
+    /// The run's request trace (`--trace` writes it).
+    #[serde(skip)]
+    pub trace: Trace,
+}
+
+/// The exact `q`-quantile of `v` (sorted here), ms.
+fn quantile_ms(v: &[Duration], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut v = v.to_vec();
+    v.sort();
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1].as_secs_f64() * 1e3
+}
+
+/// Adds the counters of `earlier` (a manager a restart shut down) to `s`, tier by tier.
+pub(super) fn accumulate(s: &mut ManagerStats, earlier: &ManagerStats) {
+    s.lookups += earlier.lookups;
+    s.hits += earlier.hits;
+    s.hits_pending += earlier.hits_pending;
+    s.retries += earlier.retries;
+    s.misses += earlier.misses;
+    s.promotions_refused += earlier.promotions_refused;
+    let (m, e) = (&mut s.misses_by_cause, &earlier.misses_by_cause);
+    m.not_found += e.not_found;
+    m.probe_over_budget += e.probe_over_budget;
+    m.probe_failed += e.probe_failed;
+    m.load_failed += e.load_failed;
+    m.no_dram_room += e.no_dram_room;
+    m.shut_down += e.shut_down;
+    s.primary.evictions += earlier.primary.evictions;
+    s.write_back_pinned_peak_bytes = s
+        .write_back_pinned_peak_bytes
+        .max(earlier.write_back_pinned_peak_bytes);
+    for (t, e) in s.tiers.iter_mut().zip(&earlier.tiers) {
+        for (a, b) in [
+            (&mut t.hits, e.hits),
+            (&mut t.retry_waits, e.retry_waits),
+            (&mut t.not_admitted, e.not_admitted),
+            (&mut t.over_write_budget, e.over_write_budget),
+            (&mut t.blocks_stored, e.blocks_stored),
+            (&mut t.bytes_stored, e.bytes_stored),
+            (&mut t.store_failures, e.store_failures),
+            (&mut t.blocks_loaded, e.blocks_loaded),
+            (&mut t.bytes_loaded, e.bytes_loaded),
+            (&mut t.load_failures, e.load_failures),
+            (&mut t.writes_dropped, e.writes_dropped),
+            (&mut t.probes.over_budget, e.probes.over_budget),
+            (&mut t.probes.late_answers, e.probes.late_answers),
+            (&mut t.probes.probe_timeouts, e.probes.probe_timeouts),
+            (&mut t.probes.probe_errors, e.probes.probe_errors),
+            (&mut t.probes.probe_panics, e.probes.probe_panics),
+            (
+                &mut t.own.blocks.blocks_written,
+                e.own.blocks.blocks_written,
+            ),
+        ] {
+            *a += b;
+        }
+        t.write_back_peak_bytes = t.write_back_peak_bytes.max(e.write_back_peak_bytes);
+        t.load_latency.merge(&e.load_latency);
+        t.probe_latency.merge(&e.probe_latency);
+        t.store_latency.merge(&e.store_latency);
+    }
 }
 
 /// What a run was given, recorded in its report.
@@ -200,6 +355,42 @@ pub(super) fn fill(
     drain: Duration,
 ) -> Report {
     let secs = seconds.as_secs_f64();
+    let block = cfg.block_bytes() as u64;
+    let fs_blocks = gc.as_ref().map(|g| g.cap_bytes / block.max(1));
+    let header = TraceHeader {
+        dram_blocks: cfg.dram_bytes / block.max(1),
+        fs_blocks,
+        // an fs tier without a cap, or a tier below the bounded one (obj: no cap)
+        unbounded_below: !s.tiers.is_empty() && (gc.is_none() || s.tiers.len() > 1),
+        gpu_blocks: cfg.gpu_cache_blocks as u64,
+        tokens_per_block: cfg.tokens_per_block as u64,
+    };
+    let trace = Trace {
+        header,
+        records: t.trace.clone(),
+    };
+    let offline = OfflineReport {
+        lru: replay(&trace, Policy::Lru).hit_rate(),
+        opt: replay(&trace, Policy::Opt).hit_rate(),
+        unbounded: replay(&trace, Policy::Unbounded).hit_rate(),
+    };
+    let restart = t.before_restart.map(|(prompt, hit)| {
+        let rate = |h: u64, p: u64| if p == 0 { 0.0 } else { h as f64 / p as f64 };
+        let (ap, ah) = (t.prompt_tokens - prompt, t.hit_tokens() - hit);
+        RestartReport {
+            after_requests: t
+                .trace
+                .iter()
+                .position(|r| *r == super::offline::TraceRecord::Restart)
+                .unwrap_or(0) as u64,
+            reopen_s: t.reopen.unwrap_or_default().as_secs_f64(),
+            first_tier_hit_after_s: t.first_tier_hit_after_restart.map(|d| d.as_secs_f64()),
+            before_prompt_tokens: prompt,
+            before_hit_rate: rate(hit, prompt),
+            after_prompt_tokens: ap,
+            after_hit_rate: rate(ah, ap),
+        }
+    });
     let from_tiers = t.prompt_tokens - t.tokens_recomputed - t.tokens_from_gpu_cache;
     let prefill_seconds_saved = if cfg.prefill_tokens_per_s > 0.0 {
         from_tiers as f64 / cfg.prefill_tokens_per_s
@@ -226,7 +417,7 @@ pub(super) fn fill(
         blocks_verified: t.blocks_verified,
         blocks_corrupt: t.corrupt_keys.len() as u64,
         hit_rate: t.hit_rate(),
-        ideal_hit_rate: ideal_hit_rate(cfg, t.requests),
+        ideal_hit_rate: offline.unbounded,
         dram_evictions: s.primary.evictions,
         stores_refused: t.stores_refused,
         stores_refused_write_back: t.stores_refused_write_back,
@@ -240,6 +431,31 @@ pub(super) fn fill(
         disk: None,
         wall_seconds: 0.0,
         inputs: Inputs::default(),
+        attribution: t.attribution.clone(),
+        model: ModelReport {
+            dram_blocks: header.dram_blocks,
+            fs_blocks,
+            unbounded_below: header.unbounded_below,
+            model_blocks: header.model_blocks(),
+            working_set_blocks: t.working_set_blocks,
+            assumes: MODEL_ASSUMES.into(),
+        },
+        offline,
+        per_request: PerRequest {
+            prefill_tokens_per_s: cfg.prefill_tokens_per_s,
+            max_wait_steps: cfg.max_wait_steps,
+            requests_waited: t.waits.len() as u64,
+            wait_p50_ms: quantile_ms(&t.waits, 0.5),
+            wait_p99_ms: quantile_ms(&t.waits, 0.99),
+            ttft_p50_ms: quantile_ms(&t.ttft, 0.5),
+            ttft_p99_ms: quantile_ms(&t.ttft, 0.99),
+            waited_longer_than_recompute: t.waited_longer,
+            tokens_of_those: t.waited_longer_tokens,
+        },
+        promotions_unused: t.promotions_unused,
+        promotions_unused_bytes: t.promotions_unused * block,
+        restart,
+        trace,
     }
 }
 
@@ -433,6 +649,7 @@ pub fn render(r: &Report) -> String {
         100.0 * r.hit_rate,
         100.0 * r.ideal_hit_rate
     );
+    o += &render_yardstick(r);
     o += &format!(
         "  lookups               {} (hit {}, pending {}, retry {}, miss {})\n",
         r.lookups, r.lookup_hits, r.lookup_hits_pending, r.lookup_retries, r.lookup_misses
@@ -450,9 +667,11 @@ pub fn render(r: &Report) -> String {
     );
     if let Some(d) = &r.disk {
         o += &format!(
-            "  disk                  {:.2} GB/s write, {:.2} GB/s read (O_DIRECT, one thread, {} MiB in {} KiB blocks, at startup)\n",
+            "  disk                  {:.2} GB/s write, {:.2} GB/s read (O_DIRECT, {} threads writing then {} reading as the fs tier does, {} MiB in {} KiB blocks, at startup)\n",
             d.write_gb_per_s,
             d.read_gb_per_s,
+            d.write_threads,
+            d.read_threads,
             d.bytes >> 20,
             d.block_bytes >> 10
         );
@@ -474,6 +693,93 @@ pub fn render(r: &Report) -> String {
     o
 }
 
+/// The hit rate against the offline model, where every prompt token went, the per-request
+/// figures, the unused promotions and the restart.
+fn render_yardstick(r: &Report) -> String {
+    let pct = |x: f64| 100.0 * x;
+    let m = &r.model;
+    let blocks = |b: Option<u64>| b.map_or("unbounded".to_string(), |b| b.to_string());
+    let mut o = format!(
+        "  the same trace offline LRU {:.1}% | Belady {:.1}% | unbounded {:.1}% (model: {} blocks; DRAM {} blocks, fs {}, working set {} blocks)\n",
+        pct(r.offline.lru),
+        pct(r.offline.opt),
+        pct(r.offline.unbounded),
+        blocks(m.model_blocks),
+        m.dram_blocks,
+        m.fs_blocks
+            .map_or("no cap".to_string(), |b| format!("{b} blocks")),
+        m.working_set_blocks
+    );
+    o += &format!(
+        "  where the prompt tokens went ({} in all)\n",
+        r.prompt_tokens
+    );
+    let total = r.prompt_tokens.max(1) as f64;
+    // served: the GPU cache, DRAM, then the tiers in order; lost: the largest first
+    let rank = |k: &str| match k {
+        "served/gpu" => 0,
+        "served/dram" => 1,
+        _ => {
+            2 + r
+                .tiers
+                .iter()
+                .position(|t| k == format!("served/{}", t.name))
+                .unwrap_or(r.tiers.len())
+        }
+    };
+    type Rows<'a> = Vec<(&'a String, &'a u64)>;
+    let (mut served, mut lost): (Rows<'_>, Rows<'_>) = r
+        .attribution
+        .iter()
+        .partition(|(k, _)| k.starts_with("served/"));
+    served.sort_by_key(|(k, _)| rank(k));
+    lost.sort_by_key(|(_, n)| std::cmp::Reverse(**n));
+    for (label, n) in served.into_iter().chain(lost) {
+        o += &format!(
+            "    {:<64} {:>10} {:>5.1}%\n",
+            describe(label),
+            n,
+            100.0 * *n as f64 / total
+        );
+    }
+    let p = &r.per_request;
+    o += &format!(
+        "  per request           {} waited for their blocks: p50 {:.1} ms, p99 {:.1} ms (limit {} steps, --max-wait-steps); modelled time to first token p50 {:.1} ms, p99 {:.1} ms at {} tokens/s of prefill; {} waited longer than recomputing the {} tier tokens they waited for\n",
+        p.requests_waited,
+        p.wait_p50_ms,
+        p.wait_p99_ms,
+        p.max_wait_steps,
+        p.ttft_p50_ms,
+        p.ttft_p99_ms,
+        p.prefill_tokens_per_s,
+        p.waited_longer_than_recompute,
+        p.tokens_of_those
+    );
+    o += &format!(
+        "  promotions unused     {} blocks ({:.2} GiB) promoted for a request that did not use them\n",
+        r.promotions_unused,
+        gib(r.promotions_unused_bytes)
+    );
+    if let Some(x) = &r.restart {
+        o += &format!(
+            "  restart               after {} requests; reopen {:.2} s; first tier hit {} after it; hit rate before {:.1}% of {} tokens, after {:.1}% of {} tokens\n",
+            x.after_requests,
+            x.reopen_s,
+            x.first_tier_hit_after_s
+                .map_or("never".to_string(), |s| format!("{s:.2} s")),
+            pct(x.before_hit_rate),
+            x.before_prompt_tokens,
+            pct(x.after_hit_rate),
+            x.after_prompt_tokens
+        );
+    }
+    o += &format!("  the offline model     {}\n", m.assumes);
+    if !r.inputs.sim.sync_steps {
+        o += "  (to compare runs, use --sync-steps: the same seed gives the same counts)\n";
+    }
+    o
+}
+
 /// `GB/s` of a tier's run average, with its ratio to the disk probe's figure when there is
 /// one (a tier's average over the whole run against what the disk does flat out).
 fn rate_vs_disk(gb_per_s: f64, disk_gb_per_s: Option<f64>) -> String {
@@ -487,7 +793,7 @@ fn rate_vs_disk(gb_per_s: f64, disk_gb_per_s: Option<f64>) -> String {
 fn render_tier(t: &TierReport, disk: Option<&DiskProbe>) -> String {
     let mut o = String::new();
     o += &format!(
-        "  tier {:<16} {} blocks promoted, read {:.2} GiB ({}), wrote {:.2} GiB ({}), load job p50 {:.1} ms p99 {:.1} ms\n",
+        "  tier {:<16} {} blocks promoted, read {:.2} GiB ({}), wrote {:.2} GiB ({}), a load job (its blocks for one request) p50 {:.1} ms p99 {:.1} ms\n",
         t.name,
         t.blocks_loaded,
         gib(t.bytes_read),
@@ -583,6 +889,8 @@ mod tests {
             block_bytes: 1 << 21,
             write_gb_per_s: 1.6,
             read_gb_per_s: 1.2,
+            write_threads: 8,
+            read_threads: 8,
         });
         let text = render(&r);
         assert!(

@@ -26,6 +26,41 @@ pub(super) struct Setup {
     scratch: Option<TempDir>,
     /// The disk under the fs tier, measured before the run.
     pub(super) disk: Option<DiskProbe>,
+    /// The fs tier's directory.
+    root: PathBuf,
+    /// The run's config, with the embedded S3 server's endpoint filled in.
+    cfg: SimConfig,
+    /// The S3 server of `--s3-embedded` (dropped last: after the manager that uses it).
+    _s3: Option<EmbeddedS3>,
+}
+
+/// An S3 server in this process, on a runtime of its own, its objects in a temp dir.
+struct EmbeddedS3 {
+    server: Option<kv_tier_testkit::s3::S3Server>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl EmbeddedS3 {
+    fn start() -> Result<Self, BoxError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("serve-sim-s3")
+            .enable_all()
+            .build()?;
+        let server = runtime.block_on(kv_tier_testkit::s3::S3Server::start());
+        Ok(EmbeddedS3 {
+            server: Some(server),
+            runtime,
+        })
+    }
+}
+
+impl Drop for EmbeddedS3 {
+    fn drop(&mut self) {
+        // the server's task is aborted inside its runtime
+        let _g = self.runtime.enter();
+        drop(self.server.take());
+    }
 }
 
 impl Setup {
@@ -34,12 +69,37 @@ impl Setup {
         if cfg.streams == 0 || cfg.turns == 0 || cfg.tokens_per_block == 0 {
             return Err("--streams, --turns and --tokens-per-block must be positive".into());
         }
+        let mut cfg = cfg.clone();
+        let s3 = if cfg.s3_embedded {
+            let s = EmbeddedS3::start()?;
+            let server = s.server.as_ref().expect("started");
+            cfg.s3_endpoint = Some(server.endpoint.clone());
+            cfg.s3_bucket = kv_tier_testkit::s3::BUCKET.into();
+            cfg.s3_access_key = kv_tier_testkit::s3::AK.into();
+            cfg.s3_secret_key = kv_tier_testkit::s3::SK.into();
+            if cfg.progress {
+                eprintln!(
+                    "serve_sim: an S3 server in this process at {}",
+                    server.endpoint
+                );
+            }
+            Some(s)
+        } else {
+            None
+        };
+        let cfg = &cfg;
         let (root, scratch) = root_dir(cfg)?;
         let manager = Arc::new(build_manager(cfg, &root)?);
         let fs = first_fs_tier(&manager);
-        let disk = fs
-            .as_ref()
-            .and_then(|t| probe_disk(&t.config().root_dir, cfg.block_bytes()));
+        let disk = fs.as_ref().and_then(|t| {
+            let c = t.config();
+            probe_disk(
+                &c.root_dir,
+                cfg.block_bytes(),
+                c.n_write_threads.max(1),
+                c.n_read_threads.max(1),
+            )
+        });
         let endpoint = match cfg.metrics_addr {
             Some(addr) => {
                 let e = manager
@@ -56,7 +116,22 @@ impl Setup {
             fs,
             scratch,
             disk,
+            root,
+            cfg: cfg.clone(),
+            _s3: s3,
         })
+    }
+
+    /// Shuts the manager down and builds a new one over the same root (a restart of the
+    /// engine): returns how long that took. The metrics endpoint is not served again.
+    pub(super) fn restart(&mut self) -> Result<std::time::Duration, BoxError> {
+        let t = std::time::Instant::now();
+        self.endpoint = None;
+        self.manager.runtime().block_on(self.manager.shutdown())?;
+        self.fs = None;
+        self.manager = Arc::new(build_manager(&self.cfg, &self.root)?);
+        self.fs = first_fs_tier(&self.manager);
+        Ok(t.elapsed())
     }
 
     /// Shuts the manager down, then removes the scratch directory if there is one.
@@ -67,6 +142,9 @@ impl Setup {
             fs,
             scratch,
             disk: _,
+            root: _,
+            cfg: _,
+            _s3,
         } = self;
         drop(endpoint);
         manager.runtime().block_on(manager.shutdown())?;
@@ -93,10 +171,14 @@ pub struct DiskProbe {
     pub bytes: u64,
     /// In blocks of this many bytes.
     pub block_bytes: u64,
-    /// Write throughput, GB/s (O_DIRECT, one thread).
+    /// Write throughput, GB/s (O_DIRECT, `write_threads` at once).
     pub write_gb_per_s: f64,
-    /// Read throughput, GB/s (O_DIRECT, one thread).
+    /// Read throughput, GB/s (O_DIRECT, `read_threads` at once).
     pub read_gb_per_s: f64,
+    /// Threads writing at once: the fs tier's `n_write_threads`.
+    pub write_threads: usize,
+    /// Threads reading at once: the fs tier's `n_read_threads`.
+    pub read_threads: usize,
 }
 
 /// The effective tier config of the run (secrets masked).
@@ -110,8 +192,10 @@ pub(super) fn effective_tiers(manager: &TieringManager) -> serde_json::Value {
 }
 
 /// Writes then reads 256 MiB with O_DIRECT in `dir`, in blocks of the run's block size (at
-/// least 1 MiB), on one thread; `None` where the filesystem refuses O_DIRECT.
-fn probe_disk(dir: &Path, block_bytes: usize) -> Option<DiskProbe> {
+/// least 1 MiB), at the fs tier's own concurrency (`writers` threads, then `readers`, each on
+/// its share of the blocks): what the disk does under the tier; `None` where the filesystem
+/// refuses O_DIRECT.
+fn probe_disk(dir: &Path, block_bytes: usize, writers: usize, readers: usize) -> Option<DiskProbe> {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     const TOTAL: usize = 256 << 20;
     let block = block_bytes.max(1 << 20).next_multiple_of(4096).min(TOTAL);
@@ -120,35 +204,55 @@ fn probe_disk(dir: &Path, block_bytes: usize) -> Option<DiskProbe> {
     // old) never stands in the way
     let path = dir.join(format!(".kv-tier-disk-probe-{}.tmp", std::process::id()));
     remove_stale_probes(dir);
-    let mut buf = kv_tier::AlignedBuf::zeroed(block);
-    buf.as_mut_slice()
-        .iter_mut()
-        .enumerate()
-        .for_each(|(i, b)| *b = (i * 31 % 251) as u8);
-    let mut run = || -> std::io::Result<DiskProbe> {
+    // the blocks `i` of thread `t` of `threads`: every `threads`-th from `t`
+    let pass = |f: &std::fs::File, threads: usize, write: bool| -> std::io::Result<f64> {
+        let t0 = std::time::Instant::now();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads.min(n))
+                .map(|t| {
+                    s.spawn(move || -> std::io::Result<()> {
+                        let mut buf = kv_tier::AlignedBuf::zeroed(block);
+                        buf.as_mut_slice()
+                            .iter_mut()
+                            .enumerate()
+                            .for_each(|(i, b)| *b = (i * 31 % 251) as u8);
+                        for i in (t..n).step_by(threads) {
+                            let at = (i * block) as u64;
+                            if write {
+                                f.write_all_at(buf.as_slice(), at)?;
+                            } else {
+                                f.read_exact_at(buf.as_mut_slice(), at)?;
+                            }
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        })?;
+        if write {
+            f.sync_all()?;
+        }
+        Ok(t0.elapsed().as_secs_f64())
+    };
+    let run = || -> std::io::Result<DiskProbe> {
         let f = std::fs::OpenOptions::new()
             .create_new(true)
             .read(true)
             .write(true)
             .custom_flags(libc::O_DIRECT)
             .open(&path)?;
-        let t = std::time::Instant::now();
-        for i in 0..n {
-            f.write_all_at(buf.as_slice(), (i * block) as u64)?;
-        }
-        f.sync_all()?;
-        let write = t.elapsed().as_secs_f64();
-        let t = std::time::Instant::now();
-        for i in 0..n {
-            f.read_exact_at(buf.as_mut_slice(), (i * block) as u64)?;
-        }
-        let read = t.elapsed().as_secs_f64();
+        let write = pass(&f, writers, true)?;
+        let read = pass(&f, readers, false)?;
         let bytes = (n * block) as f64;
         Ok(DiskProbe {
             bytes: (n * block) as u64,
             block_bytes: block as u64,
             write_gb_per_s: bytes / write / 1e9,
             read_gb_per_s: bytes / read / 1e9,
+            write_threads: writers.min(n),
+            read_threads: readers.min(n),
         })
     };
     let probe = run();

@@ -1,19 +1,19 @@
 //! The engine: a scheduler over a simulated GPU prefix cache, one step at a time, counting
 //! what it does in a [`Tally`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kv_tier::fs::FsTier;
-use kv_tier::{BlockKey, LookupResult, RequestContext, TieringManager, count_prefix};
+use kv_tier::{BlockKey, LookupResult, MissCause, RequestContext, TieringManager, count_prefix};
 use kv_tier_testkit::{Turn, Workload, fill_block, verify_block};
 
 use super::SimConfig;
+use super::attribution::{Attribution, Ledger, Lost};
+use super::offline::TraceRecord;
 
 type BoxError = Box<dyn std::error::Error>;
-
-/// Steps a request waits for its promotions at most before it takes what is there.
-const MAX_WAIT_STEPS: u32 = 200;
 
 /// Blocks per `prepare_store` call.
 const STORE_CHUNK: usize = 64;
@@ -38,12 +38,48 @@ pub(super) struct Tally {
     pub(super) removal_events: u64,
     /// With `sync_steps`: the largest fs size right after a step's sweep.
     pub(super) max_bytes_after_step_sweep: Option<u64>,
+    /// Every prompt token in its bucket (see `attribution`).
+    pub(super) attribution: Attribution,
+    /// Per request that waited at least one step: from its first lookup to its blocks.
+    pub(super) waits: Vec<Duration>,
+    /// Per request: the modelled time to first token (its wait plus the recompute of its
+    /// missed tokens at the prefill rate).
+    pub(super) ttft: Vec<Duration>,
+    /// Requests that waited longer than recomputing the tokens they waited for would take.
+    pub(super) waited_longer: u64,
+    /// The tier tokens of those requests.
+    pub(super) waited_longer_tokens: u64,
+    /// Blocks promoted for a request that it did not use (past its served prefix).
+    pub(super) promotions_unused: u64,
+    /// The requests in the order they were served (and the restart), as block ids.
+    pub(super) trace: Vec<TraceRecord>,
+    /// Block ids of the trace.
+    ids: HashMap<BlockKey, u64>,
+    /// Distinct blocks of the run (prompts and outputs).
+    pub(super) working_set_blocks: u64,
+    /// Prompt and hit tokens up to the restart.
+    pub(super) before_restart: Option<(u64, u64)>,
+    /// From the reopen to the first token served from a tier, once there was one.
+    pub(super) first_tier_hit_after_restart: Option<Duration>,
+    /// How long the shutdown and reopen took.
+    pub(super) reopen: Option<Duration>,
 }
 
 impl Tally {
     /// A block came back with wrong bytes.
     pub(super) fn corrupt(&self) -> bool {
         !self.corrupt_keys.is_empty()
+    }
+
+    /// Prompt tokens not recomputed.
+    pub(super) fn hit_tokens(&self) -> u64 {
+        self.prompt_tokens - self.tokens_recomputed
+    }
+
+    /// The id of `k` in the trace.
+    fn id(&mut self, k: &BlockKey) -> u64 {
+        let n = self.ids.len() as u64;
+        *self.ids.entry(*k).or_insert(n)
     }
 
     /// The fraction of prompt tokens not recomputed.
@@ -116,18 +152,26 @@ struct Active {
     turn: Turn,
     ctx: RequestContext,
     phase: Phase,
-    /// Keys answered `HitPending` for this request: a promotion brought them up from a
-    /// secondary tier. The other hits were already in DRAM.
-    promoted: HashSet<BlockKey>,
+    /// Keys answered `HitPending` for this request while a promotion brought them up from a
+    /// secondary tier, with that tier. The other hits were already in DRAM.
+    promoted: HashMap<BlockKey, String>,
+    /// Its first lookup.
+    first_ask: Instant,
 }
 
 /// The engine: admits turns up to the batch size and takes each through lookup (waiting for
 /// its promotions), load and verify, store, and finish, a step at a time.
 pub(super) struct Engine<'a> {
     cfg: &'a SimConfig,
-    manager: &'a TieringManager,
+    manager: Arc<TieringManager>,
     /// The fs tier whose GC runs at the end of each step with `sync_steps`.
-    fs: Option<&'a FsTier>,
+    fs: Option<Arc<FsTier>>,
+    /// Every block's history, for the attribution.
+    ledger: Ledger,
+    /// No new turns for now (a restart is due once the running ones end).
+    paused: bool,
+    /// When the manager was reopened.
+    reopened_at: Option<Instant>,
     workload: Workload,
     gpu: GpuCache,
     active: Vec<Active>,
@@ -140,18 +184,22 @@ pub(super) struct Engine<'a> {
 impl<'a> Engine<'a> {
     pub(super) fn new(
         cfg: &'a SimConfig,
-        manager: &'a TieringManager,
-        fs: Option<&'a FsTier>,
+        manager: Arc<TieringManager>,
+        fs: Option<Arc<FsTier>>,
         workload: Workload,
     ) -> Self {
         let tally = Tally {
             requests_planned: workload.total_turns() as u64,
             ..Tally::default()
         };
+        let ledger = Ledger::new(manager.tier_names().to_vec());
         Self {
             cfg,
             manager,
             fs,
+            ledger,
+            paused: false,
+            reopened_at: None,
             workload,
             gpu: GpuCache::new(cfg.gpu_cache_blocks),
             active: Vec::new(),
@@ -164,6 +212,37 @@ impl<'a> Engine<'a> {
     /// Nothing left to admit and nothing running.
     pub(super) fn done(&self) -> bool {
         self.active.is_empty() && self.exhausted
+    }
+
+    /// Admits no new turn until [`Engine::restarted`]; true once nothing runs.
+    pub(super) fn pause(&mut self) -> bool {
+        self.paused = true;
+        self.active.is_empty()
+    }
+
+    /// The manager was shut down (its last events taken) and reopened on the same root:
+    /// DRAM and the GPU cache are empty, the tiers keep what they hold.
+    pub(super) fn restarted(
+        &mut self,
+        manager: Arc<TieringManager>,
+        fs: Option<Arc<FsTier>>,
+        took: Duration,
+    ) {
+        let t = &mut self.tally;
+        t.before_restart = Some((t.prompt_tokens, t.hit_tokens()));
+        t.reopen = Some(took);
+        t.trace.push(TraceRecord::Restart);
+        self.ledger.restarted();
+        self.manager = manager;
+        self.fs = fs;
+        self.gpu = GpuCache::new(self.cfg.gpu_cache_blocks);
+        self.paused = false;
+        self.reopened_at = Some(Instant::now());
+    }
+
+    /// Takes the events left (before a shutdown).
+    pub(super) fn flush_events(&mut self) {
+        self.take_events();
     }
 
     /// Time since the engine started.
@@ -228,7 +307,7 @@ impl<'a> Engine<'a> {
     /// Admits new turns up to the batch size, until the workload or the admission window
     /// ends.
     fn admit(&mut self) {
-        while self.active.len() < self.cfg.max_batch && !self.exhausted {
+        while self.active.len() < self.cfg.max_batch && !self.exhausted && !self.paused {
             if self.started.elapsed() >= self.cfg.duration {
                 self.exhausted = true;
                 break;
@@ -238,7 +317,8 @@ impl<'a> Engine<'a> {
                     ctx: RequestContext::new(turn.request),
                     turn,
                     phase: Phase::Lookup { waited: 0 },
-                    promoted: HashSet::new(),
+                    promoted: HashMap::new(),
+                    first_ask: Instant::now(),
                 }),
                 None => self.exhausted = true,
             }
@@ -253,17 +333,29 @@ impl<'a> Engine<'a> {
         let g = keys.iter().take_while(|k| self.gpu.contains(k)).count();
         let verdicts = self.manager.lookup_many(&keys[g..], &a.ctx);
         for (k, v) in keys[g..].iter().zip(&verdicts) {
-            if *v == LookupResult::HitPending {
-                a.promoted.insert(*k);
+            if *v == LookupResult::HitPending
+                && let Some(tier) = self.manager.promotion_tier(k)
+            {
+                a.promoted.insert(*k, tier.to_string());
             }
         }
-        let c = count_prefix(verdicts);
+        let c = count_prefix(verdicts.iter().copied());
         let settled = !c.retry && c.present == c.hit;
-        if !settled && waited < MAX_WAIT_STEPS {
+        if !settled && waited < self.cfg.max_wait_steps {
             a.phase = Phase::Lookup { waited: waited + 1 };
             return Ok(0);
         }
         let h = c.hit;
+        // why the first block past the hits is not one: the manager's miss, or the give-up
+        let first = match verdicts.get(h) {
+            None => None,
+            Some(LookupResult::Miss) => Some(Lost::Manager(
+                self.manager
+                    .last_miss(a.ctx.id)
+                    .unwrap_or(MissCause::NotFound),
+            )),
+            Some(_) => Some(Lost::GaveUp),
+        };
         // the engine copies the hit blocks DRAM -> GPU: verify every byte
         self.load_and_verify(&keys[g..g + h])?;
         self.manager.touch(&keys[..g + h]);
@@ -271,6 +363,7 @@ impl<'a> Engine<'a> {
             self.gpu.insert(*k);
         }
         let recomputed = self.count_tokens(a, g, h);
+        self.attribute(a, g, h, first, waited, recomputed);
         // prefill computes the rest; offload it with the output
         let mut new: Vec<BlockKey> = keys[g + h..].to_vec();
         new.extend(&a.turn.output);
@@ -300,7 +393,7 @@ impl<'a> Engine<'a> {
         let total = a.turn.keys.len() as u64 * bpb;
         let promoted = a.turn.keys[g..g + h]
             .iter()
-            .filter(|k| a.promoted.contains(k))
+            .filter(|k| a.promoted.contains_key(k))
             .count() as u64;
         let recomputed = total - (g + h) as u64 * bpb;
         let t = &mut self.tally;
@@ -312,6 +405,74 @@ impl<'a> Engine<'a> {
         recomputed
     }
 
+    /// Puts a served request's prompt tokens in their buckets (`first`: why the first block
+    /// past its `g + h` served ones is not served), and counts its wait, its modelled time
+    /// to first token, its unused promotions and its trace record.
+    fn attribute(
+        &mut self,
+        a: &Active,
+        g: usize,
+        h: usize,
+        first: Option<Lost>,
+        waited: u32,
+        recomputed: u64,
+    ) {
+        // the ledger as of now: this step's DRAM evictions and the tiers' removals included
+        self.take_events();
+        let bpb = self.cfg.tokens_per_block as u64;
+        let keys = &a.turn.keys;
+        let gave_up = matches!(first, Some(Lost::GaveUp));
+        let lost = self.ledger.classify(&keys[g + h..], first, gave_up);
+        let t = &mut self.tally;
+        let mut add = |label: String, n: u64| *t.attribution.entry(label).or_insert(0) += n;
+        add("served/gpu".into(), g as u64 * bpb);
+        let mut tier_tokens = 0;
+        for k in &keys[g..g + h] {
+            match a.promoted.get(k) {
+                Some(tier) => {
+                    add(format!("served/{tier}"), bpb);
+                    tier_tokens += bpb;
+                }
+                None => add("served/dram".into(), bpb),
+            }
+        }
+        for l in lost {
+            add(l.label(), bpb);
+        }
+        t.attribution.retain(|_, n| *n > 0);
+        // the request's wait, against the recompute of the tokens it waited for
+        let wait = if waited > 0 {
+            a.first_ask.elapsed()
+        } else {
+            Duration::ZERO
+        };
+        let rate = self.cfg.prefill_tokens_per_s;
+        if waited > 0 {
+            t.waits.push(wait);
+        }
+        if rate > 0.0 {
+            t.ttft
+                .push(wait + Duration::from_secs_f64(recomputed as f64 / rate));
+            if waited > 0 && wait.as_secs_f64() > tier_tokens as f64 / rate {
+                t.waited_longer += 1;
+                t.waited_longer_tokens += tier_tokens;
+            }
+        }
+        let served = &keys[g..g + h];
+        t.promotions_unused += a.promoted.keys().filter(|k| !served.contains(k)).count() as u64;
+        if tier_tokens > 0
+            && t.first_tier_hit_after_restart.is_none()
+            && let Some(at) = self.reopened_at
+        {
+            t.first_tier_hit_after_restart = Some(at.elapsed());
+        }
+        let before = t.ids.len();
+        let prompt = keys.iter().map(|k| t.id(k)).collect();
+        let output = a.turn.output.iter().map(|k| t.id(k)).collect();
+        t.working_set_blocks += (t.ids.len() - before) as u64;
+        t.trace.push(TraceRecord::Request { prompt, output });
+    }
+
     /// Offloads computed blocks to kv-tier and puts them in the GPU cache.
     fn store(&mut self, new: &[BlockKey], ctx: &RequestContext) {
         for chunk in new.chunks(STORE_CHUNK) {
@@ -320,7 +481,9 @@ impl<'a> Engine<'a> {
                     for (k, sink) in p.slots() {
                         fill_block(k, 0, sink.as_mut_slice());
                     }
-                    p.commit(ctx.id);
+                    let receipt = p.commit(ctx.id);
+                    self.ledger.offered(chunk);
+                    self.ledger.receipt(&receipt);
                     if self.cfg.sync_steps {
                         // the cascade lands before any probe of this step is sent
                         self.manager.runtime().block_on(self.manager.wait_jobs());
@@ -329,9 +492,13 @@ impl<'a> Engine<'a> {
                 // DRAM full of pinned blocks, or write-back at its limit: these are not
                 // offloaded (recomputed next time), as an engine would do.
                 Err(kv_tier::Error::WriteBackFull { .. }) => {
-                    self.tally.stores_refused_write_back += 1
+                    self.tally.stores_refused_write_back += 1;
+                    self.ledger.refused(chunk, "write_back_full");
                 }
-                Err(_) => self.tally.stores_refused += 1,
+                Err(_) => {
+                    self.tally.stores_refused += 1;
+                    self.ledger.refused(chunk, "pinned");
+                }
             }
             for k in chunk {
                 self.gpu.insert(*k);
@@ -343,7 +510,7 @@ impl<'a> Engine<'a> {
     /// (stamps, then a sweep) and notes the size it left.
     fn settle(&mut self) -> Result<(), BoxError> {
         self.manager.runtime().block_on(self.manager.wait_idle());
-        if let Some(fs) = self.fs
+        if let Some(fs) = &self.fs
             && let Some(before) = fs.stats().gc
         {
             fs.gc_apply_stamps_now()?;
@@ -360,6 +527,7 @@ impl<'a> Engine<'a> {
     /// Counts the events emitted since the last call.
     fn take_events(&mut self) {
         for e in self.manager.take_events() {
+            self.ledger.event(&e);
             self.tally.events += 1;
             if e.removed {
                 self.tally.removal_events += 1;

@@ -6,6 +6,8 @@
 //!
 //! - `report`: the report's figures agree with each other, a seed's run is deterministic, the
 //!   ideal hit rate, progress on stderr, the README's default run;
+//! - `attribution`: every prompt token in one bucket (fs, obj, tiny caps, admission, a
+//!   restart), the same for a seed, the trace replayed offline;
 //! - `fs_tier`: the fs tier within its cap after each sweep, admission after lookups;
 //! - `json_output`: `--json`: what it records, that it agrees with the text, paths refused;
 //! - `flags`: presets, `--help`'s defaults, bad and conflicting flags, `--config` files;
@@ -17,6 +19,7 @@
 //! - `instances`: `--instances`: several processes on one shared root under one cap;
 //! - `support`: this binary's helpers.
 
+mod attribution;
 mod flags;
 mod fs_tier;
 mod instances;

@@ -62,6 +62,12 @@ pub(crate) fn small(seed: u64) -> SimConfig {
         progress: false,
         metrics_addr: None,
         fs_instance_id: None,
+        workload: "custom".into(),
+        max_wait_steps: kv_tier_examples::sim::DEFAULT_MAX_WAIT_STEPS,
+        restart_at: None,
+        restart_after: None,
+        trace: None,
+        s3_embedded: false,
     }
 }
 
@@ -110,6 +116,55 @@ pub(crate) fn check_consistent(r: &Report) {
     );
     let hit_tokens = r.tokens_from_gpu_cache + r.tokens_from_dram + r.tokens_from_secondary;
     assert!((r.hit_rate - hit_tokens as f64 / r.prompt_tokens as f64).abs() < 1e-9);
+    check_attribution(r);
+}
+
+/// Asserts that every prompt token is in exactly one bucket of the attribution: the buckets
+/// sum to the prompt tokens, and the served ones are the report's GPU, DRAM and tier tokens.
+pub(crate) fn check_attribution(r: &Report) {
+    let a = &r.attribution;
+    let sum: u64 = a.values().sum();
+    assert_eq!(
+        sum, r.prompt_tokens,
+        "the buckets sum to the prompt tokens: {a:?}"
+    );
+    let get = |k: &str| a.get(k).copied().unwrap_or(0);
+    assert_eq!(get("served/gpu"), r.tokens_from_gpu_cache, "{a:?}");
+    assert_eq!(get("served/dram"), r.tokens_from_dram, "{a:?}");
+    let from_tiers: u64 = r
+        .tiers
+        .iter()
+        .map(|t| get(&format!("served/{}", t.name)))
+        .sum();
+    assert_eq!(from_tiers, r.tokens_from_secondary, "{a:?}");
+    let lost: u64 = a
+        .iter()
+        .filter(|(k, _)| k.starts_with("lost/"))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(lost, r.tokens_recomputed, "{a:?}");
+    assert!(
+        a.keys()
+            .all(|k| k.starts_with("served/") || k.starts_with("lost/")),
+        "{a:?}"
+    );
+    let eps = 1e-9;
+    assert!(
+        r.offline.lru <= r.offline.unbounded + eps,
+        "{:?}",
+        r.offline
+    );
+    assert!(
+        r.offline.opt <= r.offline.unbounded + eps,
+        "{:?}",
+        r.offline
+    );
+    assert!(
+        r.hit_rate <= r.offline.unbounded + eps,
+        "{} > unbounded {:?}",
+        r.hit_rate,
+        r.offline
+    );
 }
 
 /// The lines of `help` that describe `flag`: its line and the lines after it up to the next

@@ -1,0 +1,342 @@
+//! Where every prompt token went: served (GPU cache, DRAM, a tier) or lost, and why. The
+//! engine keeps a [`Ledger`] of each block's history (what it stored, what each tier's
+//! events and the commits' receipts said, what DRAM refused), and asks it, for every block a
+//! request did not get, the reason; the manager says why the first missing block of a prefix
+//! missed ([`kv_tier::MissCause`]).
+
+use std::collections::{BTreeMap, HashMap};
+
+use kv_tier::{BlockKey, Medium, MissCause, NotWritten, StoreReceipt, TierEvent};
+
+/// Tokens per bucket. Keys are stable labels (`served/dram`, `lost/evicted/fs`, ...), the
+/// same in the text report and in `--json`; [`describe`] says what each means.
+pub type Attribution = BTreeMap<String, u64>;
+
+/// What a block's history says about it.
+#[derive(Debug, Default, Clone)]
+struct KeyLog {
+    /// The engine computed it and offered it to kv-tier.
+    stored: bool,
+    /// In DRAM, by DRAM's events.
+    in_dram: bool,
+    /// DRAM refused its store, and why (`pinned`, `write_back_full`).
+    dram_refused: Option<&'static str>,
+    /// Bit per secondary tier: holds it, by that tier's events.
+    held: u64,
+    /// Bit per secondary tier: removed it (since it last stored it).
+    removed: u64,
+    /// Per tier the commit left it out of, why (the latest).
+    left_out: Vec<(usize, NotWritten)>,
+    /// DRAM's copy went with a restart.
+    lost_at_restart: bool,
+}
+
+/// Every block's history over a run, kept from what the engine did and saw.
+#[derive(Debug, Default)]
+pub(super) struct Ledger {
+    /// Secondary tiers, in order.
+    tiers: Vec<String>,
+    keys: HashMap<BlockKey, KeyLog>,
+}
+
+/// Why a block a request did not get was not there, or could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Lost {
+    /// Never stored before this ask.
+    FirstUse,
+    /// Stored, then removed for capacity by this tier (`dram` with no tier below).
+    Evicted(String),
+    /// The commit did not send it to this tier (admission, write budget, write-back bound).
+    NotWritten(String, NotWritten),
+    /// DRAM refused its store (pinned, or write-back full).
+    DramRefused(&'static str),
+    /// Its write to this tier was in flight, or failed.
+    WriteInFlightOrFailed(String),
+    /// It was only in DRAM, and a restart took it.
+    AtRestart,
+    /// Present, but an earlier block of the prefix is not.
+    ChainBroken,
+    /// The request stopped waiting for it (`--max-wait-steps`).
+    GaveUp,
+    /// The manager's cause (a probe past its budget, a failed probe or load, no DRAM room).
+    Manager(MissCause),
+    /// The ledger says a tier holds it, and the manager found it nowhere.
+    Unexplained,
+}
+
+impl Lost {
+    /// Its bucket's label.
+    pub(super) fn label(&self) -> String {
+        match self {
+            Lost::FirstUse => "lost/first_use".into(),
+            Lost::Evicted(t) => format!("lost/evicted/{t}"),
+            Lost::NotWritten(t, w) => format!("lost/not_written/{t}/{}", not_written(*w)),
+            Lost::DramRefused(why) => format!("lost/dram_refused/{why}"),
+            Lost::WriteInFlightOrFailed(t) => format!("lost/write_in_flight_or_failed/{t}"),
+            Lost::AtRestart => "lost/lost_at_restart".into(),
+            Lost::ChainBroken => "lost/chain_broken".into(),
+            Lost::GaveUp => "lost/gave_up_waiting".into(),
+            Lost::Manager(c) => match c {
+                MissCause::ProbeOverBudget { tier } => format!("lost/probe_over_budget/{tier}"),
+                MissCause::ProbeFailed { tier } => format!("lost/probe_failed/{tier}"),
+                MissCause::LoadFailed { tier } => format!("lost/load_failed/{tier}"),
+                MissCause::NoDramRoom { tier } => format!("lost/no_dram_slot/{tier}"),
+                MissCause::ShutDown => "lost/shut_down".into(),
+                _ => "lost/unexplained".into(),
+            },
+            Lost::Unexplained => "lost/unexplained".into(),
+        }
+    }
+}
+
+fn not_written(w: NotWritten) -> &'static str {
+    match w {
+        NotWritten::NotAdmitted => "not_admitted",
+        NotWritten::OverWriteBudget => "over_write_budget",
+        NotWritten::WriteBackFull => "write_back_full",
+        _ => "other",
+    }
+}
+
+impl Ledger {
+    /// A ledger over the secondary tiers `tiers` (in lookup order).
+    pub(super) fn new(tiers: Vec<String>) -> Self {
+        Ledger {
+            tiers,
+            keys: HashMap::new(),
+        }
+    }
+
+    fn tier(&self, name: &str) -> Option<usize> {
+        self.tiers.iter().position(|t| t == name)
+    }
+
+    /// The engine offered `keys` to kv-tier (a commit, or a refused `prepare_store`).
+    pub(super) fn offered(&mut self, keys: &[BlockKey]) {
+        for k in keys {
+            self.keys.entry(*k).or_default().stored = true;
+        }
+    }
+
+    /// DRAM refused to store `keys`, for `why`.
+    pub(super) fn refused(&mut self, keys: &[BlockKey], why: &'static str) {
+        for k in keys {
+            let e = self.keys.entry(*k).or_default();
+            e.stored = true;
+            e.dram_refused = Some(why);
+        }
+    }
+
+    /// A commit's receipt: the blocks it left out, per tier.
+    pub(super) fn receipt(&mut self, r: &StoreReceipt) {
+        for (tier, k, why) in &r.left_out {
+            let Some(t) = self.tier(tier) else { continue };
+            let e = self.keys.entry(*k).or_default();
+            e.left_out.retain(|(i, _)| *i != t);
+            e.left_out.push((t, *why));
+        }
+    }
+
+    /// A tier's (or DRAM's) event.
+    pub(super) fn event(&mut self, ev: &TierEvent) {
+        if ev.medium == Medium::Cpu && self.tier(&ev.tier).is_none() {
+            for k in &ev.keys {
+                let e = self.keys.entry(*k).or_default();
+                e.in_dram = !ev.removed;
+                if !ev.removed {
+                    e.dram_refused = None;
+                    e.lost_at_restart = false;
+                }
+            }
+            return;
+        }
+        let Some(t) = self.tier(&ev.tier) else { return };
+        let bit = 1u64 << t.min(63);
+        for k in &ev.keys {
+            let e = self.keys.entry(*k).or_default();
+            if ev.removed {
+                e.held &= !bit;
+                e.removed |= bit;
+            } else {
+                e.held |= bit;
+                e.removed &= !bit;
+                e.left_out.retain(|(i, _)| *i != t);
+            }
+        }
+    }
+
+    /// The manager was shut down: DRAM's blocks are gone (the tiers keep theirs).
+    pub(super) fn restarted(&mut self) {
+        for e in self.keys.values_mut() {
+            if e.in_dram {
+                e.in_dram = false;
+                e.lost_at_restart = true;
+            }
+        }
+    }
+
+    /// Whether DRAM or a tier holds `key`, by the ledger.
+    pub(super) fn present(&self, key: &BlockKey) -> bool {
+        self.keys.get(key).is_some_and(|e| e.in_dram || e.held != 0)
+    }
+
+    /// Why `key`, which no tier holds by the ledger, is not there.
+    pub(super) fn absent_cause(&self, key: &BlockKey) -> Lost {
+        let Some(e) = self.keys.get(key).filter(|e| e.stored) else {
+            return Lost::FirstUse;
+        };
+        if let Some(why) = e.dram_refused {
+            return Lost::DramRefused(why);
+        }
+        // the deepest tier with a reason: the one that would have held it longest
+        for t in (0..self.tiers.len()).rev() {
+            let bit = 1u64 << t.min(63);
+            if e.removed & bit != 0 {
+                return Lost::Evicted(self.tiers[t].clone());
+            }
+            if let Some((_, why)) = e.left_out.iter().find(|(i, _)| *i == t) {
+                return Lost::NotWritten(self.tiers[t].clone(), *why);
+            }
+        }
+        if e.lost_at_restart {
+            return Lost::AtRestart;
+        }
+        match self.tiers.last() {
+            Some(t) => Lost::WriteInFlightOrFailed(t.clone()),
+            None => Lost::Evicted("dram".into()),
+        }
+    }
+
+    /// The buckets of the blocks a request did not get, `missed` (its prompt after the served
+    /// prefix, in order): the first is lost for `first` (the manager's cause, or the give-up),
+    /// each later one for its own absence, or for the broken chain if it is there.
+    pub(super) fn classify(
+        &self,
+        missed: &[BlockKey],
+        first: Option<Lost>,
+        gave_up: bool,
+    ) -> Vec<Lost> {
+        let mut out = Vec::with_capacity(missed.len());
+        for (i, k) in missed.iter().enumerate() {
+            let present = self.present(k);
+            let why = match (&first, i) {
+                (Some(Lost::Manager(MissCause::NotFound)), 0) | (None, 0) => {
+                    if present {
+                        Lost::Unexplained
+                    } else {
+                        self.absent_cause(k)
+                    }
+                }
+                (Some(f), 0) => f.clone(),
+                _ if present && gave_up => Lost::GaveUp,
+                _ if present => Lost::ChainBroken,
+                _ => self.absent_cause(k),
+            };
+            out.push(why);
+        }
+        out
+    }
+}
+
+/// What a bucket's label means, for the report.
+pub fn describe(label: &str) -> String {
+    let parts: Vec<&str> = label.split('/').collect();
+    match parts.as_slice() {
+        ["served", "gpu"] => "served from the GPU prefix cache".into(),
+        ["served", "dram"] => "served from DRAM".into(),
+        ["served", t] => format!("served from tier {t} (promoted while the request waited)"),
+        ["lost", "first_use"] => "first use: never stored before".into(),
+        ["lost", "evicted", t] => format!("evicted for capacity by {t} before this ask"),
+        ["lost", "not_written", t, why] => {
+            format!("write to {t} dropped: {}", why.replace('_', " "))
+        }
+        ["lost", "dram_refused", why] => {
+            format!("DRAM refused the store ({})", why.replace('_', " "))
+        }
+        ["lost", "write_in_flight_or_failed", t] => {
+            format!("its write to {t} was in flight or failed")
+        }
+        ["lost", "lost_at_restart"] => "only in DRAM, lost at the restart".into(),
+        ["lost", "chain_broken"] => "chain broken: present, an earlier block is not".into(),
+        ["lost", "gave_up_waiting"] => "the request gave up waiting (--max-wait-steps)".into(),
+        ["lost", "probe_over_budget", t] => format!("{t}'s probe past its budget or deadline"),
+        ["lost", "probe_failed", t] => format!("{t}'s probe failed"),
+        ["lost", "load_failed", t] => format!("the load from {t} failed"),
+        ["lost", "no_dram_slot", t] => format!("in {t}, but no DRAM slot to promote into"),
+        ["lost", "shut_down"] => "the manager was shut down".into(),
+        ["lost", "unexplained"] => {
+            "unexplained: a tier holds it by its events, the manager found it nowhere".into()
+        }
+        _ => label.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kv_tier::Locality;
+    use kv_tier_testkit::test_key;
+
+    fn ev(tier: &str, medium: Medium, k: BlockKey, removed: bool) -> TierEvent {
+        let mut e = TierEvent::stored(tier, vec![k], medium, Locality::Local);
+        e.removed = removed;
+        e
+    }
+
+    /// Each history ends in its bucket: never stored, evicted by the deepest tier that held
+    /// it, left out by a receipt, refused by DRAM, lost at a restart, a chain broken after a
+    /// missing block, a present block the manager missed.
+    #[test]
+    fn a_blocks_history_names_its_bucket() {
+        let mut l = Ledger::new(vec!["fs".into(), "obj".into()]);
+        let [a, b, c, d, e] = [1, 2, 3, 4, 5].map(test_key);
+        assert_eq!(l.absent_cause(&a), Lost::FirstUse);
+        l.offered(&[a, b, c]);
+        l.event(&ev("cpu", Medium::Cpu, a, false));
+        l.event(&ev("fs", Medium::Storage, a, false));
+        l.event(&ev("obj", Medium::Storage, a, false));
+        l.event(&ev("cpu", Medium::Cpu, a, true));
+        l.event(&ev("fs", Medium::Storage, a, true));
+        assert!(l.present(&a), "obj still has it");
+        l.event(&ev("obj", Medium::Storage, a, true));
+        assert_eq!(l.absent_cause(&a), Lost::Evicted("obj".into()));
+        l.receipt(&StoreReceipt {
+            left_out: vec![("obj".into(), b, NotWritten::WriteBackFull)],
+        });
+        l.event(&ev("fs", Medium::Storage, b, true));
+        assert_eq!(
+            l.absent_cause(&b),
+            Lost::NotWritten("obj".into(), NotWritten::WriteBackFull)
+        );
+        assert_eq!(
+            l.absent_cause(&c),
+            Lost::WriteInFlightOrFailed("obj".into())
+        );
+        l.refused(&[d], "pinned");
+        assert_eq!(l.absent_cause(&d), Lost::DramRefused("pinned"));
+        l.offered(&[e]);
+        l.event(&ev("cpu", Medium::Cpu, e, false));
+        l.restarted();
+        let mut only_dram = Ledger::new(Vec::new());
+        only_dram.offered(&[e]);
+        only_dram.event(&ev("cpu", Medium::Cpu, e, false));
+        only_dram.restarted();
+        assert_eq!(only_dram.absent_cause(&e), Lost::AtRestart);
+        // a prefix [c(missing), f(present in fs)]: the second is a broken chain
+        let f = test_key(6);
+        l.offered(&[f]);
+        l.event(&ev("fs", Medium::Storage, f, false));
+        let got = l.classify(&[c, f], Some(Lost::Manager(MissCause::NotFound)), false);
+        assert_eq!(
+            got,
+            vec![Lost::WriteInFlightOrFailed("obj".into()), Lost::ChainBroken]
+        );
+        let got = l.classify(&[f], Some(Lost::Manager(MissCause::NotFound)), false);
+        assert_eq!(got, vec![Lost::Unexplained]);
+        let got = l.classify(&[f, f], Some(Lost::GaveUp), true);
+        assert_eq!(got, vec![Lost::GaveUp, Lost::GaveUp]);
+        for lost in [Lost::FirstUse, Lost::ChainBroken, Lost::GaveUp] {
+            assert_ne!(describe(&lost.label()), lost.label(), "described");
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Where every prompt token went: the attribution's buckets sum to the prompt tokens in every
+//! hierarchy (fs only, fs + obj, tiny caps, admission on, a restart), name the causes they
+//! stand for, are the same for the same seed, and the run's trace replays offline from the
+//! command line to the figures the report printed.
+
+use std::process::Command;
+
+use kv_tier_examples::sim::{Report, run};
+
+use crate::support::*;
+
+/// The tokens of buckets whose label starts with `prefix`.
+fn tokens(r: &Report, prefix: &str) -> u64 {
+    r.attribution
+        .iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// A bounded fs tier below 1 MiB of DRAM: the buckets sum, DRAM and fs both serve, and what
+/// the fs GC swept shows as evicted by fs.
+#[test]
+fn with_an_fs_tier_every_token_is_in_one_bucket() {
+    let mut cfg = small(3);
+    cfg.turns = 4;
+    let block = cfg.block_bytes() as f64;
+    cfg.fs_cap_gb = Some(300.0 * block / (1u64 << 30) as f64);
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    assert!(tokens(&r, "served/fs") > 0, "{:?}", r.attribution);
+    assert!(tokens(&r, "lost/first_use") > 0, "{:?}", r.attribution);
+    assert_eq!(r.model.dram_blocks, 128);
+    assert!(r.model.fs_blocks.is_some_and(|b| (299..=300).contains(&b)));
+    assert!(r.model.working_set_blocks > 0);
+    let text = kv_tier_examples::sim::render(&r);
+    for want in [
+        "where the prompt tokens went",
+        "the same trace offline LRU",
+        "first use: never stored before",
+        "per request",
+        "--max-wait-steps",
+        "the offline model",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from\n{text}");
+    }
+}
+
+/// Tiny caps (96 blocks of DRAM, 150 of fs, for a working set of about 380): evictions are
+/// named, and the offline model runs at the fs tier's capacity.
+#[test]
+fn with_tiny_caps_evictions_are_named_by_tier() {
+    let mut cfg = small(5);
+    cfg.turns = 4;
+    cfg.dram_bytes = 96 * cfg.block_bytes() as u64;
+    let block = cfg.block_bytes() as f64;
+    cfg.fs_cap_gb = Some(150.0 * block / (1u64 << 30) as f64);
+    let r = run(&cfg).unwrap();
+    // stores may fail here (everything left in the tiny tier protected): they are named too
+    check_attribution(&r);
+    if r.tiers[0].store_failures > 0 {
+        assert!(
+            tokens(&r, "lost/write_in_flight_or_failed/fs") > 0
+                || tokens(&r, "lost/evicted/fs") > 0
+        );
+    }
+    assert!(
+        tokens(&r, "lost/evicted/fs") + tokens(&r, "lost/chain_broken") > 0,
+        "{:?}",
+        r.attribution
+    );
+    assert!(r.model.model_blocks == Some(150), "{:?}", r.model);
+    assert!(r.offline.unbounded > r.offline.lru, "{:?}", r.offline);
+}
+
+/// The fs tier's admission rule keeps blocks out: a block it did not admit and DRAM lost is
+/// in the `not_admitted` bucket of fs.
+#[test]
+fn blocks_admission_kept_out_are_named_so() {
+    let mut cfg = small(21);
+    cfg.fs_admit_after_lookups = 2;
+    cfg.turns = 4;
+    cfg.dram_bytes = 96 * cfg.block_bytes() as u64;
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    assert!(r.tiers[0].not_admitted > 0);
+    assert!(
+        tokens(&r, "lost/not_written/fs/not_admitted") > 0,
+        "{:?}",
+        r.attribution
+    );
+}
+
+/// An obj tier (an S3 server in this process, `--s3-embedded`) below a small fs tier: the
+/// buckets sum over both tiers, and obj serves some of them.
+#[test]
+fn with_an_obj_tier_below_fs_every_token_is_in_one_bucket() {
+    let mut cfg = small(11);
+    cfg.turns = 4;
+    let block = cfg.block_bytes() as f64;
+    cfg.fs_cap_gb = Some(150.0 * block / (1u64 << 30) as f64);
+    cfg.s3_embedded = true;
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    let names: Vec<&str> = r.tiers.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["fs", "obj"]);
+    assert!(r.model.unbounded_below, "obj has no cap");
+    assert!(tokens(&r, "served/obj") > 0, "{:?}", r.attribution);
+}
+
+/// `restart_after`: the manager is shut down and reopened on the same root midway; the
+/// report has hits before and after, their tokens sum to the run's, the tiers served after
+/// the reopen, and what only DRAM held is named as lost at the restart.
+#[test]
+fn a_restart_splits_the_run_and_every_token_is_still_in_one_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small(7);
+    cfg.turns = 6;
+    cfg.root_dir = Some(dir.path().to_path_buf());
+    cfg.restart_after = Some(12);
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    let x = r.restart.as_ref().expect("the run restarted");
+    assert!(x.after_requests >= 12, "{x:?}");
+    assert_eq!(
+        x.before_prompt_tokens + x.after_prompt_tokens,
+        r.prompt_tokens
+    );
+    assert!(
+        x.after_hit_rate > 0.0,
+        "nothing served after the reopen: {x:?}"
+    );
+    assert!(x.first_tier_hit_after_s.is_some(), "{x:?}");
+    let text = kv_tier_examples::sim::render(&r);
+    assert!(text.contains("restart               after"), "{text}");
+}
+
+/// With `sync_steps` the attribution and the offline figures are the same for the same seed.
+#[test]
+fn the_same_seed_gives_the_same_attribution() {
+    let mut cfg = small(9);
+    let block = cfg.block_bytes() as f64;
+    cfg.fs_cap_gb = Some(200.0 * block / (1u64 << 30) as f64);
+    let a = run(&cfg).unwrap();
+    let b = run(&cfg).unwrap();
+    assert_eq!(a.attribution, b.attribution);
+    assert_eq!(a.offline, b.offline);
+    assert_eq!(a.trace, b.trace);
+    assert_eq!(
+        (a.per_request.requests_waited, a.promotions_unused),
+        (b.per_request.requests_waited, b.promotions_unused)
+    );
+}
+
+/// `--trace FILE` writes the trace; `serve_sim replay FILE` prints each policy's hit rate,
+/// the same as the report's offline figures; a policy it does not know is a usage error.
+#[test]
+fn a_trace_replays_offline_to_the_reports_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, json) = (dir.path().join("t.jsonl"), dir.path().join("r.json"));
+    let out = bin()
+        .args([
+            "--model",
+            "tiny",
+            "--streams",
+            "4",
+            "--turns",
+            "3",
+            "--dram-mb",
+            "1",
+            "--fs-cap-gb",
+            "0.002",
+            "--sync-steps",
+            "--no-progress",
+            "--trace",
+        ])
+        .arg(&trace)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let out = Command::new(SERVE_SIM)
+        .arg("replay")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for p in ["lru", "opt", "unbounded"] {
+        let want = format!(
+            "{:.1}%",
+            100.0 * report["offline"][p].as_f64().expect("a figure")
+        );
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(p))
+            .unwrap_or_else(|| panic!("no {p} line in\n{text}"));
+        assert!(line.contains(&want), "{p}: want {want} in {line:?}");
+    }
+    let bad = Command::new(SERVE_SIM)
+        .args(["replay", "--policy", "fifo"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("lru, opt, unbounded"));
+}
