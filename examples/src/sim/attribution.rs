@@ -1,5 +1,5 @@
 //! Where every prompt token went: served (GPU cache, DRAM, a tier) or lost, and why. The
-//! engine keeps a [`Ledger`] of each block's history (what it stored, what each tier's
+//! engine keeps a ledger of each block's history (what it stored, what each tier's
 //! events and the commits' receipts said, what DRAM refused), and asks it, for every block a
 //! request did not get, the reason; the manager says why the first missing block of a prefix
 //! missed ([`kv_tier::MissCause`]).

@@ -698,9 +698,9 @@ pub fn render(r: &Report) -> String {
 fn render_yardstick(r: &Report) -> String {
     let pct = |x: f64| 100.0 * x;
     let m = &r.model;
-    let blocks = |b: Option<u64>| b.map_or("unbounded".to_string(), |b| b.to_string());
+    let blocks = |b: Option<u64>| b.map_or("unbounded".to_string(), |b| format!("{b} blocks"));
     let mut o = format!(
-        "  the same trace offline LRU {:.1}% | Belady {:.1}% | unbounded {:.1}% (model: {} blocks; DRAM {} blocks, fs {}, working set {} blocks)\n",
+        "  the same trace offline LRU {:.1}% | Belady {:.1}% | unbounded {:.1}% (model: {}; DRAM {} blocks, fs {}, working set {} blocks)\n",
         pct(r.offline.lru),
         pct(r.offline.opt),
         pct(r.offline.unbounded),
