@@ -201,6 +201,23 @@ fn publish(book: &Book, s: &ManagerStats, block_size: usize) {
             v,
         );
     }
+    let m = &s.misses_by_cause;
+    for (cause, v) in [
+        ("not_found", m.not_found),
+        ("probe_over_budget", m.probe_over_budget),
+        ("probe_failed", m.probe_failed),
+        ("load_failed", m.load_failed),
+        ("no_dram_room", m.no_dram_room),
+        ("shut_down", m.shut_down),
+    ] {
+        set_counter(
+            book,
+            "kv_tier_misses_total",
+            "Lookups answered Miss, by cause (see MissCause).",
+            &[("cause", cause.to_string())],
+            v,
+        );
+    }
     set_counter(
         book,
         "kv_tier_promotions_refused_total",

@@ -176,8 +176,12 @@ fn prometheus_figures_are_the_scraped_managers_after_a_replacement() {
         |ex: &prom::Exposition| prom::value(ex, "kv_tier_lookups_total", &[("verdict", "miss")]);
     let old = build(dram_cfg(64, BS, ""));
     // other tests of this process published before: counts are compared as increments
+    let not_found = |ex: &prom::Exposition| {
+        prom::value(ex, "kv_tier_misses_total", &[("cause", "not_found")]).unwrap_or(0.0)
+    };
     let (_, ex) = prom::scrape(&old);
     let m0 = misses(&ex).unwrap_or(0.0);
+    let n0 = not_found(&ex);
     for i in 0..64 {
         store_evicting(&old, 1, &[test_key(i)]);
     }
@@ -187,6 +191,8 @@ fn prometheus_figures_are_the_scraped_managers_after_a_replacement() {
     let (_, ex) = prom::scrape(&old);
     let m1 = misses(&ex).unwrap();
     assert_eq!(m1 - m0, old.stats().misses as f64);
+    // every one of them a block no tier has: the misses by cause say so
+    assert_eq!(not_found(&ex) - n0, old.stats().misses as f64);
     drop(old);
     let new = build(dram_cfg(8, BS, ""));
     store_evicting(&new, 1, &[test_key(1)]);
