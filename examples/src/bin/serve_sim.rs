@@ -176,7 +176,7 @@ struct TierArgs {
     /// the same shared prefixes; prints each and the global figures (peak of the shared
     /// directory against its cap, wrong blocks, the leader lease). Needs --fs-cap-gb
     #[arg(long, value_name = "N", value_parser = positive, default_value_t = 1,
-          conflicts_with_all = ["config_json", "compare_admission", "sync_steps"])]
+          conflicts_with_all = ["config_json", "compare_admission", "sync_steps", "trace", "s3_embedded", "restart_at", "restart_after"])]
     instances: usize,
     /// (set by --instances for each instance) this instance's id on the shared root
     #[arg(long, value_name = "ID", hide = true)]
@@ -205,7 +205,7 @@ struct OutputArgs {
     /// Run the workload twice, without and with the fs tier's admission rule (the
     /// --fs-admit-after-lookups / --fs-write-budget-mb-per-s given, else admit after 2
     /// lookups), each in a fresh directory, and print them side by side
-    #[arg(long, conflicts_with_all = ["root_dir", "config_json"])]
+    #[arg(long, conflicts_with_all = ["root_dir", "config_json", "trace", "restart_at", "restart_after"])]
     compare_admission: bool,
 }
 
@@ -400,12 +400,12 @@ impl Cli {
         let dram_bytes = if given("dram_mb") {
             t.dram_mb << 20
         } else {
-            DEFAULT_DRAM_BLOCKS * block_bytes
+            DEFAULT_DRAM_BLOCKS.saturating_mul(block_bytes)
         };
         let fs_cap_gb = if given("fs_cap_gb") || t.config_json.is_some() {
             (t.fs_cap_gb > 0.0).then_some(t.fs_cap_gb)
         } else {
-            Some((DEFAULT_FS_BLOCKS * block_bytes) as f64 / (1u64 << 30) as f64)
+            Some(DEFAULT_FS_BLOCKS.saturating_mul(block_bytes) as f64 / (1u64 << 30) as f64)
         };
         let cfg = SimConfig {
             streams,
@@ -453,7 +453,7 @@ impl Cli {
 }
 
 /// The tier flags `--config` replaces, by argument id.
-const TIER_FLAGS: [&str; 10] = [
+const TIER_FLAGS: [&str; 11] = [
     "dram_mb",
     "root_dir",
     "fs_cap_gb",
@@ -464,6 +464,7 @@ const TIER_FLAGS: [&str; 10] = [
     "s3_access_key",
     "s3_secret_key",
     "s3_region",
+    "s3_embedded",
 ];
 
 /// The command line, parsed; with `--config`, the tier flags it replaces are refused rather

@@ -19,16 +19,12 @@ struct KeyLog {
     stored: bool,
     /// In DRAM, by DRAM's events.
     in_dram: bool,
-    /// DRAM refused its store, and why (`pinned`, `write_back_full`).
-    dram_refused: Option<&'static str>,
     /// Bit per secondary tier: holds it, by that tier's events.
     held: u64,
-    /// Bit per secondary tier: removed it (since it last stored it).
-    removed: u64,
-    /// Per tier the commit left it out of, why (the latest).
-    left_out: Vec<(usize, NotWritten)>,
-    /// DRAM's copy went with a restart.
-    lost_at_restart: bool,
+    /// The latest thing that took it from a place or kept it out of one (a tier's removal,
+    /// a commit leaving it out, DRAM refusing it, a restart): why it is not there when no
+    /// place holds it. One cause, the latest, so no two marks can disagree.
+    last: Option<Lost>,
 }
 
 /// Every block's history over a run, kept from what the engine did and saw.
@@ -111,56 +107,57 @@ impl Ledger {
         self.tiers.iter().position(|t| t == name)
     }
 
-    /// The engine offered `keys` to kv-tier (a commit, or a refused `prepare_store`).
+    /// The engine offered `keys` to kv-tier (a commit).
     pub(super) fn offered(&mut self, keys: &[BlockKey]) {
         for k in keys {
             self.keys.entry(*k).or_default().stored = true;
         }
     }
 
-    /// DRAM refused to store `keys`, for `why`.
+    /// DRAM refused to store `keys`, for `why`; a key held somewhere lost nothing by it.
     pub(super) fn refused(&mut self, keys: &[BlockKey], why: &'static str) {
         for k in keys {
+            let present = self.present(k);
             let e = self.keys.entry(*k).or_default();
             e.stored = true;
-            e.dram_refused = Some(why);
+            if !present {
+                e.last = Some(Lost::DramRefused(why));
+            }
         }
     }
 
     /// A commit's receipt: the blocks it left out, per tier.
     pub(super) fn receipt(&mut self, r: &StoreReceipt) {
         for (tier, k, why) in &r.left_out {
-            let Some(t) = self.tier(tier) else { continue };
-            let e = self.keys.entry(*k).or_default();
-            e.left_out.retain(|(i, _)| *i != t);
-            e.left_out.push((t, *why));
+            if self.tier(tier).is_some() {
+                self.keys.entry(*k).or_default().last = Some(Lost::NotWritten(tier.clone(), *why));
+            }
         }
     }
 
     /// A tier's (or DRAM's) event.
     pub(super) fn event(&mut self, ev: &TierEvent) {
-        if ev.medium == Medium::Cpu && self.tier(&ev.tier).is_none() {
-            for k in &ev.keys {
-                let e = self.keys.entry(*k).or_default();
-                e.in_dram = !ev.removed;
-                if !ev.removed {
-                    e.dram_refused = None;
-                    e.lost_at_restart = false;
+        let no_tiers = self.tiers.is_empty();
+        let Some(t) = self.tier(&ev.tier) else {
+            if ev.medium == Medium::Cpu {
+                for k in &ev.keys {
+                    let e = self.keys.entry(*k).or_default();
+                    e.in_dram = !ev.removed;
+                    if ev.removed && no_tiers {
+                        e.last = Some(Lost::Evicted("dram".into()));
+                    }
                 }
             }
             return;
-        }
-        let Some(t) = self.tier(&ev.tier) else { return };
+        };
         let bit = 1u64 << t.min(63);
         for k in &ev.keys {
             let e = self.keys.entry(*k).or_default();
             if ev.removed {
                 e.held &= !bit;
-                e.removed |= bit;
+                e.last = Some(Lost::Evicted(self.tiers[t].clone()));
             } else {
                 e.held |= bit;
-                e.removed &= !bit;
-                e.left_out.retain(|(i, _)| *i != t);
             }
         }
     }
@@ -170,7 +167,9 @@ impl Ledger {
         for e in self.keys.values_mut() {
             if e.in_dram {
                 e.in_dram = false;
-                e.lost_at_restart = true;
+                if e.held == 0 {
+                    e.last = Some(Lost::AtRestart);
+                }
             }
         }
     }
@@ -180,26 +179,14 @@ impl Ledger {
         self.keys.get(key).is_some_and(|e| e.in_dram || e.held != 0)
     }
 
-    /// Why `key`, which no tier holds by the ledger, is not there.
+    /// Why `key`, which no place holds by the ledger, is not there: never stored, or the
+    /// latest thing that took it or kept it out.
     pub(super) fn absent_cause(&self, key: &BlockKey) -> Lost {
-        let Some(e) = self.keys.get(key).filter(|e| e.stored) else {
+        let Some(e) = self.keys.get(key).filter(|e| e.stored || e.last.is_some()) else {
             return Lost::FirstUse;
         };
-        if let Some(why) = e.dram_refused {
-            return Lost::DramRefused(why);
-        }
-        // the deepest tier with a reason: the one that would have held it longest
-        for t in (0..self.tiers.len()).rev() {
-            let bit = 1u64 << t.min(63);
-            if e.removed & bit != 0 {
-                return Lost::Evicted(self.tiers[t].clone());
-            }
-            if let Some((_, why)) = e.left_out.iter().find(|(i, _)| *i == t) {
-                return Lost::NotWritten(self.tiers[t].clone(), *why);
-            }
-        }
-        if e.lost_at_restart {
-            return Lost::AtRestart;
+        if let Some(l) = &e.last {
+            return l.clone();
         }
         match self.tiers.last() {
             Some(t) => Lost::WriteInFlightOrFailed(t.clone()),
@@ -208,8 +195,9 @@ impl Ledger {
     }
 
     /// The buckets of the blocks a request did not get, `missed` (its prompt after the served
-    /// prefix, in order): the first is lost for `first` (the manager's cause, or the give-up),
-    /// each later one for its own absence, or for the broken chain if it is there.
+    /// prefix, in order): the first is lost for `first` (the manager's cause, or the give-up)
+    /// if it is there to be had, else for its own absence; each later one for its own
+    /// absence, or for the broken chain (or the give-up) if it is there.
     pub(super) fn classify(
         &self,
         missed: &[BlockKey],
@@ -220,14 +208,11 @@ impl Ledger {
         for (i, k) in missed.iter().enumerate() {
             let present = self.present(k);
             let why = match (&first, i) {
-                (Some(Lost::Manager(MissCause::NotFound)), 0) | (None, 0) => {
-                    if present {
-                        Lost::Unexplained
-                    } else {
-                        self.absent_cause(k)
-                    }
+                (Some(Lost::Manager(MissCause::NotFound)), 0) | (None, 0) if present => {
+                    Lost::Unexplained
                 }
-                (Some(f), 0) => f.clone(),
+                // a slow probe or a give-up cost nothing if the block was gone anyway
+                (Some(f), 0) if present => f.clone(),
                 _ if present && gave_up => Lost::GaveUp,
                 _ if present => Lost::ChainBroken,
                 _ => self.absent_cause(k),
@@ -283,9 +268,10 @@ mod tests {
         e
     }
 
-    /// Each history ends in its bucket: never stored, evicted by the deepest tier that held
-    /// it, left out by a receipt, refused by DRAM, lost at a restart, a chain broken after a
-    /// missing block, a present block the manager missed.
+    /// Each history ends in its bucket, the latest cause winning: never stored, evicted by
+    /// the tier that removed it last, left out by a receipt, refused by DRAM (unless it is
+    /// held elsewhere), lost at a restart, a chain broken after a missing block, a present
+    /// block the manager missed, a slow probe of a block that was gone anyway.
     #[test]
     fn a_blocks_history_names_its_bucket() {
         let mut l = Ledger::new(vec!["fs".into(), "obj".into()]);
@@ -296,17 +282,23 @@ mod tests {
         l.event(&ev("fs", Medium::Storage, a, false));
         l.event(&ev("obj", Medium::Storage, a, false));
         l.event(&ev("cpu", Medium::Cpu, a, true));
-        l.event(&ev("fs", Medium::Storage, a, true));
-        assert!(l.present(&a), "obj still has it");
         l.event(&ev("obj", Medium::Storage, a, true));
-        assert_eq!(l.absent_cause(&a), Lost::Evicted("obj".into()));
+        assert!(l.present(&a), "fs still has it");
+        l.event(&ev("fs", Medium::Storage, a, true));
+        assert_eq!(
+            l.absent_cause(&a),
+            Lost::Evicted("fs".into()),
+            "the last removal"
+        );
+        l.event(&ev("fs", Medium::Storage, b, false));
+        l.event(&ev("fs", Medium::Storage, b, true));
         l.receipt(&StoreReceipt {
             left_out: vec![("obj".into(), b, NotWritten::WriteBackFull)],
         });
-        l.event(&ev("fs", Medium::Storage, b, true));
         assert_eq!(
             l.absent_cause(&b),
-            Lost::NotWritten("obj".into(), NotWritten::WriteBackFull)
+            Lost::NotWritten("obj".into(), NotWritten::WriteBackFull),
+            "the receipt came after the removal"
         );
         assert_eq!(
             l.absent_cause(&c),
@@ -314,27 +306,44 @@ mod tests {
         );
         l.refused(&[d], "pinned");
         assert_eq!(l.absent_cause(&d), Lost::DramRefused("pinned"));
+        // a refusal of a block fs holds costs nothing; its later eviction is the cause
+        let g = test_key(7);
+        l.offered(&[g]);
+        l.event(&ev("fs", Medium::Storage, g, false));
+        l.refused(&[g], "pinned");
+        l.event(&ev("fs", Medium::Storage, g, true));
+        assert_eq!(l.absent_cause(&g), Lost::Evicted("fs".into()));
         l.offered(&[e]);
         l.event(&ev("cpu", Medium::Cpu, e, false));
         l.restarted();
+        assert_eq!(l.absent_cause(&e), Lost::AtRestart);
         let mut only_dram = Ledger::new(Vec::new());
         only_dram.offered(&[e]);
         only_dram.event(&ev("cpu", Medium::Cpu, e, false));
-        only_dram.restarted();
-        assert_eq!(only_dram.absent_cause(&e), Lost::AtRestart);
-        // a prefix [c(missing), f(present in fs)]: the second is a broken chain
+        only_dram.event(&ev("cpu", Medium::Cpu, e, true));
+        assert_eq!(only_dram.absent_cause(&e), Lost::Evicted("dram".into()));
+        // a prefix [c (missing), f (in fs)]: the second is a broken chain
         let f = test_key(6);
         l.offered(&[f]);
         l.event(&ev("fs", Medium::Storage, f, false));
-        let got = l.classify(&[c, f], Some(Lost::Manager(MissCause::NotFound)), false);
+        let not_found = Some(Lost::Manager(MissCause::NotFound));
+        let got = l.classify(&[c, f], not_found.clone(), false);
         assert_eq!(
             got,
             vec![Lost::WriteInFlightOrFailed("obj".into()), Lost::ChainBroken]
         );
-        let got = l.classify(&[f], Some(Lost::Manager(MissCause::NotFound)), false);
-        assert_eq!(got, vec![Lost::Unexplained]);
-        let got = l.classify(&[f, f], Some(Lost::GaveUp), true);
-        assert_eq!(got, vec![Lost::GaveUp, Lost::GaveUp]);
+        assert_eq!(l.classify(&[f], not_found, false), vec![Lost::Unexplained]);
+        assert_eq!(
+            l.classify(&[f, f], Some(Lost::GaveUp), true),
+            vec![Lost::GaveUp, Lost::GaveUp]
+        );
+        // a probe past its budget for a block gone anyway: the block's own cause
+        let slow = Lost::Manager(MissCause::ProbeOverBudget { tier: "obj".into() });
+        assert_eq!(
+            l.classify(&[a], Some(slow.clone()), false),
+            vec![Lost::Evicted("fs".into())]
+        );
+        assert_eq!(l.classify(&[f], Some(slow.clone()), false), vec![slow]);
         for lost in [Lost::FirstUse, Lost::ChainBroken, Lost::GaveUp] {
             assert_ne!(describe(&lost.label()), lost.label(), "described");
         }

@@ -69,7 +69,6 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
                     .is_some_and(|n| engine.tally().requests >= n));
         if due && engine.pause() {
             engine.drain();
-            engine.flush_events();
             earlier = Some(setup.manager.stats());
             if cfg.progress {
                 eprintln!(
@@ -78,6 +77,8 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
                 );
             }
             let took = setup.restart()?;
+            // what the old manager and its tiers reported up to and during its shutdown
+            engine.flush_events();
             engine.restarted(setup.manager.clone(), setup.fs.clone(), took);
             continue;
         }
@@ -101,6 +102,7 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
     report.shared = fs_stats.and_then(|s| s.shared);
     report.inputs = inputs;
     report.disk = setup.disk;
+    report.blocks_found_at_open = setup.found_at_open;
     setup.teardown(cfg.progress)?;
     tally.check_oracle()?;
     if let Some(path) = &cfg.trace {

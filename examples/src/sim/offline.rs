@@ -179,8 +179,11 @@ pub fn replay(trace: &Trace, policy: Policy) -> Served {
             TraceRecord::Request { prompt, output } => (prompt, output),
             TraceRecord::Restart => {
                 gpu = Lru::new(trace.header.gpu_blocks as usize);
-                if !keeps_at_restart {
-                    cache.clear();
+                match trace.header.fs_blocks {
+                    // DRAM's part goes; the fs level keeps at most its own blocks
+                    _ if trace.header.unbounded_below => {}
+                    Some(fs) if keeps_at_restart => cache.trim(fs as usize),
+                    _ => cache.clear(),
                 }
                 continue;
             }
@@ -236,7 +239,7 @@ impl Lru {
                 self.seq.remove(&old);
             }
         }
-        if self.order.len() > 4 * self.cap + 64 {
+        if self.order.len() > self.cap.saturating_mul(4).saturating_add(64) {
             let seq = &self.seq;
             self.order.retain(|(k, s)| seq.get(k) == Some(s));
         }
@@ -275,6 +278,32 @@ impl Cache {
                 s.insert(k);
             }
             Cache::Opt(o) => o.put(k, i),
+        }
+    }
+
+    /// Keeps at most `n` blocks, evicting by the policy's own order.
+    fn trim(&mut self, n: usize) {
+        match self {
+            Cache::Lru(l) => {
+                while l.seq.len() > n {
+                    let Some((old, s)) = l.order.pop_front() else {
+                        break;
+                    };
+                    if l.seq.get(&old) == Some(&s) {
+                        l.seq.remove(&old);
+                    }
+                }
+            }
+            Cache::Unbounded(_) => {}
+            Cache::Opt(o) => {
+                while o.next_of.len() > n {
+                    let Some(&(far, victim)) = o.by_next.iter().next_back() else {
+                        break;
+                    };
+                    o.by_next.remove(&(far, victim));
+                    o.next_of.remove(&victim);
+                }
+            }
         }
     }
 
@@ -440,9 +469,41 @@ mod tests {
         assert_eq!(replay(&t, Policy::Lru).from_cache, 2);
     }
 
-    /// The GPU cache serves first; a restart empties it and, without an fs level, the model.
+    /// The GPU cache serves first; a restart empties it and, without an fs level, the model;
+    /// with an fs level smaller than DRAM, the model keeps the fs level's blocks only.
     #[test]
     fn a_restart_keeps_the_fs_level_only() {
+        let mut small_fs = header(4);
+        small_fs.fs_blocks = Some(2);
+        let t = Trace {
+            header: small_fs,
+            records: vec![
+                req(&[1, 2, 3, 4], &[]),
+                TraceRecord::Restart,
+                req(&[3, 4], &[]),
+            ],
+        };
+        // LRU keeps the two most recent (3, 4); Belady the two read soonest (3, 4)
+        assert_eq!(replay(&t, Policy::Lru).from_cache, 2);
+        assert_eq!(replay(&t, Policy::Opt).from_cache, 2);
+        let t = Trace {
+            header: small_fs,
+            records: vec![
+                req(&[1, 2, 3, 4], &[]),
+                TraceRecord::Restart,
+                req(&[1, 2], &[]),
+            ],
+        };
+        assert_eq!(
+            replay(&t, Policy::Lru).from_cache,
+            0,
+            "1 and 2 were DRAM's part"
+        );
+        assert_eq!(
+            replay(&t, Policy::Opt).from_cache,
+            2,
+            "Belady kept what is read next"
+        );
         let mut h = header(10);
         h.gpu_blocks = 2;
         let records = vec![req(&[1, 2], &[]), TraceRecord::Restart, req(&[1, 2], &[])];

@@ -258,12 +258,17 @@ pub struct Report {
     pub offline: OfflineReport,
     /// Per-request figures.
     pub per_request: PerRequest,
-    /// Blocks promoted for a request that it did not use (beyond its served prefix).
+    /// Blocks a promotion brought into DRAM that no request was served from then on.
     pub promotions_unused: u64,
     /// Their bytes.
     pub promotions_unused_bytes: u64,
     /// The restart, if the run had one.
     pub restart: Option<RestartReport>,
+    /// Event keys dropped (`event_buffer_keys`): the attribution's histories miss them.
+    pub events_dropped: u64,
+    /// Block files a bounded fs tier found when it opened (a reused `--root-dir`): they
+    /// have no history in the attribution (a miss of one reads as first use).
+    pub blocks_found_at_open: Option<u64>,
     /// The run's request trace (`--trace` writes it).
     #[serde(skip)]
     pub trace: Trace,
@@ -358,7 +363,7 @@ pub(super) fn fill(
     let block = cfg.block_bytes() as u64;
     let fs_blocks = gc.as_ref().map(|g| g.cap_bytes / block.max(1));
     let header = TraceHeader {
-        dram_blocks: cfg.dram_bytes / block.max(1),
+        dram_blocks: s.primary.capacity_blocks as u64,
         fs_blocks,
         // an fs tier without a cap, or a tier below the bounded one (obj: no cap)
         unbounded_below: !s.tiers.is_empty() && (gc.is_none() || s.tiers.len() > 1),
@@ -452,9 +457,11 @@ pub(super) fn fill(
             waited_longer_than_recompute: t.waited_longer,
             tokens_of_those: t.waited_longer_tokens,
         },
-        promotions_unused: t.promotions_unused,
-        promotions_unused_bytes: t.promotions_unused * block,
+        promotions_unused: t.promoted_unused.len() as u64,
+        promotions_unused_bytes: t.promoted_unused.len() as u64 * block,
         restart,
+        events_dropped: s.events_dropped,
+        blocks_found_at_open: None,
         trace,
     }
 }
@@ -756,7 +763,7 @@ fn render_yardstick(r: &Report) -> String {
         p.tokens_of_those
     );
     o += &format!(
-        "  promotions unused     {} blocks ({:.2} GiB) promoted for a request that did not use them\n",
+        "  promotions unused     {} blocks ({:.2} GiB) promoted into DRAM that no request was served from afterwards\n",
         r.promotions_unused,
         gib(r.promotions_unused_bytes)
     );
@@ -774,6 +781,17 @@ fn render_yardstick(r: &Report) -> String {
         );
     }
     o += &format!("  the offline model     {}\n", m.assumes);
+    if let Some(n) = r.blocks_found_at_open.filter(|n| *n > 0) {
+        o += &format!(
+            "  reused root           {n} block files were there at open: they have no history here (a miss of one reads as first use, and the offline model starts cold)\n"
+        );
+    }
+    if r.events_dropped > 0 {
+        o += &format!(
+            "  events dropped        {} event keys (event_buffer_keys): the attribution misses their histories\n",
+            r.events_dropped
+        );
+    }
     if !r.inputs.sim.sync_steps {
         o += "  (to compare runs, use --sync-steps: the same seed gives the same counts)\n";
     }

@@ -28,6 +28,8 @@ pub(super) struct Setup {
     pub(super) disk: Option<DiskProbe>,
     /// The fs tier's directory.
     root: PathBuf,
+    /// Block files a bounded fs tier found at open (a reused root).
+    pub(super) found_at_open: Option<u64>,
     /// The run's config, with the embedded S3 server's endpoint filled in.
     cfg: SimConfig,
     /// The S3 server of `--s3-embedded` (dropped last: after the manager that uses it).
@@ -91,6 +93,7 @@ impl Setup {
         let (root, scratch) = root_dir(cfg)?;
         let manager = Arc::new(build_manager(cfg, &root)?);
         let fs = first_fs_tier(&manager);
+        let found_at_open = fs.as_ref().and_then(|t| t.stats().gc).map(|g| g.files);
         let disk = fs.as_ref().and_then(|t| {
             let c = t.config();
             probe_disk(
@@ -117,6 +120,7 @@ impl Setup {
             scratch,
             disk,
             root,
+            found_at_open,
             cfg: cfg.clone(),
             _s3: s3,
         })
@@ -143,6 +147,7 @@ impl Setup {
             scratch,
             disk: _,
             root: _,
+            found_at_open: _,
             cfg: _,
             _s3,
         } = self;

@@ -49,8 +49,9 @@ pub(super) struct Tally {
     pub(super) waited_longer: u64,
     /// The tier tokens of those requests.
     pub(super) waited_longer_tokens: u64,
-    /// Blocks promoted for a request that it did not use (past its served prefix).
-    pub(super) promotions_unused: u64,
+    /// Blocks a promotion brought into DRAM that no request has used since (served from
+    /// DRAM or the tier) yet.
+    pub(super) promoted_unused: std::collections::HashSet<BlockKey>,
     /// The requests in the order they were served (and the restart), as block ids.
     pub(super) trace: Vec<TraceRecord>,
     /// Block ids of the trace.
@@ -458,8 +459,11 @@ impl<'a> Engine<'a> {
                 t.waited_longer_tokens += tier_tokens;
             }
         }
-        let served = &keys[g..g + h];
-        t.promotions_unused += a.promoted.keys().filter(|k| !served.contains(k)).count() as u64;
+        // a promoted block counts as used once any request is served it (here or later)
+        t.promoted_unused.extend(a.promoted.keys().copied());
+        for k in &keys[g..g + h] {
+            t.promoted_unused.remove(k);
+        }
         if tier_tokens > 0
             && t.first_tier_hit_after_restart.is_none()
             && let Some(at) = self.reopened_at

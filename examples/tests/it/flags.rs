@@ -141,6 +141,29 @@ fn conflicting_flags_are_refused() {
         vec!["--instances", "2", "--sync-steps", "--fs-cap-gb", "1"],
         vec!["--compare-admission", "--root-dir", "/tmp"],
         vec!["--config", cfg, "--s3-endpoint", "http://127.0.0.1:1"],
+        // a config's tiers are its own: an embedded server would serve nothing
+        vec!["--config", cfg, "--s3-embedded"],
+        // every instance would write one trace file, and each start a server of its own
+        vec![
+            "--instances",
+            "2",
+            "--fs-cap-gb",
+            "1",
+            "--trace",
+            "/tmp/t.jsonl",
+        ],
+        vec!["--instances", "2", "--fs-cap-gb", "1", "--s3-embedded"],
+        vec![
+            "--instances",
+            "2",
+            "--fs-cap-gb",
+            "1",
+            "--restart-after",
+            "5",
+        ],
+        vec!["--compare-admission", "--trace", "/tmp/t.jsonl"],
+        vec!["--restart-at", "5", "--restart-after", "5"],
+        vec!["--s3-embedded", "--s3-endpoint", "http://127.0.0.1:1"],
     ] {
         let out = sim(&args, 30);
         assert_eq!(out.code, Some(2), "{args:?}: {}", out.all());
