@@ -171,7 +171,7 @@ pub fn replay(trace: &Trace, policy: Policy) -> Served {
         _ => trace.header.model_blocks(),
     };
     let keeps_at_restart = trace.header.fs_blocks.is_some() || trace.header.unbounded_below;
-    let mut gpu = Lru::new(trace.header.gpu_blocks as usize);
+    let mut gpu: Lru = Lru::new(trace.header.gpu_blocks as usize);
     let mut cache = Cache::new(policy, cap, &trace.records);
     let mut served = Served::default();
     for (i, r) in trace.records.iter().enumerate() {
@@ -202,16 +202,17 @@ pub fn replay(trace: &Trace, policy: Policy) -> Served {
     served
 }
 
-/// An LRU set of block ids.
-struct Lru {
+/// An LRU set of keys of at most `cap` (the offline model's, and the engine's GPU cache).
+#[derive(Debug)]
+pub(super) struct Lru<K: std::hash::Hash + Eq + Copy = u64> {
     cap: usize,
-    order: VecDeque<(u64, u64)>,
-    seq: HashMap<u64, u64>,
+    order: VecDeque<(K, u64)>,
+    seq: HashMap<K, u64>,
     next: u64,
 }
 
-impl Lru {
-    fn new(cap: usize) -> Self {
+impl<K: std::hash::Hash + Eq + Copy> Lru<K> {
+    pub(super) fn new(cap: usize) -> Self {
         Lru {
             cap,
             order: VecDeque::new(),
@@ -220,28 +221,34 @@ impl Lru {
         }
     }
 
-    fn contains(&self, k: &u64) -> bool {
+    pub(super) fn contains(&self, k: &K) -> bool {
         self.seq.contains_key(k)
     }
 
-    fn put(&mut self, k: u64) {
+    /// Makes `k` the most recent, evicting the least recent past the cap.
+    pub(super) fn put(&mut self, k: K) {
         if self.cap == 0 {
             return;
         }
         self.next += 1;
         self.seq.insert(k, self.next);
         self.order.push_back((k, self.next));
-        while self.seq.len() > self.cap {
+        self.trim(self.cap);
+        if self.order.len() > self.cap.saturating_mul(4).saturating_add(64) {
+            let seq = &self.seq;
+            self.order.retain(|(k, s)| seq.get(k) == Some(s));
+        }
+    }
+
+    /// Evicts the least recent until at most `n` are left.
+    fn trim(&mut self, n: usize) {
+        while self.seq.len() > n {
             let Some((old, s)) = self.order.pop_front() else {
                 break;
             };
             if self.seq.get(&old) == Some(&s) {
                 self.seq.remove(&old);
             }
-        }
-        if self.order.len() > self.cap.saturating_mul(4).saturating_add(64) {
-            let seq = &self.seq;
-            self.order.retain(|(k, s)| seq.get(k) == Some(s));
         }
     }
 }
@@ -284,16 +291,7 @@ impl Cache {
     /// Keeps at most `n` blocks, evicting by the policy's own order.
     fn trim(&mut self, n: usize) {
         match self {
-            Cache::Lru(l) => {
-                while l.seq.len() > n {
-                    let Some((old, s)) = l.order.pop_front() else {
-                        break;
-                    };
-                    if l.seq.get(&old) == Some(&s) {
-                        l.seq.remove(&old);
-                    }
-                }
-            }
+            Cache::Lru(l) => l.trim(n),
             Cache::Unbounded(_) => {}
             Cache::Opt(o) => {
                 while o.next_of.len() > n {

@@ -1,7 +1,7 @@
 //! The engine: a scheduler over a simulated GPU prefix cache, one step at a time, counting
 //! what it does in a [`Tally`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +11,7 @@ use kv_tier_testkit::{Turn, Workload, fill_block, verify_block};
 
 use super::SimConfig;
 use super::attribution::{Attribution, Ledger, Lost};
-use super::offline::TraceRecord;
+use super::offline::{Lru, TraceRecord};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -106,43 +106,7 @@ impl Tally {
 }
 
 /// A simulated GPU prefix cache: LRU over block keys.
-struct GpuCache {
-    cap: usize,
-    order: VecDeque<(BlockKey, u64)>,
-    seq: HashMap<BlockKey, u64>,
-    next: u64,
-}
-
-impl GpuCache {
-    fn new(cap: usize) -> Self {
-        Self {
-            cap,
-            order: VecDeque::new(),
-            seq: HashMap::new(),
-            next: 0,
-        }
-    }
-    fn contains(&self, k: &BlockKey) -> bool {
-        self.seq.contains_key(k)
-    }
-    fn insert(&mut self, k: BlockKey) {
-        self.next += 1;
-        self.seq.insert(k, self.next);
-        self.order.push_back((k, self.next));
-        while self.seq.len() > self.cap {
-            let Some((old, s)) = self.order.pop_front() else {
-                break;
-            };
-            if self.seq.get(&old) == Some(&s) {
-                self.seq.remove(&old);
-            }
-        }
-        if self.order.len() > 4 * self.cap + 64 {
-            let seq = &self.seq;
-            self.order.retain(|(k, s)| seq.get(k) == Some(s));
-        }
-    }
-}
+type GpuCache = Lru<BlockKey>;
 
 enum Phase {
     Lookup { waited: u32 },
@@ -361,7 +325,7 @@ impl<'a> Engine<'a> {
         self.load_and_verify(&keys[g..g + h])?;
         self.manager.touch(&keys[..g + h]);
         for k in &keys[..g + h] {
-            self.gpu.insert(*k);
+            self.gpu.put(*k);
         }
         let recomputed = self.count_tokens(a, g, h);
         self.attribute(a, g, h, first, waited, recomputed);
@@ -505,7 +469,7 @@ impl<'a> Engine<'a> {
                 }
             }
             for k in chunk {
-                self.gpu.insert(*k);
+                self.gpu.put(*k);
             }
         }
     }

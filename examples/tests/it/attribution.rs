@@ -3,8 +3,6 @@
 //! stand for, are the same for the same seed, and the run's trace replays offline from the
 //! command line to the figures the report printed.
 
-use std::process::Command;
-
 use kv_tier_examples::sim::{Report, run};
 
 use crate::support::*;
@@ -158,61 +156,35 @@ fn the_same_seed_gives_the_same_attribution() {
 fn a_trace_replays_offline_to_the_reports_figures() {
     let dir = tempfile::tempdir().unwrap();
     let (trace, json) = (dir.path().join("t.jsonl"), dir.path().join("r.json"));
-    let out = bin()
-        .args([
-            "--model",
-            "tiny",
-            "--streams",
-            "4",
-            "--turns",
-            "3",
-            "--dram-mb",
-            "1",
-            "--fs-cap-gb",
-            "0.002",
-            "--sync-steps",
-            "--no-progress",
-            "--trace",
-        ])
-        .arg(&trace)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (trace, json) = (trace.to_str().unwrap(), json.to_str().unwrap());
+    let args = with(&[
+        "--fs-cap-gb",
+        "0.002",
+        "--sync-steps",
+        "--trace",
+        trace,
+        "--json",
+        json,
+    ]);
+    let out = sim(&args, 120);
+    assert_eq!(out.code, Some(0), "{}", out.all());
     let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let out = Command::new(SERVE_SIM)
-        .arg("replay")
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    let out = sim(&["replay", trace], 60);
+    assert_eq!(out.code, Some(0), "{}", out.all());
     for p in ["lru", "opt", "unbounded"] {
         let want = format!(
             "{:.1}%",
             100.0 * report["offline"][p].as_f64().expect("a figure")
         );
-        let line = text
+        let line = out
+            .stdout
             .lines()
             .find(|l| l.trim_start().starts_with(p))
-            .unwrap_or_else(|| panic!("no {p} line in\n{text}"));
+            .unwrap_or_else(|| panic!("no {p} line in\n{}", out.stdout));
         assert!(line.contains(&want), "{p}: want {want} in {line:?}");
     }
-    let bad = Command::new(SERVE_SIM)
-        .args(["replay", "--policy", "fifo"])
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("lru, opt, unbounded"));
+    let bad = sim(&["replay", "--policy", "fifo", trace], 60);
+    assert_eq!(bad.code, Some(2), "{}", bad.all());
+    assert!(bad.stderr.contains("lru, opt, unbounded"), "{}", bad.all());
 }

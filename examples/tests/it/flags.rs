@@ -196,3 +196,48 @@ fn a_config_that_is_a_directory_is_refused_naming_config() {
     assert_eq!(out.code, Some(2), "{}", out.all());
     assert_clean_refusal(&out, &["--config"]);
 }
+
+/// "DRAM and fs sizes scale with the model's block size unless given": the tiny model's
+/// 8 KiB blocks get 512 blocks of DRAM and a 2048-block fs cap, as the default model's 2 MiB
+/// blocks get 1 GiB and 4 GiB; given sizes are kept; a workload preset sets the sizes no
+/// flag gives.
+#[test]
+fn sizes_scale_with_the_block_size_unless_given_and_presets_fill_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let json = json.to_str().unwrap();
+    let read = || -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+    };
+    let out = sim(&with(&["--json", json]), 120);
+    assert_eq!(out.code, Some(0), "{}", out.all());
+    let v = read();
+    let sim_cfg = &v["inputs"]["sim"];
+    assert_eq!(sim_cfg["dram_bytes"], 512 * 8192);
+    let cap = sim_cfg["fs_cap_gb"].as_f64().unwrap();
+    assert!((cap * (1u64 << 30) as f64 - 2048.0 * 8192.0).abs() < 1.0, "{cap}");
+    assert_eq!(v["model"]["dram_blocks"], 512);
+    let out = sim(
+        &with(&[
+            "--json",
+            json,
+            "--dram-mb",
+            "3",
+            "--fs-cap-gb",
+            "0.01",
+            "--workload",
+            "shared-prompt",
+        ]),
+        120,
+    );
+    assert_eq!(out.code, Some(0), "{}", out.all());
+    let v = read();
+    let sim_cfg = &v["inputs"]["sim"];
+    assert_eq!(sim_cfg["dram_bytes"], 3 << 20);
+    assert_eq!(sim_cfg["fs_cap_gb"], 0.01);
+    // small_args gives --streams and --turns; the preset gives the prefix and prompt sizes
+    assert_eq!(sim_cfg["streams"], 2);
+    assert_eq!(sim_cfg["prefix_tokens"], 2048);
+    assert_eq!(sim_cfg["prompt_tokens"], 128);
+    assert_eq!(sim_cfg["workload"], "custom (from shared-prompt)");
+}
