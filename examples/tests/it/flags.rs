@@ -215,8 +215,19 @@ fn sizes_scale_with_the_block_size_unless_given_and_presets_fill_the_rest() {
     let sim_cfg = &v["inputs"]["sim"];
     assert_eq!(sim_cfg["dram_bytes"], 512 * 8192);
     let cap = sim_cfg["fs_cap_gb"].as_f64().unwrap();
-    assert!((cap * (1u64 << 30) as f64 - 2048.0 * 8192.0).abs() < 1.0, "{cap}");
+    assert!(
+        (cap * (1u64 << 30) as f64 - 2048.0 * 8192.0).abs() < 1.0,
+        "{cap}"
+    );
     assert_eq!(v["model"]["dram_blocks"], 512);
+    // the attribution is in the JSON too, and sums to the prompt tokens
+    let buckets: u64 = v["attribution"]
+        .as_object()
+        .expect("a map of buckets")
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(Some(buckets), v["prompt_tokens"].as_u64());
     let out = sim(
         &with(&[
             "--json",
