@@ -222,7 +222,7 @@ fn positive(v: &str) -> Result<usize, String> {
 fn seconds(v: &str) -> Result<f64, String> {
     let s: f64 = v.parse().map_err(|e| format!("not a valid number ({e})"))?;
     if !(s.is_finite() && s > 0.0) {
-        return Err(format!("must be positive, got {s}"));
+        return Err(format!("must be positive and finite (seconds), got {s}"));
     }
     Duration::try_from_secs_f64(s).map_err(|e| e.to_string())?;
     Ok(s)
@@ -267,7 +267,8 @@ fn json_out(v: &str) -> Result<PathBuf, String> {
     let p = PathBuf::from(v);
     match std::fs::metadata(&p) {
         Ok(m) if m.is_file() => Ok(p),
-        Ok(m) => Err(format!("is not a regular file ({:?})", m.file_type())),
+        Ok(m) if m.is_dir() => Err("is a directory".into()),
+        Ok(_) => Err("is not a regular file (a device, a FIFO or a socket)".into()),
         Err(_) => {
             let dir = p
                 .parent()
@@ -589,7 +590,33 @@ fn main() -> ExitCode {
             cfg.prefixes, cfg.prefix_tokens
         ));
     }
+    if let (Some(t), Some(j)) = (&cfg.trace, &json)
+        && (t == j
+            || std::fs::canonicalize(t)
+                .ok()
+                .is_some_and(|t| std::fs::canonicalize(j).ok() == Some(t)))
+    {
+        usage(format!(
+            "--trace and --json name one file ({}): the report would overwrite the trace",
+            t.display()
+        ));
+    }
     kv_tier_examples::init_logging();
+    // the workload is in whole blocks: say so where a size is not one
+    for (flag, tokens) in [
+        ("--prefix-tokens", cfg.prefix_tokens),
+        ("--prompt-tokens", cfg.prompt_tokens),
+        ("--output-tokens", cfg.output_tokens),
+    ] {
+        if tokens % cfg.tokens_per_block != 0 {
+            eprintln!(
+                "serve_sim: {flag} {tokens} is not a multiple of --tokens-per-block {}: it counts as {} whole blocks ({} tokens)",
+                cfg.tokens_per_block,
+                tokens / cfg.tokens_per_block,
+                tokens / cfg.tokens_per_block * cfg.tokens_per_block
+            );
+        }
+    }
     eprintln!(
         "serve_sim: model {} ({} KiB blocks), {} streams x {} turns over {} shared prefixes of {} tokens",
         cfg.model,

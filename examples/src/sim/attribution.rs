@@ -250,7 +250,7 @@ pub fn describe(label: &str) -> String {
         ["lost", "no_dram_slot", t] => format!("in {t}, but no DRAM slot to promote into"),
         ["lost", "shut_down"] => "the manager was shut down".into(),
         ["lost", "unexplained"] => {
-            "unexplained: a tier holds it by its events, the manager found it nowhere".into()
+            "unexplained: held by a tier's events, found nowhere by the manager".into()
         }
         _ => label.into(),
     }

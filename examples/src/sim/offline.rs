@@ -130,6 +130,9 @@ impl Trace {
             .ok_or_else(|| at(1, &"empty: no header line"))?
             .map_err(|e| at(1, &e))?;
         let header: TraceHeader = serde_json::from_str(&first).map_err(|e| at(1, &e))?;
+        if header.tokens_per_block == 0 {
+            return Err(at(1, &"tokens_per_block must be at least 1"));
+        }
         let mut records = Vec::new();
         for (i, line) in lines.enumerate() {
             let line = line.map_err(|e| at(i + 2, &e))?;

@@ -62,6 +62,9 @@ pub struct PerRequest {
     pub waited_longer_than_recompute: u64,
     /// The tier tokens of those requests.
     pub tokens_of_those: u64,
+    /// Those of them that got no tier token at all (they waited for probes, or for blocks
+    /// that did not come).
+    pub waited_for_nothing: u64,
 }
 
 /// Hits before and after a restart of the manager on the same root.
@@ -456,6 +459,7 @@ pub(super) fn fill(
             ttft_p99_ms: quantile_ms(&t.ttft, 0.99),
             waited_longer_than_recompute: t.waited_longer,
             tokens_of_those: t.waited_longer_tokens,
+            waited_for_nothing: t.waited_for_nothing,
         },
         promotions_unused: t.promoted_unused.len() as u64,
         promotions_unused_bytes: t.promoted_unused.len() as u64 * block,
@@ -652,8 +656,13 @@ pub fn render(r: &Report) -> String {
     );
     o += &format!("    recomputed          {}\n", r.tokens_recomputed);
     o += &format!(
-        "  hit rate              {:.1}% of prompt tokens not recomputed (an unbounded cache: {:.1}%)\n",
+        "  hit rate              {:.1}% of prompt tokens not recomputed (an unbounded cache{}: {:.1}%)\n",
         100.0 * r.hit_rate,
+        if r.blocks_found_at_open.is_some_and(|n| n > 0) {
+            " starting cold, unlike this run's reused root"
+        } else {
+            ""
+        },
         100.0 * r.ideal_hit_rate
     );
     o += &render_yardstick(r);
@@ -743,7 +752,7 @@ fn render_yardstick(r: &Report) -> String {
     lost.sort_by_key(|(_, n)| std::cmp::Reverse(**n));
     for (label, n) in served.into_iter().chain(lost) {
         o += &format!(
-            "    {:<64} {:>10} {:>5.1}%\n",
+            "    {:<68} {:>10} {:>5.1}%\n",
             describe(label),
             n,
             100.0 * *n as f64 / total
@@ -751,7 +760,7 @@ fn render_yardstick(r: &Report) -> String {
     }
     let p = &r.per_request;
     o += &format!(
-        "  per request           {} waited for their blocks: p50 {:.1} ms, p99 {:.1} ms (limit {} steps, --max-wait-steps); modelled time to first token p50 {:.1} ms, p99 {:.1} ms at {} tokens/s of prefill; {} waited longer than recomputing the {} tier tokens they waited for\n",
+        "  per request           {} waited for their blocks: p50 {:.1} ms, p99 {:.1} ms (limit {} steps, --max-wait-steps); modelled time to first token p50 {:.1} ms, p99 {:.1} ms at {} tokens/s of prefill; {} waited longer than recomputing the {} tier tokens they waited for ({} of them got no tier token)\n",
         p.requests_waited,
         p.wait_p50_ms,
         p.wait_p99_ms,
@@ -760,13 +769,18 @@ fn render_yardstick(r: &Report) -> String {
         p.ttft_p99_ms,
         p.prefill_tokens_per_s,
         p.waited_longer_than_recompute,
-        p.tokens_of_those
+        p.tokens_of_those,
+        p.waited_for_nothing
     );
     o += &format!(
         "  promotions unused     {} blocks ({:.2} GiB) promoted into DRAM that no request was served from afterwards\n",
         r.promotions_unused,
         gib(r.promotions_unused_bytes)
     );
+    let planned = r.inputs.sim.restart_at.is_some() || r.inputs.sim.restart_after.is_some();
+    if planned && r.restart.is_none() {
+        o += "  restart               not reached: the run admitted its last turn first (--restart-at / --restart-after)\n";
+    }
     if let Some(x) = &r.restart {
         o += &format!(
             "  restart               after {} requests; reopen {:.2} s; first tier hit {} after it; hit rate before {:.1}% of {} tokens, after {:.1}% of {} tokens\n",
@@ -793,7 +807,7 @@ fn render_yardstick(r: &Report) -> String {
         );
     }
     if !r.inputs.sim.sync_steps {
-        o += "  (to compare runs, use --sync-steps: the same seed gives the same counts)\n";
+        o += "  (to compare runs, use --sync-steps: the same seed gives the same counts while the fs tier stays under its cap and no obj tier answers late)\n";
     }
     o
 }

@@ -1,7 +1,7 @@
 //! The engine: a scheduler over a simulated GPU prefix cache, one step at a time, counting
 //! what it does in a [`Tally`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,8 @@ pub(super) struct Tally {
     pub(super) waited_longer: u64,
     /// The tier tokens of those requests.
     pub(super) waited_longer_tokens: u64,
+    /// Those of them that got no tier token.
+    pub(super) waited_for_nothing: u64,
     /// Blocks a promotion brought into DRAM that no request has used since (served from
     /// DRAM or the tier) yet.
     pub(super) promoted_unused: std::collections::HashSet<BlockKey>,
@@ -142,6 +144,11 @@ pub(super) struct Engine<'a> {
     active: Vec<Active>,
     /// No more turns to admit: the workload is played or the admission window is over.
     exhausted: bool,
+    /// The workload has handed out its last turn.
+    workload_done: bool,
+    /// Turns whose conversation's previous turn still runs: a conversation's next turn
+    /// arrives only once its last answer is out (it holds that answer).
+    waiting: VecDeque<Turn>,
     started: Instant,
     tally: Tally,
 }
@@ -169,6 +176,8 @@ impl<'a> Engine<'a> {
             gpu: GpuCache::new(cfg.gpu_cache_blocks),
             active: Vec::new(),
             exhausted: false,
+            workload_done: false,
+            waiting: VecDeque::new(),
             started: Instant::now(),
             tally,
         }
@@ -277,17 +286,43 @@ impl<'a> Engine<'a> {
                 self.exhausted = true;
                 break;
             }
+            let busy =
+                |active: &[Active], stream: usize| active.iter().any(|a| a.turn.stream == stream);
+            // the earliest waiting turn of a conversation that runs nothing now
+            if let Some(i) = self
+                .waiting
+                .iter()
+                .position(|t| !busy(&self.active, t.stream))
+            {
+                let turn = self.waiting.remove(i).expect("found above");
+                self.start(turn);
+                continue;
+            }
+            if self.workload_done || self.waiting.len() >= self.cfg.streams {
+                // nothing to admit until a running turn ends
+                self.exhausted = self.workload_done && self.waiting.is_empty();
+                break;
+            }
             match self.workload.next() {
-                Some(turn) => self.active.push(Active {
-                    ctx: RequestContext::new(turn.request),
-                    turn,
-                    phase: Phase::Lookup { waited: 0 },
-                    promoted: HashMap::new(),
-                    first_ask: Instant::now(),
-                }),
-                None => self.exhausted = true,
+                Some(turn) if busy(&self.active, turn.stream) => self.waiting.push_back(turn),
+                Some(turn) => self.start(turn),
+                None => {
+                    self.workload_done = true;
+                    self.exhausted = self.waiting.is_empty();
+                }
             }
         }
+    }
+
+    /// Admits `turn`.
+    fn start(&mut self, turn: Turn) {
+        self.active.push(Active {
+            ctx: RequestContext::new(turn.request),
+            turn,
+            phase: Phase::Lookup { waited: 0 },
+            promoted: HashMap::new(),
+            first_ask: Instant::now(),
+        });
     }
 
     /// The lookup phase of one request: looks its blocks up past the GPU cache; once the
@@ -421,6 +456,9 @@ impl<'a> Engine<'a> {
             if waited > 0 && wait.as_secs_f64() > tier_tokens as f64 / rate {
                 t.waited_longer += 1;
                 t.waited_longer_tokens += tier_tokens;
+                if tier_tokens == 0 {
+                    t.waited_for_nothing += 1;
+                }
             }
         }
         // a promoted block counts as used once any request is served it (here or later)

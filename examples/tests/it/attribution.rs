@@ -188,3 +188,52 @@ fn a_trace_replays_offline_to_the_reports_figures() {
     assert_eq!(bad.code, Some(2), "{}", bad.all());
     assert!(bad.stderr.contains("lru, opt, unbounded"), "{}", bad.all());
 }
+
+/// A conversation's next turn arrives only once its last answer is out: one conversation of
+/// three turns with room for eight requests at once runs them one after the other, so each
+/// turn finds the one before it (prompt and output) and the run reaches the unbounded
+/// cache's hit rate.
+#[test]
+fn a_conversations_turns_run_one_after_the_other() {
+    let mut cfg = small(4);
+    cfg.streams = 1;
+    cfg.prefixes = 1;
+    cfg.turns = 3;
+    cfg.max_batch = 8;
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    assert_eq!(r.requests, 3);
+    assert!(
+        (r.hit_rate - r.offline.unbounded).abs() < 1e-9 && r.hit_rate > 0.0,
+        "achieved {} against unbounded {}: {:?}",
+        r.hit_rate,
+        r.offline.unbounded,
+        r.attribution
+    );
+    assert_eq!(tokens(&r, "lost/chain_broken"), 0, "{:?}", r.attribution);
+}
+
+/// A restart the run reaches (two conversations of three turns, after two requests) is in the
+/// report; one it does not reach (after more requests than the run has) is said to be not
+/// reached.
+#[test]
+fn a_restart_is_reported_reached_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small(8);
+    cfg.streams = 2;
+    cfg.prefixes = 2;
+    cfg.root_dir = Some(dir.path().to_path_buf());
+    cfg.restart_after = Some(2);
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    assert!(
+        r.restart.is_some(),
+        "the restart after 2 of 6 requests did not happen"
+    );
+    cfg.restart_after = Some(100);
+    cfg.root_dir = None;
+    let r = run(&cfg).unwrap();
+    assert!(r.restart.is_none());
+    let text = kv_tier_examples::sim::render(&r);
+    assert!(text.contains("restart               not reached"), "{text}");
+}

@@ -252,3 +252,18 @@ fn sizes_scale_with_the_block_size_unless_given_and_presets_fill_the_rest() {
     assert_eq!(sim_cfg["prompt_tokens"], 128);
     assert_eq!(sim_cfg["workload"], "custom (from shared-prompt)");
 }
+
+/// `--trace` and `--json` naming one file would have the report overwrite the trace: refused.
+#[test]
+fn a_trace_and_a_report_in_one_file_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("same.out");
+    let f = f.to_str().unwrap();
+    let out = sim(&with(&["--trace", f, "--json", f]), 30);
+    assert_eq!(out.code, Some(2), "{}", out.all());
+    assert_clean_refusal(&out, &["--trace", "--json"]);
+    let d = dir.path().to_str().unwrap();
+    let out = sim(&with(&["--trace", d]), 30);
+    assert_eq!(out.code, Some(2), "{}", out.all());
+    assert!(out.stderr.contains("is a directory"), "{}", out.all());
+}
