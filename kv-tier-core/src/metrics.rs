@@ -201,15 +201,7 @@ fn publish(book: &Book, s: &ManagerStats, block_size: usize) {
             v,
         );
     }
-    let m = &s.misses_by_cause;
-    for (cause, v) in [
-        ("not_found", m.not_found),
-        ("probe_over_budget", m.probe_over_budget),
-        ("probe_failed", m.probe_failed),
-        ("load_failed", m.load_failed),
-        ("no_dram_room", m.no_dram_room),
-        ("shut_down", m.shut_down),
-    ] {
+    for (cause, v) in s.misses_by_cause.by_cause() {
         set_counter(
             book,
             "kv_tier_misses_total",

@@ -57,19 +57,6 @@ pub enum MissCause {
     ShutDown,
 }
 
-impl MissCause {
-    /// The tier concerned, if the cause names one.
-    pub fn tier(&self) -> Option<&str> {
-        match self {
-            MissCause::ProbeOverBudget { tier }
-            | MissCause::ProbeFailed { tier }
-            | MissCause::LoadFailed { tier }
-            | MissCause::NoDramRoom { tier } => Some(tier),
-            MissCause::NotFound | MissCause::ShutDown => None,
-        }
-    }
-}
-
 /// An engine's request identity. Engines with string ids hash them to a `u64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);

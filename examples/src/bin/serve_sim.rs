@@ -283,34 +283,24 @@ fn json_out(v: &str) -> Result<PathBuf, String> {
     }
 }
 
+/// `v` if it is one of `names`, else an error listing them as `what`.
+fn one_of<'a>(v: &str, names: impl Iterator<Item = &'a str>, what: &str) -> Result<String, String> {
+    let names: Vec<&str> = names.collect();
+    if names.contains(&v) {
+        Ok(v.to_string())
+    } else {
+        Err(format!("no such {what}; {what}s: {}", names.join(", ")))
+    }
+}
+
 /// A preset's name.
 fn model_name(v: &str) -> Result<String, String> {
-    match preset(v) {
-        Some(p) => Ok(p.name.to_string()),
-        None => Err(format!(
-            "no such preset; presets: {}",
-            PRESETS
-                .iter()
-                .map(|p| p.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-    }
+    one_of(v, PRESETS.iter().map(|p| p.name), "preset")
 }
 
 /// A workload preset's name.
 fn workload_name(v: &str) -> Result<String, String> {
-    match workload_preset(v) {
-        Some(w) => Ok(w.name.to_string()),
-        None => Err(format!(
-            "no such workload; workloads: {}",
-            WORKLOADS
-                .iter()
-                .map(|w| w.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-    }
+    one_of(v, WORKLOADS.iter().map(|w| w.name), "workload")
 }
 
 /// A write budget in MiB/s: positive.

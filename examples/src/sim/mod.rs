@@ -78,7 +78,7 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
             }
             let took = setup.restart()?;
             // what the old manager and its tiers reported up to and during its shutdown
-            engine.flush_events();
+            engine.take_events();
             engine.restarted(setup.manager.clone(), setup.fs.clone(), took);
             continue;
         }

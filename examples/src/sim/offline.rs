@@ -145,6 +145,33 @@ impl Trace {
     }
 }
 
+/// Records requests as a trace's block ids (the same block, the same id).
+#[derive(Debug, Default)]
+pub(super) struct Recorder {
+    ids: HashMap<kv_tier::BlockKey, u64>,
+    /// The records so far.
+    pub(super) records: Vec<TraceRecord>,
+}
+
+impl Recorder {
+    fn id(&mut self, k: &kv_tier::BlockKey) -> u64 {
+        let n = self.ids.len() as u64;
+        *self.ids.entry(*k).or_insert(n)
+    }
+
+    /// A request's prompt and output blocks.
+    pub(super) fn request(&mut self, prompt: &[kv_tier::BlockKey], output: &[kv_tier::BlockKey]) {
+        let prompt = prompt.iter().map(|k| self.id(k)).collect();
+        let output = output.iter().map(|k| self.id(k)).collect();
+        self.records.push(TraceRecord::Request { prompt, output });
+    }
+
+    /// Distinct blocks recorded: the working set.
+    pub(super) fn blocks(&self) -> u64 {
+        self.ids.len() as u64
+    }
+}
+
 /// What the model served of a trace, in blocks of prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Served {
@@ -173,7 +200,6 @@ pub fn replay(trace: &Trace, policy: Policy) -> Served {
         Policy::Unbounded => None,
         _ => trace.header.model_blocks(),
     };
-    let keeps_at_restart = trace.header.fs_blocks.is_some() || trace.header.unbounded_below;
     let mut gpu: Lru = Lru::new(trace.header.gpu_blocks as usize);
     let mut cache = Cache::new(policy, cap, &trace.records);
     let mut served = Served::default();
@@ -185,8 +211,8 @@ pub fn replay(trace: &Trace, policy: Policy) -> Served {
                 match trace.header.fs_blocks {
                     // DRAM's part goes; the fs level keeps at most its own blocks
                     _ if trace.header.unbounded_below => {}
-                    Some(fs) if keeps_at_restart => cache.trim(fs as usize),
-                    _ => cache.clear(),
+                    Some(fs) => cache.trim(fs as usize),
+                    None => cache.clear(),
                 }
                 continue;
             }

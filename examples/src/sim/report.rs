@@ -296,13 +296,7 @@ pub(super) fn accumulate(s: &mut ManagerStats, earlier: &ManagerStats) {
     s.retries += earlier.retries;
     s.misses += earlier.misses;
     s.promotions_refused += earlier.promotions_refused;
-    let (m, e) = (&mut s.misses_by_cause, &earlier.misses_by_cause);
-    m.not_found += e.not_found;
-    m.probe_over_budget += e.probe_over_budget;
-    m.probe_failed += e.probe_failed;
-    m.load_failed += e.load_failed;
-    m.no_dram_room += e.no_dram_room;
-    m.shut_down += e.shut_down;
+    s.misses_by_cause.add(&earlier.misses_by_cause);
     s.primary.evictions += earlier.primary.evictions;
     s.write_back_pinned_peak_bytes = s
         .write_back_pinned_peak_bytes
@@ -375,7 +369,7 @@ pub(super) fn fill(
     };
     let trace = Trace {
         header,
-        records: t.trace.clone(),
+        records: t.trace.records.clone(),
     };
     let offline = OfflineReport {
         lru: replay(&trace, Policy::Lru).hit_rate(),
@@ -388,6 +382,7 @@ pub(super) fn fill(
         RestartReport {
             after_requests: t
                 .trace
+                .records
                 .iter()
                 .position(|r| *r == super::offline::TraceRecord::Restart)
                 .unwrap_or(0) as u64,
@@ -445,7 +440,7 @@ pub(super) fn fill(
             fs_blocks,
             unbounded_below: header.unbounded_below,
             model_blocks: header.model_blocks(),
-            working_set_blocks: t.working_set_blocks,
+            working_set_blocks: t.trace.blocks(),
             assumes: MODEL_ASSUMES.into(),
         },
         offline,
@@ -474,19 +469,22 @@ pub(super) fn fill(
 /// turn hits the leading blocks of its prompt that any earlier turn's prompt or output
 /// holds.
 pub fn ideal_hit_rate(cfg: &SimConfig, requests: u64) -> f64 {
-    let mut seen = std::collections::HashSet::new();
-    let (mut hit, mut total) = (0u64, 0u64);
+    let mut trace = super::offline::Recorder::default();
     for turn in super::setup::workload(cfg).take(requests as usize) {
-        hit += turn.keys.iter().take_while(|k| seen.contains(*k)).count() as u64;
-        total += turn.keys.len() as u64;
-        seen.extend(turn.keys.iter().copied());
-        seen.extend(turn.output.iter().copied());
+        trace.request(&turn.keys, &turn.output);
     }
-    if total == 0 {
-        0.0
-    } else {
-        hit as f64 / total as f64
-    }
+    let header = TraceHeader {
+        dram_blocks: 0,
+        fs_blocks: None,
+        unbounded_below: true,
+        gpu_blocks: 0,
+        tokens_per_block: cfg.tokens_per_block as u64,
+    };
+    let trace = Trace {
+        header,
+        records: trace.records,
+    };
+    replay(&trace, Policy::Unbounded).hit_rate()
 }
 
 fn tier_report(t: &TierStats, secs: f64) -> TierReport {

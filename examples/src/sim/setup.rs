@@ -89,9 +89,8 @@ impl Setup {
         } else {
             None
         };
-        let cfg = &cfg;
-        let (root, scratch) = root_dir(cfg)?;
-        let manager = Arc::new(build_manager(cfg, &root)?);
+        let (root, scratch) = root_dir(&cfg)?;
+        let manager = Arc::new(build_manager(&cfg, &root)?);
         let fs = first_fs_tier(&manager);
         let found_at_open = fs.as_ref().and_then(|t| t.stats().gc).map(|g| g.files);
         let disk = fs.as_ref().and_then(|t| {
@@ -121,7 +120,7 @@ impl Setup {
             disk,
             root,
             found_at_open,
-            cfg: cfg.clone(),
+            cfg,
             _s3: s3,
         })
     }

@@ -11,7 +11,7 @@ use kv_tier_testkit::{Turn, Workload, fill_block, verify_block};
 
 use super::SimConfig;
 use super::attribution::{Attribution, Ledger, Lost};
-use super::offline::{Lru, TraceRecord};
+use super::offline::{Lru, Recorder, TraceRecord};
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -55,11 +55,7 @@ pub(super) struct Tally {
     /// DRAM or the tier) yet.
     pub(super) promoted_unused: std::collections::HashSet<BlockKey>,
     /// The requests in the order they were served (and the restart), as block ids.
-    pub(super) trace: Vec<TraceRecord>,
-    /// Block ids of the trace.
-    ids: HashMap<BlockKey, u64>,
-    /// Distinct blocks of the run (prompts and outputs).
-    pub(super) working_set_blocks: u64,
+    pub(super) trace: Recorder,
     /// Prompt and hit tokens up to the restart.
     pub(super) before_restart: Option<(u64, u64)>,
     /// From the reopen to the first token served from a tier, once there was one.
@@ -77,12 +73,6 @@ impl Tally {
     /// Prompt tokens not recomputed.
     pub(super) fn hit_tokens(&self) -> u64 {
         self.prompt_tokens - self.tokens_recomputed
-    }
-
-    /// The id of `k` in the trace.
-    fn id(&mut self, k: &BlockKey) -> u64 {
-        let n = self.ids.len() as u64;
-        *self.ids.entry(*k).or_insert(n)
     }
 
     /// The fraction of prompt tokens not recomputed.
@@ -205,18 +195,13 @@ impl<'a> Engine<'a> {
         let t = &mut self.tally;
         t.before_restart = Some((t.prompt_tokens, t.hit_tokens()));
         t.reopen = Some(took);
-        t.trace.push(TraceRecord::Restart);
+        t.trace.records.push(TraceRecord::Restart);
         self.ledger.restarted();
         self.manager = manager;
         self.fs = fs;
         self.gpu = GpuCache::new(self.cfg.gpu_cache_blocks);
         self.paused = false;
         self.reopened_at = Some(Instant::now());
-    }
-
-    /// Takes the events left (before a shutdown).
-    pub(super) fn flush_events(&mut self) {
-        self.take_events();
     }
 
     /// Time since the engine started.
@@ -362,8 +347,7 @@ impl<'a> Engine<'a> {
         for k in &keys[..g + h] {
             self.gpu.put(*k);
         }
-        let recomputed = self.count_tokens(a, g, h);
-        self.attribute(a, g, h, first, waited, recomputed);
+        let recomputed = self.account(a, g, h, first, waited);
         // prefill computes the rest; offload it with the output
         let mut new: Vec<BlockKey> = keys[g + h..].to_vec();
         new.extend(&a.turn.output);
@@ -385,38 +369,12 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    /// Counts a served request's prompt tokens by where they came from: `g` blocks from the
-    /// GPU cache, then `h` hit blocks from DRAM (promoted or not). Returns the tokens
-    /// recomputed.
-    fn count_tokens(&mut self, a: &Active, g: usize, h: usize) -> u64 {
-        let bpb = self.cfg.tokens_per_block as u64;
-        let total = a.turn.keys.len() as u64 * bpb;
-        let promoted = a.turn.keys[g..g + h]
-            .iter()
-            .filter(|k| a.promoted.contains_key(k))
-            .count() as u64;
-        let recomputed = total - (g + h) as u64 * bpb;
-        let t = &mut self.tally;
-        t.prompt_tokens += total;
-        t.tokens_from_gpu_cache += g as u64 * bpb;
-        t.tokens_from_secondary += promoted * bpb;
-        t.tokens_from_dram += (h as u64 - promoted) * bpb;
-        t.tokens_recomputed += recomputed;
-        recomputed
-    }
-
-    /// Puts a served request's prompt tokens in their buckets (`first`: why the first block
-    /// past its `g + h` served ones is not served), and counts its wait, its modelled time
-    /// to first token, its unused promotions and its trace record.
-    fn attribute(
-        &mut self,
-        a: &Active,
-        g: usize,
-        h: usize,
-        first: Option<Lost>,
-        waited: u32,
-        recomputed: u64,
-    ) {
+    /// Counts a served request's prompt tokens by where they came from (`g` blocks from the
+    /// GPU cache, then `h` hit blocks from DRAM, promoted or not) and puts each in its bucket
+    /// (`first`: why the first block past the served ones is not served); counts its wait,
+    /// its modelled time to first token, its unused promotions and its trace record. Returns
+    /// the tokens recomputed.
+    fn account(&mut self, a: &Active, g: usize, h: usize, first: Option<Lost>, waited: u32) -> u64 {
         // the ledger as of now: this step's DRAM evictions and the tiers' removals included
         self.take_events();
         let bpb = self.cfg.tokens_per_block as u64;
@@ -424,7 +382,11 @@ impl<'a> Engine<'a> {
         let gave_up = matches!(first, Some(Lost::GaveUp));
         let lost = self.ledger.classify(&keys[g + h..], first, gave_up);
         let t = &mut self.tally;
-        let mut add = |label: String, n: u64| *t.attribution.entry(label).or_insert(0) += n;
+        let mut add = |label: String, n: u64| {
+            if n > 0 {
+                *t.attribution.entry(label).or_insert(0) += n;
+            }
+        };
         add("served/gpu".into(), g as u64 * bpb);
         let mut tier_tokens = 0;
         for k in &keys[g..g + h] {
@@ -439,7 +401,13 @@ impl<'a> Engine<'a> {
         for l in lost {
             add(l.label(), bpb);
         }
-        t.attribution.retain(|_, n| *n > 0);
+        let total = keys.len() as u64 * bpb;
+        let recomputed = total - (g + h) as u64 * bpb;
+        t.prompt_tokens += total;
+        t.tokens_from_gpu_cache += g as u64 * bpb;
+        t.tokens_from_secondary += tier_tokens;
+        t.tokens_from_dram += h as u64 * bpb - tier_tokens;
+        t.tokens_recomputed += recomputed;
         // the request's wait, against the recompute of the tokens it waited for
         let wait = if waited > 0 {
             a.first_ask.elapsed()
@@ -472,11 +440,8 @@ impl<'a> Engine<'a> {
         {
             t.first_tier_hit_after_restart = Some(at.elapsed());
         }
-        let before = t.ids.len();
-        let prompt = keys.iter().map(|k| t.id(k)).collect();
-        let output = a.turn.output.iter().map(|k| t.id(k)).collect();
-        t.working_set_blocks += (t.ids.len() - before) as u64;
-        t.trace.push(TraceRecord::Request { prompt, output });
+        t.trace.request(keys, &a.turn.output);
+        recomputed
     }
 
     /// Offloads computed blocks to kv-tier and puts them in the GPU cache.
@@ -530,8 +495,8 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    /// Counts the events emitted since the last call.
-    fn take_events(&mut self) {
+    /// Takes the events emitted since the last call into the ledger, counting them.
+    pub(super) fn take_events(&mut self) {
         for e in self.manager.take_events() {
             self.ledger.event(&e);
             self.tally.events += 1;

@@ -370,14 +370,39 @@ impl MissCounts {
         }
     }
 
+    /// Each count with its cause's name (the metrics' `cause` label).
+    pub fn by_cause(&self) -> [(&'static str, u64); 6] {
+        [
+            ("not_found", self.not_found),
+            ("probe_over_budget", self.probe_over_budget),
+            ("probe_failed", self.probe_failed),
+            ("load_failed", self.load_failed),
+            ("no_dram_room", self.no_dram_room),
+            ("shut_down", self.shut_down),
+        ]
+    }
+
     /// All misses counted.
     pub fn total(&self) -> u64 {
-        self.not_found
-            + self.probe_over_budget
-            + self.probe_failed
-            + self.load_failed
-            + self.no_dram_room
-            + self.shut_down
+        self.by_cause().iter().map(|(_, n)| n).sum()
+    }
+
+    /// Adds `other`'s counts (another manager's).
+    pub fn add(&mut self, other: &MissCounts) {
+        let MissCounts {
+            not_found,
+            probe_over_budget,
+            probe_failed,
+            load_failed,
+            no_dram_room,
+            shut_down,
+        } = *other;
+        self.not_found += not_found;
+        self.probe_over_budget += probe_over_budget;
+        self.probe_failed += probe_failed;
+        self.load_failed += load_failed;
+        self.no_dram_room += no_dram_room;
+        self.shut_down += shut_down;
     }
 }
 
