@@ -46,6 +46,11 @@ fn a_build_dropped_after_the_fs_tier_opened_leaves_no_fs_thread() {
         })
         .await
         .expect("the gated builder was never reached");
+        // a spawned thread names itself once it first runs: until then it has its parent's name
+        wait_until_async("the fs tier's threads", SETTLE_LIMIT, || {
+            fs_threads() > base
+        })
+        .await;
         fs_threads()
     });
     assert!(
