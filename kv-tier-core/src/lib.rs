@@ -39,8 +39,8 @@ pub use stats::{
     TierSnapshot, TierStats,
 };
 pub use tier::{
-    Capability, JobResult, LoadJob, OffloadPolicy, PreparedStore, PrimaryStats, PrimaryTier,
-    ProtectGuard, ProtectionSet, SecondaryTier, StoreJob, TierInfo,
+    Capability, ChainLink, JobResult, LoadJob, OffloadPolicy, PreparedStore, PrimaryStats,
+    PrimaryTier, ProtectGuard, ProtectionSet, SecondaryTier, StoreJob, TierInfo,
 };
 pub use tier_options::{TierOptions, TierSettings, WriteBackPolicy};
 

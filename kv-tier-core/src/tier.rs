@@ -26,6 +26,10 @@ pub struct StoreJob {
     /// completed), so a tier can apply request-level policies (vLLM's `REQUEST_LEVEL`
     /// offload) or route peer-to-peer transfers. Empty when none is known.
     pub requests: Vec<RequestId>,
+    /// Where blocks of the job sit in their request's chain, for those the manager knows
+    /// (see [`ChainLink`]): a bounded tier evicts a chain's later blocks before its earlier
+    /// ones. Empty when none is known; a tier may ignore it.
+    pub links: Vec<(BlockKey, ChainLink)>,
 }
 
 impl StoreJob {
@@ -33,6 +37,24 @@ impl StoreJob {
     pub fn keys(&self) -> Vec<BlockKey> {
         self.blocks.iter().map(|(k, _)| *k).collect()
     }
+
+    /// `key`'s place in its chain, if known.
+    pub fn link_of(&self, key: &BlockKey) -> Option<ChainLink> {
+        self.links.iter().find(|(k, _)| k == key).map(|(_, l)| *l)
+    }
+}
+
+/// Where a block sits in its request's chain of blocks: the block it follows (its parent:
+/// the block before it in the prompt) and its position (`depth`, at least 1; the chain's
+/// first block is at 0 and has no parent). The manager learns these from the key lists the
+/// engine passes to `lookup_prefix`/`lookup_many` and `prepare_store`, which are in prefix
+/// order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainLink {
+    /// The block before it in its chain.
+    pub parent: BlockKey,
+    /// Its position in the chain (its parent's is less).
+    pub depth: u32,
 }
 
 /// A batch of blocks to copy from a tier into reserved DRAM slots.

@@ -84,10 +84,16 @@ pub struct TierOptions {
     /// (absent: no budget; range 0.001 to 1e9), a token bucket holding one second of it (at
     /// least one block). Stores beyond it are dropped and counted (`over_write_budget`).
     pub write_budget_mb_per_s: Option<f64>,
+    /// `chain_eviction`: whether the manager sends this tier each stored block's place in
+    /// its request's chain ([`crate::StoreJob::links`]), so a bounded tier (fs, obj) evicts a
+    /// chain's later blocks before its earlier ones, least recent chain tail first (see
+    /// [`crate::lru`]). Default false (plain LRU) until every serve_sim preset is measured with
+    /// it; the README's "The hit rate, measured" gives the figures so far.
+    pub chain_eviction: Option<bool>,
 }
 
 /// The keys of [`TierOptions`] in a tier entry.
-const KEYS: [&str; 7] = [
+const KEYS: [&str; 8] = [
     "probe_budget_s",
     "write_back_limit_mb",
     "write_back_policy",
@@ -95,6 +101,7 @@ const KEYS: [&str; 7] = [
     "locality",
     "admit_after_lookups",
     "write_budget_mb_per_s",
+    "chain_eviction",
 ];
 
 /// Parses vLLM's `locality` value: `LOCAL` or `REMOTE`, any casing.
@@ -126,6 +133,8 @@ pub struct TierSettings {
     pub admit_after_lookups: u64,
     /// See [`TierOptions::write_budget_mb_per_s`], in bytes per second.
     pub write_budget_bytes_per_s: Option<u64>,
+    /// See [`TierOptions::chain_eviction`].
+    pub chain_eviction: bool,
 }
 
 /// A remote tier's default write-back limit, in blocks: a queue its `io_threads` drain in
@@ -167,6 +176,7 @@ impl TierOptions {
             enable_kv_events: Option<bool>,
             admit_after_lookups: Option<u64>,
             write_budget_mb_per_s: Option<f64>,
+            chain_eviction: Option<bool>,
         }
         let raw: Raw = crate::json::from_value(Value::Object(mine), field)?;
         let o = Self {
@@ -177,6 +187,7 @@ impl TierOptions {
             locality,
             admit_after_lookups: raw.admit_after_lookups,
             write_budget_mb_per_s: raw.write_budget_mb_per_s,
+            chain_eviction: raw.chain_eviction,
         };
         o.validate(field)?;
         Ok(o)
@@ -238,6 +249,7 @@ impl TierOptions {
             write_budget_bytes_per_s: self
                 .write_budget_mb_per_s
                 .map(|mb| ((mb * (1u64 << 20) as f64) as u64).max(1)),
+            chain_eviction: self.chain_eviction.unwrap_or(false),
         }
     }
 
@@ -270,6 +282,7 @@ mod tests {
                 "t.admit_after_lookups",
             ),
             (r#"{"write_budget_mb_per_s": 0}"#, "t.write_budget_mb_per_s"),
+            (r#"{"chain_eviction": "yes"}"#, "t.chain_eviction"),
         ];
         for (json, want) in cases {
             let mut m: Map<String, Value> = serde_json::from_str(json).unwrap();
@@ -320,6 +333,7 @@ mod tests {
             locality: Some(Locality::Local),
             admit_after_lookups: Some(2),
             write_budget_mb_per_s: Some(0.5),
+            chain_eviction: Some(true),
         }
         .resolve(true, budget, block);
         assert_eq!(
@@ -332,8 +346,10 @@ mod tests {
                 locality: Some(Locality::Local),
                 admit_after_lookups: 2,
                 write_budget_bytes_per_s: Some(1 << 19),
+                chain_eviction: true,
             }
         );
         assert!(!local.events, "events are off unless asked for, as in vLLM");
+        assert!(!local.chain_eviction, "plain LRU unless asked for");
     }
 }

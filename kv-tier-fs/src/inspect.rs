@@ -120,6 +120,7 @@ impl FsTier {
                     peak_bytes: gc.peak_bytes(),
                     dir_bytes: gc.dir_bytes(),
                     files: gc.files() as u64,
+                    dead_bytes: gc.dead_bytes(),
                     pending_stamps: gc.pending_stamps() as u64,
                     thread_alive: gc.alive.load(Ordering::SeqCst),
                     ..GcStats::default()

@@ -60,6 +60,11 @@ kv_tier_core::counters! {
         dir_bytes: u64,
         /// Block files in the index.
         files: u64,
+        /// Dead bytes: the part of `bytes` in block files whose chain is broken before them
+        /// (the block they follow is not in the tier), so a prefix lookup never reaches them
+        /// here. Only blocks stored with a chain link (`StoreJob::links`) can be dead.
+        /// Computed by one pass over the index when the stats are taken.
+        dead_bytes: u64,
         /// Stamps waiting to be applied.
         pending_stamps: u64,
         /// Whether the GC thread is running (false after shutdown or with background GC off; a

@@ -376,6 +376,7 @@ impl SecondaryTier for FsTier {
 
     async fn store(&self, job: StoreJob) -> JobResult {
         let keys = job.keys();
+        let links = job.links;
         let mut blocks = job.blocks;
         let (refused, hold) = match &self.shared.coord {
             Some(c) => {
@@ -407,6 +408,17 @@ impl SecondaryTier for FsTier {
         else {
             return JobResult::all_failed(keys, &self.closed());
         };
+        if let Some(gc) = &self.shared.gc
+            && !links.is_empty()
+        {
+            // the stored blocks' places in their chains: eviction takes a chain's tail first
+            let ok: rustc_hash::FxHashSet<&BlockKey> = results
+                .iter()
+                .filter(|(_, r)| r.is_ok())
+                .map(|(k, _)| k)
+                .collect();
+            gc.link(links.iter().filter(|(k, _)| ok.contains(k)));
+        }
         let c = &self.shared.counters;
         let results = results
             .into_iter()

@@ -82,6 +82,7 @@ fn main() {
                 let store: Arc<dyn ObjectStore> = tier.object_store().clone();
                 let run_tier = || async {
                     let job = StoreJob {
+                        links: Vec::new(),
                         requests: Vec::new(),
                         blocks: keys
                             .iter()

@@ -3,13 +3,19 @@
 
 use std::sync::Mutex;
 
-use kv_tier_core::lru::{LruIndex, Slot};
+use std::ops::Bound;
+
+use kv_tier_core::lru::{LruIndex, Rank, Slot};
 use kv_tier_core::{BlockKey, EventLog, ProtectionSet};
 use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
 /// One indexed object: its size and its tick (larger: more recently used).
 pub(crate) type Entry = Slot<u64>;
+
+/// A sweep's victim: its key, its entry and its link (parent, depth), to put it back as it
+/// was if its DELETE is not confirmed.
+pub(crate) type Victim = (BlockKey, Entry, Option<(BlockKey, u32)>);
 
 /// The objects in recency order (a logical clock: each use is the next tick), with the keys
 /// a sweep is deleting (stores of them wait, lookups answer absent).
@@ -26,6 +32,16 @@ impl CapIndex {
         self.clock += 1;
         let tick = self.clock;
         self.lru.insert(key, Slot { size, at: tick }).is_none()
+    }
+
+    /// Where indexed `key` sits in its chain: a sweep takes a chain's later objects first.
+    pub(crate) fn link(&mut self, key: &BlockKey, l: &kv_tier_core::ChainLink) {
+        self.lru.link(key, l.parent, l.depth);
+    }
+
+    /// Bytes of objects whose chain is broken before them (see `LruIndex::dead_bytes`).
+    pub(crate) fn dead_bytes(&self) -> u64 {
+        self.lru.dead_bytes()
     }
 
     /// Makes `key` the most recently used, if indexed.
@@ -74,7 +90,7 @@ impl CapIndex {
 
     /// The indexed keys, least recently used first.
     pub(crate) fn keys_by_recency(&self) -> Vec<BlockKey> {
-        self.lru.keys_by_recency().collect()
+        self.lru.keys_by_recency()
     }
 }
 
@@ -159,7 +175,7 @@ pub(crate) struct Cap {
 pub(crate) struct Decision {
     /// Victims, out of the index and marked deleting, with their entries (to restore one
     /// whose delete fails).
-    pub(crate) victims: Vec<(BlockKey, Entry)>,
+    pub(crate) victims: Vec<Victim>,
     /// Candidates kept because they were protected.
     pub(crate) protected: u64,
     /// Index entries examined under the locks (at most the batch size, whatever the index's
@@ -209,11 +225,11 @@ impl Cap {
         &self,
         protection: &ProtectionSet,
         keep: &(dyn Fn(&BlockKey) -> bool + Sync),
-        cursor: &mut Option<(u64, BlockKey)>,
+        cursor: &mut Bound<Rank<u64>>,
         n: usize,
     ) -> Decision {
         let low = self.low.saturating_sub(self.outside());
-        let candidates: Vec<(u64, BlockKey)> = {
+        let candidates: Vec<Rank<u64>> = {
             let idx = self.lock();
             if idx.total() <= low {
                 return Decision {
@@ -221,33 +237,44 @@ impl Cap {
                     ..Decision::default()
                 };
             }
-            idx.lru.oldest(*cursor, n)
+            idx.lru.oldest_from(*cursor, n)
         };
         let mut d = Decision {
             done: candidates.len() < n,
             ..Decision::default()
         };
-        if let Some(last) = candidates.last() {
-            *cursor = Some(*last);
-        }
+        let Some(&last) = candidates.last() else {
+            return d;
+        };
+        *cursor = Bound::Excluded(last);
         d.examined = candidates.len();
         protection.with_lock(|is_protected| {
             let mut idx = self.lock();
-            for (tick, key) in candidates {
+            for rank in candidates {
+                let key = rank.key;
                 if idx.total() <= low {
                     d.done = true;
                     break;
                 }
-                match idx.lru.get(&key) {
-                    Some(e) if e.at == tick => {}
-                    _ => continue, // touched or removed since it was read
+                if idx.lru.rank(&key) != Some(rank) {
+                    continue; // touched, followed or removed since it was read
                 }
                 if is_protected(&key) || keep(&key) {
                     d.protected += 1;
                     continue;
                 }
+                let link = idx.lru.parent(&key).map(|p| (p, rank.depth));
                 let e = idx.lru.take_for_deletion(&key).expect("checked above");
-                d.victims.push((key, e));
+                d.victims.push((key, e, link));
+                // its parent may be a candidate now: not done; and if it comes before the
+                // rest of this batch, the batch ends here and the next reads from it
+                if let Some(pr) = link.and_then(|(p, _)| idx.lru.rank(&p)) {
+                    d.done = false;
+                    if pr < last {
+                        *cursor = Bound::Included(pr);
+                        break;
+                    }
+                }
             }
         });
         d
@@ -256,12 +283,15 @@ impl Cap {
     /// Ends the deletion of `victims`: those in `failed` (still in the store, or not known
     /// to be gone) go back to the index with their old recency; all leave `deleting`, and
     /// stores waiting for them wake.
-    pub(crate) fn finish(&self, victims: &[(BlockKey, Entry)], failed: &[BlockKey]) {
+    pub(crate) fn finish(&self, victims: &[Victim], failed: &[BlockKey]) {
         {
             let mut idx = self.lock();
-            for (k, e) in victims {
+            for (k, e, link) in victims {
                 if failed.contains(k) && !idx.lru.contains(k) {
-                    idx.lru.insert(*k, *e); // its old recency
+                    idx.lru.insert(*k, *e); // its old recency and link
+                    if let Some((p, d)) = link {
+                        idx.lru.link(k, *p, *d);
+                    }
                 }
                 idx.lru.end_deletion(k);
             }
@@ -292,7 +322,7 @@ impl Cap {
 /// loss); all leave `deleting`, so no store waits for them forever.
 pub(crate) struct Deleting<'a> {
     pub(crate) cap: &'a Cap,
-    pub(crate) victims: Vec<(BlockKey, Entry)>,
+    pub(crate) victims: Vec<Victim>,
     /// Per victim: whether its DELETE was confirmed (or the object was already gone).
     pub(crate) gone: Vec<bool>,
 }
@@ -300,8 +330,8 @@ pub(crate) struct Deleting<'a> {
 impl<'a> Deleting<'a> {
     /// Takes `victims` (out of the index, marked deleting by [`Cap::decide`]) and reports
     /// them removed.
-    pub(crate) fn new(cap: &'a Cap, events: &EventLog, victims: Vec<(BlockKey, Entry)>) -> Self {
-        events.push(victims.iter().map(|(k, _)| *k).collect(), true);
+    pub(crate) fn new(cap: &'a Cap, events: &EventLog, victims: Vec<Victim>) -> Self {
+        events.push(victims.iter().map(|(k, _, _)| *k).collect(), true);
         let gone = vec![false; victims.len()];
         Self { cap, victims, gone }
     }
@@ -319,7 +349,7 @@ impl Drop for Deleting<'_> {
             .iter()
             .zip(&self.gone)
             .filter(|(_, gone)| !**gone)
-            .map(|((k, _), _)| *k)
+            .map(|((k, _, _), _)| *k)
             .collect();
         self.cap.finish(&self.victims, &doubtful);
     }
@@ -338,7 +368,7 @@ mod tests {
             cap.lock().insert(BlockKey::from_hash32(h, 0), 1);
         }
         let prot = ProtectionSet::new();
-        let mut cursor = None;
+        let mut cursor = Bound::Unbounded;
         let d = cap.decide(&prot, &|_| false, &mut cursor, 256);
         assert_eq!(d.victims.len(), 256);
         assert_eq!(d.examined, 256, "a decision walked more than its batch");
@@ -352,6 +382,60 @@ mod tests {
         BlockKey::from_hash32([i; 32], 0)
     }
 
+    /// A chain (0 <- 1 <- 2, its head the oldest object) whose tail was used last goes tail
+    /// first and only after older tails: the sweep takes 3..7 and then the chain from its tail,
+    /// each object once it is a tail, never its head before its later objects.
+    #[test]
+    fn a_chain_goes_tail_first_in_one_sweep() {
+        let cap = Cap::new(100, 0.3);
+        for i in 0..8 {
+            cap.lock().insert(k(i), 10);
+        }
+        let link = |c: u8, p: u8, depth: u32| {
+            let l = kv_tier_core::ChainLink {
+                parent: k(p),
+                depth,
+            };
+            cap.lock().link(&k(c), &l);
+        };
+        link(1, 0, 1);
+        link(2, 1, 2);
+        cap.lock().touch(&k(2)); // the chain's tail, most recent
+        let prot = ProtectionSet::new();
+        let mut cursor = Bound::Unbounded;
+        let mut victims = Vec::new();
+        loop {
+            let d = cap.decide(&prot, &|_| false, &mut cursor, 256);
+            victims.extend(d.victims.iter().map(|(k, _, _)| *k));
+            if d.done {
+                break;
+            }
+        }
+        // 80 -> 30: five go, the unlinked ones; the chain, used last, stays whole
+        assert_eq!(victims, [3, 4, 5, 6, 7].map(k).to_vec());
+        let mut more = Vec::new();
+        let cap2 = Cap::new(100, 0.0);
+        for i in 0..3 {
+            cap2.lock().insert(k(i), 10);
+        }
+        for (c, p, d) in [(1u8, 0u8, 1u32), (2, 1, 2)] {
+            let l = kv_tier_core::ChainLink {
+                parent: k(p),
+                depth: d,
+            };
+            cap2.lock().link(&k(c), &l);
+        }
+        let mut cursor = Bound::Unbounded;
+        loop {
+            let d = cap2.decide(&prot, &|_| false, &mut cursor, 256);
+            more.extend(d.victims.iter().map(|(k, _, _)| *k));
+            if d.done {
+                break;
+            }
+        }
+        assert_eq!(more, [2, 1, 0].map(k).to_vec(), "tail first, head last");
+    }
+
     #[test]
     fn victims_follow_recency_skip_protected_and_stop_at_the_low_watermark() {
         let cap = Cap::new(100, 0.5);
@@ -361,11 +445,11 @@ mod tests {
         cap.lock().touch(&k(0)); // most recent now
         let prot = ProtectionSet::new();
         let _g = prot.protect(&[k(1)]);
-        let mut cursor = None;
+        let mut cursor = Bound::Unbounded;
         let mut victims = Vec::new();
         loop {
             let d = cap.decide(&prot, &|_| false, &mut cursor, 3);
-            victims.extend(d.victims.iter().map(|(k, _)| *k));
+            victims.extend(d.victims.iter().map(|(k, _, _)| *k));
             if d.done {
                 break;
             }
@@ -379,7 +463,7 @@ mod tests {
             kv_tier_core::Medium::Storage,
             kv_tier_core::Locality::Local,
         );
-        let d = Deleting::new(&cap, &log, vec![(k(2), Slot { size: 10, at: 3 })]);
+        let d = Deleting::new(&cap, &log, vec![(k(2), Slot { size: 10, at: 3 }, None)]);
         // reported removed as soon as it is taken (lookups answer absent from then on)
         let ev = log.take();
         drop(d); // dropped before it finished: the victim is restored
@@ -393,8 +477,8 @@ mod tests {
             &cap,
             &log,
             vec![
-                (k(3), Slot { size: 10, at: 4 }),
-                (k(4), Slot { size: 10, at: 5 }),
+                (k(3), Slot { size: 10, at: 4 }, None),
+                (k(4), Slot { size: 10, at: 5 }, None),
             ],
         );
         d.gone[0] = true;
@@ -419,7 +503,7 @@ mod tests {
             cap.lock().insert(k(i), 10);
         }
         let prot = ProtectionSet::new();
-        let d = cap.decide(&prot, &|_| false, &mut None, 3);
+        let d = cap.decide(&prot, &|_| false, &mut Bound::Unbounded, 3);
         assert!(d.done && d.victims.is_empty(), "50 is the low watermark");
         assert!(!cap.over());
         for i in 5..10 {
@@ -429,7 +513,7 @@ mod tests {
         cap.lock().insert(k(10), 10);
         assert!(cap.over());
         let _g = prot.protect(&(0..11).map(k).collect::<Vec<_>>());
-        let mut cursor = None;
+        let mut cursor = Bound::Unbounded;
         let d = cap.decide(&prot, &|_| false, &mut cursor, 8);
         assert_eq!((d.victims.len(), d.protected, d.done), (0, 8, false));
         let d = cap.decide(&prot, &|_| false, &mut cursor, 8);

@@ -47,14 +47,15 @@ impl ObjTier {
         let c = &self.shared.counters;
         let index =
             (self.shared.cap.as_ref()).or_else(|| self.shared.coord.as_ref().map(|c| &c.index));
-        let (bytes, objects) = index.map_or((0, 0), |cap| {
+        let (bytes, objects, dead_bytes) = index.map_or((0, 0, 0), |cap| {
             let i = cap.lock();
-            (i.total(), i.len() as u64)
+            (i.total(), i.len() as u64, i.dead_bytes())
         });
         let mut s = ObjStats {
             blocks: c.blocks.snapshot(),
             bytes,
             objects,
+            dead_bytes,
             shared: self.shared.coord.as_ref().map(|c| c.stats()),
             ..ObjStats::default()
         };

@@ -19,6 +19,10 @@ kv_tier_core::counters! {
         /// Objects in the capacity index (bounded mode; on a shared bucket the leader's index
         /// of every instance's objects, empty on the others).
         objects: u64,
+        /// The part of `bytes` in objects whose chain is broken before them (the block they
+        /// follow is not indexed), so a prefix lookup never reaches them here. One pass over
+        /// the index when the stats are taken.
+        dead_bytes: u64,
         /// The shared bucket's coordination (`None` unless `shared`).
         shared: Option<SharedStats>,
     }

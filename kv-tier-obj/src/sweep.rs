@@ -54,7 +54,7 @@ impl Shared {
         if !cap.over() {
             return 0;
         }
-        let mut cursor = None;
+        let mut cursor = std::ops::Bound::Unbounded;
         let mut deleted = 0;
         let mut examined = 0;
         loop {
@@ -90,8 +90,8 @@ impl Shared {
     /// request's error stands for its whole chunk, which the batch size keeps to one: it
     /// marks nothing.
     pub(crate) async fn delete_batch(&self, batch: &mut Deleting<'_>) {
-        let _forget = self.forget_after(batch.victims.iter().map(|(k, _)| *k).collect());
-        let paths: Vec<ObjPath> = batch.victims.iter().map(|(k, _)| self.path(k)).collect();
+        let _forget = self.forget_after(batch.victims.iter().map(|(k, _, _)| *k).collect());
+        let paths: Vec<ObjPath> = batch.victims.iter().map(|(k, _, _)| self.path(k)).collect();
         let n = paths.len();
         let gone = &mut batch.gone;
         let mut errors = Vec::new();

@@ -213,6 +213,7 @@ impl ObjTier {
         let published = &published;
         // a shared bucket's stores wait for credit up to one deadline for the whole job
         let credit_deadline = crate::shared::Coord::credit_deadline();
+        let links = job.links;
         let results: Vec<(BlockKey, Result<bool>)> = futures::stream::iter(job.blocks)
             .map(|(k, src)| async move {
                 let r = inner.store_block(k, src, published, credit_deadline).await;
@@ -221,6 +222,20 @@ impl ObjTier {
             .buffer_unordered(inner.io_threads)
             .collect()
             .await;
+        if let Some(cap) = &inner.cap
+            && !links.is_empty()
+        {
+            // the stored objects' places in their chains: a sweep takes a chain's tail first
+            let ok: rustc_hash::FxHashSet<&BlockKey> = results
+                .iter()
+                .filter(|(_, r)| r.is_ok())
+                .map(|(k, _)| k)
+                .collect();
+            let mut idx = cap.lock();
+            for (k, l) in links.iter().filter(|(k, _)| ok.contains(k)) {
+                idx.link(k, l);
+            }
+        }
         JobResult::from_results(results, |_| bump(&inner.counters.blocks.store_failures, 1))
     }
 

@@ -299,6 +299,7 @@ pub async fn store_keys(
     within_deadline(
         "store",
         tier.store(kv_tier_core::StoreJob {
+            links: Vec::new(),
             requests: Vec::new(),
             blocks,
         }),

@@ -138,6 +138,13 @@
 //!   they read it.
 //! - **Load to GPU**: [`prepare_load`](TieringManager::prepare_load) pins the `Hit` blocks;
 //!   copy DRAM -> GPU from the views, then drop them.
+//! - **Chains**: pass `lookup_prefix`/`lookup_many` and `prepare_store` a request's keys in
+//!   prefix order (as vLLM does). With `chain_eviction: true` in a tier's entry, the manager
+//!   learns from those lists which block follows which (per request, until it finishes; the
+//!   first key of a store is linked to the key its request's lookup put before it) and sends
+//!   the links with each store job ([`StoreJob::links`](kv_tier_core::StoreJob::links)); a
+//!   bounded fs or obj tier then evicts a chain's later blocks before its earlier ones. A
+//!   tier of your own reads them there, or ignores them.
 //! - **Request end**: [`on_request_finished`](TieringManager::on_request_finished) releases
 //!   what the request held.
 //! - **Shutdown**: [`shutdown`](TieringManager::shutdown) (or `shutdown_blocking`) stops
@@ -443,6 +450,7 @@ pub fn effective_config(
                     .map(|b| b as f64 / (1u64 << 20) as f64)
             ),
         );
+        entry.insert("chain_eviction".into(), json!(s.chain_eviction));
         tiers.push(Value::Object(entry));
     }
     let layout = config.layout.as_ref().map(|l| {

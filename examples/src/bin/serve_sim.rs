@@ -146,6 +146,10 @@ struct TierArgs {
     /// The fs tier's write budget in MiB/s (stores past it are dropped, counted)
     #[arg(long, value_name = "X", value_parser = budget_mb)]
     fs_write_budget_mb_per_s: Option<f64>,
+    /// Chain-aware eviction on the fs (and obj) tier: a chain's later blocks go before its
+    /// earlier ones (the tiers' `chain_eviction`)
+    #[arg(long)]
+    chain_eviction: bool,
     /// Also an obj tier below fs, on this S3 endpoint
     #[arg(long, value_name = "URL")]
     s3_endpoint: Option<String>,
@@ -425,6 +429,7 @@ impl Cli {
             fs_cap_gb,
             fs_admit_after_lookups: t.fs_admit_after_lookups,
             fs_write_budget_mb_per_s: t.fs_write_budget_mb_per_s,
+            chain_eviction: t.chain_eviction,
             config_json: t.config_json,
             s3_endpoint: t.s3_endpoint,
             s3_embedded: t.s3_embedded,
@@ -444,12 +449,13 @@ impl Cli {
 }
 
 /// The tier flags `--config` replaces, by argument id.
-const TIER_FLAGS: [&str; 11] = [
+const TIER_FLAGS: [&str; 12] = [
     "dram_mb",
     "root_dir",
     "fs_cap_gb",
     "fs_admit_after_lookups",
     "fs_write_budget_mb_per_s",
+    "chain_eviction",
     "s3_endpoint",
     "s3_bucket",
     "s3_access_key",

@@ -196,6 +196,9 @@ pub struct SimConfig {
     pub fs_admit_after_lookups: u64,
     /// The fs tier's `write_budget_mb_per_s` (`None`: no budget).
     pub fs_write_budget_mb_per_s: Option<f64>,
+    /// `chain_eviction` on the fs and obj tiers: a chain's later blocks are evicted before its
+    /// earlier ones.
+    pub chain_eviction: bool,
     /// A tier config JSON (vLLM-shaped) replacing the built-in one.
     pub config_json: Option<String>,
     /// An S3 endpoint: adds an `obj` tier below the fs tier.
@@ -268,6 +271,7 @@ impl Default for SimConfig {
             root_dir: None,
             fs_cap_gb: Some(4.0),
             fs_admit_after_lookups: 0,
+            chain_eviction: false,
             fs_write_budget_mb_per_s: None,
             config_json: None,
             s3_endpoint: None,
@@ -345,6 +349,9 @@ impl SimConfig {
             if let Some(mb) = self.fs_write_budget_mb_per_s {
                 o.insert("write_budget_mb_per_s".into(), mb.into());
             }
+            if self.chain_eviction {
+                o.insert("chain_eviction".into(), true.into());
+            }
             if let Some(id) = &self.fs_instance_id {
                 o.insert("shared".into(), true.into());
                 o.insert("instance_id".into(), id.clone().into());
@@ -364,6 +371,7 @@ impl SimConfig {
                 "io_threads": 16,
                 "checksum": "crc32c",
                 "enable_kv_events": true,
+                "chain_eviction": self.chain_eviction,
             }));
         }
         let v = serde_json::json!({

@@ -159,6 +159,9 @@ pub struct GcReport {
     pub peak_bytes: u64,
     /// The part of `bytes` that is directories.
     pub dir_bytes: u64,
+    /// The part of `bytes` in blocks whose chain is broken before them in the tier (dead
+    /// bytes: a prefix lookup never reaches them there).
+    pub dead_bytes: u64,
     /// Files deleted within the grace window because the hard ceiling was near.
     pub grace_overridden: u64,
     /// Sweeps that ended over the cap (the rest was in flight or within the grace window).
@@ -525,6 +528,7 @@ fn gc_report(g: &GcStats, max_bytes_after_step_sweep: Option<u64>) -> GcReport {
         bytes: g.bytes,
         peak_bytes: g.peak_bytes,
         dir_bytes: g.dir_bytes,
+        dead_bytes: g.dead_bytes,
         grace_overridden: g.grace_overridden,
         sweeps_over_cap: g.sweeps_over_cap,
         max_bytes_after_step_sweep,
@@ -877,11 +881,13 @@ fn render_gc(g: &GcReport) -> String {
         g.skipped_in_grace
     );
     o += &format!(
-        "  fs on disk            {:.3} GiB allocated at the end ({:.2}x the {:.2} GiB cap; {:.3} GiB of it directories), peak {:.3} GiB ({:.2}x)\n",
+        "  fs on disk            {:.3} GiB allocated at the end ({:.2}x the {:.2} GiB cap; {:.3} GiB of it directories, {:.3} GiB dead: {:.1}% of the cap in blocks whose chain is broken before them), peak {:.3} GiB ({:.2}x)\n",
         gib(g.bytes),
         g.bytes as f64 / g.cap_bytes as f64,
         gib(g.cap_bytes),
         gib(g.dir_bytes),
+        gib(g.dead_bytes),
+        100.0 * g.dead_bytes as f64 / g.cap_bytes.max(1) as f64,
         gib(g.peak_bytes),
         g.peak_bytes as f64 / g.cap_bytes as f64
     );

@@ -49,6 +49,7 @@ pub(crate) fn small(seed: u64) -> SimConfig {
         fs_cap_gb: None,
         fs_admit_after_lookups: 0,
         fs_write_budget_mb_per_s: None,
+        chain_eviction: false,
         config_json: None,
         s3_endpoint: None,
         s3_bucket: String::new(),

@@ -287,6 +287,7 @@ impl TieringManagerBuilder {
                 write_back,
                 admission,
                 request_level: FxHashMap::default(),
+                chains: Default::default(),
             }),
             primary,
             tiers,

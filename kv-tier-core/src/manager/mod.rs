@@ -22,6 +22,7 @@ use crate::stats::ManagerStats;
 pub(crate) use crate::sync::lock;
 mod admission;
 mod builder;
+mod chains;
 mod holds;
 mod jobs;
 mod lifecycle;
@@ -62,6 +63,8 @@ struct State {
     request_level: FxHashMap<RequestId, Vec<usize>>,
     /// Per request, why its last `Miss` was one (until it finishes).
     last_miss: FxHashMap<RequestId, MissCause>,
+    /// Per request, which of its blocks follows which (until it finishes).
+    chains: chains::Chains,
 }
 /// The tiering manager: answers lookups without blocking, cascades stores to every secondary
 /// tier, and promotes secondary hits into DRAM in batched background jobs.
@@ -221,6 +224,9 @@ impl TieringManager {
         // every key asked for counts towards admission, past a miss too (as vLLM counts)
         for k in keys {
             st.admission.asked(k, req.id);
+        }
+        if self.wants_chains(&st) {
+            st.chains.learn(req.id, keys);
         }
         let mut results = Vec::with_capacity(keys.len());
         let mut pins: Vec<BlockSource> = Vec::new();
@@ -427,7 +433,7 @@ impl TieringManager {
         let prepared = self.primary.prepare_store(keys)?;
         st.write_back
             .reserve(prepared.to_store.iter().map(|(k, _)| *k), per_block);
-        Ok(PendingStore::new(self, prepared))
+        Ok(PendingStore::new(self, prepared, admitted))
     }
 
     /// Ends a store begun by `prepare_store`, with the keys of its slots (their sinks are
@@ -443,7 +449,7 @@ impl TieringManager {
         &self,
         keys: &[BlockKey],
         present: &[BlockKey],
-        commit: Option<RequestId>,
+        commit: Option<(RequestId, &[BlockKey])>,
     ) -> StoreReceipt {
         let mut receipt = StoreReceipt::default();
         let mut st = self.begin();
@@ -452,7 +458,7 @@ impl TieringManager {
         st.write_back
             .unreserve(keys, self.primary.block_size() as u64);
         let stored = self.primary.complete_store(keys, commit.is_some());
-        let Some(req) = commit else {
+        let Some((req, chain)) = commit else {
             return receipt;
         };
         let request_level = st.request_level.get(&req).cloned().unwrap_or_default();
@@ -466,6 +472,11 @@ impl TieringManager {
         }
         let sources = self.primary.sources(&stored);
         let present_sources = self.primary.sources(present);
+        let links = if self.wants_chains(&st) {
+            st.chains.links(req, chain)
+        } else {
+            Vec::new()
+        };
         st.stats.cascades += 1;
         for i in 0..self.tiers.len() {
             let mut blocks: Vec<_> = stored
@@ -510,18 +521,30 @@ impl TieringManager {
             if a.blocks.is_empty() {
                 continue;
             }
+            let job_links = if st.write_back.settings(i).chain_eviction {
+                links_of(&links, &a.blocks)
+            } else {
+                Vec::new()
+            };
             self.submit(
                 &mut st,
                 i,
                 req,
                 Job::Store(StoreJob {
                     requests: vec![req],
+                    links: job_links,
                     blocks: a.blocks,
                 }),
             );
         }
         receipt
     }
+    /// Whether a tier takes its blocks' chain links (`chain_eviction`): only then are the
+    /// requests' chains learned.
+    fn wants_chains(&self, st: &State) -> bool {
+        (0..self.tiers.len()).any(|i| st.write_back.settings(i).chain_eviction)
+    }
+
     /// Ends the scheduling step: applies what has completed, then sends the queued promotions
     /// (one load job per tier and request) and the queued existence probes.
     pub fn on_schedule_end(&self) {
@@ -608,4 +631,20 @@ fn miss(st: &mut State, req: RequestId, cause: MissCause) -> LookupResult {
     st.stats.misses_by_cause.record(&cause);
     st.last_miss.insert(req, cause);
     LookupResult::Miss
+}
+
+/// The links of `blocks` among `links`.
+fn links_of<T>(
+    links: &[(BlockKey, crate::tier::ChainLink)],
+    blocks: &[(BlockKey, T)],
+) -> Vec<(BlockKey, crate::tier::ChainLink)> {
+    if links.is_empty() {
+        return Vec::new();
+    }
+    let keys: FxHashSet<&BlockKey> = blocks.iter().map(|(k, _)| k).collect();
+    links
+        .iter()
+        .filter(|(k, _)| keys.contains(k))
+        .copied()
+        .collect()
 }

@@ -33,11 +33,21 @@ use crate::tier::PreparedStore;
 pub struct PendingStore<'m> {
     manager: &'m TieringManager,
     prepared: PreparedStore,
+    /// The keys of the `prepare_store` call, in the engine's (prefix) order.
+    chain: Vec<BlockKey>,
 }
 
 impl<'m> PendingStore<'m> {
-    pub(super) fn new(manager: &'m TieringManager, prepared: PreparedStore) -> Self {
-        Self { manager, prepared }
+    pub(super) fn new(
+        manager: &'m TieringManager,
+        prepared: PreparedStore,
+        chain: Vec<BlockKey>,
+    ) -> Self {
+        Self {
+            manager,
+            prepared,
+            chain,
+        }
     }
 
     /// The keys that need writing, each with its exclusive writable DRAM slot.
@@ -73,7 +83,9 @@ impl<'m> PendingStore<'m> {
     pub fn commit(mut self, req: RequestId) -> StoreReceipt {
         let keys = self.take_keys();
         let present = std::mem::take(&mut self.prepared.present);
-        self.manager.finish_store(&keys, &present, Some(req))
+        let chain = std::mem::take(&mut self.chain);
+        self.manager
+            .finish_store(&keys, &present, Some((req, &chain)))
     }
 
     /// Frees the slots; nothing is stored or cascaded. The same as dropping it.

@@ -68,6 +68,7 @@ impl TieringManager {
     /// store jobs have ended).
     pub(super) fn request_done(&self, st: &mut State, req: RequestId) {
         st.request_level.remove(&req);
+        st.chains.forget(req);
         for l in &mut st.lookups {
             l.finish_request(req);
         }

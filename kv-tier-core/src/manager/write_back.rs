@@ -205,6 +205,7 @@ mod tests {
             locality: None,
             admit_after_lookups: 0,
             write_budget_bytes_per_s: None,
+            chain_eviction: false,
         }
     }
 

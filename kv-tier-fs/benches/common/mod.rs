@@ -104,6 +104,7 @@ pub(crate) fn tier_store(
         .chunks(job_blocks)
         .zip(srcs.chunks(job_blocks))
         .map(|(ks, ss)| StoreJob {
+            links: Vec::new(),
             requests: Vec::new(),
             blocks: ks
                 .iter()

@@ -444,9 +444,9 @@ mod tests {
         let r = idx.remove(&b).unwrap();
         assert!(r.leaf_empty && r.top_empty);
         assert_eq!(idx.total(), 8192 + 2 * 4096);
-        assert_eq!(idx.lru.oldest(None, 1)[0].1, c, "oldest first");
+        assert_eq!(idx.lru.oldest(None, 1)[0].key, c, "oldest first");
         idx.set_mtime(&c, 50);
-        assert_eq!(idx.lru.oldest(None, 1)[0].0, 50);
+        assert_eq!(idx.lru.oldest(None, 1)[0].at, 50);
         assert_eq!(idx.peak, 3 * 8192 + 4 * 4096 + 100);
     }
 

@@ -421,6 +421,24 @@ impl Gc {
         measure
     }
 
+    /// Where stored blocks sit in their chains (see [`kv_tier_core::lru`]): a sweep takes a
+    /// chain's later blocks before its earlier ones.
+    pub(crate) fn link<'a>(
+        &self,
+        links: impl IntoIterator<Item = &'a (BlockKey, kv_tier_core::ChainLink)>,
+    ) {
+        let mut idx = self.lock();
+        for (k, l) in links {
+            idx.lru.link(k, l.parent, l.depth);
+        }
+    }
+
+    /// Bytes of indexed blocks whose chain is broken before them (their parent is not
+    /// indexed): a prefix lookup never reaches them here. One pass over the index.
+    pub(crate) fn dead_bytes(&self) -> u64 {
+        self.lock().lru.dead_bytes()
+    }
+
     /// The measured allocated bytes of `key`'s leaf directory.
     pub(crate) fn set_leaf_bytes(&self, key: &BlockKey, bytes: u64) {
         self.lock().set_leaf_bytes(key, bytes);

@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use std::ops::Bound;
+
+use kv_tier_core::lru::Rank;
 use kv_tier_core::{BlockKey, ProtectionSet};
+use rustc_hash::FxHashSet;
 
 use super::index::Entry;
 use super::{Gc, SweepPoint, mtime_ns};
@@ -30,7 +34,8 @@ pub(crate) enum Goal {
 const BATCH: usize = 256;
 
 enum Decision {
-    Delete(Entry, super::index::Removed),
+    /// With the victim's link (parent, depth), to put it back as it was if it stays.
+    Delete(Entry, super::index::Removed, Option<(BlockKey, u32)>),
     InFlight,
     Recent,
     Gone,
@@ -41,6 +46,8 @@ struct Victim {
     path: PathBuf,
     entry: Entry,
     removed: super::index::Removed,
+    /// The block it followed and its depth, if linked.
+    link: Option<(BlockKey, u32)>,
     /// Kept (protected at its unlink, or the unlink failed) and counted in the index again:
     /// its bytes left the batch's unlinking count then, not at the batch's end.
     requeued: std::sync::atomic::AtomicBool,
@@ -87,6 +94,9 @@ impl Batch<'_> {
                 }
                 if stays.get(i).copied().unwrap_or(false) && !idx.lru.contains(&v.key) {
                     idx.insert(v.key, v.entry.size, v.entry.mtime);
+                    if let Some((p, d)) = v.link {
+                        idx.lru.link(&v.key, p, d);
+                    }
                 }
                 if idx.lru.end_deletion(&v.key) {
                     self.gc.deleting_now.fetch_sub(1, Ordering::SeqCst);
@@ -172,18 +182,21 @@ impl Gc {
         };
         let mut deleted: Vec<BlockKey> = Vec::new();
         let (mut in_flight, mut recent, mut in_grace, mut bytes) = (0u64, 0u64, 0u64, 0u64);
-        let mut cursor: Option<(i64, BlockKey)> = None;
+        // candidates from here on; a victim's parent that became a candidate before the
+        // batch's end moves it back (its chain goes tail first within one sweep)
+        let mut cursor: Bound<Rank<i64>> = Bound::Unbounded;
+        let mut decided: FxHashSet<BlockKey> = FxHashSet::default();
         let mut first = true;
         'batches: loop {
-            let cands: Vec<(i64, BlockKey)> = {
+            let cands: Vec<Rank<i64>> = {
                 let idx = self.lock();
                 if idx.settled() <= target {
                     break;
                 }
-                idx.lru.oldest(cursor, BATCH)
+                idx.lru.oldest_from(cursor, BATCH)
             };
             let Some(&last) = cands.last() else { break };
-            cursor = Some(last);
+            let mut next_from = Bound::Excluded(last);
             if first {
                 first = false;
                 self.counters
@@ -199,7 +212,11 @@ impl Gc {
                 victims: Vec::new(),
             };
             let mut stop = false;
-            for (mtime, key) in cands {
+            for rank in cands {
+                let (mtime, key) = (rank.at, rank.key);
+                if !decided.insert(key) {
+                    continue;
+                }
                 if !self.may_sweep() || self.stopped() {
                     // a shared root's leader stepped down (its index is no longer the one),
                     // or the tier is shutting down: what is decided is unlinked, no more
@@ -215,7 +232,7 @@ impl Gc {
                 if within_grace && total <= grace_floor {
                     // oldest first: everything from here on is within the grace window
                     let idx = self.lock();
-                    in_grace = idx.lru.count_from((mtime, key)) as u64;
+                    in_grace = idx.lru.count_from(rank) as u64;
                     stop = true;
                     break;
                 }
@@ -231,7 +248,10 @@ impl Gc {
                     let Some(e) = idx.lru.get(&key).copied() else {
                         return;
                     };
-                    if e.pending || e.mtime != mtime || self.read_recently(&key, now) {
+                    if e.pending
+                        || idx.lru.rank(&key) != Some(rank)
+                        || self.read_recently(&key, now)
+                    {
                         decision = Some(Decision::Recent);
                         return;
                     }
@@ -262,15 +282,24 @@ impl Gc {
                         }
                         _ => {}
                     }
+                    let link = idx.lru.parent(&key).map(|p| (p, rank.depth));
                     let removed = idx.remove(&key).expect("checked above");
+                    // its parent may be a candidate now, before this batch's last one: the
+                    // batch ends here and the next reads from it
+                    if let Some(pr) = link.and_then(|(p, _)| idx.lru.rank(&p))
+                        && pr < last
+                    {
+                        next_from = Bound::Included(pr);
+                    }
                     // on disk until its unlink: counted until the batch ends
                     idx.unlinking_bytes += idx.victim_bytes(e.size, &removed);
                     idx.lru.mark_deleting(key);
                     self.deleting_now.fetch_add(1, Ordering::SeqCst);
-                    decision = Some(Decision::Delete(e, removed));
+                    decision = Some(Decision::Delete(e, removed, link));
                 });
+                let reread = matches!(next_from, Bound::Included(_));
                 match decision {
-                    Some(Decision::Delete(entry, removed)) => {
+                    Some(Decision::Delete(entry, removed, link)) => {
                         if within_grace {
                             self.counters
                                 .grace_overridden
@@ -281,6 +310,7 @@ impl Gc {
                             path,
                             entry,
                             removed,
+                            link,
                             requeued: std::sync::atomic::AtomicBool::new(false),
                         });
                     }
@@ -292,6 +322,9 @@ impl Gc {
                             .fetch_add(1, Ordering::Relaxed);
                     }
                     None => {}
+                }
+                if reread {
+                    break;
                 }
             }
             if !batch.victims.is_empty() {
@@ -316,6 +349,7 @@ impl Gc {
             if stop {
                 break 'batches;
             }
+            cursor = next_from;
         }
         let c = &self.counters;
         c.sweeps.fetch_add(1, Ordering::Relaxed);
@@ -457,6 +491,9 @@ impl Gc {
                     }
                     if !idx.lru.contains(&v.key) {
                         idx.insert(v.key, v.entry.size, v.entry.mtime);
+                        if let Some((p, d)) = v.link {
+                            idx.lru.link(&v.key, p, d);
+                        }
                     }
                 }
             }

@@ -116,6 +116,7 @@ async fn dropped_futures_leave_nothing_protected_or_reserved() {
                         .collect();
                     run_or_drop(
                         tier.store(StoreJob {
+                            links: Vec::new(),
                             requests: Vec::new(),
                             blocks,
                         }),

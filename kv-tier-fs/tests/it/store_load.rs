@@ -246,6 +246,7 @@ async fn stores_create_directories_and_wrong_sizes_write_nothing() {
     let k = test_key(3);
     let res = tier
         .store(kv_tier_core::StoreJob {
+            links: Vec::new(),
             requests: Vec::new(),
             blocks: vec![(k, kv_tier_testkit::source_for(&k, 0, BS - 512))],
         })
@@ -259,6 +260,7 @@ async fn stores_create_directories_and_wrong_sizes_write_nothing() {
     shifted.remove(0);
     let res = tier
         .store(kv_tier_core::StoreJob {
+            links: Vec::new(),
             requests: Vec::new(),
             blocks: vec![(k, kv_tier_core::BlockSource::from_bytes(unaligned))],
         })

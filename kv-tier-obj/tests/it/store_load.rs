@@ -43,6 +43,7 @@ async fn one_key_twice_in_a_store_job_with_one_io_thread() {
     let k = test_key(1);
     let other = test_key(2);
     let job = StoreJob {
+        links: Vec::new(),
         requests: Vec::new(),
         blocks: vec![
             (k, source_for(&k, 0, BS)),

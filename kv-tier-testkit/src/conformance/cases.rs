@@ -119,6 +119,7 @@ pub async fn concurrent_stores_of_one_key_leave_one_copy(fx: &TierFixture) {
         let src = source_for(&k, 100 + w, fx.block_size);
         tasks.push(tokio::spawn(async move {
             tier.store(StoreJob {
+                links: Vec::new(),
                 requests: Vec::new(),
                 blocks: vec![(k, src)],
             })
@@ -306,6 +307,7 @@ pub(crate) async fn store_tracked(
         .collect();
     fx.tier
         .store(StoreJob {
+            links: Vec::new(),
             requests: Vec::new(),
             blocks,
         })
@@ -382,6 +384,7 @@ pub async fn a_job_holding_a_key_twice_stores_one_whole_copy(fx: &TierFixture) {
     let ks = keys(12, 2);
     let bs = fx.block_size;
     let job = StoreJob {
+        links: Vec::new(),
         requests: Vec::new(),
         blocks: vec![
             (ks[0], source_for(&ks[0], 1, bs)),
@@ -485,6 +488,7 @@ pub async fn shutdown_ends_work_in_flight_and_later_calls_fail_cleanly(fx: &Tier
     let t = fx.tier.clone();
     let storing = tokio::spawn(async move {
         t.store(StoreJob {
+            links: Vec::new(),
             requests: Vec::new(),
             blocks,
         })

@@ -564,6 +564,7 @@ fn odd_obj_prefixes_round_trip_or_fail_cleanly() {
                 let src = kv_tier::BlockSource::from_bytes(vec![0xab; 4096]);
                 let stored = obj
                     .store(kv_tier::StoreJob {
+                        links: Vec::new(),
                         requests: Vec::new(),
                         blocks: vec![(ks[0], src)],
                     })
@@ -655,6 +656,7 @@ fn obj_numbers_at_their_edges_run_without_panics() {
                     .collect();
                 let _ = obj
                     .store(kv_tier::StoreJob {
+                        links: Vec::new(),
                         requests: Vec::new(),
                         blocks,
                     })

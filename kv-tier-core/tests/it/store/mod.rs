@@ -5,6 +5,8 @@
 mod admission;
 /// The cascade of a committed store to the secondary tiers.
 mod cascade;
+/// Chain links sent with the stores (`chain_eviction`).
+mod chains;
 /// What a commit left out of the cascade, per tier and cause.
 mod receipts;
 /// `prepare_store`'s pending store: commit, abort, drop, duplicates.

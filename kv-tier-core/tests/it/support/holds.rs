@@ -33,6 +33,7 @@ pub(crate) async fn hold_fx_with(
     let mem = Arc::new(MemoryTier::new("fs", BS));
     if !seeded.is_empty() {
         let job = StoreJob {
+            links: Vec::new(),
             requests: Vec::new(),
             blocks: seeded.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
         };

@@ -406,6 +406,7 @@ pub(crate) fn tracked_source(key: &BlockKey, bs: usize, live: &Arc<AtomicUsize>)
 /// A store job of `keys`, each block a [`tracked_source`].
 pub(crate) fn store_job(keys: &[BlockKey], bs: usize, live: &Arc<AtomicUsize>) -> StoreJob {
     StoreJob {
+        links: Vec::new(),
         requests: Vec::new(),
         blocks: keys
             .iter()

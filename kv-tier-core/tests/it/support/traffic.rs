@@ -184,6 +184,7 @@ pub(crate) async fn in_flight_before_the_wait(
     engine_store(&fx.m, RequestId(5_000_000 + tag), &[stored]);
     let probed = test_key(6_000_000 + tag);
     let job = StoreJob {
+        links: Vec::new(),
         requests: Vec::new(),
         blocks: vec![(probed, source_for(&probed, 0, BS))],
     };

@@ -1,0 +1,110 @@
+//! What the manager knows of its requests' chains: which block follows which, learned from
+//! the key lists the engine passes in prefix order, and handed to the tiers with each store
+//! job ([`StoreJob::links`](crate::StoreJob::links)).
+
+use rustc_hash::FxHashMap;
+
+use crate::key::BlockKey;
+use crate::request::RequestId;
+use crate::tier::ChainLink;
+
+/// Per request (until it finishes): each block's link, as its lookups and stores showed it.
+#[derive(Default)]
+pub(super) struct Chains {
+    per_request: FxHashMap<RequestId, FxHashMap<BlockKey, ChainLink>>,
+}
+
+impl Chains {
+    /// `keys` are consecutive blocks of `req`'s chain (a lookup's list: the prompt's blocks
+    /// past what the engine holds itself). A block keeps the first link learned for it.
+    pub(super) fn learn(&mut self, req: RequestId, keys: &[BlockKey]) {
+        let [.., before, last] = keys else {
+            return;
+        };
+        let known = self.per_request.entry(req).or_default();
+        // the same list asked again (a lookup retried each step): nothing new
+        if known.get(last).is_some_and(|l| l.parent == *before) {
+            return;
+        }
+        let mut depth = known.get(&keys[0]).map_or(0, |l| l.depth);
+        for w in keys.windows(2) {
+            depth = depth.saturating_add(1);
+            let l = *known.entry(w[1]).or_insert(ChainLink {
+                parent: w[0],
+                depth,
+            });
+            depth = l.depth;
+        }
+    }
+
+    /// The links of a store's blocks (`chain`: the keys of one `prepare_store` call, in prefix
+    /// order), learned with them.
+    pub(super) fn links(
+        &mut self,
+        req: RequestId,
+        chain: &[BlockKey],
+    ) -> Vec<(BlockKey, ChainLink)> {
+        self.learn(req, chain);
+        let Some(known) = self.per_request.get(&req) else {
+            return Vec::new();
+        };
+        chain
+            .iter()
+            .filter_map(|k| known.get(k).map(|l| (*k, *l)))
+            .collect()
+    }
+
+    /// `req` finished: its links are forgotten (the tiers keep those of what they store).
+    pub(super) fn forget(&mut self, req: RequestId) {
+        self.per_request.remove(&req);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(i: u8) -> BlockKey {
+        BlockKey::from_hash32([i; 32], 0)
+    }
+
+    /// A lookup's list links each block to the one before; a later store of the blocks past
+    /// the hit prefix gets those links, its first block's across the boundary included.
+    #[test]
+    fn a_store_after_a_lookup_links_across_the_hit_prefix() {
+        let mut c = Chains::default();
+        let r = RequestId(1);
+        c.learn(r, &[k(1), k(2), k(3)]);
+        c.learn(r, &[k(1), k(2), k(3)]);
+        let links = c.links(r, &[k(3), k(4)]);
+        assert_eq!(
+            links,
+            vec![
+                (
+                    k(3),
+                    ChainLink {
+                        parent: k(2),
+                        depth: 2
+                    }
+                ),
+                (
+                    k(4),
+                    ChainLink {
+                        parent: k(3),
+                        depth: 3
+                    }
+                ),
+            ]
+        );
+        assert!(
+            c.links(RequestId(2), &[k(9)]).is_empty(),
+            "nothing known of it"
+        );
+        c.forget(r);
+        assert!(c.per_request.is_empty() || !c.per_request.contains_key(&r));
+        // a block keeps its first link
+        c.learn(r, &[k(5), k(6)]);
+        c.learn(r, &[k(7), k(6)]);
+        assert_eq!(c.links(r, &[k(6)])[0].1.parent, k(5));
+    }
+}

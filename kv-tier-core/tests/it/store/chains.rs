@@ -1,0 +1,47 @@
+//! Chain links: with `chain_eviction` on, the manager sends a tier each stored block's place
+//! in its request's chain, learned from the lookup's and the store's key lists (prefix order);
+//! off (the default), it sends none.
+
+use kv_tier::RequestContext;
+use kv_tier_core::{RequestId, TieringManager};
+use kv_tier_testkit::util::engine_store;
+use kv_tier_testkit::{temp_root, test_key};
+
+use crate::support::*;
+
+fn dead_bytes(m: &TieringManager) -> (u64, u64) {
+    let s = m.tier::<kv_tier::fs::FsTier>("fs").unwrap().stats();
+    let g = s.gc.unwrap();
+    (g.dead_bytes, g.files)
+}
+
+/// Promise (`TierOptions::chain_eviction`, `StoreJob::links`): the links are learned from
+/// the key lists the engine passes in prefix order. A request looks up blocks 0..4 (0 is
+/// in no tier: it is never stored) and stores 1..4: the store's first block is linked across
+/// the lookup to block 0, which the tier does not hold, so all three stored blocks are dead
+/// bytes there; once 0 is stored none are. Without `chain_eviction` no link reaches the tier.
+#[test]
+fn a_store_is_linked_to_the_block_its_lookup_put_before_it() {
+    for on in [true, false] {
+        let root = temp_root();
+        let extra = format!(r#", "gc_max_size_gb": 1, "chain_eviction": {on}"#);
+        let m = build(fs_manager_config(root.path(), 16, BS, &extra));
+        let ks: Vec<_> = (0..4).map(|i| test_key(7_000 + i)).collect();
+        let req = RequestContext::new(1);
+        m.lookup_prefix(&ks, &req);
+        engine_store(&m, RequestId(1), &ks[1..]);
+        m.runtime().block_on(m.wait_idle());
+        let (dead, files) = dead_bytes(&m);
+        assert_eq!(files, 3);
+        if on {
+            assert!(dead > 0, "three blocks follow a missing one");
+            engine_store(&m, RequestId(1), &ks[..1]);
+            m.runtime().block_on(m.wait_idle());
+            assert_eq!(dead_bytes(&m), (0, 4), "the chain is whole");
+        } else {
+            assert_eq!(dead, 0, "no links sent");
+        }
+        m.on_request_finished(RequestId(1));
+        m.runtime().block_on(m.shutdown()).unwrap();
+    }
+}
