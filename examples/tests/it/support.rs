@@ -110,11 +110,19 @@ pub(crate) fn check_consistent(r: &Report) {
     assert!(waits >= r.lookup_retries, "{waits} < {}", r.lookup_retries);
     assert_eq!(waits > 0, r.lookup_retries > 0);
     let promoted: u64 = r.tiers.iter().map(|t| t.blocks_loaded).sum();
-    assert_eq!(
-        r.tokens_from_secondary > 0,
-        promoted > 0,
-        "promotions and tokens served from them disagree"
+    // tokens served from a tier were promoted; with real-time steps a promotion may land only
+    // after every request that asked for it gave up (a slow tier on a loaded machine)
+    assert!(
+        r.tokens_from_secondary == 0 || promoted > 0,
+        "tokens served from a tier that promoted nothing"
     );
+    if r.inputs.sim.sync_steps {
+        assert_eq!(
+            r.tokens_from_secondary > 0,
+            promoted > 0,
+            "promotions and tokens served from them disagree"
+        );
+    }
     let hit_tokens = r.tokens_from_gpu_cache + r.tokens_from_dram + r.tokens_from_secondary;
     assert!((r.hit_rate - hit_tokens as f64 / r.prompt_tokens as f64).abs() < 1e-9);
     check_attribution(r);
