@@ -371,6 +371,10 @@ impl<E: LruEntry> LruIndex<E> {
     /// Every key, least recent first by its own recency (a sort of the whole index: for a
     /// snapshot, not for a sweep).
     pub fn keys_by_recency(&self) -> Vec<BlockKey> {
+        if self.order.len() == self.map.len() && self.map.values().all(|n| n.inherited.is_none()) {
+            // no links: the candidates are every key, in that order already
+            return self.order.iter().map(|r| r.key).collect();
+        }
         let mut v: Vec<(E::At, BlockKey)> = self.map.iter().map(|(k, n)| (n.e.at(), *k)).collect();
         v.sort_unstable();
         v.into_iter().map(|(_, k)| k).collect()

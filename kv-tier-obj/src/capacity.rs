@@ -267,11 +267,12 @@ impl Cap {
                 let e = idx.lru.take_for_deletion(&key).expect("checked above");
                 d.victims.push((key, e, link));
                 // its parent may be a candidate now: not done; and if it comes before the
-                // rest of this batch, the batch ends here and the next reads from it
+                // rest of this batch, the batch ends here and the next reads on from here
                 if let Some(pr) = link.and_then(|(p, _)| idx.lru.rank(&p)) {
                     d.done = false;
+                    // never before this victim: read on from it
                     if pr < last {
-                        *cursor = Bound::Included(pr);
+                        *cursor = Bound::Excluded(rank);
                         break;
                     }
                 }

@@ -23,7 +23,9 @@ impl Chains {
         };
         let known = self.per_request.entry(req).or_default();
         // the same list asked again (a lookup retried each step): nothing new
-        if known.get(last).is_some_and(|l| l.parent == *before) {
+        if known.get(last).is_some_and(|l| l.parent == *before)
+            && known.get(&keys[1]).is_some_and(|l| l.parent == keys[0])
+        {
             return;
         }
         let mut depth = known.get(&keys[0]).map_or(0, |l| l.depth);
@@ -44,8 +46,16 @@ impl Chains {
         req: RequestId,
         chain: &[BlockKey],
     ) -> Vec<(BlockKey, ChainLink)> {
-        self.learn(req, chain);
-        let Some(known) = self.per_request.get(&req) else {
+        // a request nothing was learned of (finished, or never looked up) gets the links of
+        // the call's own order and leaves nothing behind
+        let mut once = Chains::default();
+        let from = if self.per_request.contains_key(&req) {
+            self
+        } else {
+            &mut once
+        };
+        from.learn(req, chain);
+        let Some(known) = from.per_request.get(&req) else {
             return Vec::new();
         };
         chain
@@ -100,6 +110,18 @@ mod tests {
             c.links(RequestId(2), &[k(9)]).is_empty(),
             "nothing known of it"
         );
+        assert_eq!(
+            c.links(RequestId(3), &[k(8), k(9)]).len(),
+            1,
+            "its own order"
+        );
+        assert!(
+            !c.per_request.contains_key(&RequestId(3)),
+            "nothing kept of it"
+        );
+        // a list that starts earlier than the one learned links its new front
+        c.learn(r, &[k(0), k(1), k(2), k(3)]);
+        assert_eq!(c.links(r, &[k(1)])[0].1.parent, k(0));
         c.forget(r);
         assert!(c.per_request.is_empty() || !c.per_request.contains_key(&r));
         // a block keeps its first link

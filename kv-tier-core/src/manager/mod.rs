@@ -409,6 +409,9 @@ impl TieringManager {
         let per_block = self.primary.block_size() as u64;
         // one DRAM lookup per key: a key already there is not a store (neither admitted nor
         // left out); a missing one enters only if vLLM's store_threshold admits it
+        // the chain is the caller's order, keys left out included (a block not admitted still
+        // comes between its neighbours)
+        let chain = keys.to_vec();
         let mut admitted = Vec::with_capacity(keys.len());
         let mut new: FxHashSet<&BlockKey> = FxHashSet::default();
         for k in keys {
@@ -433,7 +436,7 @@ impl TieringManager {
         let prepared = self.primary.prepare_store(keys)?;
         st.write_back
             .reserve(prepared.to_store.iter().map(|(k, _)| *k), per_block);
-        Ok(PendingStore::new(self, prepared, admitted))
+        Ok(PendingStore::new(self, prepared, chain))
     }
 
     /// Ends a store begun by `prepare_store`, with the keys of its slots (their sinks are

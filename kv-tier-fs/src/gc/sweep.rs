@@ -284,12 +284,12 @@ impl Gc {
                     }
                     let link = idx.lru.parent(&key).map(|p| (p, rank.depth));
                     let removed = idx.remove(&key).expect("checked above");
-                    // its parent may be a candidate now, before this batch's last one: the
-                    // batch ends here and the next reads from it
+                    // its parent may be a candidate now, before this batch's last one (never
+                    // before this victim): the batch ends here and the next reads on from it
                     if let Some(pr) = link.and_then(|(p, _)| idx.lru.rank(&p))
                         && pr < last
                     {
-                        next_from = Bound::Included(pr);
+                        next_from = Bound::Excluded(rank);
                     }
                     // on disk until its unlink: counted until the batch ends
                     idx.unlinking_bytes += idx.victim_bytes(e.size, &removed);
@@ -297,7 +297,7 @@ impl Gc {
                     self.deleting_now.fetch_add(1, Ordering::SeqCst);
                     decision = Some(Decision::Delete(e, removed, link));
                 });
-                let reread = matches!(next_from, Bound::Included(_));
+                let reread = next_from != Bound::Excluded(last);
                 match decision {
                     Some(Decision::Delete(entry, removed, link)) => {
                         if within_grace {

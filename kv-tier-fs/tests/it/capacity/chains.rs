@@ -101,3 +101,27 @@ async fn blocks_after_a_missing_parent_are_dead_bytes() {
     store_chain(&tier, &ks[..1], None).await;
     assert_eq!(gc_stats(&tier).dead_bytes, 0);
 }
+
+/// A victim whose parent was used lately (a shared prefix's block) makes the parent a
+/// candidate far down the order: the sweep reads on from the victim, so the older blocks in
+/// between go first and the parent stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_used_lately_waits_its_turn_after_its_follower_goes() {
+    let root = temp_root();
+    let tier = open_hand_swept(root.path(), 10, 0.8);
+    let ks = leaf_keys(0..15);
+    store_chain(&tier, &ks[..2], None).await;
+    assert!(fs_store(&tier, &ks[2..], 0).await.is_success());
+    // the follower oldest of all, its parent used 400 s ago
+    age(&tier, &ks, |i| match i {
+        0 => 400,
+        1 => 20_000,
+        _ => (15 - i as u64) * 1000,
+    });
+    assert_eq!(tier.gc_sweep_now().unwrap(), 7);
+    assert_eq!(
+        present(&tier, &ks),
+        (0..15).map(|i| i == 0 || i >= 8).collect::<Vec<_>>(),
+        "the follower and the six oldest others go, the parent stays"
+    );
+}
