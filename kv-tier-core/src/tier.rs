@@ -37,11 +37,6 @@ impl StoreJob {
     pub fn keys(&self) -> Vec<BlockKey> {
         self.blocks.iter().map(|(k, _)| *k).collect()
     }
-
-    /// `key`'s place in its chain, if known.
-    pub fn link_of(&self, key: &BlockKey) -> Option<ChainLink> {
-        self.links.iter().find(|(k, _)| k == key).map(|(_, l)| *l)
-    }
 }
 
 /// Where a block sits in its request's chain of blocks: the block it follows (its parent:

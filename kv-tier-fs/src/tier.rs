@@ -411,13 +411,9 @@ impl SecondaryTier for FsTier {
         if let Some(gc) = &self.shared.gc
             && !links.is_empty()
         {
-            // the stored blocks' places in their chains: eviction takes a chain's tail first
-            let ok: rustc_hash::FxHashSet<&BlockKey> = results
-                .iter()
-                .filter(|(_, r)| r.is_ok())
-                .map(|(k, _)| k)
-                .collect();
-            gc.link(links.iter().filter(|(k, _)| ok.contains(k)));
+            // the stored blocks' places in their chains (a block not indexed, its store
+            // failed, is not linked): eviction takes a chain's tail first
+            gc.link(&links);
         }
         let c = &self.shared.counters;
         let results = results

@@ -225,14 +225,10 @@ impl ObjTier {
         if let Some(cap) = &inner.cap
             && !links.is_empty()
         {
-            // the stored objects' places in their chains: a sweep takes a chain's tail first
-            let ok: rustc_hash::FxHashSet<&BlockKey> = results
-                .iter()
-                .filter(|(_, r)| r.is_ok())
-                .map(|(k, _)| k)
-                .collect();
+            // the stored objects' places in their chains (an object not indexed, its store
+            // failed, is not linked): a sweep takes a chain's tail first
             let mut idx = cap.lock();
-            for (k, l) in links.iter().filter(|(k, _)| ok.contains(k)) {
+            for (k, l) in &links {
                 idx.link(k, l);
             }
         }

@@ -411,7 +411,11 @@ impl TieringManager {
         // left out); a missing one enters only if vLLM's store_threshold admits it
         // the chain is the caller's order, keys left out included (a block not admitted still
         // comes between its neighbours)
-        let chain = keys.to_vec();
+        let chain = if self.wants_chains(&st) {
+            keys.to_vec()
+        } else {
+            Vec::new()
+        };
         let mut admitted = Vec::with_capacity(keys.len());
         let mut new: FxHashSet<&BlockKey> = FxHashSet::default();
         for k in keys {

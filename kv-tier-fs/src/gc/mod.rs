@@ -423,10 +423,7 @@ impl Gc {
 
     /// Where stored blocks sit in their chains (see [`kv_tier_core::lru`]): a sweep takes a
     /// chain's later blocks before its earlier ones.
-    pub(crate) fn link<'a>(
-        &self,
-        links: impl IntoIterator<Item = &'a (BlockKey, kv_tier_core::ChainLink)>,
-    ) {
+    pub(crate) fn link(&self, links: &[(BlockKey, kv_tier_core::ChainLink)]) {
         let mut idx = self.lock();
         for (k, l) in links {
             idx.lru.link(k, l.parent, l.depth);
