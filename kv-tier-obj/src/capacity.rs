@@ -379,6 +379,19 @@ mod tests {
         assert_eq!(d.victims[0].0, BlockKey::from_hash32(first, 0));
     }
 
+    /// The victims of `decide` in batches of `n` until it is done, in order.
+    fn decide_all(cap: &Cap, prot: &ProtectionSet, n: usize) -> Vec<BlockKey> {
+        let mut cursor = Bound::Unbounded;
+        let mut victims = Vec::new();
+        loop {
+            let d = cap.decide(prot, &|_| false, &mut cursor, n);
+            victims.extend(d.victims.iter().map(|(k, _, _)| *k));
+            if d.done {
+                return victims;
+            }
+        }
+    }
+
     fn k(i: u8) -> BlockKey {
         BlockKey::from_hash32([i; 32], 0)
     }
@@ -403,15 +416,7 @@ mod tests {
         link(2, 1, 2);
         cap.lock().touch(&k(2)); // the chain's tail, most recent
         let prot = ProtectionSet::new();
-        let mut cursor = Bound::Unbounded;
-        let mut victims = Vec::new();
-        loop {
-            let d = cap.decide(&prot, &|_| false, &mut cursor, 256);
-            victims.extend(d.victims.iter().map(|(k, _, _)| *k));
-            if d.done {
-                break;
-            }
-        }
+        let victims = decide_all(&cap, &prot, 256);
         // 80 -> 30: five go, the unlinked ones; the chain, used last, stays whole
         assert_eq!(victims, [3, 4, 5, 6, 7].map(k).to_vec());
         let mut more = Vec::new();
@@ -426,14 +431,7 @@ mod tests {
             };
             cap2.lock().link(&k(c), &l);
         }
-        let mut cursor = Bound::Unbounded;
-        loop {
-            let d = cap2.decide(&prot, &|_| false, &mut cursor, 256);
-            more.extend(d.victims.iter().map(|(k, _, _)| *k));
-            if d.done {
-                break;
-            }
-        }
+        more.extend(decide_all(&cap2, &prot, 256));
         assert_eq!(more, [2, 1, 0].map(k).to_vec(), "tail first, head last");
     }
 
@@ -446,15 +444,7 @@ mod tests {
         cap.lock().touch(&k(0)); // most recent now
         let prot = ProtectionSet::new();
         let _g = prot.protect(&[k(1)]);
-        let mut cursor = Bound::Unbounded;
-        let mut victims = Vec::new();
-        loop {
-            let d = cap.decide(&prot, &|_| false, &mut cursor, 3);
-            victims.extend(d.victims.iter().map(|(k, _, _)| *k));
-            if d.done {
-                break;
-            }
-        }
+        let victims = decide_all(&cap, &prot, 3);
         // 120 -> 50: seven go, the oldest unprotected ones
         assert_eq!(victims, (2..9).map(k).collect::<Vec<_>>());
         assert_eq!(cap.lock().total(), 50);
