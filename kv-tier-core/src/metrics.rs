@@ -388,6 +388,15 @@ fn publish(book: &Book, s: &ManagerStats, block_size: usize) {
                 v,
             );
         }
+        for (outcome, v) in [("held", pr.known_present), ("absent", pr.known_absent)] {
+            set_counter(
+                book,
+                "kv_tier_known_keys_total",
+                "Keys the tier answered from its own index, with no probe, by outcome.",
+                &[("tier", t.name.clone()), ("outcome", outcome.to_string())],
+                v,
+            );
+        }
         for (outcome, v) in [
             ("error", pr.probe_errors),
             ("deadline", pr.probe_timeouts),

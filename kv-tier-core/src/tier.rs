@@ -255,6 +255,20 @@ pub trait SecondaryTier: std::any::Any + Send + Sync + fmt::Debug {
     /// positive answer must never make a `store` skip its write).
     async fn lookup(&self, keys: &[BlockKey]) -> Result<Vec<bool>>;
 
+    /// Whether the tier holds `key`, answered from what it knows in memory (an index of its
+    /// blocks) without I/O: `Some(true)` held, `Some(false)` not held, `None` only a
+    /// [`lookup`](Self::lookup) can tell. Never blocks; the default: `None` (every key is
+    /// probed).
+    ///
+    /// The manager asks it first and probes only the keys it answers `None` for; it asks
+    /// with `key` protected ([`protect`](Self::protect)), so an answer must hold while that
+    /// protection lasts as a probe's would: `Some(true)` only for a key a load would find
+    /// then (a load still verifies what it reads), and never `Some(false)` for a key a
+    /// `store` reported stored and nothing removed since.
+    fn holds(&self, _key: &BlockKey) -> Option<bool> {
+        None
+    }
+
     /// Copies the job's blocks into the tier. Publish-if-absent: storing a key that is present
     /// succeeds without replacing it, and of concurrent stores of one key exactly one copy
     /// survives, whole. A store that reports success leaves a readable block: a key is
@@ -487,6 +501,17 @@ pub(crate) fn protect_caught(tier: &dyn SecondaryTier, keys: &[BlockKey]) -> Pro
                 "a tier panicked in protect(); the keys are not protected"
             );
             ProtectGuard::noop()
+        }
+    }
+}
+
+/// `tier.holds(key)`, with a panic of the tier caught (logged; the key is then probed).
+pub(crate) fn holds_caught(tier: &dyn SecondaryTier, key: &BlockKey) -> Option<bool> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tier.holds(key))) {
+        Ok(h) => h,
+        Err(_) => {
+            tracing::error!("a tier panicked in holds(); the key is probed instead");
+            None
         }
     }
 }

@@ -374,6 +374,23 @@ impl SecondaryTier for FsTier {
         Ok(parts.into_iter().flat_map(|(_, v)| v).collect())
     }
 
+    /// A bounded tier answers from its index, which holds every block file it stored or
+    /// found: its opening walk adopts what is on disk, rescans (`gc_rescan_interval_s`) and
+    /// loads adopt files other processes wrote since. On a shared root only the leader keeps
+    /// an index, and it answers only for what it holds (other members' stores reach it
+    /// late); the rest is probed. An unbounded tier keeps no index: every key is probed.
+    fn holds(&self, key: &BlockKey) -> Option<bool> {
+        let gc = self.shared.gc.as_ref()?;
+        if !gc.may_sweep() {
+            return None;
+        }
+        match gc.indexed(key)? {
+            true => Some(true),
+            false if self.shared.coord.is_none() => Some(false),
+            false => None,
+        }
+    }
+
     async fn store(&self, job: StoreJob) -> JobResult {
         let keys = job.keys();
         let links = job.links;

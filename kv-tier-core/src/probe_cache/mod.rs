@@ -17,7 +17,7 @@ use crate::key::BlockKey;
 use crate::request::RequestId;
 pub use crate::stats::ProbeCacheStats;
 use crate::sync::lock;
-use crate::tier::{ProtectGuard, SecondaryTier, protect_caught};
+use crate::tier::{ProtectGuard, SecondaryTier, holds_caught, protect_caught};
 
 mod inspect;
 mod lease;
@@ -123,7 +123,9 @@ impl Drop for Report {
 
 /// Non-blocking existence answers for one secondary tier.
 ///
-/// The first [`ProbeCache::ask`] of a key returns [`Presence::Retry`] and queues one probe;
+/// A key the tier answers for from memory ([`SecondaryTier::holds`]) is `Present` (leased) or
+/// `Absent` at its first ask, with no probe. Otherwise the first [`ProbeCache::ask`] of a key
+/// returns [`Presence::Retry`] and queues one probe;
 /// queued probes are sent as one batch by [`ProbeCache::flush`] (at schedule end) and run on
 /// the runtime, off the caller's thread, within a deadline; their answers apply at
 /// [`ProbeCache::apply_results`] (the start of the next step). A probe that errs, panics or
@@ -335,6 +337,9 @@ impl ProbeCache {
             return Presence::Absent;
         }
         let need_probe = self.keys.get(key).is_some_and(|e| e.pending.is_none());
+        if need_probe && let Some(p) = self.known(key, req) {
+            return p;
+        }
         let generation = if need_probe {
             Some(self.generation())
         } else {
@@ -350,6 +355,30 @@ impl ProbeCache {
             e.waiters.push(req);
         }
         Presence::Retry
+    }
+
+    /// The tier's own answer for `key` ([`SecondaryTier::holds`]), if it has one: a held key
+    /// is asked again under a new lease's protection (it may have been evicted between the
+    /// two) and is `Present` on that lease; a key not held is a miss for `req`.
+    fn known(&mut self, key: &BlockKey, req: RequestId) -> Option<Presence> {
+        let mut held = holds_caught(&*self.tier, key)?;
+        let mut lease = None;
+        if held {
+            let mut l = self.lease(key);
+            l.seen = true;
+            held = holds_caught(&*self.tier, key)?;
+            lease = held.then_some(l);
+        }
+        let e = self.keys.get_mut(key).expect("asked above");
+        if held {
+            self.stats.known_present += 1;
+            e.present = lease;
+            Some(Presence::Present)
+        } else {
+            self.stats.known_absent += 1;
+            miss_for(&mut e.missed_by, req, Absence::NotFound);
+            Some(Presence::Absent)
+        }
     }
 
     /// A completed store: every probe in flight for the keys is stale (it may have looked

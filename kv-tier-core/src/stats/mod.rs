@@ -645,4 +645,9 @@ pub struct ProbeCacheStats {
     /// Probe batches that answered after the budget (their answers serve later lookups);
     /// batches that timed out, failed or panicked are not answers and count elsewhere.
     pub late_answers: u64,
+    /// Keys the tier answered held from what it knows in memory
+    /// ([`SecondaryTier::holds`](crate::SecondaryTier::holds)), with no probe.
+    pub known_present: u64,
+    /// Keys the tier answered not held from what it knows in memory, with no probe.
+    pub known_absent: u64,
 }

@@ -430,6 +430,16 @@ impl Gc {
         }
     }
 
+    /// Whether the index holds `key`: `None` while a sweep has it on its way out (decided,
+    /// not yet unlinked or put back; only a look at the disk, after that, tells).
+    pub(crate) fn indexed(&self, key: &BlockKey) -> Option<bool> {
+        let idx = self.lock();
+        if idx.lru.is_deleting(key) {
+            return None;
+        }
+        Some(idx.lru.contains(key))
+    }
+
     /// Bytes of indexed blocks whose chain is broken before them (their parent is not
     /// indexed): a prefix lookup never reaches them here. One pass over the index.
     pub(crate) fn dead_bytes(&self) -> u64 {

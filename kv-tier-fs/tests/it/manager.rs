@@ -9,7 +9,6 @@ use kv_tier_core::{
     EvictionPolicy, KvTierConfig, LookupResult, RequestContext, SecondaryTier, TieringManager,
 };
 use kv_tier_fs::FsTier;
-use kv_tier_testkit::fixtures::manager::step;
 use kv_tier_testkit::util::lru_dram;
 use kv_tier_testkit::{temp_root, test_key, verify_block};
 
@@ -87,11 +86,11 @@ async fn through_the_manager_a_failed_load_misses_and_a_new_store_heals() {
     assert!(verify_block(&k, 0, views[0].as_slice()));
 }
 
-/// Between the probe that found a key and the promotion that reads it, a sweep runs that would
-/// take that key first (it is the oldest). The key is leased: it stays, and the promotion
-/// reads it.
+/// Between the lookup that found a key (in the tier's index) and the promotion that reads it,
+/// a sweep runs that would take that key first (it is the oldest). The key is leased: it
+/// stays, and the promotion reads it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_found_by_a_probe_survives_a_sweep_until_its_promotion_ends() {
+async fn a_key_found_by_a_lookup_survives_a_sweep_until_its_promotion_ends() {
     let root = temp_root();
     let fs = Arc::new(FsTier::open("fs", block_cap_cfg(root.path(), 10), ns(), BS).unwrap());
     let keys: Vec<_> = (0..15).map(test_key).collect();
@@ -122,13 +121,14 @@ async fn a_key_found_by_a_probe_survives_a_sweep_until_its_promotion_ends() {
         .unwrap();
     let req = RequestContext::new(1);
     let k = keys[0];
-    assert_eq!(step(&m, &[k], &req), vec![LookupResult::Retry]);
-    m.wait_idle().await; // found, and leased
+    // found in the index at once, leased, its promotion queued (sent at the step's end)
+    assert_eq!(m.lookup(&k, &req), LookupResult::HitPending);
+    assert!(fs.is_protected(&k), "a found key is not leased");
     let swept = fs.gc_sweep_now().unwrap();
     assert!(swept > 0, "the sweep deleted nothing");
     assert!(fs.block_path(&k).exists(), "the sweep deleted a leased key");
     assert!(!fs.block_path(&keys[1]).exists(), "the next oldest goes");
-    assert_eq!(step(&m, &[k], &req), vec![LookupResult::HitPending]);
+    m.on_schedule_end();
     m.wait_idle().await;
     assert_eq!(m.lookup(&k, &req), LookupResult::Hit);
     let s = m.stats();

@@ -58,6 +58,30 @@ pub async fn store_then_lookup_hits(fx: &TierFixture) {
     assert_eq!(got, vec![false, true, true, true]);
 }
 
+/// What a tier answers from memory ([`SecondaryTier::holds`](kv_tier_core::SecondaryTier::holds))
+/// agrees with its probes: never `Some(false)` for a key it reported stored, never
+/// `Some(true)` for one it never had, and where it answers, [`lookup`] answers the same. A
+/// tier that answers `None` for every key passes.
+///
+/// [`lookup`]: kv_tier_core::SecondaryTier::lookup
+pub async fn held_answers_agree_with_lookups(fx: &TierFixture) {
+    let ks = keys(3, 6);
+    let res = store(fx, &ks[..3], 0).await;
+    assert!(res.is_success(), "store failed: {:?}", res.failed);
+    let _guard = fx.tier.protect(&ks);
+    let probed = fx.tier.lookup(&ks).await.unwrap();
+    assert_eq!(probed, vec![true, true, true, false, false, false]);
+    for (i, k) in ks.iter().enumerate() {
+        if let Some(held) = fx.tier.holds(k) {
+            assert_eq!(
+                held, probed[i],
+                "holds() answers {held} for key {i}, its probe {}",
+                probed[i]
+            );
+        }
+    }
+}
+
 /// Store then load preserves every byte, for batches of 0, 1, 2, 5 and 64 blocks.
 pub async fn round_trip_preserves_bytes(fx: &TierFixture) {
     for (i, n) in [0usize, 1, 2, 5, 64].into_iter().enumerate() {

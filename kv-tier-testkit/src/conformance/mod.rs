@@ -3,9 +3,10 @@
 //! in your crate with [`crate::conformance_tests!`], one `#[tokio::test]` per case, so a
 //! failure is named by its case; or run them in one test with [`run_all`].
 //!
-//! The cases every tier runs ([`cases`]) cover lookups, round trips, publish-if-absent,
-//! concurrent and duplicate stores, protection, events, wrong sizes, cancellation at every
-//! await point, shutdown with work in flight, and that a store gives its DRAM buffers back.
+//! The cases every tier runs ([`cases`]) cover lookups (and answers from memory), round
+//! trips, publish-if-absent, concurrent and duplicate stores, protection, events, wrong
+//! sizes, cancellation at every await point, shutdown with work in flight, and that a store
+//! gives its DRAM buffers back.
 //! Cases for a capability ([`gated`]) run when the tier declares it, and need a hook from the
 //! fixture (a tier that declares a capability without its hook fails the case, naming it):
 //!
@@ -282,6 +283,7 @@ macro_rules! __conformance_cases {
         $callback!($($args)*;
             lookups_on_empty_tier_miss,
             store_then_lookup_hits,
+            held_answers_agree_with_lookups,
             round_trip_preserves_bytes,
             load_missing_key_fails_only_that_key,
             storing_existing_key_is_noop_success,

@@ -6,6 +6,8 @@
 mod budget;
 /// The generation guard: a late answer never overrides a newer fact.
 mod generations;
+/// Keys a tier answers for from memory (`holds`), with no probe.
+mod known;
 /// Leases: held from the probe to the promotion, reaped, renewed once.
 mod leases;
 /// Why a lookup missed: `last_miss`, `misses_by_cause`, `promotion_tier`.

@@ -2,8 +2,9 @@
 //! ([`OneAnswer`]), two that record the request hooks and the requests their jobs carry
 //! ([`Recording`], with a semaphore on stores and the keys in its log; [`Recorder`], with a
 //! watch gate on stores and a shared log), a scripted tier that hangs, lies or answers the
-//! wrong number of probes ([`Script`]); tier builders that wait at a gate or always fail; and
-//! block sources that count themselves while alive ([`Tracked`]).
+//! wrong number of probes ([`Script`]); tier builders that wait at a gate or always fail;
+//! block sources that count themselves while alive ([`Tracked`]); and a tier that answers
+//! `holds` from memory, truthfully or by script ([`Knowing`]).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -425,4 +426,75 @@ pub(crate) fn sinks_released(readers: &mut Vec<kv_tier::SinkReader>) -> bool {
     }
     *readers = left;
     readers.is_empty()
+}
+
+/// What [`Knowing::holds`] answers next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Known {
+    /// The truth: whether its memory tier has the key.
+    Truth,
+    /// This answer, whatever the tier has.
+    Says(Option<bool>),
+    /// A panic.
+    Panics,
+}
+
+/// A memory tier that answers [`SecondaryTier::holds`] from memory: with [`Known::Truth`]
+/// once its script of answers is used up, and with each scripted answer before that.
+#[derive(Debug)]
+pub(crate) struct Knowing {
+    pub(crate) inner: Arc<MemoryTier>,
+    pub(crate) script: Mutex<std::collections::VecDeque<Known>>,
+    /// How many times `holds` was asked.
+    pub(crate) asked: AtomicU64,
+}
+
+impl Knowing {
+    pub(crate) fn new(inner: Arc<MemoryTier>, script: &[Known]) -> Self {
+        Self {
+            inner,
+            script: Mutex::new(script.iter().copied().collect()),
+            asked: AtomicU64::new(0),
+        }
+    }
+}
+
+#[async_trait]
+impl SecondaryTier for Knowing {
+    fn info(&self) -> TierInfo {
+        self.inner.info()
+    }
+    async fn lookup(&self, keys: &[BlockKey]) -> kv_tier_core::Result<Vec<bool>> {
+        self.inner.lookup(keys).await
+    }
+    fn holds(&self, key: &BlockKey) -> Option<bool> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let next = self.script.lock().unwrap().pop_front();
+        match next.unwrap_or(Known::Truth) {
+            Known::Truth => Some(self.inner.contains(key)),
+            Known::Says(a) => a,
+            Known::Panics => panic!("holds() of a test tier panics"),
+        }
+    }
+    async fn store(&self, job: StoreJob) -> JobResult {
+        self.inner.store(job).await
+    }
+    async fn load(&self, job: LoadJob) -> JobResult {
+        self.inner.load(job).await
+    }
+    fn touch(&self, keys: &[BlockKey]) {
+        self.inner.touch(keys)
+    }
+    fn protect(&self, keys: &[BlockKey]) -> ProtectGuard {
+        self.inner.protect(keys)
+    }
+    fn is_protected(&self, key: &BlockKey) -> bool {
+        self.inner.is_protected(key)
+    }
+    fn take_events(&self) -> Vec<TierEvent> {
+        self.inner.take_events()
+    }
+    async fn shutdown(&self) -> kv_tier_core::Result<()> {
+        Ok(())
+    }
 }
