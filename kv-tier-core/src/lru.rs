@@ -368,6 +368,14 @@ impl<E: LruEntry> LruIndex<E> {
         self.map.get(key).and_then(|n| n.parent)
     }
 
+    /// The block `key` follows and `key`'s depth, if linked: what [`LruIndex::link`] takes to
+    /// link it again (in another index, or after a restart).
+    pub fn chain_link(&self, key: &BlockKey) -> Option<(BlockKey, u32)> {
+        self.map
+            .get(key)
+            .and_then(|n| n.parent.map(|p| (p, n.depth)))
+    }
+
     /// Every key, least recent first by its own recency (a sort of the whole index: for a
     /// snapshot, not for a sweep).
     pub fn keys_by_recency(&self) -> Vec<BlockKey> {

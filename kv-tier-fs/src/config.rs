@@ -93,6 +93,12 @@ pub struct FsTierConfig {
     /// and adopt files other processes wrote. Default 3600; 0 disables; otherwise 1 to
     /// 31,536,000.
     pub gc_rescan_interval_s: Option<f64>,
+    /// Seconds between checkpoints of the index (written only when it changed, and always
+    /// when the tier closes), which the next open reads instead of walking the tree; it then
+    /// answers at once and reconciles with the disk by a walk in the background. Default
+    /// 300; 0: no checkpoints (none written, none read); otherwise 1 to 31,536,000. Not used
+    /// on a shared root (its leader walks) nor with `gc_background` false (the open walks).
+    pub gc_checkpoint_interval_s: Option<f64>,
     /// Run sweeps, stamps and rescans on a background thread (`gc_background`, default
     /// true). `false`: they run only when the embedder calls `FsTier::gc_*_now` (reached with
     /// `TieringManager::tier::<FsTier>`), for engines that schedule the GC themselves, and for
@@ -137,6 +143,7 @@ impl Default for FsTierConfig {
             gc_grace_s: None,
             gc_max_tracked: None,
             gc_rescan_interval_s: None,
+            gc_checkpoint_interval_s: None,
             gc_background: true,
             shared: false,
             shared_lease_s: None,
@@ -162,6 +169,7 @@ impl FsTierConfig {
         let secs = |v: Option<f64>, d: f64| std::time::Duration::from_secs_f64(v.unwrap_or(d));
         let ns = |v: Option<f64>, d: f64| (v.unwrap_or(d) * 1e9) as i64;
         let rescan = self.gc_rescan_interval_s.unwrap_or(3600.0);
+        let checkpoint = self.gc_checkpoint_interval_s.unwrap_or(300.0);
         let hard = self.gc_hard_ceiling.unwrap_or(1.05);
         Some(crate::gc::GcConfig {
             cap_bytes: cap,
@@ -173,6 +181,8 @@ impl FsTierConfig {
             grace_ns: ns(self.gc_grace_s, 300.0),
             max_tracked: self.gc_max_tracked.unwrap_or(200_000),
             rescan_interval: (rescan > 0.0).then(|| std::time::Duration::from_secs_f64(rescan)),
+            checkpoint_interval: (checkpoint > 0.0)
+                .then(|| std::time::Duration::from_secs_f64(checkpoint)),
             background: self.gc_background,
         })
     }
@@ -300,6 +310,10 @@ impl FsTierConfig {
                 ("gc_grace_s", self.gc_grace_s.is_some()),
                 ("gc_max_tracked", self.gc_max_tracked.is_some()),
                 ("gc_rescan_interval_s", self.gc_rescan_interval_s.is_some()),
+                (
+                    "gc_checkpoint_interval_s",
+                    self.gc_checkpoint_interval_s.is_some(),
+                ),
             ];
             if let Some((name, _)) = set.iter().find(|(_, s)| *s) {
                 return Err(Error::config(
@@ -323,16 +337,21 @@ impl FsTierConfig {
                 check_range(field, v, min, max)?;
             }
         }
-        if let Some(r) = self.gc_rescan_interval_s
-            && r != 0.0
-        {
-            let (min, max) = range("gc_rescan_interval_s");
-            check_range("gc_rescan_interval_s", r, min, max).map_err(|_| {
-                Error::config(
-                    "gc_rescan_interval_s",
-                    format!("must be 0 (never) or between {min} and {max}, got {r}"),
-                )
-            })?;
+        for (field, v) in [
+            ("gc_rescan_interval_s", self.gc_rescan_interval_s),
+            ("gc_checkpoint_interval_s", self.gc_checkpoint_interval_s),
+        ] {
+            if let Some(r) = v
+                && r != 0.0
+            {
+                let (min, max) = range(field);
+                check_range(field, r, min, max).map_err(|_| {
+                    Error::config(
+                        field,
+                        format!("must be 0 (never) or between {min} and {max}, got {r}"),
+                    )
+                })?;
+            }
         }
         if let Some(n) = self.gc_max_tracked {
             let (min, max) = range("gc_max_tracked");
@@ -353,7 +372,8 @@ impl FsTierConfig {
 }
 
 /// The documented range of every numeric option, checked by [`FsTierConfig::validate`]:
-/// `(field, min, max)`, both ends included (`gc_rescan_interval_s` may also be 0: never).
+/// `(field, min, max)`, both ends included (`gc_rescan_interval_s` and
+/// `gc_checkpoint_interval_s` may also be 0: never).
 pub const RANGES: &[(&str, f64, f64)] = &[
     ("n_read_threads", 1.0, 1024.0),
     ("n_write_threads", 1.0, 1024.0),
@@ -366,6 +386,7 @@ pub const RANGES: &[(&str, f64, f64)] = &[
     ("gc_grace_s", 1e-6, 31_536_000.0),
     ("gc_max_tracked", 1.0, 100_000_000.0),
     ("gc_rescan_interval_s", 1.0, 31_536_000.0),
+    ("gc_checkpoint_interval_s", 1.0, 31_536_000.0),
     ("shared_lease_s", 0.05, 600.0),
 ];
 

@@ -82,6 +82,12 @@ impl FsTier {
         Ok(())
     }
 
+    /// Writes a checkpoint of the index now, if it changed since the last one and
+    /// checkpoints are on (`gc_checkpoint_interval_s`); returns whether one was written.
+    pub fn gc_checkpoint_now(&self) -> Result<bool> {
+        Ok(self.gc()?.write_checkpoint())
+    }
+
     /// Installs (or removes) a hook the sweep calls at each [`crate::SweepPoint`]; it may block to
     /// hold the sweep there. For deterministic interleaving tests.
     pub fn set_sweep_hook(&self, hook: Option<SweepHook>) -> Result<()> {
@@ -122,6 +128,7 @@ impl FsTier {
                     files: gc.files() as u64,
                     dead_bytes: gc.dead_bytes(),
                     pending_stamps: gc.pending_stamps() as u64,
+                    reconciled: gc.reconciled(),
                     thread_alive: gc.alive.load(Ordering::SeqCst),
                     ..GcStats::default()
                 };

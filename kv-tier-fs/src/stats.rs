@@ -67,6 +67,9 @@ kv_tier_core::counters! {
         dead_bytes: u64,
         /// Stamps waiting to be applied.
         pending_stamps: u64,
+        /// Whether the index is reconciled with the disk: false from an open that read a
+        /// checkpoint until the walk that checks it against the files has run.
+        reconciled: bool,
         /// Whether the GC thread is running (false after shutdown or with background GC off; a
         /// panicking loop is restarted, see `thread_restarts`).
         thread_alive: bool,
@@ -133,6 +136,19 @@ kv_tier_core::counters! {
         tmp_reaped,
         /// Orphan checksum sidecars deleted by rescans (counted in `FsStats::sidecars_reaped` too).
         sidecars_reaped,
+        /// Files the index was read with from its checkpoint at open (0: it was walked).
+        checkpoint_files,
+        /// How long reading the checkpoint took at open, in milliseconds.
+        checkpoint_read_ms,
+        /// Checkpoints of the index written (periodically and at close, when it changed).
+        checkpoints_written,
+        /// How long the last checkpoint took to write, in milliseconds.
+        checkpoint_ms,
+        /// Checkpoints that could not be written (the previous one stays).
+        checkpoint_errors,
+        /// Checkpoints refused at open (damaged, cut short, foreign, unreadable): the open
+        /// walked instead.
+        checkpoints_refused,
     }
 }
 

@@ -126,7 +126,12 @@ impl FsTier {
                 protection: protection.clone(),
                 events: events.clone(),
             };
-            let gc = Gc::new(g, at, dir_alloc, base, !precreate_tops);
+            let checkpoint = (g.checkpoint_interval.is_some() && !cfg.shared)
+                .then(|| crate::gc::checkpoint_path(&ns_dir, &ns.rank_dir_name()));
+            let mut gc = Gc::new(g, at, dir_alloc, base, !precreate_tops);
+            if let Some(path) = checkpoint {
+                gc = gc.with_checkpoint(path);
+            }
             gc.set_sidecar_unit(sidecar_unit);
             Arc::new(gc)
         });
@@ -201,6 +206,9 @@ impl FsTier {
             }
             // a shared root: the leader walks when it takes the lease
             Some(_) if cfg.shared => {}
+            // the checkpoint of the last close: the GC thread reconciles it with the disk
+            // (and reaps temp files) as its first step
+            Some(gc) if gc.cfg.background && gc.read_checkpoint().is_some() => {}
             Some(gc) => {
                 // One walk adopts what is on disk (with its mtimes) and reaps temp files.
                 let r = gc.adopt_tree(cfg.n_read_threads.clamp(1, 8), tmp_age);
@@ -327,6 +335,10 @@ impl FsTier {
 impl Drop for FsTier {
     fn drop(&mut self) {
         crate::io::join_threads(self.stop_threads());
+        // (after `shutdown`, which wrote it, unchanged: not written again)
+        if let Some(gc) = &self.shared.gc {
+            gc.write_checkpoint();
+        }
     }
 }
 
@@ -544,9 +556,15 @@ impl SecondaryTier for FsTier {
             return Ok(());
         }
         let threads = self.stop_threads();
+        let gc = self.shared.gc.clone();
         let joined = tokio::task::spawn_blocking(move || {
             for t in threads {
                 let _ = t.join();
+            }
+            // every thread that changes the index has ended: the checkpoint is the index
+            // the next open starts from
+            if let Some(gc) = gc {
+                gc.write_checkpoint();
             }
         })
         .await;

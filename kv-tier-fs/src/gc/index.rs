@@ -259,6 +259,20 @@ impl Index {
         self.removed_in_walk.get(key).is_some_and(|s| *s > seq0)
     }
 
+    /// Leaf directories whose measured size is not one directory unit, with their bytes.
+    pub(super) fn measured_leaves(&self) -> FxHashMap<Leaf, u64> {
+        self.leaves
+            .iter()
+            .filter(|(_, u)| u.bytes != self.dir_unit)
+            .map(|(l, u)| (*l, u.bytes))
+            .collect()
+    }
+
+    /// What a checkpoint must match to be read into this index (with the rank directory).
+    pub(super) fn units(&self) -> (u64, u64, bool) {
+        (self.dir_unit, self.base_bytes, self.count_tops)
+    }
+
     /// Files indexed in `key`'s leaf directory.
     pub(super) fn leaf_files(&self, key: &BlockKey) -> u32 {
         self.leaves.get(&leaf_of(key)).map_or(0, |l| l.files)

@@ -34,6 +34,7 @@ use rustc_hash::FxHashSet;
 
 use crate::stats::GcCounters;
 
+mod checkpoint;
 mod index;
 mod remote;
 mod rescan;
@@ -42,6 +43,7 @@ mod sweep;
 mod thread;
 mod walk;
 
+pub(crate) use checkpoint::path as checkpoint_path;
 use index::Index;
 pub(crate) use stamps::stamp;
 pub(crate) use sweep::Goal;
@@ -83,6 +85,8 @@ pub(crate) struct GcConfig {
     pub(crate) grace_ns: i64,
     pub(crate) max_tracked: usize,
     pub(crate) rescan_interval: Option<Duration>,
+    /// How often the index is checkpointed (`None`: never, and none is read).
+    pub(crate) checkpoint_interval: Option<Duration>,
     pub(crate) background: bool,
     /// Temp files and orphan sidecars older than this are reaped by walks.
     pub(crate) tmp_age: Duration,
@@ -149,6 +153,13 @@ pub(crate) struct Gc {
     /// may not be there yet: a sweep or rescan that finds it missing keeps it), with how many
     /// announcements of each are open.
     announced: Mutex<rustc_hash::FxHashMap<BlockKey, u32>>,
+    /// Where the index is checkpointed (`None`: it is not), and what it held when last
+    /// written (held while writing: one writer at a time).
+    checkpoint: Option<PathBuf>,
+    written: Mutex<Option<checkpoint::Mark>>,
+    /// False from an open that read a checkpoint until a walk has reconciled the index with
+    /// the disk: until then a key the index lacks may still be on disk.
+    reconciled: AtomicBool,
 }
 
 pub(crate) fn to_ns(t: SystemTime) -> i64 {
@@ -202,6 +213,9 @@ impl Gc {
             may_sweep: AtomicBool::new(true),
             recent_reads: Mutex::new(Default::default()),
             announced: Mutex::new(Default::default()),
+            checkpoint: None,
+            written: Mutex::new(None),
+            reconciled: AtomicBool::new(true),
         }
     }
 
@@ -431,13 +445,23 @@ impl Gc {
     }
 
     /// Whether the index holds `key`: `None` while a sweep has it on its way out (decided,
-    /// not yet unlinked or put back; only a look at the disk, after that, tells).
+    /// not yet unlinked or put back; only a look at the disk, after that, tells), and for a
+    /// key it lacks while it is not reconciled with the disk (see [`Gc::reconciled`]).
     pub(crate) fn indexed(&self, key: &BlockKey) -> Option<bool> {
         let idx = self.lock();
         if idx.lru.is_deleting(key) {
             return None;
         }
-        Some(idx.lru.contains(key))
+        match idx.lru.contains(key) {
+            false if !self.reconciled() => None,
+            held => Some(held),
+        }
+    }
+
+    /// Whether a walk has reconciled the index with the disk since it was read from a
+    /// checkpoint (always, for an index that a walk built).
+    pub(crate) fn reconciled(&self) -> bool {
+        self.reconciled.load(Ordering::SeqCst)
     }
 
     /// Bytes of indexed blocks whose chain is broken before them (their parent is not

@@ -97,6 +97,7 @@ impl Gc {
             .collect();
         let gone = self.forget(&absent);
         c.rescans.fetch_add(1, Ordering::Relaxed);
+        self.mark_reconciled();
         // (reported by `forget`, in the index's order)
         c.external_removals
             .fetch_add(gone.len() as u64, Ordering::Relaxed);

@@ -46,15 +46,17 @@ fn gc_loop(gc: &Gc) {
     }
 }
 
-/// When the GC thread sweeps and rescans: a sweep every `interval` (or at once when kicked),
-/// a rescan every `rescan` (if any). A pure function of the times it is given, so its cadence
-/// is tested without waiting.
+/// When the GC thread sweeps, rescans and checkpoints: a sweep every `interval` (or at once
+/// when kicked), a rescan every `rescan` and a checkpoint every `checkpoint` (if any). A pure
+/// function of the times it is given, so its cadence is tested without waiting.
 #[derive(Debug, Clone, Copy)]
 struct Schedule {
     interval: Duration,
     rescan: Option<Duration>,
+    checkpoint: Option<Duration>,
     next_sweep: Instant,
     next_rescan: Option<Instant>,
+    next_checkpoint: Option<Instant>,
 }
 
 /// What one tick of the GC thread does besides applying stamps.
@@ -63,15 +65,24 @@ struct Due {
     /// Sweep, if over the cap.
     sweep: bool,
     rescan: bool,
+    /// Checkpoint the index, if it changed.
+    checkpoint: bool,
 }
 
 impl Schedule {
-    fn new(interval: Duration, rescan: Option<Duration>, now: Instant) -> Self {
+    fn new(
+        interval: Duration,
+        rescan: Option<Duration>,
+        checkpoint: Option<Duration>,
+        now: Instant,
+    ) -> Self {
         Self {
             interval,
             rescan,
+            checkpoint,
             next_sweep: now + interval,
             next_rescan: rescan.map(|d| now + d),
+            next_checkpoint: checkpoint.map(|d| now + d),
         }
     }
 
@@ -86,16 +97,31 @@ impl Schedule {
         if rescan {
             self.next_rescan = self.rescan.map(|d| now + d);
         }
+        let checkpoint = self.next_checkpoint.is_some_and(|at| now >= at);
+        if checkpoint {
+            self.next_checkpoint = self.checkpoint.map(|d| now + d);
+        }
         Due {
             sweep: interval_due || kicked,
             rescan,
+            checkpoint,
         }
     }
 }
 
 fn run(gc: &Gc) {
     let tick = gc.cfg.interval.min(Duration::from_secs(1));
-    let mut schedule = Schedule::new(gc.cfg.interval, gc.cfg.rescan_interval, Instant::now());
+    let mut schedule = Schedule::new(
+        gc.cfg.interval,
+        gc.cfg.rescan_interval,
+        gc.cfg.checkpoint_interval,
+        Instant::now(),
+    );
+    if !gc.reconciled() && gc.may_sweep() {
+        // an index read from a checkpoint: the walk that checks it against the disk comes
+        // first (a panic in it restarts the loop, which tries again)
+        gc.rescan();
+    }
     loop {
         let (stop, kicked) = gc.wait(tick);
         if stop {
@@ -112,6 +138,9 @@ fn run(gc: &Gc) {
             gc.apply_stamps();
             if due.rescan && gc.may_sweep() {
                 gc.rescan();
+            }
+            if due.checkpoint {
+                gc.write_checkpoint();
             }
         }));
         if step.is_err() {
@@ -130,7 +159,7 @@ mod tests {
     #[test]
     fn a_sweep_is_due_each_interval_or_when_kicked() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(60 * S, None, t0);
+        let mut s = Schedule::new(60 * S, None, None, t0);
         let due = |s: &mut Schedule, at: Duration, kicked| s.tick(t0 + at, kicked).sweep;
         assert!(!due(&mut s, 59 * S, false));
         assert!(due(&mut s, 30 * S, true), "a kick sweeps at once");
@@ -149,14 +178,27 @@ mod tests {
     #[test]
     fn a_rescan_is_due_each_rescan_interval_and_never_without_one() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(S, Some(100 * S), t0);
+        let mut s = Schedule::new(S, Some(100 * S), None, t0);
         let rescan = |s: &mut Schedule, at: Duration| s.tick(t0 + at, false).rescan;
         assert!(!rescan(&mut s, 99 * S));
         assert!(rescan(&mut s, 100 * S));
         assert!(!rescan(&mut s, 150 * S), "the next one runs from the last");
         assert!(!rescan(&mut s, 199 * S));
         assert!(rescan(&mut s, 200 * S));
-        let mut never = Schedule::new(S, None, t0);
+        let mut never = Schedule::new(S, None, None, t0);
         assert!(!rescan(&mut never, 1_000_000 * S));
+    }
+
+    #[test]
+    fn a_checkpoint_is_due_each_checkpoint_interval_and_never_without_one() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(S, Some(1000 * S), Some(300 * S), t0);
+        let due = |s: &mut Schedule, at: Duration| s.tick(t0 + at, false).checkpoint;
+        assert!(!due(&mut s, 299 * S));
+        assert!(due(&mut s, 300 * S));
+        assert!(!due(&mut s, 599 * S));
+        assert!(due(&mut s, 600 * S));
+        let mut never = Schedule::new(S, None, None, t0);
+        assert!(!due(&mut never, 1_000_000 * S));
     }
 }

@@ -9,6 +9,7 @@
 //! - [`cancellation`]: dropped store and load futures;
 //! - [`shutdown`]: shutdown and drop of the tier;
 //! - [`open`]: opening a root (`config.json`, the opening walk's reaping);
+//! - [`checkpoint`]: restart from the index checkpointed at close, reconciled in the background;
 //! - [`config`]: options through the registry, their checks and ranges;
 //! - [`manager`]: the fs tier under a `TieringManager`;
 //! - [`shared`]: shared roots, leases and credit, the multi-process soak;
@@ -18,6 +19,7 @@
 
 mod cancellation;
 mod capacity;
+mod checkpoint;
 mod config;
 mod conformance;
 mod crash;

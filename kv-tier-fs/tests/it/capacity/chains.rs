@@ -2,37 +2,9 @@
 //! first, so a sweep never takes a chain's earlier block while a later one stays; blocks whose
 //! chain is broken before them are counted as dead bytes.
 
-use kv_tier_core::{BlockKey, ChainLink, SecondaryTier, StoreJob};
-use kv_tier_testkit::{source_for, temp_root};
+use kv_tier_testkit::temp_root;
 
 use crate::support::*;
-
-/// Stores `keys` as one job, each linked to the key before it (`chain[0]` to `first_parent`).
-async fn store_chain(tier: &kv_tier_fs::FsTier, keys: &[BlockKey], first_parent: Option<BlockKey>) {
-    let mut links = Vec::new();
-    for (i, k) in keys.iter().enumerate() {
-        let parent = if i == 0 {
-            first_parent
-        } else {
-            Some(keys[i - 1])
-        };
-        if let Some(parent) = parent {
-            links.push((
-                *k,
-                ChainLink {
-                    parent,
-                    depth: i as u32 + 1,
-                },
-            ));
-        }
-    }
-    let job = StoreJob {
-        blocks: keys.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
-        requests: Vec::new(),
-        links,
-    };
-    assert!(tier.store(job).await.is_success());
-}
 
 /// Promise (kv-tier-core `lru` docs, "Chains"): "a block that a later block of its chain
 /// follows is not a candidate until that later block is gone"; "among tails the order is

@@ -1,13 +1,13 @@
 //! Driving the GC: keys of one leaf directory, aged files, sweeps held at a hook point, a
-//! settled tier.
+//! settled tier, chains stored with their links.
 
 use std::path::Path;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use kv_tier_core::{BlockKey, SecondaryTier};
+use kv_tier_core::{BlockKey, ChainLink, SecondaryTier, StoreJob};
 use kv_tier_fs::FsTier;
-use kv_tier_testkit::{temp_root, test_key};
+use kv_tier_testkit::{source_for, temp_root, test_key};
 
 use super::*;
 
@@ -205,4 +205,35 @@ pub(crate) async fn fifteen_aged_quiet() -> (tempfile::TempDir, Arc<FsTier>, Vec
     let ks = stored_aged(&tier, 15, &[]).await;
     tier.take_events();
     (root, tier, ks)
+}
+
+/// Stores `keys` as one job, each linked to the key before it (`chain[0]` to `first_parent`).
+pub(crate) async fn store_chain(
+    tier: &kv_tier_fs::FsTier,
+    keys: &[BlockKey],
+    first_parent: Option<BlockKey>,
+) {
+    let mut links = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let parent = if i == 0 {
+            first_parent
+        } else {
+            Some(keys[i - 1])
+        };
+        if let Some(parent) = parent {
+            links.push((
+                *k,
+                ChainLink {
+                    parent,
+                    depth: i as u32 + 1,
+                },
+            ));
+        }
+    }
+    let job = StoreJob {
+        blocks: keys.iter().map(|k| (*k, source_for(k, 0, BS))).collect(),
+        requests: Vec::new(),
+        links,
+    };
+    assert!(tier.store(job).await.is_success());
 }
