@@ -315,6 +315,11 @@ impl<E: LruEntry> LruIndex<E> {
         Some(out)
     }
 
+    /// Makes room for `n` more entries (before a bulk insert).
+    pub fn reserve(&mut self, n: usize) {
+        self.map.reserve(n);
+    }
+
     /// Entries indexed.
     pub fn len(&self) -> usize {
         self.map.len()

@@ -257,8 +257,8 @@ pub trait SecondaryTier: std::any::Any + Send + Sync + fmt::Debug {
 
     /// Whether the tier holds `key`, answered from what it knows in memory (an index of its
     /// blocks) without I/O: `Some(true)` held, `Some(false)` not held, `None` only a
-    /// [`lookup`](Self::lookup) can tell. Never blocks; the default: `None` (every key is
-    /// probed).
+    /// [`lookup`](Self::lookup) can tell. Never waits for I/O (a short lock is fine: the
+    /// manager calls it with its own lock held); the default: `None` (every key is probed).
     ///
     /// The manager asks it first and probes only the keys it answers `None` for; it asks
     /// with `key` protected ([`protect`](Self::protect)), so an answer must hold while that

@@ -389,8 +389,9 @@ impl SecondaryTier for FsTier {
     /// A bounded tier answers from its index, which holds every block file it stored or
     /// found: its opening walk adopts what is on disk, rescans (`gc_rescan_interval_s`) and
     /// loads adopt files other processes wrote since. On a shared root only the leader keeps
-    /// an index, and it answers only for what it holds (other members' stores reach it
-    /// late); the rest is probed. An unbounded tier keeps no index: every key is probed.
+    /// an index, and it answers only for what it holds (stores reach it through the
+    /// members' journals, late); the rest is probed. An unbounded tier keeps no index:
+    /// every key is probed.
     fn holds(&self, key: &BlockKey) -> Option<bool> {
         let gc = self.shared.gc.as_ref()?;
         if !gc.may_sweep() {

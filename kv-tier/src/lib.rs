@@ -287,7 +287,10 @@
 //!
 //! Implement [`SecondaryTier`] and register a [`TierBuilder`] under a type name in the
 //! [`registry`] before building; `kv-tier-testkit`'s conformance suite checks every rule of
-//! the trait against your tier.
+//! the trait against your tier. A tier that knows what it holds without I/O (an index)
+//! should answer [`SecondaryTier::holds`]: the manager asks it before it probes, so a key it
+//! answers for is a hit (promoted in the same step) or a miss at once, with no `Retry`
+//! step; the bounded fs tier answers from its GC index.
 //!
 //! ```
 //! # fn demo(cfg: kv_tier::KvTierConfig, my_builder: impl kv_tier::TierBuilder) -> kv_tier::Result<()> {

@@ -15,7 +15,8 @@
 //! which adopts the files added since and forgets the ones removed since, whoever changed
 //! them. Loads verify what they read whatever the index says.
 //!
-//! Layout (little-endian): `KVTFSIX1`, version `u32`, the identity (rank dir name as `u32`
+//! Records are written oldest first (by mtime), so reading them back builds the recency
+//! order by appends. Layout (little-endian): `KVTFSIX1`, version `u32`, the identity (rank dir name as `u32`
 //! length and bytes, `dir_unit u64`, `sidecar_unit u64`, `base_bytes u64`, `count_tops u8`),
 //! written-at ns `i64`, records `u64`, each record (hash length `u8`, hash bytes, group `u32`,
 //! size `u64`, mtime `i64`, parent record `u32` (`u32::MAX`: none), depth `u32`), measured
@@ -35,6 +36,9 @@ use super::index::leaf_of;
 const MAGIC: &[u8; 8] = b"KVTFSIX1";
 const VERSION: u32 = 1;
 const NO_PARENT: u32 = u32::MAX;
+/// More than a block file (at most 1 GiB, with its sidecar) or a leaf directory allocates:
+/// a record past it is damage, and summing it could overflow the index's total.
+const MAX_FILE_BYTES: u64 = 1 << 32;
 
 /// What a checkpoint is valid for: a checkpoint written for anything else is foreign.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,6 +168,11 @@ pub(crate) fn decode(id: &Identity, bytes: &[u8]) -> Result<Snapshot, String> {
         let group = r.u32()?;
         let key = BlockKey::new(hash, group).map_err(|e| format!("record {i}: {e}"))?;
         let size = r.u64()?;
+        if size > MAX_FILE_BYTES {
+            return Err(format!(
+                "record {i} holds {size} bytes, more than a block file can"
+            ));
+        }
         let mtime = r.u64()? as i64;
         let (p, d) = (r.u32()?, r.u32()?);
         if p != NO_PARENT && u64::from(p) >= n {
@@ -190,6 +199,9 @@ pub(crate) fn decode(id: &Identity, bytes: &[u8]) -> Result<Snapshot, String> {
         if u64::from(rec) >= n {
             return Err(format!("a leaf names record {rec} of {n}"));
         }
+        if bytes > MAX_FILE_BYTES {
+            return Err(format!("a leaf directory of {bytes} bytes"));
+        }
         leaves.push((rec, bytes));
     }
     if r.at != body.len() {
@@ -202,10 +214,10 @@ pub(crate) fn decode(id: &Identity, bytes: &[u8]) -> Result<Snapshot, String> {
     })
 }
 
-/// What the index held when a checkpoint was taken (its change counter, files and bytes):
-/// an index that still matches needs no new one.
+/// What the index held when a checkpoint was taken (its change counter, links applied,
+/// files and bytes): an index that still matches needs no new one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Mark(u64, usize, u64);
+pub(super) struct Mark(u64, u64, usize, u64);
 
 impl Gc {
     /// Checkpoints the index at `path` (see the module docs); read at open by
@@ -244,8 +256,10 @@ impl Gc {
             }
         }
         let mut measured = idx.measured_leaves();
-        let mark = Mark(idx.seq, idx.lru.len(), idx.lru.bytes());
+        let mark = Mark(idx.seq, idx.links, idx.lru.len(), idx.lru.bytes());
         drop(idx);
+        // oldest first: read back in this order, the recency order is built by appends
+        records.sort_unstable_by_key(|r| r.mtime);
         resolve_links(&mut records, &links);
         let mut leaves = Vec::with_capacity(measured.len());
         for (i, r) in records.iter().enumerate() {
@@ -308,8 +322,11 @@ impl Gc {
     pub(crate) fn read_checkpoint(&self) -> Option<usize> {
         let path = self.checkpoint.as_ref()?;
         let t = Instant::now();
-        let bytes = match std::fs::read(path) {
-            Ok(b) => b,
+        // non-blocking, regular files only, no symlink followed: a FIFO or a device at the
+        // path must not hang the open
+        let bytes = match crate::file::read_regular(path) {
+            Ok(Some(b)) => b,
+            Ok(None) => return self.refuse(path, "not a regular file"),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
             Err(e) => return self.refuse(path, &e.to_string()),
         };
@@ -321,6 +338,7 @@ impl Gc {
         self.reconciled.store(false, Ordering::SeqCst);
         {
             let mut idx = self.lock();
+            idx.lru.reserve(n);
             for r in &snap.records {
                 idx.insert(r.key, r.size, r.mtime);
             }
@@ -538,6 +556,17 @@ mod tests {
             (b.indexed(&k(1)), b.indexed(&k(2))),
             (Some(false), Some(false))
         );
+    }
+
+    #[test]
+    fn a_record_larger_than_any_block_file_is_refused() {
+        let mut s = snap(3);
+        s.records[1].size = u64::MAX;
+        let e = decode(&id(), &encode(&id(), &s)).unwrap_err();
+        assert!(e.contains("record 1 holds"), "{e}");
+        let mut s = snap(3);
+        s.leaves[0].1 = u64::MAX;
+        assert!(decode(&id(), &encode(&id(), &s)).is_err());
     }
 
     #[test]

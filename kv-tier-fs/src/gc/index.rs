@@ -93,6 +93,8 @@ pub(super) struct Index {
     /// Whether top directories count per use (they were not pre-created).
     count_tops: bool,
     pub(super) seq: u64,
+    /// Chain links applied (a checkpoint holds them: one taken before a link is stale).
+    pub(super) links: u64,
     pub(super) peak: u64,
     pub(super) pending: Vec<BlockKey>,
     /// Stamps queued for keys not in the index (another process wrote them), with the last

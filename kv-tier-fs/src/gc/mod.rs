@@ -160,6 +160,9 @@ pub(crate) struct Gc {
     /// False from an open that read a checkpoint until a walk has reconciled the index with
     /// the disk: until then a key the index lacks may still be on disk.
     reconciled: AtomicBool,
+    /// When the tier opened: the walk that reconciles a checkpointed index reaps the temp
+    /// files that were `tmp_age` old then (none of this run's), as the opening walk would.
+    opened: SystemTime,
 }
 
 pub(crate) fn to_ns(t: SystemTime) -> i64 {
@@ -216,6 +219,7 @@ impl Gc {
             checkpoint: None,
             written: Mutex::new(None),
             reconciled: AtomicBool::new(true),
+            opened: SystemTime::now(),
         }
     }
 
@@ -440,7 +444,9 @@ impl Gc {
     pub(crate) fn link(&self, links: &[(BlockKey, kv_tier_core::ChainLink)]) {
         let mut idx = self.lock();
         for (k, l) in links {
-            idx.lru.link(k, l.parent, l.depth);
+            if idx.lru.link(k, l.parent, l.depth) {
+                idx.links += 1;
+            }
         }
     }
 

@@ -62,22 +62,30 @@ impl Gc {
     /// A full walk of the tree, merged into the index: adopts files other processes wrote,
     /// updates sizes and mtimes, and forgets (and reports as `BlockRemoved`) only files
     /// verified absent; entries that appeared while it walked stay. Reaps temp files and
-    /// orphan sidecars older than `tmp_reap_age_s` (and never younger than a minute).
+    /// orphan sidecars older than `tmp_reap_age_s` (and never younger than a minute; the
+    /// walk that reconciles a checkpointed index, those `tmp_reap_age_s` old at the open).
     pub(crate) fn rescan(&self) {
         let _span = tracing::info_span!("kv_tier_fs_rescan", tier = %self.at.name).entered();
         // removals from the index during the walk are remembered until it ends (however it
         // ends), so its merge does not put back a file a sweep deleted meanwhile
         let walking = Walking::begin(self);
         let seq0 = walking.seq0;
-        // while the tier runs its own temp files are in flight: never younger than a minute
-        let tmp_age = self.cfg.tmp_age.max(RESCAN_TMP_FLOOR);
+        // while the tier runs its own temp files are in flight: never younger than a minute;
+        // but the walk that reconciles a checkpointed index reaps what the opening walk would
+        // have (temp files `tmp_age` old at the open, none of them this run's)
+        let (tmp_age, now) = if self.reconciled() {
+            (self.cfg.tmp_age.max(RESCAN_TMP_FLOOR), SystemTime::now())
+        } else {
+            // (at least a nanosecond: a file of this run, newer than the open, is never as old)
+            (self.cfg.tmp_age.max(Duration::from_nanos(1)), self.opened)
+        };
         let reap_tops = self.lock().counts_tops();
         let w = walk(
             &self.at.ns,
             &self.at.rank_dir(),
             4,
             Some(tmp_age),
-            SystemTime::now(),
+            now,
             reap_tops,
         );
         let c = &self.counters;

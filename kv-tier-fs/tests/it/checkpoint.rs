@@ -228,3 +228,92 @@ async fn a_checkpoint_write_cut_by_a_crash_leaves_the_previous_one() {
     assert_eq!((s.checkpoint_files, s.checkpoints_refused), (8, 0));
     assert!(!tmp.exists(), "the cut temp file was not reaped");
 }
+
+/// A FIFO at the checkpoint's path is refused without waiting for a writer (the open does
+/// not hang), and the tree is walked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_at_the_checkpoint_path_does_not_hang_the_open() {
+    let root = temp_root();
+    closed_with(root.path(), 5).await;
+    let file = checkpoint_file(root.path());
+    std::fs::remove_file(&file).unwrap();
+    let c = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let cfg = background_cfg(root.path(), 100, 0.8);
+    std::thread::spawn(move || {
+        let t = FsTier::open("fs", cfg, ns(), BS).unwrap();
+        tx.send(gc_stats(&t)).unwrap();
+    });
+    let s = rx
+        .recv_timeout(SETTLE_LIMIT)
+        .expect("the open hung on a FIFO at the checkpoint path");
+    assert_eq!((s.checkpoints_refused, s.files), (1, 5), "{s:?}");
+}
+
+/// Links learned after a checkpoint (a job that stores blocks the tier has, now with their
+/// chain) make the index changed: the next checkpoint holds them, and they survive a
+/// restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_learned_after_a_checkpoint_are_checkpointed() {
+    let root = temp_root();
+    let ks = leaf_keys(0..15);
+    {
+        let tier = open_hand_swept(root.path(), 100, 0.8);
+        assert!(fs_store(&tier, &ks, 0).await.is_success());
+        age(&tier, &ks, |i| {
+            if i == 4 { 400 } else { (15 - i as u64) * 1000 }
+        });
+        tier.gc_checkpoint_now().unwrap();
+        store_chain(&tier, &ks[..5], None).await; // the same blocks, now linked
+        assert!(
+            tier.gc_checkpoint_now().unwrap(),
+            "new links left the index unchanged"
+        );
+    }
+    let tier = FsTier::open("fs", background_cfg(root.path(), 10, 0.8), ns(), BS).unwrap();
+    wait_until("the reopened tier swept", SETTLE_LIMIT, || {
+        let s = gc_stats(&tier);
+        s.reconciled && s.swept_files == 7
+    });
+    assert_eq!(
+        present(&tier, &ks),
+        (0..15).map(|i| !(5..12).contains(&i)).collect::<Vec<_>>()
+    );
+}
+
+/// Promise (README, startup): stray temp files older than `tmp_reap_age_s` are deleted at
+/// startup. An open from a checkpoint reaps them in its reconciling walk, as the opening walk
+/// would have, however young that is against the rescans' one-minute floor; then the index
+/// counts what `du` counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_from_a_checkpoint_reaps_stray_temp_files() {
+    let root = temp_root();
+    let ks = closed_with(root.path(), 3).await;
+    let leaf_tmp = {
+        let mut p = ns().block_path(root.path(), &ks[0]).into_os_string();
+        p.push("_0123456789abcdef.tmp");
+        PathBuf::from(p)
+    };
+    let rank_tmp = root
+        .path()
+        .join(ns().rank_dir_name())
+        .join("x_0123456789abcdef.tmp");
+    for p in [&leaf_tmp, &rank_tmp] {
+        std::fs::write(p, vec![1u8; BS]).unwrap();
+        let f = std::fs::File::options().write(true).open(p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(30))
+            .unwrap();
+    }
+    let mut c = background_cfg(root.path(), 100, 0.8);
+    c.tmp_reap_age_s = 10;
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    assert_eq!(gc_stats(&tier).checkpoint_files, 3);
+    reconciled(&tier);
+    assert!(
+        !leaf_tmp.exists() && !rank_tmp.exists(),
+        "stray temp files survived"
+    );
+    assert_eq!(gc_stats(&tier).bytes, du(root.path()));
+}

@@ -117,7 +117,10 @@ async fn without_an_index_of_its_own_every_key_is_probed() {
     let b = open_instance(&shared_root, "b", 60.0);
     let ka = new_key(5, 1);
     assert!(store_keys(&a, &[ka], 0, SHARED_BS).await.is_success());
-    assert_eq!(a.holds(&ka), Some(true), "the leader's own store");
+    // (the leader's index learns stores, its own too, from the journals it reads)
+    wait_until("the leader holds its own store", SETTLE_LIMIT, || {
+        a.holds(&ka) == Some(true)
+    });
     assert_eq!(
         a.holds(&new_key(5, 3)),
         None,
