@@ -206,14 +206,16 @@ impl FsTier {
             }
             // a shared root: the leader walks when it takes the lease
             Some(_) if cfg.shared => {}
-            // the checkpoint of the last close: the GC thread reconciles it with the disk
-            // (and reaps temp files) as its first step
-            Some(gc) if gc.cfg.background && gc.read_checkpoint().is_some() => {}
             Some(gc) => {
-                // One walk adopts what is on disk (with its mtimes) and reaps temp files.
-                let r = gc.adopt_tree(cfg.n_read_threads.clamp(1, 8), tmp_age);
-                reaped += r.tmp;
-                bump(&files.counters.own.sidecars_reaped, r.sidecars);
+                // The checkpoint of the last close, which the GC thread reconciles with the
+                // disk (reaping temp files) as its first step; else one walk adopts what is
+                // on disk (with its mtimes) and reaps temp files.
+                let from_checkpoint = gc.cfg.background && gc.read_checkpoint().is_some();
+                if !from_checkpoint {
+                    let r = gc.adopt_tree(cfg.n_read_threads.clamp(1, 8), tmp_age);
+                    reaped += r.tmp;
+                    bump(&files.counters.own.sidecars_reaped, r.sidecars);
+                }
             }
         }
         let mut threads = Vec::new();

@@ -219,6 +219,12 @@ pub(crate) fn decode(id: &Identity, bytes: &[u8]) -> Result<Snapshot, String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Mark(u64, u64, usize, u64);
 
+impl Mark {
+    fn of(idx: &super::index::Index) -> Self {
+        Self(idx.seq, idx.links, idx.lru.len(), idx.lru.bytes())
+    }
+}
+
 impl Gc {
     /// Checkpoints the index at `path` (see the module docs); read at open by
     /// [`Gc::read_checkpoint`].
@@ -256,7 +262,7 @@ impl Gc {
             }
         }
         let mut measured = idx.measured_leaves();
-        let mark = Mark(idx.seq, idx.links, idx.lru.len(), idx.lru.bytes());
+        let mark = Mark::of(&idx);
         drop(idx);
         // oldest first: read back in this order, the recency order is built by appends
         records.sort_unstable_by_key(|r| r.mtime);
@@ -287,14 +293,14 @@ impl Gc {
             return false;
         };
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
-        let t = Instant::now();
-        let (snap, mark) = self.snapshot();
-        if *written == Some(mark) {
+        // unchanged: known from the mark alone, without a copy of the index under its lock
+        if *written == Some(Mark::of(&self.lock())) {
             return false;
         }
+        let t = Instant::now();
+        let (snap, mark) = self.snapshot();
         let bytes = encode(&self.identity(), &snap);
-        let salt = crate::block::random_salt();
-        match write_atomically(path, &bytes, salt) {
+        match write_atomically(path, &bytes) {
             Ok(()) => {
                 *written = Some(mark);
                 let c = &self.counters;
@@ -405,9 +411,9 @@ impl<'a> Reader<'a> {
 
 /// Writes `bytes` as the checkpoint at `path`: a temp file beside it (reaped as any `.tmp`
 /// if this process dies first), fsynced, renamed over the old one, the directory fsynced.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8], salt: u64) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut tmp = path.as_os_str().to_os_string();
-    tmp.push(format!("_{salt:016x}.tmp"));
+    tmp.push(format!("_{:016x}.tmp", crate::block::random_salt()));
     let tmp = PathBuf::from(tmp);
     let done = (|| {
         let mut f = std::fs::File::create(&tmp)?;
@@ -415,7 +421,7 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8], salt: u64) -> io::Resu
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
         if let Some(dir) = path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
+            crate::file::fsync_dir(dir)?;
         }
         Ok(())
     })();
