@@ -4,7 +4,8 @@
 use crate::support::*;
 
 /// serve_sim with `--metrics-addr`, scraped while it runs, as Prometheus would: the metrics
-/// of lookups, probes, jobs, promotions, DRAM and the fs tier's GC are there, non-zero.
+/// of lookups, keys answered from the fs index, jobs, promotions, DRAM and the fs tier's GC
+/// are there, non-zero; those of probes are there.
 #[test]
 fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
     use std::io::BufRead;
@@ -74,9 +75,7 @@ fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
     for series in [
         r#"kv_tier_lookups_total{verdict="hit"}"#,
         r#"kv_tier_lookups_total{verdict="miss"}"#,
-        r#"kv_tier_retry_waits_total{tier="fs"}"#,
-        r#"kv_tier_probe_seconds_count{tier="fs"}"#,
-        r#"kv_tier_probe_keys_total{tier="fs",outcome="found"}"#,
+        r#"kv_tier_known_keys_total{tier="fs",outcome="held"}"#,
         r#"kv_tier_job_seconds_count{tier="fs",direction="store"}"#,
         r#"kv_tier_job_seconds_count{tier="fs",direction="load"}"#,
         r#"kv_tier_promotion_wait_seconds_count{tier="fs"}"#,
@@ -99,8 +98,13 @@ fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
         let v = sample(&body, series).unwrap_or_else(|| panic!("{series} missing:\n{body}"));
         assert!(v > 0.0, "{series} is {v}");
     }
-    // present, zero or not: failures by cause, GC skips, the stamp queue
+    // present, zero or not: probes and their retries (a bounded fs tier answers most keys
+    // from its index, so few or none are probed), failures by cause, GC skips, the stamp queue
     for series in [
+        r#"kv_tier_retry_waits_total{tier="fs"}"#,
+        r#"kv_tier_probe_seconds_count{tier="fs"}"#,
+        r#"kv_tier_probe_keys_total{tier="fs",outcome="found"}"#,
+        r#"kv_tier_known_keys_total{tier="fs",outcome="absent"}"#,
         r#"kv_tier_load_failures_total{tier="fs",cause="missing"}"#,
         r#"kv_tier_store_failures_total{tier="fs",cause="no_space"}"#,
         r#"kv_tier_probe_failures_total{tier="fs",outcome="deadline"}"#,
