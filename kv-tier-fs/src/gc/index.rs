@@ -103,11 +103,25 @@ pub(super) struct Index {
     pub(super) foreign_pending: Vec<BlockKey>,
 }
 
-/// How a leaf directory is used.
+/// How a leaf directory is used: by indexed files and by reservations of stores that will
+/// publish there (so its directories count, and no sweep removes them, until both are gone).
 #[derive(Debug, Clone, Copy)]
 struct LeafUse {
     files: u32,
+    reservations: u32,
     bytes: u64,
+}
+
+/// Which reservation a file being indexed replaces ([`Index::insert_claiming`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Claim {
+    /// None: no store of this process reserved for it.
+    Nothing,
+    /// This store's reservation (the file is the one it published).
+    Number(u64),
+    /// Whichever the key has, if any (the file was found by a walk, a load or another
+    /// store: a store in flight may have just published it).
+    Any,
 }
 
 /// From this many files on, a leaf directory may grow with a store's entries: stores into it
@@ -165,6 +179,12 @@ impl Index {
 
     /// Inserts or replaces `key`'s entry (a replaced entry keeps a queued stamp).
     pub(super) fn insert(&mut self, key: BlockKey, size: u64, mtime: i64) {
+        self.insert_claiming(key, size, mtime, Claim::Nothing);
+    }
+
+    /// [`Index::insert`] of a file that replaces a reservation made for it: counted once, in
+    /// one step, so no total in between holds the block twice, or its directories none.
+    pub(super) fn insert_claiming(&mut self, key: BlockKey, size: u64, mtime: i64, claim: Claim) {
         self.seq += 1;
         let e = Entry {
             size,
@@ -179,23 +199,13 @@ impl Index {
                     self.lru.update(&key, |e| e.pending = true);
                 }
             }
-            None => {
-                let l = leaf_of(&key);
-                let unit = self.dir_unit;
-                let n = self.leaves.entry(l).or_insert(LeafUse {
-                    files: 0,
-                    bytes: unit,
-                });
-                n.files += 1;
-                if n.files == 1 {
-                    self.dir_bytes += n.bytes;
-                    let t = self.tops.entry(l.top).or_insert(0);
-                    *t += 1;
-                    if *t == 1 && self.count_tops {
-                        self.dir_bytes += self.dir_unit;
-                    }
-                }
-            }
+            None => self.hold_leaf(leaf_of(&key), true),
+        }
+        // (after the file holds its directories: the reservation's hold on them passes on)
+        match claim {
+            Claim::Nothing => {}
+            Claim::Number(n) => self.release(&key, n),
+            Claim::Any => self.take_over(&key),
         }
         self.note_peak();
     }
@@ -203,31 +213,67 @@ impl Index {
     pub(super) fn remove(&mut self, key: &BlockKey) -> Option<Removed> {
         self.lru.remove(key)?;
         self.note_removed(key);
-        let l = leaf_of(key);
+        Some(self.drop_leaf(leaf_of(key), true))
+    }
+
+    /// One more user of leaf `l` (a file, or a reservation for one): its directories count
+    /// from the first.
+    fn hold_leaf(&mut self, l: Leaf, file: bool) {
+        let unit = self.dir_unit;
+        let n = self.leaves.entry(l).or_insert(LeafUse {
+            files: 0,
+            reservations: 0,
+            bytes: unit,
+        });
+        if n.files + n.reservations == 0 {
+            self.dir_bytes += n.bytes;
+            let t = self.tops.entry(l.top).or_insert(0);
+            *t += 1;
+            if *t == 1 && self.count_tops {
+                self.dir_bytes += self.dir_unit;
+            }
+        }
+        if file {
+            n.files += 1;
+        } else {
+            n.reservations += 1;
+        }
+    }
+
+    /// One user less of leaf `l`: when it was the last, its directories no longer count (and
+    /// are for the caller to remove).
+    fn drop_leaf(&mut self, l: Leaf, file: bool) -> Removed {
         let mut r = Removed {
             leaf_empty: false,
             top_empty: false,
         };
-        if let Some(n) = self.leaves.get_mut(&l) {
-            n.files -= 1;
-            if n.files == 0 {
-                let bytes = n.bytes;
-                self.leaves.remove(&l);
-                self.dir_bytes -= bytes;
-                r.leaf_empty = true;
-                if let Some(t) = self.tops.get_mut(&l.top) {
-                    *t -= 1;
-                    if *t == 0 {
-                        self.tops.remove(&l.top);
-                        if self.count_tops {
-                            self.dir_bytes -= self.dir_unit;
-                            r.top_empty = true;
-                        }
-                    }
+        let Some(n) = self.leaves.get_mut(&l) else {
+            return r;
+        };
+        let users = if file {
+            &mut n.files
+        } else {
+            &mut n.reservations
+        };
+        *users = users.saturating_sub(1);
+        if n.files + n.reservations > 0 {
+            return r;
+        }
+        let bytes = n.bytes;
+        self.leaves.remove(&l);
+        self.dir_bytes -= bytes;
+        r.leaf_empty = true;
+        if let Some(t) = self.tops.get_mut(&l.top) {
+            *t -= 1;
+            if *t == 0 {
+                self.tops.remove(&l.top);
+                if self.count_tops {
+                    self.dir_bytes -= self.dir_unit;
+                    r.top_empty = true;
                 }
             }
         }
-        Some(r)
+        r
     }
 
     /// A rescan walk begins: returns the `seq` it starts at.
@@ -302,29 +348,19 @@ impl Index {
         });
     }
 
-    /// Reserves `bytes` if the total stays within `limit`.
-    pub(super) fn reserve(&mut self, bytes: u64, limit: u64) -> bool {
-        if self.total() + bytes > limit {
-            return false;
-        }
-        self.reserved += bytes;
-        self.note_peak();
-        true
-    }
-
-    pub(super) fn unreserve(&mut self, bytes: u64) {
-        self.reserved = self.reserved.saturating_sub(bytes);
-    }
-
-    /// Reserves `bytes` for a new file of `key` if the total stays within `limit`; returns
-    /// the reservation's number.
+    /// Reserves `bytes` for a new file of `key`, and the directories it would create (held
+    /// until the reservation ends: see [`LeafUse`]), if the total stays within `limit`;
+    /// returns the reservation's number.
     pub(super) fn reserve_for(&mut self, key: BlockKey, bytes: u64, limit: u64) -> Option<u64> {
-        if !self.reserve(bytes, limit) {
+        if self.total() + bytes + self.dirs_needed(&key) > limit {
             return None;
         }
+        self.reserved += bytes;
+        self.hold_leaf(leaf_of(&key), false);
         let n = self.next_reservation;
         self.next_reservation += 1;
         self.by_key.entry(key).or_default().push((n, bytes));
+        self.note_peak();
         Some(n)
     }
 
@@ -333,26 +369,36 @@ impl Index {
         let Some(list) = self.by_key.get_mut(key) else {
             return;
         };
-        if let Some(i) = list.iter().position(|(m, _)| *m == n) {
-            let (_, bytes) = list.swap_remove(i);
-            self.reserved = self.reserved.saturating_sub(bytes);
-        }
+        let Some(i) = list.iter().position(|(m, _)| *m == n) else {
+            return;
+        };
+        let (_, bytes) = list.swap_remove(i);
         if list.is_empty() {
             self.by_key.remove(key);
         }
+        self.end_reservation(key, bytes);
     }
 
-    /// A file of `key` is being indexed: one reservation made for the key (if any) is now
-    /// that file's entry.
-    pub(super) fn take_over(&mut self, key: &BlockKey) {
-        if let Some(list) = self.by_key.get_mut(key)
-            && let Some((_, bytes)) = list.pop()
-        {
-            if list.is_empty() {
-                self.by_key.remove(key);
-            }
-            self.unreserve(bytes);
+    /// A file of `key` is indexed: one reservation made for the key (if any) is now that
+    /// file's entry.
+    fn take_over(&mut self, key: &BlockKey) {
+        let Some(list) = self.by_key.get_mut(key) else {
+            return;
+        };
+        let Some((_, bytes)) = list.pop() else {
+            return;
+        };
+        if list.is_empty() {
+            self.by_key.remove(key);
         }
+        self.end_reservation(key, bytes);
+    }
+
+    fn end_reservation(&mut self, key: &BlockKey, bytes: u64) {
+        self.reserved = self.reserved.saturating_sub(bytes);
+        // (the directories a store created and left empty on failure stay on disk, not
+        // counted: a walk reaps them)
+        self.drop_leaf(leaf_of(key), false);
     }
 
     /// What a new file in `key`'s leaf directory may add to the directory itself: two units
@@ -368,7 +414,8 @@ impl Index {
         }
     }
 
-    /// Whether `key`'s leaf (and top) directory is in use: what a new file there would add.
+    /// Whether `key`'s leaf (and top) directory is in use (by a file or a reservation): what a
+    /// new file there would add.
     pub(super) fn dirs_needed(&self, key: &BlockKey) -> u64 {
         let l = leaf_of(key);
         if self.leaves.contains_key(&l) {
@@ -450,11 +497,13 @@ mod tests {
         idx.insert(b, 8192, 11); // same leaf
         assert_eq!(idx.total(), 2 * 8192 + 2 * 4096);
         assert_eq!(idx.dirs_needed(&c), 2 * 4096);
-        assert!(idx.reserve(100, u64::MAX));
+        // a reservation in a's leaf: no directory to add
+        let d = key([1, 2, 5], 0);
+        let rd = idx.reserve_for(d, 100, u64::MAX).unwrap();
         idx.insert(c, 8192, 5);
         assert_eq!(idx.total(), 3 * 8192 + 4 * 4096 + 100);
-        assert!(!idx.reserve(1, idx.total()));
-        idx.unreserve(100);
+        assert!(idx.reserve_for(d, 1, idx.total()).is_none());
+        idx.release(&d, rd);
         let r = idx.remove(&a).unwrap();
         assert!(!r.leaf_empty);
         let r = idx.remove(&b).unwrap();
@@ -483,8 +532,16 @@ mod tests {
         let mut idx = Index::new(4096, 0, true);
         idx.insert(key([1, 2, 3], 0), 8192, 10);
         let limit = idx.total() + 100;
-        assert!(!idx.reserve(101, limit));
-        assert!(idx.reserve(100, limit));
+        let same_leaf = key([1, 2, 4], 0);
+        assert!(idx.reserve_for(same_leaf, 101, limit).is_none());
+        assert!(idx.reserve_for(same_leaf, 100, limit).is_some());
+        assert_eq!(idx.total(), limit);
+        // a new leaf needs its directory too
+        let mut idx = Index::new(4096, 0, true);
+        idx.insert(key([1, 2, 3], 0), 8192, 10);
+        let limit = idx.total() + 100 + 4096;
+        assert!(idx.reserve_for(key([1, 2, 0xf0], 0), 101, limit).is_none());
+        assert!(idx.reserve_for(key([1, 2, 0xf0], 0), 100, limit).is_some());
         assert_eq!(idx.total(), limit);
     }
 
@@ -496,16 +553,14 @@ mod tests {
         let mut idx = Index::new(4096, 0, true);
         let (a, b) = (key([1, 2, 3], 0), key([1, 2, 4], 0));
         let dirs = idx.dirs_needed(&a);
-        let ra = idx.reserve_for(a, 8192 + dirs, u64::MAX).unwrap();
+        let ra = idx.reserve_for(a, 8192, u64::MAX).unwrap();
         let rb = idx.reserve_for(b, 8192, u64::MAX).unwrap();
         assert_eq!(idx.total(), 2 * 8192 + dirs);
         // a load sees a's file first
-        idx.take_over(&a);
-        idx.insert(a, 8192, 10);
+        idx.insert_claiming(a, 8192, 10, Claim::Any);
         assert_eq!(idx.total(), 2 * 8192 + dirs, "a counted once");
         // then a's store publishes: its reservation is gone already
-        idx.release(&a, ra);
-        idx.insert(a, 8192, 11);
+        idx.insert_claiming(a, 8192, 11, Claim::Number(ra));
         assert_eq!(idx.total(), 2 * 8192 + dirs);
         assert_eq!(idx.peak, 2 * 8192 + dirs, "never counted twice");
         // b's store skips (dropped room): its reservation ends, once
@@ -513,7 +568,42 @@ mod tests {
         idx.release(&b, rb);
         assert_eq!((idx.total(), idx.reserved), (8192 + dirs, 0));
         // nothing to take over: a file of b indexed with no store in flight
-        idx.take_over(&b);
+        idx.insert_claiming(b, 8192, 12, Claim::Any);
+        assert_eq!((idx.total(), idx.reserved), (2 * 8192 + dirs, 0));
+    }
+
+    /// A store reserves room in a leaf directory another file keeps alive; that file is
+    /// removed before the store publishes. The reservation holds the directories: the removal
+    /// leaves them (no sweep removes a directory a store is about to write into), their room
+    /// is not freed for another store to take, and the publish adds nothing unreserved. So a
+    /// total filled to the limit meanwhile stays within it.
+    #[test]
+    fn a_removal_racing_a_publish_leaves_the_reserved_directories_counted() {
+        let mut idx = Index::new(4096, 0, true);
+        let (old, new, elsewhere) = (key([1, 2, 3], 0), key([1, 2, 4], 0), key([9, 9, 9], 0));
+        idx.insert(old, 8192, 10);
+        let n = idx.reserve_for(new, 8192, u64::MAX).unwrap();
+        assert_eq!(
+            idx.total(),
+            2 * 8192 + 2 * 4096,
+            "no directory reserved twice"
+        );
+        let r = idx.remove(&old).unwrap();
+        assert!(!r.leaf_empty && !r.top_empty, "the reservation keeps them");
+        assert_eq!(idx.total(), 8192 + 2 * 4096);
+        // another store fills the room the removal freed, up to the limit
+        let limit = idx.total() + 8192 + 2 * 4096;
+        let m = idx.reserve_for(elsewhere, 8192, limit).unwrap();
+        assert_eq!(idx.total(), limit);
+        idx.insert_claiming(new, 8192, 20, Claim::Number(n));
+        idx.insert_claiming(elsewhere, 8192, 21, Claim::Number(m));
+        assert_eq!(idx.total(), limit, "both files and their directories, once");
+        assert!(idx.peak <= limit, "peak {} over {limit}", idx.peak);
+        // a store that gives up: its directories go with it when nothing else holds them
+        let k = idx.reserve_for(key([7, 7, 7], 0), 8192, u64::MAX).unwrap();
+        assert_eq!(idx.total(), limit + 8192 + 2 * 4096);
+        idx.release(&key([7, 7, 7], 0), k);
+        assert_eq!(idx.total(), limit);
         assert_eq!(idx.reserved, 0);
     }
 }

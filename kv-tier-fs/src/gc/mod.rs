@@ -381,8 +381,7 @@ impl Gc {
     pub(crate) fn try_reserve(&self, key: &BlockKey, file_bytes: u64) -> Option<(u64, bool)> {
         let mut idx = self.lock();
         let slack = idx.growth_slack(key);
-        let bytes = file_bytes + idx.dirs_needed(key) + slack;
-        idx.reserve_for(*key, bytes, self.cfg.hard_bytes)
+        idx.reserve_for(*key, file_bytes + slack, self.cfg.hard_bytes)
             .map(|n| (n, slack > 0))
     }
 
@@ -421,10 +420,8 @@ impl Gc {
         let now = self.now_ns();
         let (over, measure) = {
             let mut idx = self.lock();
-            if let Some(n) = reservation {
-                idx.release(&key, n);
-            }
-            idx.insert(key, file_bytes, now);
+            let claim = reservation.map_or(index::Claim::Nothing, index::Claim::Number);
+            idx.insert_claiming(key, file_bytes, now, claim);
             if let Some(b) = leaf_bytes {
                 idx.set_leaf_bytes(&key, b);
             }
@@ -522,8 +519,7 @@ impl Gc {
             idx.foreign.remove(&key);
             // a store of this process may have just published it: its reservation is this
             // entry now (counted once)
-            idx.take_over(&key);
-            idx.insert(key, size, mtime_ns(m));
+            idx.insert_claiming(key, size, mtime_ns(m), index::Claim::Any);
             self.is_over(&idx)
         };
         if over {

@@ -152,10 +152,7 @@ impl Gc {
                 Some(_) => idx.insert(f.key, f.size, f.mtime),
                 // new to the index: a store of this process may have just published it (its
                 // reservation is this entry now)
-                None => {
-                    idx.take_over(&f.key);
-                    idx.insert(f.key, f.size, f.mtime);
-                }
+                None => idx.insert_claiming(f.key, f.size, f.mtime, super::index::Claim::Any),
             }
         }
         for (k, bytes) in leaves {

@@ -679,3 +679,66 @@ async fn a_growing_leaf_directory_under_a_ceiling_of_one() {
 async fn a_growing_leaf_directory_under_the_default_ceiling() {
     growing_leaf(None).await;
 }
+
+/// README "Accounting": a store's reservation holds the directories it will publish into.
+/// A store reserves room in a leaf directory that one old file keeps alive; a sweep deletes
+/// that file before the store publishes. The directories stay (the sweep does not remove a
+/// directory a store is about to write into) and stay counted, so another store cannot take
+/// their room meanwhile: with the ceiling half a directory short of what both stores and all
+/// their directories need, the second store fails with `NoSpace` instead of taking the tier
+/// over its ceiling when the first publishes. After it, the index equals `du`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_racing_a_store_into_its_leaf_leaves_the_reserved_directories() {
+    let root = temp_root();
+    let (old, new, far) = (leaf_key(0), leaf_key(1), test_key(7));
+    // a cap of one block with its directories; the ceiling 2 blocks and 3.5 directories
+    let mut c = hand_swept_cfg(root.path(), 1, 0.0);
+    let unit = dirs(root.path()) / 2;
+    let cap = held(root.path(), 1);
+    c.gc_hard_ceiling = Some((2 * BS as u64 + 7 * unit / 2) as f64 / cap as f64);
+    let tier = Arc::new(FsTier::open("fs", c, ns(), BS).unwrap());
+    assert!(fs_store(&*tier, &[old], 0).await.is_success());
+    age(&tier, &[old], |_| 5000);
+    // the store of `new` is held after its reservation, before its file is created
+    let leaf = leaf_dir(&tier, &new);
+    let (at_tx, at_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let held_once = std::sync::atomic::AtomicBool::new(false);
+    let watched = leaf.clone();
+    tier.set_fault_injector(Some(Arc::new(move |op, p| {
+        if op == kv_tier_fs::FsOp::CreateTmp
+            && p.starts_with(&watched)
+            && !held_once.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let _ = at_tx.send(());
+            let _ = go_rx.lock().unwrap().recv();
+        }
+        None
+    })));
+    let t = tier.clone();
+    let storing = tokio::spawn(async move { fs_store(&*t, &[new], 1).await });
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the store never reached its create");
+    assert_eq!(tier.gc_sweep_now().unwrap(), 1, "the old file goes");
+    assert!(!tier.block_path(&old).exists());
+    assert!(
+        leaf.exists(),
+        "the sweep removed the directory a store writes into"
+    );
+    assert_eq!(gc_stats(&tier).dirs_removed, 0);
+    // what the sweep freed is the old file only: no room for another file and two directories
+    let res = fs_store(&*tier, &[far], 2).await;
+    assert!(
+        matches!(&res.failed[..], [(k, Error::NoSpace { .. })] if *k == far),
+        "{:?}",
+        res.failed
+    );
+    go_tx.send(()).unwrap();
+    let res = storing.await.unwrap();
+    assert!(res.is_success(), "{:?}", res.failed);
+    tier.set_fault_injector(None);
+    assert!(tier.block_path(&new).exists());
+    check_stats(&tier, root.path(), "after the store that the sweep raced");
+}
