@@ -63,9 +63,20 @@ pub(crate) struct Shared {
     pub(crate) block_size: usize,
     pub(crate) checksum: ObjChecksum,
     pub(crate) accept_unverified: bool,
+    /// The `io_threads` bound on reads (GET, LIST, a store's HEAD) in flight.
     pub(crate) sem: Semaphore,
+    /// The `io_threads` bound on a lookup's HEADs: no probe queues behind a load's GETs.
+    pub(crate) probe_sem: Semaphore,
+    /// The bound on writes (half of `io_threads`, at least one).
+    pub(crate) write_sem: Semaphore,
     pub(crate) io_threads: usize,
     pub(crate) in_flight: AtomicUsize,
+    /// Reads and probes waiting for a permit or in flight, and writes past their gate: while
+    /// any read is active, writes start one at a time.
+    pub(crate) reads_active: AtomicUsize,
+    pub(crate) writes_active: AtomicUsize,
+    /// Woken when a read or a write ends: writes held back at their gate look again.
+    pub(crate) budget_changed: Notify,
     /// Positive existence answers, for lookups only (never to skip a PUT).
     pub(crate) exists: moka::sync::Cache<BlockKey, ()>,
     /// Bumped whenever this tier deletes objects: a HEAD that overlapped a delete does not
@@ -88,10 +99,43 @@ pub(crate) struct Shared {
     pub(crate) closed: AtomicBool,
 }
 
-/// Tracks one request in flight, holding a permit of the `io_threads` bound.
+/// Which budget a request counts in ([`Shared::request_as`]): each kind has permits of its
+/// own, so none queues behind another's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A lookup's HEAD: at most `io_threads`.
+    Probe,
+    /// GET, LIST, a store's HEAD: loads wait for these. At most `io_threads`.
+    Read,
+    /// PUT, DELETE: write-back and sweeps. At most half of `io_threads` (at least one), and
+    /// while any probe or read is waiting or in flight, one at a time.
+    // (a write held back a whole request deadline starts anyway: write-back backs off, it
+    // does not stop)
+    Write,
+}
+
+/// One read or write counted active until dropped (however the request ends).
+struct Active<'a> {
+    inner: &'a Shared,
+    kind: Kind,
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        let n = match self.kind {
+            Kind::Probe | Kind::Read => &self.inner.reads_active,
+            Kind::Write => &self.inner.writes_active,
+        };
+        n.fetch_sub(1, Ordering::SeqCst);
+        self.inner.budget_changed.notify_waiters();
+    }
+}
+
+/// Tracks one request in flight, holding a permit of its kind's bound.
 struct InFlight<'a> {
     inner: &'a Shared,
     _permit: tokio::sync::SemaphorePermit<'a>,
+    _active: Active<'a>,
 }
 
 impl Drop for InFlight<'_> {
@@ -155,8 +199,32 @@ impl Shared {
         Ok(())
     }
 
-    async fn slot(&self) -> InFlight<'_> {
-        let permit = self.sem.acquire().await.expect("semaphore never closes");
+    async fn slot(&self, kind: Kind) -> InFlight<'_> {
+        let (permit, active) = match kind {
+            Kind::Probe | Kind::Read => {
+                // counted from before the wait for a permit: a read that queues holds
+                // writes back as one in flight does
+                // (the guard before the wait: a read dropped while it waits counts off)
+                self.reads_active.fetch_add(1, Ordering::SeqCst);
+                let active = Active { inner: self, kind };
+                let sem = if kind == Kind::Probe {
+                    &self.probe_sem
+                } else {
+                    &self.sem
+                };
+                let permit = sem.acquire().await.expect("semaphore never closes");
+                (permit, active)
+            }
+            Kind::Write => {
+                // the permit first: the gate counts writes that hold one
+                let permit = self
+                    .write_sem
+                    .acquire()
+                    .await
+                    .expect("semaphore never closes");
+                (permit, self.write_gate().await)
+            }
+        };
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.counters
             .own
@@ -166,16 +234,60 @@ impl Shared {
         InFlight {
             inner: self,
             _permit: permit,
+            _active: active,
         }
     }
 
-    /// Runs one request (which may stream its body) with a permit, within the request
-    /// deadline.
+    /// Waits until a write may start: no probe or read active, or no other write past this
+    /// gate (which the write permits then bound).
+    // (at most a request deadline: then it starts anyway)
+    async fn write_gate(&self) -> Active<'_> {
+        let until = tokio::time::Instant::now() + self.request_deadline;
+        let mut deferred = false;
+        loop {
+            let changed = self.budget_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let w = self.writes_active.load(Ordering::SeqCst);
+            let reading = self.reads_active.load(Ordering::SeqCst) > 0;
+            let late = tokio::time::Instant::now() >= until;
+            if !reading || w == 0 || late {
+                if self
+                    .writes_active
+                    .compare_exchange(w, w + 1, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+                {
+                    return Active {
+                        inner: self,
+                        kind: Kind::Write,
+                    };
+                }
+                continue;
+            }
+            if !std::mem::replace(&mut deferred, true) {
+                bump(&self.counters.own.writes_deferred, 1);
+            }
+            let _ = tokio::time::timeout_at(until, changed).await;
+        }
+    }
+
+    /// Runs one read (HEAD, GET, LIST page) with a permit, within the request deadline:
+    /// [`Shared::request_as`] with [`Kind::Read`].
     pub(crate) async fn request<T>(
         &self,
         fut: impl Future<Output = std::result::Result<T, object_store::Error>>,
     ) -> std::result::Result<T, ReqError> {
-        let _s = self.slot().await;
+        self.request_as(Kind::Read, fut).await
+    }
+
+    /// Runs one request (which may stream its body) with a permit of its kind's budget,
+    /// within the request deadline.
+    pub(crate) async fn request_as<T>(
+        &self,
+        kind: Kind,
+        fut: impl Future<Output = std::result::Result<T, object_store::Error>>,
+    ) -> std::result::Result<T, ReqError> {
+        let _s = self.slot(kind).await;
         match tokio::time::timeout(self.request_deadline, fut).await {
             Ok(r) => r.map_err(ReqError::Store),
             Err(_) => {
@@ -246,6 +358,29 @@ impl Shared {
         self.cap.as_ref().is_some_and(|c| c.lock().is_deleting(key))
     }
 
+    /// See `ObjTier::holds`. Under the claims' lock, then the index's (the order a load's
+    /// NotFound takes them in): no store of the key starts or ends meanwhile, so an indexed
+    /// key with no store in flight was stored, confirmed or listed, and not removed since.
+    pub(crate) fn holds(&self, key: &BlockKey) -> Option<bool> {
+        if self.closed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let puts = lock(&self.puts);
+        if puts.contains_key(key) {
+            return None;
+        }
+        match &self.cap {
+            Some(cap) => {
+                let idx = cap.lock();
+                if idx.is_deleting(key) {
+                    return None;
+                }
+                Some(idx.contains(key) || self.exists.contains_key(key))
+            }
+            None => self.exists.contains_key(key).then_some(true),
+        }
+    }
+
     /// Whether the object exists. With `cached`, a cached positive answer is trusted (for
     /// lookups); without, the backend is asked (for stores). A key a sweep is deleting is
     /// absent.
@@ -259,7 +394,7 @@ impl Shared {
         }
         let path = self.path(key);
         let epoch = self.delete_epoch.load(Ordering::SeqCst);
-        let present = match self.request(self.store.head(&path)).await {
+        let present = match self.request_as(Kind::Probe, self.store.head(&path)).await {
             Ok(_) => true,
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => false,
             Err(e) => return Err(self.err(&format!("HEAD {path}"), e)),
@@ -436,7 +571,7 @@ impl Shared {
             let put = self
                 .store
                 .put_opts(&path, PutPayload::from(bytes.clone()), opts);
-            match self.request(put).await {
+            match self.request_as(Kind::Write, put).await {
                 Ok(_) => {
                     self.exists.insert(key, ());
                     bump(&self.counters.blocks.blocks_written, 1);
@@ -497,7 +632,7 @@ impl Shared {
     async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath) {
         self.events.push(vec![*key], true);
         let _forget = self.forget_after(vec![*key]);
-        match self.request(self.store.delete(path)).await {
+        match self.request_as(Kind::Write, self.store.delete(path)).await {
             Ok(()) | Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
                 bump(&self.counters.blocks.corrupt_deleted, 1);
                 self.uncount(key);

@@ -84,6 +84,11 @@ impl CapIndex {
         self.lru.len()
     }
 
+    /// Whether `key` is indexed.
+    pub(crate) fn contains(&self, key: &BlockKey) -> bool {
+        self.lru.contains(key)
+    }
+
     pub(crate) fn is_deleting(&self, key: &BlockKey) -> bool {
         self.lru.is_deleting(key)
     }

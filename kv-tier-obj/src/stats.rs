@@ -29,8 +29,12 @@ kv_tier_core::counters! {
     counted {
         /// Requests sent (HEAD, PUT, GET, DELETE, LIST).
         requests,
-        /// The most requests in flight at once (bounded by `io_threads`).
+        /// The most requests in flight at once, every kind (each kind is bounded by
+        /// `io_threads`, writes by half of it: at most 2.5 x `io_threads` in all).
         max_in_flight,
+        /// Writes (PUT, DELETE) held back at their gate because reads were waiting or in
+        /// flight (each counted once, however long it waited).
+        writes_deferred,
         /// Requests abandoned at their deadline.
         request_timeouts,
         /// Lookups that answered some keys absent because their deadline passed.

@@ -96,7 +96,7 @@ impl Shared {
         let gone = &mut batch.gone;
         let mut errors = Vec::new();
         let done = self
-            .request(async {
+            .request_as(crate::block::Kind::Write, async {
                 let stream = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
                 let mut results = self.store.delete_stream(stream);
                 let mut i = 0;
@@ -197,7 +197,7 @@ impl Shared {
         let bytes = crate::capacity::encode_recency(&cap.lock().keys_by_recency());
         let path = inner.recency_path();
         let put = inner
-            .request(async {
+            .request_as(crate::block::Kind::Write, async {
                 inner
                     .store
                     .put(&path, object_store::PutPayload::from(bytes))

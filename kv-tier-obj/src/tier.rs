@@ -156,8 +156,13 @@ impl ObjTier {
             checksum: cfg.checksum,
             accept_unverified: cfg.accept_unverified,
             sem: Semaphore::new(cfg.io_threads),
+            probe_sem: Semaphore::new(cfg.io_threads),
+            write_sem: Semaphore::new((cfg.io_threads / 2).max(1)),
             io_threads: cfg.io_threads,
             in_flight: AtomicUsize::new(0),
+            reads_active: AtomicUsize::new(0),
+            writes_active: AtomicUsize::new(0),
+            budget_changed: tokio::sync::Notify::new(),
             exists: moka::sync::Cache::builder()
                 .max_capacity(1 << 20)
                 .time_to_live(exists_ttl(&cfg))
@@ -339,6 +344,17 @@ impl SecondaryTier for ObjTier {
             }
             None => Ok(out),
         }
+    }
+
+    /// From what the tier knows, with no request: a key with a store of this tier in
+    /// flight, or a sweep deleting it, is unknown (`None`: a HEAD tells); a bounded tier
+    /// (not shared) holds what its capacity index or its existence cache holds, and nothing
+    /// else: the index is what its LIST at open and its own stores, loads and sweeps keep
+    /// (objects another writer put under its prefix since are outside its bound and not seen:
+    /// several writers share a bound with `shared`). Otherwise a key the existence cache
+    /// holds is held (what lookups trust too) and any other is unknown.
+    fn holds(&self, key: &BlockKey) -> Option<bool> {
+        self.shared.holds(key)
     }
 
     async fn store(&self, job: StoreJob) -> JobResult {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use kv_tier_core::{Error, SecondaryTier};
 use kv_tier_obj::ObjTierConfig;
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
+use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
 use kv_tier_testkit::{load_keys, test_key, verify_block};
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
@@ -179,4 +180,80 @@ async fn a_lookup_answers_within_its_deadline_when_the_store_never_answers() {
     s.release(Op::Head);
     assert!(obj_store(&tier, &keys[..1]).await.is_success());
     assert_eq!(tier.lookup(&keys[..2]).await.unwrap(), vec![true, false]);
+}
+
+/// `holds` of a bounded tier (not shared) answers from its capacity index, with no
+/// request: what it stored is held, what it never stored is not; a key whose store is in
+/// flight, or that a sweep is deleting, is unknown (a HEAD tells); a key a sweep deleted is
+/// not held; after a reopen, what its LIST found is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_tier_holds_what_its_index_holds() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded(4)).await;
+    let (a, never) = (test_key(1), test_key(2));
+    assert!(obj_store(&tier, &[a]).await.is_success());
+    let requests = s.started();
+    assert_eq!(tier.holds(&a), Some(true));
+    assert_eq!(tier.holds(&never), Some(false));
+    assert_eq!(s.started(), requests, "holds sent a request");
+    // a store in flight: not yet known either way
+    let pending = test_key(3);
+    let put = s.hold(Op::Put);
+    let t = tier.clone();
+    let storing = tokio::spawn(async move { obj_store(&*t, &[pending]).await });
+    wait_until_async("the PUT is held", SETTLE_LIMIT, || put.arrived() == 1).await;
+    assert_eq!(tier.holds(&pending), None);
+    s.release(Op::Put);
+    assert!(storing.await.unwrap().is_success());
+    assert_eq!(tier.holds(&pending), Some(true));
+    // past the bound: the store's sweep deletes the oldest (`a` first), unknown while its
+    // DELETE is held, not held once it is gone
+    let more: Vec<_> = (10..14).map(test_key).collect();
+    let delete = s.hold(Op::Delete);
+    assert!(obj_store(&tier, &more).await.is_success());
+    wait_until_async("the DELETE is held", SETTLE_LIMIT, || delete.arrived() >= 1).await;
+    assert_eq!(tier.holds(&a), None, "a key being deleted");
+    s.release(Op::Delete);
+    wait_sweeps_done(&tier).await;
+    assert!(!s.exists(&tier.object_path(&a)).await);
+    assert_eq!(tier.holds(&a), Some(false));
+    // reopened: its LIST is the index
+    let kept: Vec<_> = more
+        .iter()
+        .copied()
+        .filter(|k| tier.holds(k) == Some(true))
+        .collect();
+    assert!(!kept.is_empty());
+    tier.shutdown().await.unwrap();
+    let again = tier_on(&s, bounded(4)).await;
+    for k in &kept {
+        assert_eq!(again.holds(k), Some(true), "{k}");
+    }
+    assert_eq!(again.holds(&a), Some(false));
+}
+
+/// `holds` of an unbounded tier knows only what its existence cache holds: a key it stored
+/// is held; one it never saw, or whose object a load found gone, is unknown (a HEAD tells:
+/// the tier may share its prefix with other writers).
+#[tokio::test]
+async fn an_unbounded_tier_holds_what_it_stored_and_asks_for_the_rest() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, ObjTierConfig::new("mem")).await;
+    let (a, b) = (test_key(1), test_key(2));
+    assert_eq!(tier.holds(&a), None);
+    assert!(obj_store(&tier, &[a]).await.is_success());
+    assert_eq!(tier.holds(&a), Some(true));
+    assert_eq!(tier.holds(&b), None);
+    // deleted behind the tier's back: the failed load forgets it
+    s.inner
+        .delete(&Path::from(tier.object_path(&a)))
+        .await
+        .unwrap();
+    let (r, _) = load_keys(&*tier, &[a], BS).await;
+    assert!(
+        matches!(r.failed[..], [(_, Error::NotFound { .. })]),
+        "{:?}",
+        r.failed
+    );
+    assert_eq!(tier.holds(&a), None);
 }

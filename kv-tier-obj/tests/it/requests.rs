@@ -162,3 +162,60 @@ async fn without_conditional_writes_a_store_looks_first_and_replaces_once() {
         "{msg}"
     );
 }
+
+/// Reads go before write-back: writes take at most half of `io_threads`, and while a read (a
+/// lookup's HEAD, a load's GET) waits or runs they start one at a time; the others are held
+/// back (counted in `writes_deferred`) until the reads end. A lookup's HEADs have permits of
+/// their own: one answers while loads hold every read permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_before_writes_and_probes_before_loads() {
+    use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.io_threads = 4;
+    let tier = tier_on(&s, cfg).await;
+    let read = test_key(100);
+    assert!(obj_store(&tier, &[read]).await.is_success());
+    let (get, put) = (s.hold(Op::Get), s.hold(Op::Put));
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[read], BS).await });
+    wait_until_async("the GET is held", SETTLE_LIMIT, || get.arrived() == 1).await;
+    let keys: Vec<_> = (0..3).map(test_key).collect();
+    let t = tier.clone();
+    let ks = keys.clone();
+    let storing = tokio::spawn(async move { obj_store(&*t, &ks).await });
+    wait_until_async("a write held back", SETTLE_LIMIT, || {
+        tier.stats().writes_deferred == 1
+    })
+    .await;
+    assert_eq!(put.arrived(), 1, "writes started beside a read");
+    s.release(Op::Get);
+    let (r, _) = loading.await.unwrap();
+    assert!(r.is_success(), "{:?}", r.failed);
+    // no read now: writes up to their share (2 of 4) run at once
+    wait_until_async("two PUTs in flight", SETTLE_LIMIT, || put.arrived() == 2).await;
+    s.release(Op::Put);
+    let r = storing.await.unwrap();
+    assert!(r.is_success(), "{:?}", r.failed);
+    assert_eq!(s.count(Op::Put), 4);
+    // four loads hold every read permit; a lookup still answers
+    let held: Vec<_> = (200..204).map(test_key).collect();
+    assert!(obj_store(&tier, &held).await.is_success());
+    let get = s.hold(Op::Get);
+    let t = tier.clone();
+    let hs = held.clone();
+    let loading = tokio::spawn(async move {
+        futures::future::join_all(
+            hs.iter()
+                .map(|k| load_keys(&*t, std::slice::from_ref(k), BS)),
+        )
+        .await
+    });
+    wait_until_async("four GETs held", SETTLE_LIMIT, || get.arrived() == 4).await;
+    tier.clear_exists_cache();
+    assert_eq!(tier.lookup(&held[..1]).await.unwrap(), vec![true]);
+    s.release(Op::Get);
+    for (r, _) in loading.await.unwrap() {
+        assert!(r.is_success(), "{:?}", r.failed);
+    }
+}
