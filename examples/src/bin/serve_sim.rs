@@ -171,6 +171,10 @@ struct TierArgs {
     /// Its region
     #[arg(long, value_name = "REGION", default_value_t = SimConfig::default().s3_region)]
     s3_region: String,
+    /// The obj tier's bound in GiB (0: none): its capacity index then answers lookups
+    #[arg(long, value_name = "X", value_parser = cap_gb, allow_negative_numbers = true,
+          default_value_t = 0.0)]
+    obj_cap_gb: f64,
     /// A vLLM-shaped tier config JSON instead of the tier flags above
     #[arg(long = "config", value_name = "FILE", value_parser = read_file)]
     config_json: Option<String>,
@@ -437,6 +441,7 @@ impl Cli {
             s3_access_key: t.s3_access_key,
             s3_secret_key: t.s3_secret_key,
             s3_region: t.s3_region,
+            obj_cap_gb: (t.obj_cap_gb > 0.0).then_some(t.obj_cap_gb),
             sync_steps: o.sync_steps,
             progress: !o.no_progress,
             metrics_addr: o.metrics_addr,
@@ -449,7 +454,7 @@ impl Cli {
 }
 
 /// The tier flags `--config` replaces, by argument id.
-const TIER_FLAGS: [&str; 12] = [
+const TIER_FLAGS: [&str; 13] = [
     "dram_mb",
     "root_dir",
     "fs_cap_gb",
@@ -461,6 +466,7 @@ const TIER_FLAGS: [&str; 12] = [
     "s3_access_key",
     "s3_secret_key",
     "s3_region",
+    "obj_cap_gb",
     "s3_embedded",
 ];
 

@@ -208,6 +208,8 @@ pub struct SimConfig {
     pub s3_embedded: bool,
     /// The bucket of the `obj` tier.
     pub s3_bucket: String,
+    /// The `obj` tier's bound in GiB (`max_size_gb`; `None`: unbounded).
+    pub obj_cap_gb: Option<f64>,
     /// Access key of the `obj` tier (empty: the AWS credential chain).
     pub s3_access_key: String,
     /// Secret key of the `obj` tier.
@@ -280,6 +282,7 @@ impl Default for SimConfig {
             s3_access_key: String::new(),
             s3_secret_key: String::new(),
             s3_region: "us-east-1".into(),
+            obj_cap_gb: None,
             fs_gc_interval_s: 1.0,
             fs_gc_stamp_s: 1.0,
             fs_gc_grace_s: 2.0,
@@ -359,7 +362,7 @@ impl SimConfig {
         }
         let mut tiers = vec![fs];
         if let Some(endpoint) = &self.s3_endpoint {
-            tiers.push(serde_json::json!({
+            let mut obj = serde_json::json!({
                 "type": "obj",
                 "bucket": self.s3_bucket,
                 "endpoint_override": endpoint,
@@ -372,7 +375,11 @@ impl SimConfig {
                 "checksum": "crc32c",
                 "enable_kv_events": true,
                 "chain_eviction": self.chain_eviction,
-            }));
+            });
+            if let (Some(gb), Some(o)) = (self.obj_cap_gb, obj.as_object_mut()) {
+                o.insert("max_size_gb".into(), gb.into());
+            }
+            tiers.push(obj);
         }
         let v = serde_json::json!({
             "cpu_bytes_to_use": self.dram_bytes,

@@ -8,8 +8,9 @@
 //! - **Two levels, written through.** Every block the engine stores goes to DRAM and to the fs
 //!   tier (kv-tier cascades every store), and a hit in either serves. Both levels see the
 //!   same stream, so under LRU the larger one holds everything the smaller one does; the
-//!   model is one level of `max(DRAM, fs)` blocks. A restart empties DRAM only: with an fs
-//!   level the model keeps its blocks, without one it starts empty.
+//!   model is one level of `max(DRAM, fs)` blocks (with a bounded obj tier below fs, the
+//!   largest of the three bounds; with an unbounded one, no bound). A restart empties DRAM
+//!   only: with an fs level the model keeps its blocks, without one it starts empty.
 //! - **In front, the GPU prefix cache**, LRU of its own blocks, as the engine's: the same for
 //!   every policy.
 //! - **Whole requests.** A request reads its prompt's hit prefix, then stores the rest of
@@ -61,7 +62,8 @@ impl Policy {
 pub struct TraceHeader {
     /// DRAM, in blocks.
     pub dram_blocks: u64,
-    /// The fs tier, in blocks (`None`: no fs tier, or unbounded with `fs_unbounded`).
+    /// The largest bounded tier below DRAM (the fs tier, or a bounded obj tier below it), in
+    /// blocks (`None`: none, or one unbounded with `unbounded_below`).
     pub fs_blocks: Option<u64>,
     /// The fs tier (or a tier below it) has no bound: the model keeps everything.
     pub unbounded_below: bool,
@@ -72,7 +74,8 @@ pub struct TraceHeader {
 }
 
 impl TraceHeader {
-    /// The model's one level (see the module): `max(DRAM, fs)` blocks, `None` for no bound.
+    /// The model's one level (see the module): `max(DRAM, fs_blocks)` blocks, `None` for no
+    /// bound.
     pub fn model_blocks(&self) -> Option<u64> {
         if self.unbounded_below {
             None

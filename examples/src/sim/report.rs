@@ -87,7 +87,7 @@ pub struct RestartReport {
 }
 
 /// What the offline model assumes (the report prints it).
-pub(super) const MODEL_ASSUMES: &str = "one level of max(DRAM, fs) blocks (stores go to both, a hit in either serves; a tier without a bound keeps everything), the GPU cache in front as the engine's LRU, whole requests with no timing (no write-back delay, probe budget or give-up), a restart empties DRAM only; opt is Belady's rule per block";
+pub(super) const MODEL_ASSUMES: &str = "one level of max(DRAM, the largest bounded tier below it) blocks (stores go to all, a hit in any serves; a tier without a bound keeps everything), the GPU cache in front as the engine's LRU, whole requests with no timing (no write-back delay, probe budget or give-up), a restart empties DRAM only; opt is Belady's rule per block";
 
 /// Per-tier figures of the report.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -146,6 +146,11 @@ pub struct TierReport {
     /// Keys of lookups answered Retry while this tier's probe was out (where it stalled
     /// admission).
     pub retry_waits: u64,
+    /// Keys the tier answered from what it knows (its index, its existence cache), with no
+    /// probe: held, and not held.
+    pub known_held: u64,
+    /// See `known_held`.
+    pub known_absent: u64,
 }
 
 /// GC figures of the fs tier.
@@ -318,6 +323,8 @@ pub(super) fn accumulate(s: &mut ManagerStats, earlier: &ManagerStats) {
             (&mut t.load_failures, e.load_failures),
             (&mut t.writes_dropped, e.writes_dropped),
             (&mut t.probes.over_budget, e.probes.over_budget),
+            (&mut t.probes.known_present, e.probes.known_present),
+            (&mut t.probes.known_absent, e.probes.known_absent),
             (&mut t.probes.late_answers, e.probes.late_answers),
             (&mut t.probes.probe_timeouts, e.probes.probe_timeouts),
             (&mut t.probes.probe_errors, e.probes.probe_errors),
@@ -361,12 +368,20 @@ pub(super) fn fill(
 ) -> Report {
     let secs = seconds.as_secs_f64();
     let block = cfg.block_bytes() as u64;
+    // the largest bounded tier below DRAM (an obj tier's bound may pass the fs tier's cap)
+    let obj_blocks = cfg
+        .s3_endpoint
+        .as_ref()
+        .or(cfg.s3_embedded.then_some(&cfg.s3_bucket))
+        .and(cfg.obj_cap_gb)
+        .map(|gb| (gb * (1u64 << 30) as f64) as u64 / block.max(1));
     let fs_blocks = gc.as_ref().map(|g| g.cap_bytes / block.max(1));
     let header = TraceHeader {
         dram_blocks: s.primary.capacity_blocks as u64,
-        fs_blocks,
-        // an fs tier without a cap, or a tier below the bounded one (obj: no cap)
-        unbounded_below: !s.tiers.is_empty() && (gc.is_none() || s.tiers.len() > 1),
+        fs_blocks: fs_blocks.max(obj_blocks),
+        // an fs tier without a cap, or a tier below the bounded one without one
+        unbounded_below: !s.tiers.is_empty()
+            && (gc.is_none() || (s.tiers.len() > 1 && obj_blocks.is_none())),
         gpu_blocks: cfg.gpu_cache_blocks as u64,
         tokens_per_block: cfg.tokens_per_block as u64,
     };
@@ -519,6 +534,8 @@ fn tier_report(t: &TierStats, secs: f64) -> TierReport {
         probe_timeouts: t.probes.probe_timeouts,
         probe_errors: t.probes.probe_errors + t.probes.probe_panics,
         retry_waits: t.retry_waits,
+        known_held: t.probes.known_present,
+        known_absent: t.probes.known_absent,
     }
 }
 
@@ -718,7 +735,7 @@ fn render_yardstick(r: &Report) -> String {
     let m = &r.model;
     let blocks = |b: Option<u64>| b.map_or("unbounded".to_string(), |b| format!("{b} blocks"));
     let mut o = format!(
-        "  the same trace offline LRU {:.1}% | Belady {:.1}% | unbounded {:.1}% (model: {}; DRAM {} blocks, fs {}, working set {} blocks)\n",
+        "  the same trace offline LRU {:.1}% | Belady {:.1}% | unbounded {:.1}% (model: {}; DRAM {} blocks, below it {}, working set {} blocks)\n",
         pct(r.offline.lru),
         pct(r.offline.opt),
         pct(r.offline.unbounded),
@@ -848,8 +865,11 @@ fn render_tier(t: &TierReport, disk: Option<&DiskProbe>) -> String {
         t.probe_errors
     );
     o += &format!(
-        "  {:<21} probe p50 {:.1} ms p99 {:.1} ms, {} key lookups waited for it (Retry), {} past the probe budget, {} late answers; write-back peak {:.1} MiB, {} writes dropped\n",
+        "  {:<21} {} keys known without a probe ({} held, {} not), probe p50 {:.1} ms p99 {:.1} ms, {} key lookups waited for it (Retry), {} past the probe budget, {} late answers; write-back peak {:.1} MiB, {} writes dropped\n",
         "",
+        t.known_held + t.known_absent,
+        t.known_held,
+        t.known_absent,
         t.probe_p50_ms,
         t.probe_p99_ms,
         t.retry_waits,

@@ -36,6 +36,39 @@ fn an_obj_tier_below_fs_serves_what_fs_swept() {
     );
     assert!(r.tiers[1].blocks_loaded > 0, "obj served nothing: {r:?}");
     assert!(r.gc.as_ref().unwrap().swept_files > 0);
+    // unbounded: it knows what it stored, never that a key is not there (others may write)
+    assert_eq!(r.tiers[1].known_absent, 0, "{:?}", r.tiers[1]);
+    drop(server);
+}
+
+/// `--obj-cap-gb`: a bounded obj tier answers the manager's lookups from its capacity index,
+/// held and not held, so keys it does not hold cost no HEAD; it still serves what fs swept,
+/// and the offline model takes its bound as the level below DRAM.
+#[test]
+fn a_bounded_obj_tier_answers_lookups_from_its_index() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt.block_on(s3::S3Server::start());
+    let mut cfg = small(11);
+    cfg.turns = 4;
+    let block = cfg.block_bytes() as f64;
+    cfg.fs_cap_gb = Some(300.0 * block / (1u64 << 30) as f64);
+    cfg.obj_cap_gb = Some(5000.0 * block / (1u64 << 30) as f64);
+    cfg.s3_endpoint = Some(server.endpoint.clone());
+    cfg.s3_bucket = s3::BUCKET.into();
+    cfg.s3_access_key = s3::AK.into();
+    cfg.s3_secret_key = s3::SK.into();
+    cfg.s3_region = "us-east-1".into();
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    let obj = &r.tiers[1];
+    assert!(obj.blocks_loaded > 0, "obj served nothing: {obj:?}");
+    assert!(obj.known_held > 0 && obj.known_absent > 0, "{obj:?}");
+    assert_eq!(r.model.model_blocks, Some(5000), "{:?}", r.model);
+    assert!(!r.model.unbounded_below);
     drop(server);
 }
 

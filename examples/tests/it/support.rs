@@ -56,6 +56,7 @@ pub(crate) fn small(seed: u64) -> SimConfig {
         s3_access_key: String::new(),
         s3_secret_key: String::new(),
         s3_region: String::new(),
+        obj_cap_gb: None,
         fs_gc_interval_s: 0.01,
         fs_gc_stamp_s: 0.000_001,
         fs_gc_grace_s: 0.000_002,
