@@ -77,6 +77,9 @@ pub(crate) struct Shared {
     pub(crate) writes_active: AtomicUsize,
     /// Woken when a read or a write ends: writes held back at their gate look again.
     pub(crate) budget_changed: Notify,
+    /// Lookups past their deadline, and with failed HEADs: said in the log once per interval.
+    pub(crate) log_deadlines: kv_tier_core::stats::Throttle,
+    pub(crate) log_probe_errors: kv_tier_core::stats::Throttle,
     /// Positive existence answers, for lookups only (never to skip a PUT).
     pub(crate) exists: moka::sync::Cache<BlockKey, ()>,
     /// Bumped whenever this tier deletes objects: a HEAD that overlapped a delete does not

@@ -163,6 +163,8 @@ impl ObjTier {
             reads_active: AtomicUsize::new(0),
             writes_active: AtomicUsize::new(0),
             budget_changed: tokio::sync::Notify::new(),
+            log_deadlines: kv_tier_core::stats::Throttle::new(LOG_INTERVAL),
+            log_probe_errors: kv_tier_core::stats::Throttle::new(LOG_INTERVAL),
             exists: moka::sync::Cache::builder()
                 .max_capacity(1 << 20)
                 .time_to_live(exists_ttl(&cfg))
@@ -331,7 +333,9 @@ impl SecondaryTier for ObjTier {
                 Ok(None) => break,
                 Err(_) => {
                     bump(&inner.counters.own.lookup_timeouts, 1);
-                    tracing::warn!(tier = %inner.name, keys = keys.len(), answered, deadline = ?inner.lookup_deadline, "lookup passed its deadline; the unanswered keys count as absent");
+                    if let Some(n) = inner.log_deadlines.note() {
+                        tracing::warn!(tier = %inner.name, lookups = n, keys = keys.len(), answered, deadline = ?inner.lookup_deadline, "lookups passed their deadline (this many since the last such line, counted in lookup_timeouts); the unanswered keys count as absent");
+                    }
                     break;
                 }
             }
@@ -339,7 +343,9 @@ impl SecondaryTier for ObjTier {
         match last {
             Some(e) if errors == keys.len() => Err(e),
             Some(e) => {
-                tracing::warn!(tier = %inner.name, errors, error = %e, "some existence probes failed; counted as absent");
+                if let Some(n) = inner.log_probe_errors.note() {
+                    tracing::warn!(tier = %inner.name, lookups = n, errors, error = %e, "lookups with failed existence probes (this many since the last such line); their keys count as absent");
+                }
                 Ok(out)
             }
             None => Ok(out),
@@ -448,6 +454,10 @@ impl SecondaryTier for ObjTier {
         Ok(())
     }
 }
+
+/// At most one log line per this interval for each kind of repeated lookup trouble (each
+/// line says how many it stands for; the stats count every one).
+const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long a positive existence answer is cached: `exists_ttl_s`, and on a shared bucket
 /// at most a quarter lease (another instance's leader deletes objects this one cannot

@@ -151,6 +151,10 @@ pub struct TierReport {
     pub known_held: u64,
     /// See `known_held`.
     pub known_absent: u64,
+    /// Lookups the tier itself answered part way at its own deadline (the obj tier's
+    /// `lookup_timeouts`, below the manager's probe deadline: its unanswered keys were
+    /// absent). The same events its log's deadline lines count.
+    pub own_deadline_lookups: u64,
 }
 
 /// GC figures of the fs tier.
@@ -536,6 +540,12 @@ fn tier_report(t: &TierStats, secs: f64) -> TierReport {
         retry_waits: t.retry_waits,
         known_held: t.probes.known_present,
         known_absent: t.probes.known_absent,
+        own_deadline_lookups: t
+            .own
+            .figures
+            .iter()
+            .find(|f| f.name == "lookup_timeouts")
+            .map_or(0, |f| f.value),
     }
 }
 
@@ -855,14 +865,15 @@ fn render_tier(t: &TierReport, disk: Option<&DiskProbe>) -> String {
         t.load_p99_ms,
     );
     o += &format!(
-        "  {:<21} failed loads {} ({}), failed stores {} ({}), probes timed out {} / failed {}\n",
+        "  {:<21} failed loads {} ({}), failed stores {} ({}), probes timed out {} / failed {}, lookups the tier cut at its own deadline {}\n",
         "",
         t.load_failures,
         t.load_failure_causes.summary(),
         t.store_failures,
         t.store_failure_causes.summary(),
         t.probe_timeouts,
-        t.probe_errors
+        t.probe_errors,
+        t.own_deadline_lookups
     );
     o += &format!(
         "  {:<21} {} keys known without a probe ({} held, {} not), probe p50 {:.1} ms p99 {:.1} ms, {} key lookups waited for it (Retry), {} past the probe budget, {} late answers; write-back peak {:.1} MiB, {} writes dropped\n",

@@ -67,6 +67,23 @@ fn a_bounded_obj_tier_answers_lookups_from_its_index() {
     let obj = &r.tiers[1];
     assert!(obj.blocks_loaded > 0, "obj served nothing: {obj:?}");
     assert!(obj.known_held > 0 && obj.known_absent > 0, "{obj:?}");
+    let text = kv_tier_examples::sim::render(&r);
+    assert!(
+        text.contains(&format!(
+            "{} keys known without a probe ({} held, {} not)",
+            obj.known_held + obj.known_absent,
+            obj.known_held,
+            obj.known_absent
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "lookups the tier cut at its own deadline {}",
+            obj.own_deadline_lookups
+        )),
+        "{text}"
+    );
     assert_eq!(r.model.model_blocks, Some(5000), "{:?}", r.model);
     assert!(!r.model.unbounded_below);
     drop(server);
