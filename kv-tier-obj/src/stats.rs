@@ -29,8 +29,8 @@ kv_tier_core::counters! {
     counted {
         /// Requests sent (HEAD, PUT, GET, DELETE, LIST).
         requests,
-        /// The most requests in flight at once, every kind (each kind is bounded by
-        /// `io_threads`, writes by half of it: at most 2.5 x `io_threads` in all).
+        /// The most requests in flight at once, every kind (each of the three kinds is
+        /// bounded by `io_threads`: at most 3 x `io_threads` in all).
         max_in_flight,
         /// Writes (PUT, DELETE) held back at their gate because reads were waiting or in
         /// flight (each counted once, however long it waited).

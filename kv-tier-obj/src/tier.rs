@@ -157,7 +157,7 @@ impl ObjTier {
             accept_unverified: cfg.accept_unverified,
             sem: Semaphore::new(cfg.io_threads),
             probe_sem: Semaphore::new(cfg.io_threads),
-            write_sem: Semaphore::new((cfg.io_threads / 2).max(1)),
+            write_sem: Semaphore::new(cfg.io_threads),
             io_threads: cfg.io_threads,
             in_flight: AtomicUsize::new(0),
             reads_active: AtomicUsize::new(0),

@@ -1,0 +1,248 @@
+//! Probe latency while write-back saturates the server: `ObjTier::lookup` of 32 keys (half
+//! held, among 512 objects of 2 MiB) again and again while a store job of 256 blocks of 2 MiB
+//! runs, against the in-process S3 server (s3s + s3s-fs on 127.0.0.1), `io_threads` 16. In
+//! the same run, interleaved round by round, the fairest competitor: plain `object_store`,
+//! 32 HEADs at 16 in flight while 256 PUTs run at 16 in flight, on the same server. Each side
+//! also alone (no writes), and each side's write GB/s under the probes.
+//!
+//! `cargo bench -p kv-tier-obj --bench obj_probes` (rounds: `KV_TIER_BENCH_ROUNDS`, default 3)
+
+#[path = "../tests/it/support/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod support;
+
+use support::S3ServerExt as _;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use kv_tier_core::{AlignedBuf, BlockKey, BlockSource, SecondaryTier, StoreJob};
+use kv_tier_obj::ObjTier;
+use kv_tier_testkit::bench::median;
+use kv_tier_testkit::{fill_block, test_key};
+use object_store::ObjectStore;
+use object_store::ObjectStoreExt as _;
+use object_store::path::Path as ObjPath;
+
+const BLOCK: usize = 2 << 20;
+const HELD: usize = 512;
+const WRITES: usize = 256;
+const THREADS: usize = 16;
+
+fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn block(i: u64) -> Bytes {
+    let mut b = AlignedBuf::zeroed(BLOCK);
+    fill_block(&test_key(i), 0, b.as_mut_slice());
+    Bytes::from_owner(b)
+}
+
+/// Probes (each a batch of 32 keys, timed) until `done`; at least `min` of them.
+async fn probe_until<F, Fut>(done: &AtomicBool, min: usize, probe: F) -> Vec<f64>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut ms = Vec::new();
+    while !done.load(Ordering::SeqCst) || ms.len() < min {
+        let t = Instant::now();
+        probe().await;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms
+}
+
+fn main() {
+    let rounds: usize = std::env::var("KV_TIER_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let srcs: Vec<Bytes> = (0..WRITES as u64).map(block).collect();
+    println!(
+        "probe latency (32 keys, half held among {HELD} x 2 MiB) while {WRITES} x 2 MiB are written, io_threads {THREADS}, s3s on 127.0.0.1 ({rounds} rounds, medians of per-round p50/p99)"
+    );
+    let mut fig: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    rt.block_on(async {
+        // one server and one tier for every round (a server per round ran out of something
+        // in its second: its PUTs failed to send)
+        let server = support::S3Server::start().await;
+        let mut cfg = server.config();
+        cfg.io_threads = THREADS;
+        cfg.request_timeout_s = 120.0;
+        cfg.lookup_timeout_s = 60.0;
+        // (as a deployment would: a pooled connection the server closed is retried)
+        cfg.max_retries = 2;
+        let tier = Arc::new(
+            ObjTier::connect("obj", cfg, support::ns(), BLOCK)
+                .await
+                .unwrap(),
+        );
+        let store: Arc<dyn ObjectStore> = tier.object_store().clone();
+        // the objects probed for: held by both sides' keys
+        let held: Vec<BlockKey> = (0..HELD as u64).map(|i| test_key(1 << 50 | i)).collect();
+        let job = StoreJob {
+            links: Vec::new(),
+            requests: Vec::new(),
+            blocks: held
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (*k, BlockSource::from_bytes(srcs[i % WRITES].clone())))
+                .collect(),
+        };
+        assert!(tier.store(job).await.is_success());
+        for round in 0..rounds {
+            let probe_keys = |n: usize| -> Vec<BlockKey> {
+                (0..16)
+                    .map(|j| held[(n * 16 + j) % HELD])
+                    .chain((0..16).map(|j| test_key(1 << 51 | (n * 16 + j) as u64)))
+                    .collect()
+            };
+            let n = std::sync::atomic::AtomicUsize::new(0);
+            let tier_probe = || async {
+                let keys = probe_keys(n.fetch_add(1, Ordering::Relaxed));
+                tier.clear_exists_cache();
+                let found = tier.lookup(&keys).await.unwrap();
+                assert_eq!(found.iter().filter(|b| **b).count(), 16);
+            };
+            let plain_probe = || async {
+                let keys = probe_keys(n.fetch_add(1, Ordering::Relaxed));
+                let found: Vec<bool> = futures::stream::iter(keys.iter())
+                    .map(|k| {
+                        let store = store.clone();
+                        let path = ObjPath::from(tier.object_path(k));
+                        async move { store.head(&path).await.is_ok() }
+                    })
+                    .buffer_unordered(THREADS)
+                    .collect()
+                    .await;
+                assert_eq!(found.iter().filter(|b| **b).count(), 16);
+            };
+            let tier_write = || async {
+                let job = StoreJob {
+                    links: Vec::new(),
+                    requests: Vec::new(),
+                    blocks: srcs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| {
+                            let k = test_key((round as u64 + 1) << 40 | i as u64);
+                            (k, BlockSource::from_bytes(s.clone()))
+                        })
+                        .collect(),
+                };
+                let t = Instant::now();
+                let r = tier.store(job).await;
+                assert!(r.is_success(), "{:?}", &r.failed[..r.failed.len().min(3)]);
+                t.elapsed()
+            };
+            let plain_write = || async {
+                let t = Instant::now();
+                let puts: Vec<_> = futures::stream::iter(srcs.iter().enumerate())
+                    .map(|(i, s)| {
+                        let store = store.clone();
+                        let p = ObjPath::from(format!("plain/{round}/{i}.bin"));
+                        async move { store.put(&p, s.clone().into()).await }
+                    })
+                    .buffer_unordered(THREADS)
+                    .collect()
+                    .await;
+                assert!(puts.iter().all(|r| r.is_ok()));
+                t.elapsed()
+            };
+            let gb = (WRITES * BLOCK) as f64 / 1e9;
+            for side in if round % 2 == 0 {
+                ["tier", "plain"]
+            } else {
+                ["plain", "tier"]
+            } {
+                // alone
+                let done = AtomicBool::new(true);
+                let idle = if side == "tier" {
+                    probe_until(&done, 50, tier_probe).await
+                } else {
+                    probe_until(&done, 50, plain_probe).await
+                };
+                // under writes
+                let done = AtomicBool::new(false);
+                let (busy, took) = if side == "tier" {
+                    let w = async {
+                        let d = tier_write().await;
+                        done.store(true, Ordering::SeqCst);
+                        d
+                    };
+                    let (p, d) = futures::join!(probe_until(&done, 1, tier_probe), w);
+                    (p, d)
+                } else {
+                    let w = async {
+                        let d = plain_write().await;
+                        done.store(true, Ordering::SeqCst);
+                        d
+                    };
+                    let (p, d) = futures::join!(probe_until(&done, 1, plain_probe), w);
+                    (p, d)
+                };
+                let key = |s: &'static str| -> &'static str {
+                    match (side, s) {
+                        ("tier", "idle50") => "tier idle p50",
+                        ("tier", "idle99") => "tier idle p99",
+                        ("tier", "busy50") => "tier busy p50",
+                        ("tier", "busy99") => "tier busy p99",
+                        ("tier", "n") => "tier busy probes",
+                        ("tier", _) => "tier write GB/s",
+                        (_, "idle50") => "plain idle p50",
+                        (_, "idle99") => "plain idle p99",
+                        (_, "busy50") => "plain busy p50",
+                        (_, "busy99") => "plain busy p99",
+                        (_, "n") => "plain busy probes",
+                        _ => "plain write GB/s",
+                    }
+                };
+                fig.entry(key("idle50"))
+                    .or_default()
+                    .push(quantile(idle.clone(), 0.5));
+                fig.entry(key("idle99"))
+                    .or_default()
+                    .push(quantile(idle, 0.99));
+                fig.entry(key("n")).or_default().push(busy.len() as f64);
+                fig.entry(key("busy50"))
+                    .or_default()
+                    .push(quantile(busy.clone(), 0.5));
+                fig.entry(key("busy99"))
+                    .or_default()
+                    .push(quantile(busy, 0.99));
+                fig.entry(key("gbs"))
+                    .or_default()
+                    .push(gb / took.as_secs_f64());
+            }
+            let s = tier.stats();
+            println!(
+                "  round {round}: tier writes held back for reads {}, most requests in flight {}",
+                s.writes_deferred, s.max_in_flight
+            );
+        }
+        drop(server);
+    });
+    for (name, v) in fig {
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+        println!(
+            "  {name:<18} {:>9.2} (min {lo:.2}, max {hi:.2})",
+            median(v.clone())
+        );
+    }
+}
