@@ -63,6 +63,7 @@ pub(crate) struct Shared {
     pub(crate) block_size: usize,
     pub(crate) checksum: ObjChecksum,
     pub(crate) accept_unverified: bool,
+    pub(crate) put_body: PutBody,
     /// The `io_threads` bound on reads (GET, LIST, a store's HEAD) in flight.
     pub(crate) sem: Semaphore,
     /// The `io_threads` bound on a lookup's HEADs: no probe queues behind a load's GETs.
@@ -100,6 +101,17 @@ pub(crate) struct Shared {
     /// not atomic). Entries are owned by [`PutClaim`] guards.
     pub(crate) puts: Mutex<FxHashMap<BlockKey, Arc<Notify>>>,
     pub(crate) closed: AtomicBool,
+}
+
+/// How a PUT's body is made from the block's source ([`Shared::put_body`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PutBody {
+    /// A view of the source: no copy, and the source (a DRAM slot, pinned) is held until the
+    /// store drops the body. For a store that drops a request's body when the request ends.
+    View,
+    /// A copy: the source is released before the upload. For a store that may keep what it
+    /// is given (an in-memory store keeps it for good).
+    Copy,
 }
 
 /// Which budget a request counts in ([`Shared::request_as`]): each kind has permits of its
@@ -522,11 +534,7 @@ impl Shared {
                 Existing::Absent => {}
             }
         }
-        // A copy, not a view of the DRAM slot: the store may keep what it is given (an
-        // in-memory store keeps it for good, a client may hold a dropped request's body), and
-        // a view would keep the slot pinned. The copy costs far less than the upload.
-        let bytes = Bytes::copy_from_slice(src.as_slice());
-        drop(src);
+        let bytes = self.put_body(src);
         let mut attributes = Attributes::new();
         if self.checksum == ObjChecksum::Crc32c {
             let crc = block_crc(&key, &bytes);
@@ -615,6 +623,15 @@ impl Shared {
                 }
                 Err(e @ ReqError::TimedOut) => return Err(self.err(&format!("PUT {path}"), e)),
             }
+        }
+    }
+
+    /// The body of a PUT of `src`: a view of it or a copy, as the store needs
+    /// ([`PutBody`]); a copy releases the source now.
+    pub(crate) fn put_body(&self, src: BlockSource) -> Bytes {
+        match self.put_body {
+            PutBody::View => src.bytes(),
+            PutBody::Copy => Bytes::copy_from_slice(src.as_slice()),
         }
     }
 

@@ -11,7 +11,7 @@ use object_store::ObjectStore;
 use rustc_hash::FxHashMap;
 use tokio::sync::Semaphore;
 
-use crate::block::{Shared, bump, lock};
+use crate::block::{PutBody, Shared, bump, lock};
 use crate::capacity::Cap;
 use crate::config::{ObjChecksum, ObjTierConfig};
 use crate::stats::Counters;
@@ -60,12 +60,18 @@ impl ObjTier {
         cfg.validate()?;
         let counters = Arc::new(Counters::default());
         let store = crate::client::build_s3(&cfg, counters.clone())?;
-        Self::open(name, store, cfg, ns, block_size, counters).await
+        // the S3 client drops a request's body when the request ends: PUTs send views
+        Self::open(name, store, cfg, ns, block_size, counters, PutBody::View).await
     }
 
     /// Opens the tier on any object store (S3, GCS, Azure, local, in-memory). Probes it, and
     /// in bounded mode seeds the capacity index with a LIST. Never panics on a config that
     /// passes [`ObjTierConfig::validate`] (which it calls).
+    ///
+    /// A store given here may keep what it is given (an in-memory store keeps a PUT's body
+    /// for good), so each PUT sends a copy of the block and the source is released before
+    /// the upload; [`ObjTier::connect`]'s S3 client sends a view of the source instead,
+    /// which stays held until its request ends.
     pub async fn with_store(
         name: &str,
         store: Arc<dyn ObjectStore>,
@@ -73,7 +79,16 @@ impl ObjTier {
         ns: Namespace,
         block_size: usize,
     ) -> Result<Self> {
-        Self::open(name, store, cfg, ns, block_size, Arc::default()).await
+        Self::open(
+            name,
+            store,
+            cfg,
+            ns,
+            block_size,
+            Arc::default(),
+            PutBody::Copy,
+        )
+        .await
     }
 
     async fn open(
@@ -83,6 +98,7 @@ impl ObjTier {
         ns: Namespace,
         block_size: usize,
         counters: Arc<Counters>,
+        put_body: PutBody,
     ) -> Result<Self> {
         cfg.validate()?;
         if block_size == 0 {
@@ -155,6 +171,7 @@ impl ObjTier {
             block_size,
             checksum: cfg.checksum,
             accept_unverified: cfg.accept_unverified,
+            put_body,
             sem: Semaphore::new(cfg.io_threads),
             probe_sem: Semaphore::new(cfg.io_threads),
             write_sem: Semaphore::new(cfg.io_threads),

@@ -1,5 +1,6 @@
 //! Stores and loads at the edges of the API: empty jobs and lookups, one key twice in a job,
-//! a store after the object was deleted behind the tier's back.
+//! a store after the object was deleted behind the tier's back, how long a PUT holds its
+//! block's source.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,4 +90,103 @@ async fn a_store_after_an_outside_delete_writes_the_object() {
     );
     let (res, data) = load_keys(&*tier, &[k], BS).await;
     assert!(res.is_success() && verify_block(&k, 0, &data[0].1));
+}
+
+/// A block source that says when it is released.
+struct Tracked(Vec<u8>, Arc<std::sync::atomic::AtomicBool>);
+
+impl AsRef<[u8]> for Tracked {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn tracked(
+    key: &kv_tier_core::BlockKey,
+) -> (
+    kv_tier_core::BlockSource,
+    Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut bytes = vec![0; BS];
+    kv_tier_testkit::fill_block(key, 0, &mut bytes);
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    (
+        kv_tier_core::BlockSource::from_owner(Tracked(bytes, released.clone())),
+        released,
+    )
+}
+
+/// `ObjTier::connect`'s S3 client sends a view of the block's source: the source (a DRAM
+/// slot, pinned) is held while the PUT is in flight and released once it ends.
+#[tokio::test]
+async fn a_put_over_s3_sends_a_view_of_its_source_and_releases_it_after() {
+    let server = S3Server::start().await;
+    let tier = Arc::new(server.tier(server.config()).await);
+    let k = test_key(7);
+    let (src, released) = tracked(&k);
+    let before = server.requests.load(std::sync::atomic::Ordering::SeqCst);
+    server.set_latency(Duration::from_millis(500));
+    let job = StoreJob {
+        links: Vec::new(),
+        requests: Vec::new(),
+        blocks: vec![(k, src)],
+    };
+    let store = tokio::spawn({
+        let tier = tier.clone();
+        async move { tier.store(job).await }
+    });
+    kv_tier_testkit::wait::wait_until_async(
+        "the PUT reached the server",
+        Duration::from_secs(10),
+        || server.requests.load(std::sync::atomic::Ordering::SeqCst) > before,
+    )
+    .await;
+    assert!(
+        !released.load(std::sync::atomic::Ordering::SeqCst),
+        "the source was released before its PUT ended: the tier copied it"
+    );
+    let res = store.await.unwrap();
+    assert!(res.is_success(), "{:?}", res.failed);
+    kv_tier_testkit::wait::wait_until_async(
+        "the source released after its PUT",
+        Duration::from_secs(10),
+        || released.load(std::sync::atomic::Ordering::SeqCst),
+    )
+    .await;
+    server.set_latency(Duration::ZERO);
+    let (res, data) = load_keys(&*tier, &[k], BS).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    assert!(verify_block(&k, 0, &data[0].1));
+}
+
+/// A store given to `with_store` may keep a PUT's body for good (an in-memory store does):
+/// the tier sends it a copy, and the source is released when the store job ends, while the
+/// store still holds the block.
+#[tokio::test]
+async fn a_put_to_a_given_store_sends_a_copy_and_releases_its_source() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, ObjTierConfig::new("b")).await;
+    let k = test_key(8);
+    let (src, released) = tracked(&k);
+    let res = tier
+        .store(StoreJob {
+            links: Vec::new(),
+            requests: Vec::new(),
+            blocks: vec![(k, src)],
+        })
+        .await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    assert!(
+        released.load(std::sync::atomic::Ordering::SeqCst),
+        "the source is still held after its store ended: the store keeps a view of it"
+    );
+    let (res, data) = load_keys(&*tier, &[k], BS).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+    assert!(verify_block(&k, 0, &data[0].1));
 }
