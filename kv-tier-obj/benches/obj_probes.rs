@@ -1,11 +1,15 @@
 //! Probe latency while write-back saturates the server: `ObjTier::lookup` of 32 keys (half
-//! held, among 512 objects of 2 MiB) again and again while a store job of 256 blocks of 2 MiB
-//! runs, against the in-process S3 server (s3s + s3s-fs on 127.0.0.1), `io_threads` 16. In
-//! the same run, interleaved round by round, the fairest competitor: plain `object_store`,
-//! 32 HEADs at 16 in flight while 256 PUTs run at 16 in flight, on the same server. Each side
-//! also alone (no writes), and each side's write GB/s under the probes.
+//! held, among 10,000 objects) again and again while a store job of 256 blocks of 2 MiB
+//! runs, against the in-process S3 server (s3s + s3s-fs on 127.0.0.1), `io_threads` 16. The
+//! tier is probed two ways: asking the server for every key (its existence cache and listing
+//! cleared before each lookup: the HEAD path), and as deployed (an unbounded tier answering
+//! from its existence listing and cache). In the same run, interleaved round by round, the
+//! fairest competitor: plain `object_store`, 32 HEADs at 16 in flight while 256 PUTs run at 16
+//! in flight, on the same server. Each side also alone (no writes), and each side's write
+//! GB/s under the probes.
 //!
-//! `cargo bench -p kv-tier-obj --bench obj_probes` (rounds: `KV_TIER_BENCH_ROUNDS`, default 3)
+//! `cargo bench -p kv-tier-obj --bench obj_probes` (rounds: `KV_TIER_BENCH_ROUNDS`, default
+//! 3; objects held: `KV_TIER_BENCH_HELD`, default 10,000)
 
 #[path = "../tests/it/support/mod.rs"]
 #[allow(dead_code, unused_imports)]
@@ -28,7 +32,7 @@ use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjPath;
 
 const BLOCK: usize = 2 << 20;
-const HELD: usize = 512;
+const SIDES: [&str; 3] = ["tier, every key asked", "tier, as deployed", "plain"];
 const WRITES: usize = 256;
 const THREADS: usize = 16;
 
@@ -66,6 +70,10 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
+    let held_n: usize = std::env::var("KV_TIER_BENCH_HELD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -73,9 +81,9 @@ fn main() {
         .unwrap();
     let srcs: Vec<Bytes> = (0..WRITES as u64).map(block).collect();
     println!(
-        "probe latency (32 keys, half held among {HELD} x 2 MiB) while {WRITES} x 2 MiB are written, io_threads {THREADS}, s3s on 127.0.0.1 ({rounds} rounds, medians of per-round p50/p99)"
+        "probe latency (32 keys, half held among {held_n}) while {WRITES} x 2 MiB are written, io_threads {THREADS}, s3s on 127.0.0.1 ({rounds} rounds, medians of per-round p50/p99)"
     );
-    let mut fig: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let mut fig: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
     rt.block_on(async {
         // one server and one tier for every round (a server per round ran out of something
         // in its second: its PUTs failed to send)
@@ -93,30 +101,38 @@ fn main() {
         );
         let store: Arc<dyn ObjectStore> = tier.object_store().clone();
         // the objects probed for: held by both sides' keys
-        let held: Vec<BlockKey> = (0..HELD as u64).map(|i| test_key(1 << 50 | i)).collect();
-        let job = StoreJob {
-            links: Vec::new(),
-            requests: Vec::new(),
-            blocks: held
-                .iter()
-                .enumerate()
-                .map(|(i, k)| (*k, BlockSource::from_bytes(srcs[i % WRITES].clone())))
-                .collect(),
-        };
-        assert!(tier.store(job).await.is_success());
+        // (small objects at the blocks' paths: a lookup HEADs them and reads nothing, and
+        // 10,000 of 2 MiB would not fit this machine's disk)
+        let held: Vec<BlockKey> = (0..held_n as u64).map(|i| test_key(1 << 50 | i)).collect();
+        let puts: Vec<_> = futures::stream::iter(held.iter())
+            .map(|k| {
+                let store = store.clone();
+                let p = ObjPath::from(tier.object_path(k));
+                async move { store.put(&p, Bytes::from_static(&[7; 512]).into()).await }
+            })
+            .buffer_unordered(THREADS)
+            .collect()
+            .await;
+        assert!(puts.iter().all(|r| r.is_ok()));
+
         for round in 0..rounds {
             let probe_keys = |n: usize| -> Vec<BlockKey> {
                 (0..16)
-                    .map(|j| held[(n * 16 + j) % HELD])
+                    .map(|j| held[(n * 16 + j) % held_n])
                     .chain((0..16).map(|j| test_key(1 << 51 | (n * 16 + j) as u64)))
                     .collect()
             };
             let n = std::sync::atomic::AtomicUsize::new(0);
-            let tier_probe = || async {
+            let tier_probe = |ask_all: bool| {
                 let keys = probe_keys(n.fetch_add(1, Ordering::Relaxed));
-                tier.clear_exists_cache();
-                let found = tier.lookup(&keys).await.unwrap();
-                assert_eq!(found.iter().filter(|b| **b).count(), 16);
+                let tier = &tier;
+                async move {
+                    if ask_all {
+                        tier.clear_exists_cache();
+                    }
+                    let found = tier.lookup(&keys).await.unwrap();
+                    assert_eq!(found.iter().filter(|b| **b).count(), 16);
+                }
             };
             let plain_probe = || async {
                 let keys = probe_keys(n.fetch_add(1, Ordering::Relaxed));
@@ -131,23 +147,31 @@ fn main() {
                     .await;
                 assert_eq!(found.iter().filter(|b| **b).count(), 16);
             };
-            let tier_write = || async {
-                let job = StoreJob {
-                    links: Vec::new(),
-                    requests: Vec::new(),
-                    blocks: srcs
-                        .iter()
-                        .enumerate()
-                        .map(|(i, s)| {
-                            let k = test_key((round as u64 + 1) << 40 | i as u64);
-                            (k, BlockSource::from_bytes(s.clone()))
-                        })
-                        .collect(),
+            let tier_write = |side: &str| {
+                let (tier, srcs) = (&tier, &srcs);
+                let salt = if side == "tier, as deployed" {
+                    1 << 39
+                } else {
+                    0
                 };
-                let t = Instant::now();
-                let r = tier.store(job).await;
-                assert!(r.is_success(), "{:?}", &r.failed[..r.failed.len().min(3)]);
-                t.elapsed()
+                async move {
+                    let job = StoreJob {
+                        links: Vec::new(),
+                        requests: Vec::new(),
+                        blocks: srcs
+                            .iter()
+                            .enumerate()
+                            .map(|(i, s)| {
+                                let k = test_key(salt | (round as u64 + 1) << 40 | i as u64);
+                                (k, BlockSource::from_bytes(s.clone()))
+                            })
+                            .collect(),
+                    };
+                    let t = Instant::now();
+                    let r = tier.store(job).await;
+                    assert!(r.is_success(), "{:?}", &r.failed[..r.failed.len().min(3)]);
+                    t.elapsed()
+                }
             };
             let plain_write = || async {
                 let t = Instant::now();
@@ -164,69 +188,57 @@ fn main() {
                 t.elapsed()
             };
             let gb = (WRITES * BLOCK) as f64 / 1e9;
-            for side in if round % 2 == 0 {
-                ["tier", "plain"]
-            } else {
-                ["plain", "tier"]
-            } {
-                // alone
-                let done = AtomicBool::new(true);
-                let idle = if side == "tier" {
-                    probe_until(&done, 50, tier_probe).await
-                } else {
-                    probe_until(&done, 50, plain_probe).await
-                };
-                // under writes
-                let done = AtomicBool::new(false);
-                let (busy, took) = if side == "tier" {
-                    let w = async {
-                        let d = tier_write().await;
-                        done.store(true, Ordering::SeqCst);
-                        d
-                    };
-                    let (p, d) = futures::join!(probe_until(&done, 1, tier_probe), w);
-                    (p, d)
-                } else {
-                    let w = async {
-                        let d = plain_write().await;
-                        done.store(true, Ordering::SeqCst);
-                        d
-                    };
-                    let (p, d) = futures::join!(probe_until(&done, 1, plain_probe), w);
-                    (p, d)
-                };
-                let key = |s: &'static str| -> &'static str {
-                    match (side, s) {
-                        ("tier", "idle50") => "tier idle p50",
-                        ("tier", "idle99") => "tier idle p99",
-                        ("tier", "busy50") => "tier busy p50",
-                        ("tier", "busy99") => "tier busy p99",
-                        ("tier", "n") => "tier busy probes",
-                        ("tier", _) => "tier write GB/s",
-                        (_, "idle50") => "plain idle p50",
-                        (_, "idle99") => "plain idle p99",
-                        (_, "busy50") => "plain busy p50",
-                        (_, "busy99") => "plain busy p99",
-                        (_, "n") => "plain busy probes",
-                        _ => "plain write GB/s",
+            // each side first in turn: tier asking the server for every key (its existence
+            // cache and listing cleared before each lookup), tier answering from what it
+            // knows (its listing and existence cache, as deployed), plain object_store
+            for k in 0..3 {
+                let side = SIDES[(round + k) % 3];
+                let probe = || async {
+                    match side {
+                        "tier, every key asked" => tier_probe(true).await,
+                        "tier, as deployed" => tier_probe(false).await,
+                        _ => plain_probe().await,
                     }
                 };
-                fig.entry(key("idle50"))
-                    .or_default()
-                    .push(quantile(idle.clone(), 0.5));
-                fig.entry(key("idle99"))
-                    .or_default()
-                    .push(quantile(idle, 0.99));
-                fig.entry(key("n")).or_default().push(busy.len() as f64);
-                fig.entry(key("busy50"))
-                    .or_default()
-                    .push(quantile(busy.clone(), 0.5));
-                fig.entry(key("busy99"))
-                    .or_default()
-                    .push(quantile(busy, 0.99));
-                fig.entry(key("gbs"))
-                    .or_default()
-                    .push(gb / took.as_secs_f64());
+                let write = || async {
+                    if side == "plain" {
+                        plain_write().await
+                    } else {
+                        tier_write(side).await
+                    }
+                };
+                if side == "tier, as deployed" {
+                    // a listing since the other side's lookups forgot it (LISTs of s3s-fs
+                    // walk the whole bucket per page: the relists space out)
+                    let (listed, t) = (tier.stats().listings, Instant::now());
+                    while tier.stats().listings == listed {
+                        assert!(t.elapsed().as_secs() < 120, "no LIST in 120 s");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                    println!(
+                        "  round {round}: the listing came {:.1} s after the other side's lookups forgot it",
+                        t.elapsed().as_secs_f64()
+                    );
+                }
+                // alone
+                let done = AtomicBool::new(true);
+                let idle = probe_until(&done, 50, probe).await;
+                // under writes
+                let done = AtomicBool::new(false);
+                let w = async {
+                    let d = write().await;
+                    done.store(true, Ordering::SeqCst);
+                    d
+                };
+                let (busy, took) = futures::join!(probe_until(&done, 1, probe), w);
+                let mut put =
+                    |stat: &str, v: f64| fig.entry(format!("{side}: {stat}")).or_default().push(v);
+                put("idle p50 ms", quantile(idle.clone(), 0.5));
+                put("idle p99 ms", quantile(idle, 0.99));
+                put("busy probes", busy.len() as f64);
+                put("busy p50 ms", quantile(busy.clone(), 0.5));
+                put("busy p99 ms", quantile(busy, 0.99));
+                put("write GB/s", gb / took.as_secs_f64());
             }
             let s = tier.stats();
             println!(
@@ -241,7 +253,7 @@ fn main() {
             .iter()
             .fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
         println!(
-            "  {name:<18} {:>9.2} (min {lo:.2}, max {hi:.2})",
+            "  {name:<36} {:>9.2} (min {lo:.2}, max {hi:.2})",
             median(v.clone())
         );
     }

@@ -83,6 +83,10 @@ pub(crate) struct Shared {
     pub(crate) log_probe_errors: kv_tier_core::stats::Throttle,
     /// Positive existence answers, for lookups only (never to skip a PUT).
     pub(crate) exists: moka::sync::Cache<BlockKey, ()>,
+    /// How long the listing answers "absent" after its LIST began (`absent_ttl_s`).
+    pub(crate) absent_ttl: Duration,
+    /// What the last LIST found (unbounded tier, not shared): see [`crate::listing`].
+    pub(crate) listing: Mutex<Option<crate::listing::Listing>>,
     /// Bumped whenever this tier deletes objects: a HEAD that overlapped a delete does not
     /// fill the cache.
     pub(crate) delete_epoch: AtomicU64,
@@ -400,7 +404,12 @@ impl Shared {
                 }
                 Some(idx.contains(key) || self.exists.contains_key(key))
             }
-            None => self.exists.contains_key(key).then_some(true),
+            None if self.exists.contains_key(key) => Some(true),
+            None if self.listed_absent(key) => {
+                bump(&self.counters.own.listed_absent, 1);
+                Some(false)
+            }
+            None => None,
         }
     }
 
@@ -414,6 +423,10 @@ impl Shared {
         if cached && self.exists.contains_key(key) {
             bump(&self.counters.own.exists_cache_hits, 1);
             return Ok(true);
+        }
+        if cached && self.listed_absent(key) {
+            bump(&self.counters.own.listed_absent, 1);
+            return Ok(false);
         }
         let path = self.path(key);
         let epoch = self.delete_epoch.load(Ordering::SeqCst);

@@ -29,6 +29,7 @@ pub const RANGES: &[(&str, f64, f64)] = &[
     ("request_timeout_s", 0.01, 3_600.0),
     ("max_retries", 0.0, 100.0),
     ("exists_ttl_s", 0.001, 604_800.0),
+    ("absent_ttl_s", 0.0, 3_600.0),
     ("lookup_timeout_s", 0.001, 3_600.0),
     ("max_size_gb", 1e-9, 1e9),
     ("low_watermark", 1e-9, 1.0),
@@ -146,6 +147,17 @@ pub struct ObjTierConfig {
     /// 604,800). The cache answers lookups only: a store always writes, or has the backend
     /// confirm the object exists, before it reports a key stored.
     pub exists_ttl_s: f64,
+    /// An unbounded tier (not `shared`) LISTs the rank's objects in the background, every
+    /// half of this many seconds, and answers "absent" without a request for a key its last
+    /// LIST did not find, for this long after that LIST began (default 5, range 0 to 3,600;
+    /// 0: no LIST, every key the existence cache does not hold is asked for with a HEAD;
+    /// at most `exists_ttl_s` is used, since a key this tier stored after a LIST began is
+    /// held from the existence cache). Another writer's new objects are found within this
+    /// long. A LIST that takes longer than a twentieth of this is followed by the next only
+    /// ten times its own time later (meanwhile the listing ages out and lookups ask); a rank
+    /// of more than 1,048,576 objects is not listed again. (A bounded tier answers from its
+    /// capacity index instead.)
+    pub absent_ttl_s: f64,
     /// A lookup answers within this many seconds (default 0.8, range 0.001 to 3,600): keys
     /// whose HEAD has not answered by then count as absent (and are counted in the stats).
     pub lookup_timeout_s: f64,
@@ -190,6 +202,7 @@ impl Default for ObjTierConfig {
             request_timeout_s: 5.0,
             max_retries: 2,
             exists_ttl_s: 300.0,
+            absent_ttl_s: 5.0,
             lookup_timeout_s: 0.8,
             max_size_gb: None,
             low_watermark: 0.9,
@@ -321,6 +334,7 @@ impl ObjTierConfig {
         let mut reals = vec![
             ("request_timeout_s", self.request_timeout_s),
             ("exists_ttl_s", self.exists_ttl_s),
+            ("absent_ttl_s", self.absent_ttl_s),
             ("lookup_timeout_s", self.lookup_timeout_s),
             ("low_watermark", self.low_watermark),
         ];

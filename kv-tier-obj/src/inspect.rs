@@ -69,9 +69,11 @@ impl ObjTier {
         self.shared.clone().sweep(true).await
     }
 
-    /// Forgets cached existence answers (for tests of the cache).
+    /// Forgets cached existence answers and the existence listing (for tests and benches of
+    /// the requests they save; the next relist fills both again).
     pub fn clear_exists_cache(&self) {
         self.shared.exists.invalidate_all();
+        self.shared.forget_listing();
     }
 
     /// Background sweeps spawned and not yet finished.

@@ -7,6 +7,7 @@ mod config;
 mod error;
 mod existing;
 mod inspect;
+mod listing;
 mod load;
 mod shared;
 mod stats;

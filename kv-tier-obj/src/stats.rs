@@ -41,6 +41,11 @@ kv_tier_core::counters! {
         lookup_timeouts,
         /// Existence answers served from the cache, without a request.
         exists_cache_hits,
+        /// Keys answered absent from the existence listing, without a request (unbounded
+        /// tier, not shared: see `exists_ttl_s`).
+        listed_absent,
+        /// LISTs of the rank that replaced the existence listing.
+        listings,
         /// Objects deleted to keep the tier under `max_size_gb`.
         evicted,
         /// Capacity sweeps run.

@@ -163,29 +163,41 @@ impl Shared {
     /// Every block object of the rank (`(last modified, key, size)`), and when the recency
     /// snapshot was saved if there is one: a whole LIST, or an error.
     pub(crate) async fn list_rank(&self) -> Result<(Vec<(u64, BlockKey, u64)>, Option<u64>)> {
-        let inner = self;
-        let prefix = inner.rank_prefix();
-        let snapshot = inner.recency_path();
-        let mut listing = inner.store.list(Some(&prefix));
+        let snapshot = self.recency_path();
         let mut found = Vec::new();
         let mut snapshot_time = None;
+        self.list_rank_each(|meta| {
+            let t = meta.last_modified.timestamp_micros().max(0) as u64;
+            if let Some(k) = self.key_of(&meta.location) {
+                found.push((t, k, meta.size));
+            } else if meta.location == snapshot {
+                snapshot_time = Some(t);
+            }
+            std::ops::ControlFlow::Continue(())
+        })
+        .await?;
+        Ok((found, snapshot_time))
+    }
+
+    /// Calls `f` with every object under the rank prefix, a LIST page per request (each
+    /// within a request deadline), until `f` breaks: whether the LIST went to its end.
+    pub(crate) async fn list_rank_each(
+        &self,
+        mut f: impl FnMut(object_store::ObjectMeta) -> std::ops::ControlFlow<()>,
+    ) -> Result<bool> {
+        let prefix = self.rank_prefix();
+        let mut listing = self.store.list(Some(&prefix));
         loop {
-            // one page at most per request deadline
-            let next = inner.request(listing.try_next()).await;
-            match next {
+            match self.request(listing.try_next()).await {
                 Ok(Some(meta)) => {
-                    let t = meta.last_modified.timestamp_micros().max(0) as u64;
-                    if let Some(k) = inner.key_of(&meta.location) {
-                        found.push((t, k, meta.size));
-                    } else if meta.location == snapshot {
-                        snapshot_time = Some(t);
+                    if f(meta).is_break() {
+                        return Ok(false);
                     }
                 }
-                Ok(None) => break,
-                Err(e) => return Err(inner.err("LIST", e)),
+                Ok(None) => return Ok(true),
+                Err(e) => return Err(self.err("LIST", e)),
             }
         }
-        Ok((found, snapshot_time))
     }
 
     /// Saves the bounded index's recency order (touches included) for the next open.

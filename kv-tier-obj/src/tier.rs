@@ -31,6 +31,8 @@ pub struct ObjTier {
     pub(crate) sweeps: Mutex<tokio::task::JoinSet<()>>,
     /// A shared bucket's coordination task; shutdown awaits it (it releases the lease).
     pub(crate) coordination: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The existence listing's relists (unbounded, not shared); shutdown stops it.
+    pub(crate) listing: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// A shutdown ran to its end: later ones do nothing (no second recency snapshot, no
     /// second request deadline against a server gone silent). One that was dropped midway
     /// did not set it: the next one does its work again.
@@ -186,6 +188,10 @@ impl ObjTier {
                 .max_capacity(1 << 20)
                 .time_to_live(exists_ttl(&cfg))
                 .build(),
+            // (at most the existence cache's TTL: a key stored after a LIST began is
+            // answered from the cache for as long as that LIST's listing answers)
+            absent_ttl: Duration::from_secs_f64(cfg.absent_ttl_s).min(exists_ttl(&cfg)),
+            listing: Mutex::new(None),
             delete_epoch: AtomicU64::new(0),
             create_only: AtomicBool::new(true),
             protection: ProtectionSet::new(),
@@ -203,12 +209,14 @@ impl ObjTier {
             cfg,
             sweeps: Mutex::new(tokio::task::JoinSet::new()),
             coordination: Mutex::new(None),
+            listing: Mutex::new(None),
             shut_down: std::sync::atomic::AtomicBool::new(false),
         };
         crate::client::probe(&tier.shared, &tier.cfg.bucket).await?;
         if tier.shared.cap.is_some() {
             tier.shared.seed_index().await?;
         }
+        *lock(&tier.listing) = crate::listing::spawn(&tier.shared, tier.cfg.shared);
         if let Some(c) = &tier.shared.coord {
             crate::shared::tasks::check_conditional_writes(c, &tier.shared).await?;
             let task = tokio::spawn(crate::shared::tasks::run(c.clone(), tier.shared.clone()));
@@ -375,7 +383,9 @@ impl SecondaryTier for ObjTier {
     /// else: the index is what its LIST at open and its own stores, loads and sweeps keep
     /// (objects another writer put under its prefix since are outside its bound and not seen:
     /// several writers share a bound with `shared`). Otherwise a key the existence cache
-    /// holds is held (what lookups trust too) and any other is unknown.
+    /// holds is held (what lookups trust too); an unbounded tier's existence listing answers
+    /// "absent" for a key its last LIST did not find (see `absent_ttl_s`); any other key is
+    /// unknown.
     fn holds(&self, key: &BlockKey) -> Option<bool> {
         self.shared.holds(key)
     }
@@ -445,6 +455,9 @@ impl SecondaryTier for ObjTier {
         }
         if let Some(c) = &self.shared.coord {
             c.close();
+        }
+        if let Some(task) = lock(&self.listing).take() {
+            task.abort();
         }
         let mut set = std::mem::take(&mut *lock(&self.sweeps));
         let started = Instant::now();

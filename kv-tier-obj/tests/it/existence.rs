@@ -23,7 +23,8 @@ async fn an_existence_answer_from_a_head_is_cached() {
     let writer = tier_on(&s, ObjTierConfig::new("mem")).await;
     let k = test_key(1);
     assert!(obj_store(&writer, &[k]).await.is_success());
-    let reader = tier_on(&s, ObjTierConfig::new("mem")).await;
+    // (no existence listing: every key the cache does not hold is asked for)
+    let reader = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
     let heads = s.count(Op::Head);
     assert_eq!(reader.lookup(&[k]).await.unwrap(), vec![true]);
     assert_eq!(s.count(Op::Head), heads + 1);
@@ -41,7 +42,8 @@ async fn lookups_are_bounded_by_io_threads_and_answer_from_the_cache_after_store
     let server = S3Server::start().await;
     let mut cfg = server.config();
     cfg.io_threads = 4;
-    let tier = server.tier(cfg).await;
+    // (no existence listing: every key the cache does not hold is asked for)
+    let tier = server.tier(heads_only(cfg)).await;
     let keys: Vec<_> = (0..2000).map(test_key).collect();
     let found = tier.lookup(&keys).await.unwrap();
     assert!(found.iter().all(|b| !b));
@@ -73,7 +75,8 @@ async fn lookups_are_bounded_by_io_threads_and_answer_from_the_cache_after_store
 #[tokio::test(start_paused = true)]
 async fn lookups_after_objects_change_behind_the_tiers_back() {
     let s = Arc::new(ControlledStore::new());
-    let tier = tier_on(&s, checked_half_second()).await;
+    // (no existence listing: every key the cache does not hold is asked for)
+    let tier = tier_on(&s, heads_only(checked_half_second())).await;
     let other = tier_on(&s, checked_half_second()).await;
     let (gone, replaced, fresh) = (test_key(1), test_key(2), test_key(3));
     assert!(obj_store(&*tier, &[gone, replaced]).await.is_success());
@@ -168,7 +171,8 @@ async fn a_lookup_answers_within_its_deadline_when_the_store_never_answers() {
     let mut c = one_second();
     c.lookup_timeout_s = 1.0;
     c.request_timeout_s = 600.0;
-    let tier = tier_on(&s, c).await;
+    // (no existence listing: every key the cache does not hold is asked for)
+    let tier = tier_on(&s, heads_only(c)).await;
     s.hold(Op::Head);
     let keys: Vec<_> = (0..16).map(test_key).collect();
     let started = tokio::time::Instant::now();
@@ -213,7 +217,8 @@ async fn lookups_past_their_deadline_are_counted_each_and_logged_once_per_interv
     let mut c = one_second();
     c.lookup_timeout_s = 1.0;
     c.request_timeout_s = 600.0;
-    let tier = tier_on(&s, c).await;
+    // (no existence listing: every key the cache does not hold is asked for)
+    let tier = tier_on(&s, heads_only(c)).await;
     s.hold(Op::Head);
     let keys: Vec<_> = (0..4).map(test_key).collect();
     for _ in 0..5 {
@@ -277,13 +282,14 @@ async fn a_bounded_tier_holds_what_its_index_holds() {
     assert_eq!(again.holds(&a), Some(false));
 }
 
-/// `holds` of an unbounded tier knows only what its existence cache holds: a key it stored
-/// is held; one it never saw, or whose object a load found gone, is unknown (a HEAD tells:
-/// the tier may share its prefix with other writers).
+/// `holds` of an unbounded tier without the existence listing (`absent_ttl_s` 0) knows only
+/// what its existence cache holds: a key it stored is held; one it never saw, or whose
+/// object a load found gone, is unknown (a HEAD tells: the tier may share its prefix with
+/// other writers).
 #[tokio::test]
-async fn an_unbounded_tier_holds_what_it_stored_and_asks_for_the_rest() {
+async fn an_unbounded_tier_without_a_listing_holds_what_it_stored_and_asks_for_the_rest() {
     let s = Arc::new(ControlledStore::new());
-    let tier = tier_on(&s, ObjTierConfig::new("mem")).await;
+    let tier = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
     let (a, b) = (test_key(1), test_key(2));
     assert_eq!(tier.holds(&a), None);
     assert!(obj_store(&tier, &[a]).await.is_success());
@@ -301,4 +307,154 @@ async fn an_unbounded_tier_holds_what_it_stored_and_asks_for_the_rest() {
         r.failed
     );
     assert_eq!(tier.holds(&a), None);
+}
+
+/// An unbounded tier's existence listing: what its LIST found is held, anything else absent,
+/// both without a request (`holds` and `lookup` alike), as long as the LIST began at most
+/// `absent_ttl_s` ago.
+#[tokio::test]
+async fn an_unbounded_tier_answers_from_its_listing_without_a_request() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    let (a, b) = (test_key(1), test_key(2));
+    assert!(obj_store(&writer, &[a]).await.is_success());
+    let tier = tier_on(&s, ObjTierConfig::new("mem")).await;
+    wait_until_async("the first listing", SETTLE_LIMIT, || {
+        tier.stats().listings >= 1
+    })
+    .await;
+    let heads = s.count(Op::Head);
+    assert_eq!(tier.holds(&a), Some(true));
+    assert_eq!(tier.holds(&b), Some(false));
+    assert_eq!(tier.lookup(&[a, b]).await.unwrap(), vec![true, false]);
+    assert_eq!(
+        s.count(Op::Head),
+        heads,
+        "a listed or unlisted key was asked for"
+    );
+    assert_eq!(tier.stats().listed_absent, 2);
+    // what it stores after its LIST began is held from its existence cache
+    assert!(obj_store(&tier, &[b]).await.is_success());
+    assert_eq!(tier.holds(&b), Some(true));
+    assert_eq!(tier.lookup(&[b]).await.unwrap(), vec![true]);
+}
+
+/// Another writer's new object is answered absent from the listing only until the next LIST
+/// (every half `absent_ttl_s`), so it is found within `absent_ttl_s`; a listing whose relists
+/// fail stops answering once its LIST began `absent_ttl_s` ago (its keys are asked for).
+#[tokio::test(start_paused = true)]
+async fn another_writers_object_is_found_within_absent_ttl_s() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.absent_ttl_s = 2.0;
+    let tier = tier_on(&s, cfg).await;
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    wait_until_async("the first listing", SETTLE_LIMIT, || {
+        tier.stats().listings >= 1
+    })
+    .await;
+    let k = test_key(1);
+    assert!(obj_store(&writer, &[k]).await.is_success());
+    let stored = tokio::time::Instant::now();
+    assert_eq!(
+        tier.holds(&k),
+        Some(false),
+        "a fresh listing answers what it found"
+    );
+    wait_until_async("the new object held", SETTLE_LIMIT, || {
+        tier.holds(&k) == Some(true)
+    })
+    .await;
+    assert!(
+        stored.elapsed() <= Duration::from_secs(2),
+        "{:?}",
+        stored.elapsed()
+    );
+    // relists fail from now on: the last listing answers until it is absent_ttl_s old
+    s.fail_lists(Some(tier.object_path(&k).split('/').next().unwrap()));
+    let listed = tier.stats().listings;
+    let other = test_key(2);
+    assert_eq!(tier.holds(&other), Some(false));
+    wait_until_async("the listing aged out", SETTLE_LIMIT, || {
+        tier.holds(&other).is_none()
+    })
+    .await;
+    assert_eq!(
+        tier.stats().listings,
+        listed,
+        "a failed LIST replaced the listing"
+    );
+    assert_eq!(tier.lookup(&[other]).await.unwrap(), vec![false]);
+}
+
+/// A key the tier finds removed is not held from its listing: the failed load forgets the
+/// existence cache's answer, and the listing answers only "absent" (the key is asked for).
+#[tokio::test]
+async fn a_removed_listed_key_is_asked_for() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    let k = test_key(1);
+    assert!(obj_store(&writer, &[k]).await.is_success());
+    let tier = tier_on(&s, ObjTierConfig::new("mem")).await;
+    wait_until_async("the first listing", SETTLE_LIMIT, || {
+        tier.stats().listings >= 1
+    })
+    .await;
+    assert_eq!(tier.holds(&k), Some(true));
+    s.inner
+        .delete(&Path::from(tier.object_path(&k)))
+        .await
+        .unwrap();
+    let (r, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        matches!(r.failed[..], [(_, Error::NotFound { .. })]),
+        "{:?}",
+        r.failed
+    );
+    assert_eq!(tier.holds(&k), None);
+    let heads = s.count(Op::Head);
+    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false]);
+    assert_eq!(s.count(Op::Head), heads + 1);
+}
+
+/// The listing answers for at most `exists_ttl_s`: a key the tier stored after a LIST began is
+/// never answered "absent" from that LIST once its cached answer expired.
+#[tokio::test]
+async fn a_stored_key_is_not_listed_absent_after_its_cached_answer_expires() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.exists_ttl_s = 0.2;
+    cfg.absent_ttl_s = 60.0;
+    let tier = tier_on(&s, cfg).await;
+    wait_until_async("the first listing", SETTLE_LIMIT, || {
+        tier.stats().listings >= 1
+    })
+    .await;
+    let k = test_key(1);
+    s.fail_lists(Some(tier.object_path(&k).split('/').next().unwrap()));
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    assert_eq!(tier.holds(&k), Some(true));
+    // the subject: the cached answer's TTL running out
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_ne!(tier.holds(&k), Some(false), "{:?}", tier.stats());
+    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![true]);
+}
+
+/// With `absent_ttl_s` 0 nothing is listed: every key the existence cache does not hold is
+/// asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_with_absent_ttl_s_0_lists_nothing() {
+    let server = S3Server::start().await;
+    let tier = server.tier(heads_only(server.config())).await;
+    let keys: Vec<_> = (0..64).map(test_key).collect();
+    let before = server.requests.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(tier.lookup(&keys).await.unwrap(), vec![false; 64]);
+    assert_eq!(tier.holds(&keys[0]), None);
+    assert_eq!(
+        server.requests.load(std::sync::atomic::Ordering::SeqCst),
+        before + 64,
+        "{:?}",
+        tier.stats()
+    );
+    assert_eq!(tier.stats().listings, 0);
 }

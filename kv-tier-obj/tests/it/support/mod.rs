@@ -85,6 +85,13 @@ impl S3ServerExt for S3Server {
     }
 }
 
+/// `cfg` without the existence listing (`absent_ttl_s` 0): lookups ask for every key the
+/// existence cache does not hold, as tests of HEADs and of another writer's objects need.
+pub(crate) fn heads_only(mut cfg: ObjTierConfig) -> ObjTierConfig {
+    cfg.absent_ttl_s = 0.0;
+    cfg
+}
+
 /// An obj tier named "obj" over a controlled in-memory store.
 pub(crate) async fn tier_on(store: &Arc<ControlledStore>, cfg: ObjTierConfig) -> Arc<ObjTier> {
     Arc::new(

@@ -1,0 +1,165 @@
+//! The existence listing of an unbounded tier (not shared): the keys a LIST of the rank's
+//! objects found, relisted in the background, so a lookup answers "absent" for a key it
+//! does not list without a HEAD (a bounded tier's capacity index does this for it).
+//!
+//! Its rules are the existence cache's:
+//! - It answers "absent" only. "Present" comes from the existence cache, which each LIST
+//!   fills as a HEAD does (not for a key a delete of this tier overlapped), so a removal is
+//!   never hidden by it; stores never ask it.
+//! - It answers while its LIST began at most `absent_ttl_s` ago, and the rank is relisted
+//!   every half of that: another writer's new object is found within that long.
+//! - A key this tier stored after the LIST began is in the existence cache (its store put it
+//!   there), which is asked first.
+//! - A LIST that takes longer than a twentieth of `absent_ttl_s` is followed by the next
+//!   only ten times its own time later (see [`relist_interval`]): the listing answers less of
+//!   the time, and LISTs never take more than a tenth of one request stream.
+//! - It holds at most [`MAX_LISTED_KEYS`] keys. A rank with more is not listed again, and its
+//!   lookups HEAD what the cache does not hold; so do those of a tier with `absent_ttl_s` 0.
+
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use kv_tier_core::BlockKey;
+use rustc_hash::FxHashSet;
+use tokio::time::Instant;
+
+use crate::block::{Shared, bump, lock};
+
+/// The most keys a listing holds (about 40 MB of them).
+pub(crate) const MAX_LISTED_KEYS: usize = 1 << 20;
+
+/// The keys one LIST found, and when it began.
+pub(crate) struct Listing {
+    keys: FxHashSet<BlockKey>,
+    began: Instant,
+}
+
+/// Why a LIST gave no listing.
+pub(crate) enum Unlisted {
+    /// More than [`MAX_LISTED_KEYS`] keys.
+    TooMany,
+    /// The LIST failed.
+    Failed(kv_tier_core::Error),
+}
+
+impl Shared {
+    /// The listing says `key` is absent: a listing whose LIST began at most `absent_ttl_s`
+    /// ago does not hold it.
+    pub(crate) fn listed_absent(&self, key: &BlockKey) -> bool {
+        lock(&self.listing)
+            .as_ref()
+            .is_some_and(|l| l.began.elapsed() <= self.absent_ttl && !l.keys.contains(key))
+    }
+
+    /// Lists the rank's objects, fills the existence cache with them and replaces the
+    /// listing.
+    pub(crate) async fn relist(&self) -> std::result::Result<(), Unlisted> {
+        let began = Instant::now();
+        let epoch = self.delete_epoch.load(Ordering::SeqCst);
+        let mut keys = FxHashSet::default();
+        let complete = self
+            .list_rank_each(|meta| {
+                if let Some(k) = self.key_of(&meta.location) {
+                    keys.insert(k);
+                    if keys.len() > MAX_LISTED_KEYS {
+                        return ControlFlow::Break(());
+                    }
+                }
+                ControlFlow::Continue(())
+            })
+            .await
+            .map_err(Unlisted::Failed)?;
+        if !complete {
+            *lock(&self.listing) = None;
+            return Err(Unlisted::TooMany);
+        }
+        for (i, k) in keys.iter().enumerate() {
+            self.note_presence(k, epoch, true);
+            if i % 4096 == 4095 {
+                tokio::task::yield_now().await;
+            }
+        }
+        bump(&self.counters.own.listings, 1);
+        *lock(&self.listing) = Some(Listing { keys, began });
+        Ok(())
+    }
+
+    /// Forgets the listing (with the existence cache's answers).
+    pub(crate) fn forget_listing(&self) {
+        *lock(&self.listing) = None;
+    }
+}
+
+/// How long after a LIST that took `took` the next one begins, for a listing that answers
+/// for `absent_ttl`: every half of it, or ten times the LIST's own time if that is longer (the
+/// LISTs take at most a tenth of one request stream; meanwhile the listing ages out and
+/// lookups ask).
+pub(crate) fn relist_interval(absent_ttl: Duration, took: Duration) -> Duration {
+    (absent_ttl / 2).max(took.saturating_mul(10))
+}
+
+/// Relists `shared`'s rank (see [`relist_interval`]) until the tier closes or goes, or until
+/// the rank holds more than [`MAX_LISTED_KEYS`]. A failed LIST is tried again at the next
+/// interval; the listing it would have replaced ages out meanwhile.
+pub(crate) async fn run(shared: Weak<Shared>) {
+    let mut slow = false;
+    loop {
+        let Some(sh) = shared.upgrade() else { return };
+        if sh.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let began = Instant::now();
+        match sh.relist().await {
+            Ok(()) => {}
+            Err(Unlisted::TooMany) => {
+                tracing::info!(tier = %sh.name, max = MAX_LISTED_KEYS, "the rank holds more keys than a listing keeps: lookups ask for the keys the existence cache does not hold");
+                return;
+            }
+            Err(Unlisted::Failed(e)) => {
+                tracing::warn!(tier = %sh.name, error = %e, "the existence LIST failed; it is tried again at the next interval");
+            }
+        }
+        let took = began.elapsed();
+        let every = relist_interval(sh.absent_ttl, took);
+        if every > sh.absent_ttl / 2 && !slow {
+            tracing::info!(tier = %sh.name, took_ms = took.as_millis() as u64, relist_s = every.as_secs_f64(), absent_ttl_s = sh.absent_ttl.as_secs_f64(), "a LIST of the rank takes over a twentieth of absent_ttl_s: relisted less often, lookups ask for what the listing cannot answer meanwhile");
+        }
+        slow = every > sh.absent_ttl / 2;
+        drop(sh);
+        tokio::time::sleep_until(began + every).await;
+    }
+}
+
+/// Starts [`run`] for a tier that keeps a listing: unbounded, not on a shared bucket
+/// (`shared`: where other instances write all the time and the TTL is a quarter lease),
+/// and with an `absent_ttl_s` above 0.
+pub(crate) fn spawn(
+    shared: &Arc<Shared>,
+    on_shared_bucket: bool,
+) -> Option<tokio::task::JoinHandle<()>> {
+    (shared.cap.is_none() && !on_shared_bucket && !shared.absent_ttl.is_zero())
+        .then(|| tokio::spawn(run(Arc::downgrade(shared))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_slower_than_a_twentieth_of_absent_ttl_spaces_the_next_by_ten_times_its_time() {
+        let ttl = Duration::from_secs(5);
+        assert_eq!(relist_interval(ttl, Duration::ZERO), ttl / 2);
+        assert_eq!(relist_interval(ttl, Duration::from_millis(250)), ttl / 2);
+        assert_eq!(
+            relist_interval(ttl, Duration::from_millis(251)),
+            Duration::from_millis(2510)
+        );
+        assert_eq!(
+            relist_interval(ttl, Duration::from_secs(3)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(relist_interval(ttl, Duration::MAX), Duration::MAX);
+    }
+}
