@@ -201,7 +201,8 @@ struct OutputArgs {
     /// offline under LRU, Belady's rule or no bound
     #[arg(long, value_name = "FILE", value_parser = json_out)]
     trace: Option<PathBuf>,
-    /// Wait for every transfer at each step and run the fs GC there (same seed, same counts)
+    /// Wait for every transfer at each step and run the fs GC there, on a clock of steps
+    /// (same seed, same counts)
     #[arg(long)]
     sync_steps: bool,
     /// No progress line

@@ -31,7 +31,7 @@ pub use config::{
 pub use instances::{InstanceReport, InstancesReport, child_args, render_instances, run_instances};
 pub use report::{
     DiskProbe, GcReport, Inputs, ModelReport, OfflineReport, PerRequest, Report, RestartReport,
-    TierReport, ideal_hit_rate, render,
+    ServerProbe, TierReport, ideal_hit_rate, render,
 };
 
 use report::Progress;
@@ -102,6 +102,7 @@ pub fn run(cfg: &SimConfig) -> Result<Report, Box<dyn std::error::Error>> {
     report.shared = fs_stats.and_then(|s| s.shared);
     report.inputs = inputs;
     report.disk = setup.disk;
+    report.server = setup.server.clone();
     report.blocks_found_at_open = setup.found_at_open;
     setup.teardown(cfg.progress)?;
     tally.check_oracle()?;

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::SimConfig;
 use super::attribution::{Attribution, describe};
 use super::offline::{Policy, Trace, TraceHeader, replay};
-pub use super::setup::DiskProbe;
+pub use super::setup::{DiskProbe, ServerProbe};
 use super::step::Tally;
 
 /// The capacities of the run in blocks, the offline model's, and the run's working set.
@@ -106,6 +106,8 @@ pub struct TierReport {
     pub blocks_stored: u64,
     /// Read throughput over the run, GB/s.
     pub read_gb_per_s: f64,
+    /// Read throughput while the tier had a load job in flight, GB/s (`None`: no load job).
+    pub read_gb_per_s_loading: Option<f64>,
     /// Write throughput over the run, GB/s.
     pub write_gb_per_s: f64,
     /// Load job latency p50, ms.
@@ -259,6 +261,8 @@ pub struct Report {
     /// The disk under the fs tier's directory, measured at startup (`None` without an fs
     /// tier or where O_DIRECT is refused).
     pub disk: Option<DiskProbe>,
+    /// The first obj tier's server, measured at startup (`None` without an obj tier).
+    pub server: Option<ServerProbe>,
     /// Seconds of wall time of the whole run: setup, the run, the drain and the teardown
     /// (the temporary directory's removal included).
     pub wall_seconds: f64,
@@ -454,6 +458,7 @@ pub(super) fn fill(
         removal_events: t.removal_events,
         prefill_seconds_saved,
         disk: None,
+        server: None,
         wall_seconds: 0.0,
         inputs: Inputs::default(),
         attribution: t.attribution.clone(),
@@ -519,6 +524,8 @@ fn tier_report(t: &TierStats, secs: f64) -> TierReport {
         bytes_written: t.bytes_stored,
         blocks_stored: t.blocks_stored,
         read_gb_per_s: t.bytes_loaded as f64 / secs / 1e9,
+        read_gb_per_s_loading: (!t.load_busy.is_zero())
+            .then(|| t.bytes_loaded as f64 / t.load_busy.as_secs_f64() / 1e9),
         write_gb_per_s: t.bytes_stored as f64 / secs / 1e9,
         load_p50_ms: ms(t.load_latency.quantile(0.5)),
         load_p99_ms: ms(t.load_latency.quantile(0.99)),
@@ -721,8 +728,19 @@ pub fn render(r: &Report) -> String {
             d.block_bytes >> 10
         );
     }
+    if let Some(p) = &r.server {
+        o += &format!(
+            "  object server         {:.2} GB/s PUT, {:.2} GB/s GET (plain object_store, {} in flight as the {} tier's io_threads, {} MiB in {} KiB objects, at startup)\n",
+            p.put_gb_per_s,
+            p.get_gb_per_s,
+            p.in_flight,
+            p.tier,
+            p.bytes >> 20,
+            p.object_bytes >> 10
+        );
+    }
     for t in &r.tiers {
-        o += &render_tier(t, r.disk.as_ref());
+        o += &render_tier(t, r.disk.as_ref(), r.server.as_ref());
     }
     if let Some(g) = &r.gc {
         o += &render_gc(g);
@@ -836,31 +854,43 @@ fn render_yardstick(r: &Report) -> String {
         );
     }
     if !r.inputs.sim.sync_steps {
-        o += "  (to compare runs, use --sync-steps: the same seed gives the same counts while the fs tier stays under its cap and no obj tier answers late)\n";
+        o += "  (to compare runs, use --sync-steps: the same seed gives the same counts while no obj tier answers late)\n";
     }
     o
 }
 
-/// `GB/s` of a tier's run average, with its ratio to the disk probe's figure when there is
-/// one (a tier's average over the whole run against what the disk does flat out).
-fn rate_vs_disk(gb_per_s: f64, disk_gb_per_s: Option<f64>) -> String {
+/// `GB/s` of a tier's run average, with its ratio to the startup probe's figure when there
+/// is one (a tier's average over the whole run against what the disk or server does flat
+/// out; `what` names it).
+fn rate_vs_disk(gb_per_s: f64, disk_gb_per_s: Option<f64>, what: &str) -> String {
     match disk_gb_per_s {
-        Some(d) if d > 0.0 => format!("{gb_per_s:.2} GB/s, {:.2}x the disk", gb_per_s / d),
+        Some(d) if d > 0.0 => format!("{gb_per_s:.2} GB/s, {:.2}x {what}", gb_per_s / d),
         _ => format!("{gb_per_s:.2} GB/s"),
     }
 }
 
-/// The three lines of a tier.
-fn render_tier(t: &TierReport, disk: Option<&DiskProbe>) -> String {
+/// The three lines of a tier: its rates against the disk probe, or for the obj tier the
+/// server probe measured, against that.
+fn render_tier(t: &TierReport, disk: Option<&DiskProbe>, server: Option<&ServerProbe>) -> String {
+    let server = server.filter(|s| s.tier == t.name);
+    let (read, write, what) = match (server, disk) {
+        (Some(s), _) => (Some(s.get_gb_per_s), Some(s.put_gb_per_s), "the server"),
+        (None, Some(d)) => (Some(d.read_gb_per_s), Some(d.write_gb_per_s), "the disk"),
+        (None, None) => (None, None, ""),
+    };
+    let loading = match t.read_gb_per_s_loading {
+        Some(l) => format!("; {} while loading", rate_vs_disk(l, read, what)),
+        None => String::new(),
+    };
     let mut o = String::new();
     o += &format!(
-        "  tier {:<16} {} blocks promoted, read {:.2} GiB ({}), wrote {:.2} GiB ({}), a load job (its blocks for one request) p50 {:.1} ms p99 {:.1} ms\n",
+        "  tier {:<16} {} blocks promoted, read {:.2} GiB ({}{loading}), wrote {:.2} GiB ({}), a load job (its blocks for one request) p50 {:.1} ms p99 {:.1} ms\n",
         t.name,
         t.blocks_loaded,
         gib(t.bytes_read),
-        rate_vs_disk(t.read_gb_per_s, disk.map(|d| d.read_gb_per_s)),
+        rate_vs_disk(t.read_gb_per_s, read, what),
         gib(t.bytes_written),
-        rate_vs_disk(t.write_gb_per_s, disk.map(|d| d.write_gb_per_s)),
+        rate_vs_disk(t.write_gb_per_s, write, what),
         t.load_p50_ms,
         t.load_p99_ms,
     );
@@ -935,9 +965,12 @@ mod tests {
 
     #[test]
     fn a_tier_rate_is_shown_as_a_ratio_of_the_disk_probe() {
-        assert_eq!(rate_vs_disk(0.5, Some(2.0)), "0.50 GB/s, 0.25x the disk");
-        assert_eq!(rate_vs_disk(0.5, None), "0.50 GB/s");
-        assert_eq!(rate_vs_disk(0.5, Some(0.0)), "0.50 GB/s");
+        assert_eq!(
+            rate_vs_disk(0.5, Some(2.0), "the disk"),
+            "0.50 GB/s, 0.25x the disk"
+        );
+        assert_eq!(rate_vs_disk(0.5, None, "the disk"), "0.50 GB/s");
+        assert_eq!(rate_vs_disk(0.5, Some(0.0), "the disk"), "0.50 GB/s");
         let mut r = fill(
             &SimConfig::default(),
             &Tally::default(),
@@ -963,6 +996,61 @@ mod tests {
         assert!(
             text.contains("(0.30 GB/s, 0.25x the disk)")
                 && text.contains("(0.40 GB/s, 0.25x the disk)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_obj_tiers_rates_are_shown_against_the_server_probe_and_while_loading() {
+        let mut r = fill(
+            &SimConfig::default(),
+            &Tally::default(),
+            &ManagerStats::default(),
+            None,
+            Duration::from_secs(1),
+            Duration::ZERO,
+        );
+        let named = |name: &str| TierStats {
+            name: name.into(),
+            ..TierStats::default()
+        };
+        r.tiers.push(TierReport {
+            read_gb_per_s: 0.3,
+            write_gb_per_s: 0.4,
+            ..tier_report(&named("fs"), 1.0)
+        });
+        r.tiers.push(TierReport {
+            read_gb_per_s: 0.1,
+            read_gb_per_s_loading: Some(0.15),
+            write_gb_per_s: 0.05,
+            ..tier_report(&named("obj"), 1.0)
+        });
+        r.disk = Some(DiskProbe {
+            bytes: 1 << 26,
+            block_bytes: 1 << 21,
+            write_gb_per_s: 1.6,
+            read_gb_per_s: 1.2,
+            write_threads: 8,
+            read_threads: 8,
+        });
+        r.server = Some(ServerProbe {
+            tier: "obj".into(),
+            bytes: 1 << 27,
+            object_bytes: 1 << 21,
+            in_flight: 16,
+            put_gb_per_s: 0.25,
+            get_gb_per_s: 0.2,
+        });
+        let text = render(&r);
+        assert!(
+            text.contains("0.25 GB/s PUT, 0.20 GB/s GET (plain object_store, 16 in flight as the obj tier's io_threads, 128 MiB in 2048 KiB objects"),
+            "{text}"
+        );
+        assert!(text.contains("(0.30 GB/s, 0.25x the disk)"), "{text}");
+        assert!(
+            text.contains(
+                "(0.10 GB/s, 0.50x the server; 0.15 GB/s, 0.75x the server while loading)"
+            ) && text.contains("(0.05 GB/s, 0.20x the server)"),
             "{text}"
         );
     }

@@ -26,6 +26,8 @@ pub(super) struct Setup {
     scratch: Option<TempDir>,
     /// The disk under the fs tier, measured before the run.
     pub(super) disk: Option<DiskProbe>,
+    /// The obj tier's server, measured before the run.
+    pub(super) server: Option<ServerProbe>,
     /// The fs tier's directory.
     root: PathBuf,
     /// Block files a bounded fs tier found at open (a reused root).
@@ -102,6 +104,18 @@ impl Setup {
                 c.n_read_threads.max(1),
             )
         });
+        let server = match first_obj_tier(&manager) {
+            Some((name, t)) => {
+                let p = manager
+                    .runtime()
+                    .block_on(probe_server(&name, &t, cfg.block_bytes()));
+                if let Err(e) = &p {
+                    eprintln!("serve_sim: the object server was not measured: {e}");
+                }
+                p.ok()
+            }
+            None => None,
+        };
         let endpoint = match cfg.metrics_addr {
             Some(addr) => {
                 let e = manager
@@ -118,6 +132,7 @@ impl Setup {
             fs,
             scratch,
             disk,
+            server,
             root,
             found_at_open,
             cfg,
@@ -145,6 +160,7 @@ impl Setup {
             fs,
             scratch,
             disk: _,
+            server: _,
             root: _,
             found_at_open: _,
             cfg: _,
@@ -183,6 +199,100 @@ pub struct DiskProbe {
     pub write_threads: usize,
     /// Threads reading at once: the fs tier's `n_read_threads`.
     pub read_threads: usize,
+}
+
+/// Plain `object_store` PUTs, then GETs, of objects of the run's block size to the first obj
+/// tier's server, at the tier's `io_threads` in flight: what the server does for a client
+/// that does nothing else, the yardstick of the tier's own rates.
+#[derive(Debug, Clone, serde::Serialize, PartialEq)]
+pub struct ServerProbe {
+    /// The obj tier whose server it is.
+    pub tier: String,
+    /// Bytes written, then read.
+    pub bytes: u64,
+    /// In objects of this many bytes.
+    pub object_bytes: u64,
+    /// Requests in flight: the tier's `io_threads`.
+    pub in_flight: usize,
+    /// PUT throughput, GB/s.
+    pub put_gb_per_s: f64,
+    /// GET throughput, GB/s.
+    pub get_gb_per_s: f64,
+}
+
+/// Measures [`ServerProbe`] with 128 MiB in 8 to 64 objects (fewer bytes with small blocks;
+/// read twice, the second time timed) under
+/// `<prefix>/.kv-tier-server-probe-<pid>/`, outside the tier's namespace directory, and
+/// deletes them after (also when a request fails).
+async fn probe_server(
+    name: &str,
+    tier: &kv_tier::obj::ObjTier,
+    block_bytes: usize,
+) -> Result<ServerProbe, BoxError> {
+    use futures::{StreamExt as _, TryStreamExt as _, stream};
+    use kv_tier::obj::object_store::ObjectStoreExt as _;
+    use kv_tier::obj::object_store::path::Path as ObjPath;
+    const TOTAL: usize = 128 << 20;
+    let n = (TOTAL / block_bytes.max(1)).clamp(8, 64);
+    let in_flight = tier.config().io_threads.max(1);
+    let store = tier.object_store().clone();
+    let prefix = tier.config().prefix.trim_matches('/');
+    let dir = format!(".kv-tier-server-probe-{}", std::process::id());
+    let paths: Vec<ObjPath> = (0..n)
+        .map(|i| match prefix {
+            "" => ObjPath::from(format!("{dir}/{i}")),
+            p => ObjPath::from(format!("{p}/{dir}/{i}")),
+        })
+        .collect();
+    let body = kv_tier::obj::object_store::PutPayload::from(vec![0x5a_u8; block_bytes]);
+    let get_all = || {
+        stream::iter(&paths)
+            .map(|p| async {
+                let b = store.get(p).await?.bytes().await?;
+                Ok::<_, kv_tier::obj::object_store::Error>(b.len())
+            })
+            .buffer_unordered(in_flight)
+            .try_collect::<Vec<usize>>()
+    };
+    let check = |lens: Vec<usize>| match lens.iter().all(|&l| l == block_bytes) {
+        true => Ok(()),
+        false => Err(BoxError::from(
+            "a GET returned fewer bytes than its PUT wrote",
+        )),
+    };
+    let (mut put, mut get) = (0.0, 0.0);
+    let probed: Result<(), BoxError> = async {
+        let t = std::time::Instant::now();
+        stream::iter(&paths)
+            .map(|p| store.put(p, body.clone()))
+            .buffer_unordered(in_flight)
+            .try_for_each(|_| async { Ok(()) })
+            .await?;
+        put = t.elapsed().as_secs_f64();
+        // the GETs twice, the second timed: the first finds the server cold
+        check(get_all().await?)?;
+        let t = std::time::Instant::now();
+        check(get_all().await?)?;
+        get = t.elapsed().as_secs_f64();
+        Ok(())
+    }
+    .await;
+    // (whatever failed: the objects go)
+    stream::iter(&paths)
+        .map(|p| store.delete(p))
+        .buffer_unordered(in_flight)
+        .for_each(|_| async {})
+        .await;
+    probed?;
+    let bytes = (n * block_bytes) as f64;
+    Ok(ServerProbe {
+        tier: name.to_string(),
+        bytes: bytes as u64,
+        object_bytes: block_bytes as u64,
+        in_flight,
+        put_gb_per_s: bytes / put / 1e9,
+        get_gb_per_s: bytes / get / 1e9,
+    })
 }
 
 /// The effective tier config of the run (secrets masked).
@@ -328,6 +438,19 @@ fn build_manager(cfg: &SimConfig, root: &Path) -> Result<TieringManager, BoxErro
 }
 
 /// The manager's first fs tier, typed.
+/// The first obj tier, with its name.
+fn first_obj_tier(manager: &TieringManager) -> Option<(String, Arc<kv_tier::obj::ObjTier>)> {
+    let spec = manager
+        .config()
+        .secondary_tiers
+        .iter()
+        .find(|t| t.kind == "obj")?;
+    Some((
+        spec.name.clone(),
+        manager.tier::<kv_tier::obj::ObjTier>(&spec.name)?,
+    ))
+}
+
 fn first_fs_tier(manager: &TieringManager) -> Option<Arc<FsTier>> {
     manager
         .config()

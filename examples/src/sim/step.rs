@@ -116,6 +116,29 @@ struct Active {
     first_ask: Instant,
 }
 
+/// With `sync_steps`, how far ahead of the wall clock the fs GC clock is frozen at the first
+/// step: more than a run lasts, so the files' own mtimes stay behind it.
+const GC_CLOCK_LEAD: Duration = Duration::from_secs(3600);
+
+/// With `sync_steps`, how far the fs GC clock moves per step: past the step-scale grace
+/// window (2 us) and stamp interval (1 us), so the step's own files are not spared by the
+/// sweep that settles it, and small enough that a restart's clock, frozen later, is ahead of
+/// every time the run before it set.
+const GC_CLOCK_STEP: Duration = Duration::from_micros(4);
+
+/// With `sync_steps`, before the first step (and after a restart, on the new tier): the fs
+/// tier's GC clock is frozen [`GC_CLOCK_LEAD`] ahead of the wall clock, so no file's own
+/// mtime is newer than what the index holds (none is taken from the disk), and a restart's
+/// clock is ahead of every time the run before it set. An unbounded fs tier has no GC.
+fn lead_gc_clock(fs: Option<&FsTier>) {
+    if let Some(fs) = fs
+        && fs.stats().gc.is_some()
+        && fs.freeze_gc_clock().is_ok()
+    {
+        let _ = fs.advance_gc_clock(GC_CLOCK_LEAD);
+    }
+}
+
 /// The engine: admits turns up to the batch size and takes each through lookup (waiting for
 /// its promotions), load and verify, store, and finish, a step at a time.
 pub(super) struct Engine<'a> {
@@ -155,6 +178,9 @@ impl<'a> Engine<'a> {
             ..Tally::default()
         };
         let ledger = Ledger::new(manager.tier_names().to_vec());
+        if cfg.sync_steps {
+            lead_gc_clock(fs.as_deref());
+        }
         Self {
             cfg,
             manager,
@@ -198,6 +224,9 @@ impl<'a> Engine<'a> {
         t.trace.records.push(TraceRecord::Restart);
         self.ledger.restarted();
         self.manager = manager;
+        if self.cfg.sync_steps {
+            lead_gc_clock(fs.as_deref());
+        }
         self.fs = fs;
         self.gpu = GpuCache::new(self.cfg.gpu_cache_blocks);
         self.paused = false;
@@ -478,12 +507,21 @@ impl<'a> Engine<'a> {
     }
 
     /// With `sync_steps`, the end of a step: waits for every job, then runs the fs GC here
-    /// (stamps, then a sweep) and notes the size it left.
+    /// (stamps, then a sweep) on its logical clock and notes the size it left.
+    ///
+    /// The GC's recency is its clock's time at each store and stamp; on wall time, which of
+    /// a step's files count older than which (and what a grace window spares) would depend
+    /// on how fast the step ran. So the clock is frozen before the first step (see
+    /// [`lead_gc_clock`]) and moves [`GC_CLOCK_STEP`] at the end of each step, before its
+    /// sweep: a step's files share one time, ties go by key, every use is stamped and none
+    /// is spared for its age (the config's step-scale windows, see `SimConfig::tier_config`;
+    /// nothing is in flight when the sweep runs).
     fn settle(&mut self) -> Result<(), BoxError> {
         self.manager.runtime().block_on(self.manager.wait_idle());
         if let Some(fs) = &self.fs
             && let Some(before) = fs.stats().gc
         {
+            fs.advance_gc_clock(GC_CLOCK_STEP)?;
             fs.gc_apply_stamps_now()?;
             fs.gc_sweep_now()?;
             let after = fs.stats().gc.expect("bounded");

@@ -133,7 +133,9 @@ fn a_restart_splits_the_run_and_every_token_is_still_in_one_bucket() {
     assert!(text.contains("restart               after"), "{text}");
 }
 
-/// With `sync_steps` the attribution and the offline figures are the same for the same seed.
+/// With `sync_steps` the attribution and the offline figures are the same for the same seed,
+/// over the fs tier's cap too (its GC runs on a clock of steps: which of a step's files a
+/// sweep takes does not depend on how fast the step ran).
 #[test]
 fn the_same_seed_gives_the_same_attribution() {
     let mut cfg = small(9);

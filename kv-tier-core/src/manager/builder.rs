@@ -279,6 +279,7 @@ impl TieringManagerBuilder {
                 last_miss: FxHashMap::default(),
                 holds: Default::default(),
                 jobs: FxHashMap::default(),
+                loading: vec![(0, tokio::time::Instant::now()); tiers.len()],
                 next_job: 0,
                 pending_stores: FxHashMap::default(),
                 finishing: FxHashSet::default(),

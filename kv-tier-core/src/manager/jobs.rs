@@ -98,6 +98,12 @@ impl TieringManager {
         let protect = protect_caught(&*t, &keys);
         if kind == JobKind::Store {
             *st.pending_stores.entry(req).or_default() += 1;
+        } else {
+            let (n, since) = &mut st.loading[tier];
+            if *n == 0 {
+                *since = tokio::time::Instant::now();
+            }
+            *n += 1;
         }
         let id = st.next_job;
         st.next_job += 1;
@@ -239,6 +245,12 @@ impl TieringManager {
                 }
                 JobKind::Load => {
                     let now = tokio::time::Instant::now();
+                    let (n, since) = &mut st.loading[info.tier];
+                    *n -= 1;
+                    if *n == 0 {
+                        st.stats.tiers[info.tier].load_busy +=
+                            now.saturating_duration_since(*since);
+                    }
                     for k in &info.keys {
                         if let Some((since, _)) = st.promoting.remove(k)
                             && ok.contains(k)

@@ -52,6 +52,8 @@ struct State {
     /// Promoted blocks held for the requests promised them (see `holds`).
     holds: holds::Holds,
     jobs: FxHashMap<u64, JobInfo>,
+    /// Per tier, its load jobs in `jobs` and since when it has had one (for `load_busy`).
+    loading: Vec<(usize, Instant)>,
     next_job: u64,
     pending_stores: FxHashMap<RequestId, usize>,
     finishing: FxHashSet<RequestId>,

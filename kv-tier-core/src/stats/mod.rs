@@ -169,6 +169,10 @@ pub struct TierStats {
     pub store_failures: u64,
     /// Load (promotion) jobs finished.
     pub load_jobs: u64,
+    /// Time with at least one load job of this tier in flight (from its submission until
+    /// its result is applied): `bytes_loaded` over it is the rate the tier read at while it
+    /// read, where the run's average also counts the time nothing asked for its blocks.
+    pub load_busy: Duration,
     /// Blocks loaded into DRAM.
     pub blocks_loaded: u64,
     /// Bytes read from the tier.

@@ -146,3 +146,35 @@ fn duplicate_keys_in_one_lookup_with_promotion() {
     assert_clean(&m);
     m.shutdown_blocking().unwrap();
 }
+
+/// `TierStats::load_busy` is the time the tier had a load job in flight: two jobs that run at
+/// once count their time once (3 s each, side by side: 3 s, not 6).
+#[tokio::test(start_paused = true)]
+async fn load_busy_counts_overlapping_load_jobs_once() {
+    let inner = mem("fs");
+    let (a, b) = (test_key(1), test_key(2));
+    seed(&*inner, &[a, b]).await;
+    let t = faulty_over(&inner);
+    let fx = evented_manager(8, vec![t.clone()]).await;
+    let (r1, r2) = (RequestContext::new(1), RequestContext::new(2));
+    step_requests(&fx.m, &[(&[a][..], &r1), (&[b][..], &r2)]);
+    fx.m.wait_idle().await; // both probes answered
+    assert_eq!(fx.m.stats().tiers[0].load_busy, Duration::ZERO);
+    t.delay(Some(Duration::from_secs(3)));
+    assert_eq!(
+        step_requests(&fx.m, &[(&[a][..], &r1), (&[b][..], &r2)]),
+        vec![vec![LookupResult::HitPending]; 2]
+    );
+    fx.m.wait_idle().await; // both loads land, side by side
+    assert_eq!(
+        step_requests(&fx.m, &[(&[a][..], &r1), (&[b][..], &r2)]),
+        vec![vec![LookupResult::Hit]; 2]
+    );
+    let s = &fx.m.stats().tiers[0];
+    assert_eq!(s.load_jobs, 2);
+    assert!(
+        s.load_busy >= Duration::from_secs(3) && s.load_busy < Duration::from_secs(6),
+        "{:?}",
+        s.load_busy
+    );
+}
