@@ -5,7 +5,8 @@
 //!   (its existence cache cleared), against 128 plain HEADs;
 //! - PUT and GET GB/s of 128 blocks of 2 MiB at 1 and 16 in flight (the tier's `io_threads`,
 //!   one store job and one load job into DRAM slots), and the process's CPU seconds per GB
-//!   moved (PUT and GET together).
+//!   moved (PUT and GET together); and the PUTs again with plain `object_store` writing as
+//!   the tier does, create-only (`If-None-Match: *`), the row `PUT GB/s create-only`.
 //!
 //! Servers: `s3s` (s3s + s3s-fs in this process on 127.0.0.1: its CPU is in the figure),
 //! `s3s-20ms` (the same, every request held 20 ms first, standing for a remote region) and
@@ -145,7 +146,9 @@ async fn round(endpoint: &str, round: usize, srcs: &[Bytes], cpu: &CpuTier, fig:
                 let r = tier.store(job).await;
                 assert!(r.is_success(), "{:?}", &r.failed[..r.failed.len().min(3)]);
                 if moves {
-                    out.push(("PUT GB/s", gb / t.elapsed().as_secs_f64()));
+                    let put = gb / t.elapsed().as_secs_f64();
+                    out.push(("PUT GB/s", put));
+                    out.push(("PUT GB/s create-only", put));
                     let mut p = cpu.prepare_store(keys).unwrap();
                     let job = LoadJob {
                         requests: Vec::new(),
@@ -166,8 +169,11 @@ async fn round(endpoint: &str, round: usize, srcs: &[Bytes], cpu: &CpuTier, fig:
                 out
             }
         };
+        let create_paths: Vec<ObjPath> = (0..N)
+            .map(|i| ObjPath::from(format!("plain-create/{round}/{threads}/{i}.bin")))
+            .collect();
         let run_plain = || {
-            let (store, paths) = (&store, &plain_paths);
+            let (store, paths, create_paths) = (&store, &plain_paths, &create_paths);
             async move {
                 let mut out = Vec::new();
                 let cpu0 = cpu_seconds();
@@ -192,6 +198,21 @@ async fn round(endpoint: &str, round: usize, srcs: &[Bytes], cpu: &CpuTier, fig:
                     assert!(gets.iter().all(|&n| n == BLOCK));
                     out.push(("GET GB/s", gb / t.elapsed().as_secs_f64()));
                     out.push(("CPU s/GB", (cpu_seconds() - cpu0) / (2.0 * gb)));
+                    // the tier's kind of PUT (create-only, `If-None-Match: *`), to new paths
+                    let t = Instant::now();
+                    let puts: Vec<_> = futures::stream::iter(create_paths.iter().zip(srcs))
+                        .map(|(p, s)| async move {
+                            let opts = object_store::PutOptions {
+                                mode: object_store::PutMode::Create,
+                                ..Default::default()
+                            };
+                            store.put_opts(p, s.clone().into(), opts).await
+                        })
+                        .buffer_unordered(threads)
+                        .collect()
+                        .await;
+                    assert!(puts.iter().all(|r| r.is_ok()), "a create-only PUT failed");
+                    out.push(("PUT GB/s create-only", gb / t.elapsed().as_secs_f64()));
                 }
                 let t = Instant::now();
                 let found: Vec<bool> = futures::stream::iter(paths.iter())
@@ -219,7 +240,12 @@ async fn round(endpoint: &str, round: usize, srcs: &[Bytes], cpu: &CpuTier, fig:
             }
         }
         // the objects go: every round writes new ones, and moto keeps them in memory
-        let _: Vec<_> = futures::stream::iter(tier_paths.iter().chain(&plain_paths))
+        let _: Vec<_> =
+            futures::stream::iter(tier_paths.iter().chain(&plain_paths).chain(if moves {
+                &create_paths[..]
+            } else {
+                &[]
+            }))
             .map(|p| {
                 let store = &store;
                 async move { store.delete(p).await }

@@ -126,6 +126,9 @@ pub(crate) enum Kind {
     Probe,
     /// GET, LIST, a store's HEAD: loads wait for these. At most `io_threads`.
     Read,
+    /// The existence listing's LIST pages: a permit of the reads' bound, but not a read
+    /// anything waits for, so writes are not held back for it.
+    Listing,
     /// PUT, DELETE: write-back and sweeps. At most `io_threads`, and while any probe or read
     /// is waiting or in flight, a quarter of it (at least one).
     // (a write held back a whole request deadline starts anyway: write-back backs off, it
@@ -144,6 +147,8 @@ impl Drop for Active<'_> {
         let n = match self.kind {
             Kind::Probe | Kind::Read => &self.inner.reads_active,
             Kind::Write => &self.inner.writes_active,
+            // (not counted: `slot` makes none for it)
+            Kind::Listing => return,
         };
         n.fetch_sub(1, Ordering::SeqCst);
         self.inner.budget_changed.notify_waiters();
@@ -154,7 +159,7 @@ impl Drop for Active<'_> {
 struct InFlight<'a> {
     inner: &'a Shared,
     _permit: tokio::sync::SemaphorePermit<'a>,
-    _active: Active<'a>,
+    _active: Option<Active<'a>>,
 }
 
 impl Drop for InFlight<'_> {
@@ -232,8 +237,12 @@ impl Shared {
                     &self.sem
                 };
                 let permit = sem.acquire().await.expect("semaphore never closes");
-                (permit, active)
+                (permit, Some(active))
             }
+            Kind::Listing => (
+                self.sem.acquire().await.expect("semaphore never closes"),
+                None,
+            ),
             Kind::Write => {
                 // the permit first: the gate counts writes that hold one
                 let permit = self
@@ -241,7 +250,7 @@ impl Shared {
                     .acquire()
                     .await
                     .expect("semaphore never closes");
-                (permit, self.write_gate().await)
+                (permit, Some(self.write_gate().await))
             }
         };
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;

@@ -153,8 +153,8 @@ pub struct ObjTierConfig {
     /// 0: no LIST, every key the existence cache does not hold is asked for with a HEAD;
     /// at most `exists_ttl_s` is used, since a key this tier stored after a LIST began is
     /// held from the existence cache). Another writer's new objects are found within this
-    /// long. A LIST that takes longer than a twentieth of this is followed by the next only
-    /// ten times its own time later (meanwhile the listing ages out and lookups ask); a rank
+    /// long. A LIST that takes longer than a hundredth of this is followed by the next only
+    /// fifty times its own time later (meanwhile the listing ages out and lookups ask); a rank
     /// of more than 1,048,576 objects is not listed again. (A bounded tier answers from its
     /// capacity index instead.)
     pub absent_ttl_s: f64,

@@ -70,8 +70,13 @@ impl ObjTier {
     }
 
     /// Forgets cached existence answers and the existence listing (for tests and benches of
-    /// the requests they save; the next relist fills both again).
+    /// the requests they save; the next relist fills both again). As a delete does, it makes
+    /// a HEAD or LIST under way keep what it found to itself: a LIST that began before the
+    /// cache was cleared may miss keys stored since, which only the cache held.
     pub fn clear_exists_cache(&self) {
+        self.shared
+            .delete_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.shared.exists.invalidate_all();
         self.shared.forget_listing();
     }

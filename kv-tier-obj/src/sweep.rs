@@ -166,7 +166,7 @@ impl Shared {
         let snapshot = self.recency_path();
         let mut found = Vec::new();
         let mut snapshot_time = None;
-        self.list_rank_each(|meta| {
+        self.list_rank_each(crate::block::Kind::Read, |meta| {
             let t = meta.last_modified.timestamp_micros().max(0) as u64;
             if let Some(k) = self.key_of(&meta.location) {
                 found.push((t, k, meta.size));
@@ -183,12 +183,13 @@ impl Shared {
     /// within a request deadline), until `f` breaks: whether the LIST went to its end.
     pub(crate) async fn list_rank_each(
         &self,
+        kind: crate::block::Kind,
         mut f: impl FnMut(object_store::ObjectMeta) -> std::ops::ControlFlow<()>,
     ) -> Result<bool> {
         let prefix = self.rank_prefix();
         let mut listing = self.store.list(Some(&prefix));
         loop {
-            match self.request(listing.try_next()).await {
+            match self.request_as(kind, listing.try_next()).await {
                 Ok(Some(meta)) => {
                     if f(meta).is_break() {
                         return Ok(false);
