@@ -85,8 +85,8 @@ pub(crate) struct Shared {
     pub(crate) exists: moka::sync::Cache<BlockKey, ()>,
     /// How long the listing answers "absent" after its LIST began (`absent_ttl_s`).
     pub(crate) absent_ttl: Duration,
-    /// What the last LIST found (unbounded tier, not shared): see [`crate::listing`].
-    pub(crate) listing: Mutex<Option<crate::listing::Listing>>,
+    /// What the last LIST found (unbounded tier, not shared): see the `listing` module.
+    pub(crate) listing: Mutex<Option<Listing>>,
     /// Bumped whenever this tier deletes objects: a HEAD that overlapped a delete does not
     /// fill the cache.
     pub(crate) delete_epoch: AtomicU64,
@@ -134,6 +134,13 @@ pub(crate) enum Kind {
     // (a write held back a whole request deadline starts anyway: write-back backs off, it
     // does not stop)
     Write,
+}
+
+/// The keys one LIST of the rank found, and when it began (the existence listing's state;
+/// the `listing` module keeps it).
+pub(crate) struct Listing {
+    pub(crate) keys: rustc_hash::FxHashSet<BlockKey>,
+    pub(crate) began: tokio::time::Instant,
 }
 
 /// One read or write counted active until dropped (however the request ends).

@@ -26,16 +26,10 @@ use kv_tier_core::BlockKey;
 use rustc_hash::FxHashSet;
 use tokio::time::Instant;
 
-use crate::block::{Shared, bump, lock};
+use crate::block::{Listing, Shared, bump, lock};
 
 /// The most keys a listing holds (about 40 MB of them).
 pub(crate) const MAX_LISTED_KEYS: usize = 1 << 20;
-
-/// The keys one LIST found, and when it began.
-pub(crate) struct Listing {
-    keys: FxHashSet<BlockKey>,
-    began: Instant,
-}
 
 /// Why a LIST gave no listing.
 pub(crate) enum Unlisted {
