@@ -98,8 +98,11 @@ pub(crate) fn check_consistent(r: &Report) {
             "bytes loaded = blocks loaded x block size"
         );
         assert_eq!(t.bytes_written, t.blocks_stored * r.block_bytes);
+        // a bounded tier may refuse a store it has no room for (`NoSpace`: everything left is
+        // protected or being written, or the sweep making room took longer than the store
+        // waits, as on a loaded machine); any other failed store is a fault
         assert_eq!(
-            t.store_failures,
+            t.store_failures - t.store_failure_causes.no_space,
             0,
             "tier {}: failed stores ({})",
             t.name,
