@@ -862,8 +862,8 @@ fn render_yardstick(r: &Report) -> String {
 /// `GB/s` of a tier's run average, with its ratio to the startup probe's figure when there
 /// is one (a tier's average over the whole run against what the disk or server does flat
 /// out; `what` names it).
-fn rate_vs_disk(gb_per_s: f64, disk_gb_per_s: Option<f64>, what: &str) -> String {
-    match disk_gb_per_s {
+fn rate_vs(gb_per_s: f64, probe_gb_per_s: Option<f64>, what: &str) -> String {
+    match probe_gb_per_s {
         Some(d) if d > 0.0 => format!("{gb_per_s:.2} GB/s, {:.2}x {what}", gb_per_s / d),
         _ => format!("{gb_per_s:.2} GB/s"),
     }
@@ -879,7 +879,7 @@ fn render_tier(t: &TierReport, disk: Option<&DiskProbe>, server: Option<&ServerP
         (None, None) => (None, None, ""),
     };
     let loading = match t.read_gb_per_s_loading {
-        Some(l) => format!("; {} while loading", rate_vs_disk(l, read, what)),
+        Some(l) => format!("; {} while loading", rate_vs(l, read, what)),
         None => String::new(),
     };
     let mut o = String::new();
@@ -888,9 +888,9 @@ fn render_tier(t: &TierReport, disk: Option<&DiskProbe>, server: Option<&ServerP
         t.name,
         t.blocks_loaded,
         gib(t.bytes_read),
-        rate_vs_disk(t.read_gb_per_s, read, what),
+        rate_vs(t.read_gb_per_s, read, what),
         gib(t.bytes_written),
-        rate_vs_disk(t.write_gb_per_s, write, what),
+        rate_vs(t.write_gb_per_s, write, what),
         t.load_p50_ms,
         t.load_p99_ms,
     );
@@ -963,35 +963,45 @@ pub(super) fn gib(b: u64) -> f64 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_tier_rate_is_shown_as_a_ratio_of_the_disk_probe() {
-        assert_eq!(
-            rate_vs_disk(0.5, Some(2.0), "the disk"),
-            "0.50 GB/s, 0.25x the disk"
-        );
-        assert_eq!(rate_vs_disk(0.5, None, "the disk"), "0.50 GB/s");
-        assert_eq!(rate_vs_disk(0.5, Some(0.0), "the disk"), "0.50 GB/s");
-        let mut r = fill(
+    /// The report of a run with no requests, to fill in by hand.
+    fn empty_report() -> Report {
+        fill(
             &SimConfig::default(),
             &Tally::default(),
             &ManagerStats::default(),
             None,
             Duration::from_secs(1),
             Duration::ZERO,
-        );
-        r.tiers.push(TierReport {
-            read_gb_per_s: 0.3,
-            write_gb_per_s: 0.4,
-            ..tier_report(&TierStats::default(), 1.0)
-        });
-        r.disk = Some(DiskProbe {
+        )
+    }
+
+    /// A disk probe of 1.6 GB/s writing, 1.2 GB/s reading.
+    fn disk_probe() -> DiskProbe {
+        DiskProbe {
             bytes: 1 << 26,
             block_bytes: 1 << 21,
             write_gb_per_s: 1.6,
             read_gb_per_s: 1.2,
             write_threads: 8,
             read_threads: 8,
+        }
+    }
+
+    #[test]
+    fn a_tier_rate_is_shown_as_a_ratio_of_the_disk_probe() {
+        assert_eq!(
+            rate_vs(0.5, Some(2.0), "the disk"),
+            "0.50 GB/s, 0.25x the disk"
+        );
+        assert_eq!(rate_vs(0.5, None, "the disk"), "0.50 GB/s");
+        assert_eq!(rate_vs(0.5, Some(0.0), "the disk"), "0.50 GB/s");
+        let mut r = empty_report();
+        r.tiers.push(TierReport {
+            read_gb_per_s: 0.3,
+            write_gb_per_s: 0.4,
+            ..tier_report(&TierStats::default(), 1.0)
         });
+        r.disk = Some(disk_probe());
         let text = render(&r);
         assert!(
             text.contains("(0.30 GB/s, 0.25x the disk)")
@@ -1002,14 +1012,7 @@ mod tests {
 
     #[test]
     fn the_obj_tiers_rates_are_shown_against_the_server_probe_and_while_loading() {
-        let mut r = fill(
-            &SimConfig::default(),
-            &Tally::default(),
-            &ManagerStats::default(),
-            None,
-            Duration::from_secs(1),
-            Duration::ZERO,
-        );
+        let mut r = empty_report();
         let named = |name: &str| TierStats {
             name: name.into(),
             ..TierStats::default()
@@ -1025,14 +1028,7 @@ mod tests {
             write_gb_per_s: 0.05,
             ..tier_report(&named("obj"), 1.0)
         });
-        r.disk = Some(DiskProbe {
-            bytes: 1 << 26,
-            block_bytes: 1 << 21,
-            write_gb_per_s: 1.6,
-            read_gb_per_s: 1.2,
-            write_threads: 8,
-            read_threads: 8,
-        });
+        r.disk = Some(disk_probe());
         r.server = Some(ServerProbe {
             tier: "obj".into(),
             bytes: 1 << 27,
