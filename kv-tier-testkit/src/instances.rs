@@ -1,9 +1,12 @@
 //! The workload of one instance among several sharing a tier (a shared fs root, a shared
 //! bucket), as the scale-out tests run it in child processes: writers storing new keys as
 //! fast as the tier takes them, a reader of keys any instance wrote lately, and hot keys read
-//! again and again by their writer and its neighbour (which must never miss); and the line a
-//! child reports its outcome in.
+//! again and again by their writer and its neighbour (which must never miss); the line a
+//! child reports its outcome in; and when the children stop ([`Until`], [`stop_when`]): once
+//! the run did what its test needs (the bound reached, enough stored through it), however
+//! fast the machine runs them, not after a fixed time.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +29,86 @@ pub struct Pace {
     pub hot_every: Duration,
     /// The reader waits this long between its lookups (at least 1 ms when it found none).
     pub reader_pause: Duration,
+}
+
+/// When an instance's run ends: when its parent creates the file `stop` ([`stop_when`]), or
+/// at `deadline` at the latest. The instance writes the blocks it stored so far to
+/// `progress` as it goes (a decimal number, replaced whole), for the parent to read.
+#[derive(Debug, Clone)]
+pub struct Until {
+    /// The file whose existence ends the run.
+    pub stop: PathBuf,
+    /// The file the instance's progress is written to.
+    pub progress: PathBuf,
+    /// The run ends here however far it got.
+    pub deadline: Instant,
+}
+
+impl Until {
+    /// The run of the child whose outcome goes to `out`: it stops when `stop` exists, or
+    /// `give_up` from now; its progress goes beside `out` ([`Until::progress_of`]).
+    pub fn child(out: &Path, stop: &Path, give_up: Duration) -> Self {
+        Until {
+            stop: stop.to_path_buf(),
+            progress: Self::progress_of(out),
+            deadline: Instant::now() + give_up,
+        }
+    }
+
+    /// Where the child whose outcome goes to `out` writes its progress.
+    pub fn progress_of(out: &Path) -> PathBuf {
+        out.with_extension("stored")
+    }
+
+    /// Whether the run is over.
+    pub fn reached(&self) -> bool {
+        Instant::now() >= self.deadline || self.stop.exists()
+    }
+
+    /// Records that `stored` blocks are stored so far (written whole: a reader sees the old
+    /// number or the new, never part of one).
+    fn record(&self, stored: u64) {
+        let tmp = self.progress.with_extension("stored-tmp");
+        if std::fs::write(&tmp, stored.to_string()).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.progress);
+        }
+    }
+}
+
+/// The blocks stored so far by the children whose outcomes go to `outs` (what each last wrote
+/// to its progress file; a killed child's last count stays).
+pub fn stored_so_far(outs: &[PathBuf]) -> u64 {
+    outs.iter()
+        .filter_map(|o| std::fs::read_to_string(Until::progress_of(o)).ok())
+        .filter_map(|s| s.trim().parse::<u64>().ok())
+        .sum()
+}
+
+/// Ends the children's run (creates `stop`) once at least `min` has passed and `done` holds
+/// (asked every 50 ms with the blocks stored so far, [`stored_so_far`] of `outs`), or once
+/// `give_up` has passed since `started`; returns whether `done` held, and when the run was
+/// ended (since `started`).
+pub fn stop_when(
+    started: Instant,
+    outs: &[PathBuf],
+    stop: &Path,
+    min: Duration,
+    give_up: Duration,
+    mut done: impl FnMut(u64) -> bool,
+) -> (bool, Duration) {
+    let ok = loop {
+        let at = started.elapsed();
+        if at >= min && done(stored_so_far(outs)) {
+            break true;
+        }
+        if at >= give_up {
+            break false;
+        }
+        // the parent's polling pace
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::fs::write(stop, b"stop").expect("writing the stop file");
+    (ok, started.elapsed())
 }
 
 /// What an instance did, and what it found wrong.
@@ -124,15 +207,15 @@ pub fn new_key(child: u64, seq: u64) -> BlockKey {
     test_key(2 << 60 | child << 32 | seq)
 }
 
-/// Runs instance `child` of `instances` on `tier` until `end`: stores its hot keys (retrying
-/// until it has credit), then three writers of new 16-block jobs, a reader of keys any
-/// instance wrote lately (each key once per job) and the hot keys, its own and its
-/// neighbour's, read every `pace.hot_every`.
+/// Runs instance `child` of `instances` on `tier` until `until` says stop: stores its hot
+/// keys (retrying until it has credit), then three writers of new 16-block jobs, a reader of
+/// keys any instance wrote lately (each key once per job) and the hot keys, its own and its
+/// neighbour's, read every `pace.hot_every` (when the blocks stored so far are recorded too).
 pub async fn run_instance(
     tier: Arc<dyn SecondaryTier>,
     child: u64,
     instances: u64,
-    end: Instant,
+    until: Until,
     bs: usize,
     pace: Pace,
 ) -> Outcome {
@@ -146,23 +229,26 @@ pub async fn run_instance(
             break;
         }
         assert!(
-            Instant::now() < end,
+            !until.reached(),
             "the hot keys were never stored: {:?}",
             r.failed
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let seq = Arc::new(AtomicU64::new(0));
+    let stored = Arc::new(AtomicU64::new(0));
     let writers: Vec<_> = (0..WRITERS)
         .map(|_| {
-            let (tier, seq) = (tier.clone(), seq.clone());
+            let (tier, seq, stored, until) =
+                (tier.clone(), seq.clone(), stored.clone(), until.clone());
             tokio::spawn(async move {
                 let mut o = Outcome::default();
-                while Instant::now() < end {
+                while !until.reached() {
                     let s = seq.fetch_add(JOB, Ordering::Relaxed);
                     let keys: Vec<BlockKey> = (s..s + JOB).map(|s| new_key(child, s)).collect();
                     let r = store_keys(&*tier, &keys, 0, bs).await;
                     o.stored += r.ok.len() as u64;
+                    stored.fetch_add(r.ok.len() as u64, Ordering::Relaxed);
                     o.no_space += r
                         .failed
                         .iter()
@@ -175,11 +261,11 @@ pub async fn run_instance(
         .collect();
     // instances run at about the same pace: the reader picks keys just behind its own
     let reader = {
-        let (tier, seq) = (tier.clone(), seq.clone());
+        let (tier, seq, until) = (tier.clone(), seq.clone(), until.clone());
         tokio::spawn(async move {
             let mut o = Outcome::default();
             let mut rng = child.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            while Instant::now() < end {
+            while !until.reached() {
                 let at = seq.load(Ordering::Relaxed);
                 let mut probe = Vec::new();
                 for _ in 0..JOB {
@@ -219,8 +305,9 @@ pub async fn run_instance(
     };
     let mut o = Outcome::default();
     let mut theirs_seen = false;
-    while Instant::now() < end {
+    while !until.reached() {
         tokio::time::sleep(pace.hot_every).await;
+        until.record(stored.load(Ordering::Relaxed));
         if !theirs_seen {
             theirs_seen = tier
                 .lookup(&theirs)

@@ -120,6 +120,40 @@ pub fn allocated_bytes(dir: &Path) -> u64 {
     total
 }
 
+/// Allocated bytes below `dir` that were all there at one instant: what [`allocated_bytes`]
+/// counts, less every entry that is gone or replaced (another inode, or other blocks) when the
+/// walk has ended. A walk is not a snapshot: under churn it counts a file deleted after it was
+/// counted and one created after that, as if they were there together. Every entry counted
+/// here existed from its first look until its second, so all of them at the instant the walk
+/// ended: a lower bound of the use at that instant (entries created behind the walk are left
+/// out; the next walk sees them).
+pub fn allocated_bytes_at_once(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            seen.push((e.path(), m));
+        }
+    }
+    seen.iter()
+        .filter(|(p, m)| {
+            std::fs::symlink_metadata(p).is_ok_and(|now| {
+                // not the times: a touch (the fs tier's recency) changes them in place
+                (now.dev(), now.ino(), now.blocks()) == (m.dev(), m.ino(), m.blocks())
+            })
+        })
+        .map(|(_, m)| m.blocks() * 512)
+        .sum()
+}
+
 /// The files below `dir` whose names end with `suffix` (recursively), sorted.
 pub fn find_files(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

@@ -11,7 +11,7 @@ use kv_tier_core::{BlockKey, Error, SecondaryTier};
 use kv_tier_fs::FsTier;
 use kv_tier_testkit::fixtures::files::statvfs_used;
 use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until};
-use kv_tier_testkit::{allocated_bytes, block_bytes, store_keys, temp_root, test_key};
+use kv_tier_testkit::{allocated_bytes_at_once, block_bytes, store_keys, temp_root, test_key};
 
 use super::*;
 
@@ -229,8 +229,10 @@ pub(crate) fn tag_key(tag: u64, i: u64) -> BlockKey {
     test_key(tag << 40 | i)
 }
 
-/// Samples the rank directory's allocated bytes in the background; returns the peak and
-/// how long it stayed above `limit` in a row at most.
+/// Samples the rank directory's allocated bytes in the background (what was there at one
+/// instant, [`allocated_bytes_at_once`]: a plain walk under churn counts files deleted and
+/// created during it together); returns the peak and how long it stayed above `limit` in a
+/// row at most.
 pub(crate) struct DirSampler {
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) peak: Arc<AtomicU64>,
@@ -248,7 +250,7 @@ impl DirSampler {
             std::thread::spawn(move || {
                 let mut over_since: Option<Instant> = None;
                 while !stop.load(Ordering::Relaxed) {
-                    let a = allocated_bytes(&dir);
+                    let a = allocated_bytes_at_once(&dir);
                     peak.fetch_max(a, Ordering::Relaxed);
                     if a > limit {
                         let s = *over_since.get_or_insert_with(Instant::now);
