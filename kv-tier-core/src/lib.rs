@@ -28,7 +28,10 @@ pub use error::{Error, Result};
 pub use event::{BoundedEvents, EventBatch, EventLog, EventSettings, Locality, Medium, TierEvent};
 pub use key::{BlockKey, InvalidKey};
 pub use layout::{LAYOUT_RANGES, Namespace, RunFields};
-pub use manager::{NotWritten, PendingStore, StoreReceipt, TieringManager, TieringManagerBuilder};
+pub use manager::{
+    LoadEstimate, NotWritten, PendingStore, RecomputeTime, StoreReceipt, TieringManager,
+    TieringManagerBuilder,
+};
 pub use probe_cache::{Absence, Presence, ProbeCache};
 pub use registry::{BuildContext, TierBuilder, TierRegistry};
 pub use request::{

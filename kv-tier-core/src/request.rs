@@ -53,6 +53,13 @@ pub enum MissCause {
         /// The tier.
         tier: String,
     },
+    /// `tier` has it, but loading it would have ended later than recomputing it (the
+    /// manager's load-or-recompute policy: `prefill_tokens_per_s` or
+    /// [`crate::TieringManagerBuilder::recompute_time`]).
+    RecomputeFaster {
+        /// The tier.
+        tier: String,
+    },
     /// The manager is shut down.
     ShutDown,
 }
@@ -137,6 +144,11 @@ pub struct PrefixCount {
     pub present: usize,
     /// Whether a `Retry` ended the present run (the count may grow next step).
     pub retry: bool,
+    /// When the present run is expected to be all in DRAM, from now
+    /// ([`crate::TieringManager::lookup_prefix`] fills it in: zero when it all is, the
+    /// estimate of the slowest tier it waits for otherwise, `None` when a tier it waits for
+    /// has no estimate yet); [`count_prefix`] leaves it `None`.
+    pub ready_in: Option<std::time::Duration>,
 }
 
 /// Counts the contiguous prefix of hits in per-key verdicts given in prefix order.

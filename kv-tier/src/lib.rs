@@ -231,6 +231,39 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ### Load or recompute
+//!
+//! A hit is worth waiting for only while its load ends sooner than recomputing its tokens.
+//! The manager keeps, per tier, an estimate of how long a load of `n` bytes takes now
+//! ([`load_estimate`](TieringManager::load_estimate): a fixed cost and a rate fitted to the
+//! tier's last load jobs, and the bytes queued ahead), and `lookup_prefix` says when its
+//! present run is expected in DRAM ([`PrefixCount::ready_in`]). A scheduler can weigh that
+//! itself; or the manager decides: with the engine's prefill rate in the config
+//! (`prefill_tokens_per_s`, with `block_size` or a layout for the tokens per block) or a
+//! [`RecomputeTime`] given to the builder, `lookup_prefix` serves only the part of the prefix
+//! that saves the most time and answers `Miss` past it
+//! ([`MissCause::RecomputeFaster`]): those promotions are never started, release their DRAM
+//! slots and leases, and count in the tier's `promotions_declined`.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cfg = kv_tier::KvTierConfig::from_json_str(
+//!     r#"{"cpu_bytes_to_use": 4194304, "block_size_bytes": 65536, "block_size": 16,
+//!         "prefill_tokens_per_s": 10000}"#,
+//! )?;
+//! let manager = kv_tier::builder(cfg)?.build_blocking()?;
+//! let req = kv_tier::RequestContext::new(1);
+//! let keys = [kv_tier::BlockKey::from_hash32([1; 32], 0)];
+//! let found = manager.lookup_prefix(&keys, &req);
+//! // nothing present: nothing to wait for
+//! assert_eq!((found.present, found.ready_in), (0, Some(std::time::Duration::ZERO)));
+//! // no tier has loaded anything yet: no estimate
+//! assert!(manager.load_estimate("fs").is_none());
+//! manager.on_schedule_end();
+//! manager.shutdown_blocking()?;
+//! # Ok(()) }
+//! ```
+//!
 //! ### 4. fs and obj from one config
 //!
 //! The tiers are consulted in the order given; a store cascades to each. Here an fs tier on
@@ -304,13 +337,14 @@ use std::sync::Arc;
 
 pub use kv_tier_core::{
     AlignedBuf, BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error, EventBatch,
-    EventLog, EvictionPolicy, FailureCauses, JobResult, KvTierConfig, LatencyHistogram, LoadJob,
-    Locality, LookupResult, ManagerStats, Medium, MissCause, MissCounts, Namespace, NotWritten,
-    OffloadPolicy, PAGE_SIZE, PendingStore, PrefixCount, PreparedStore, Presence, PrimaryStats,
-    PrimaryTier, ProbeCache, ProtectGuard, ProtectionSet, RequestContext, RequestId, Result,
-    RunFields, SecondaryTier, SinkReader, StoreJob, StoreReceipt, TierBuilder, TierEvent,
-    TierFilter, TierInfo, TierOptions, TierRegistry, TierSettings, TierSnapshot, TierSpec,
-    TierStats, TieringManager, TieringManagerBuilder, WriteBackPolicy, async_trait, count_prefix,
+    EventLog, EvictionPolicy, FailureCauses, JobResult, KvTierConfig, LatencyHistogram,
+    LoadEstimate, LoadJob, Locality, LookupResult, ManagerStats, Medium, MissCause, MissCounts,
+    Namespace, NotWritten, OffloadPolicy, PAGE_SIZE, PendingStore, PrefixCount, PreparedStore,
+    Presence, PrimaryStats, PrimaryTier, ProbeCache, ProtectGuard, ProtectionSet, RecomputeTime,
+    RequestContext, RequestId, Result, RunFields, SecondaryTier, SinkReader, StoreJob,
+    StoreReceipt, TierBuilder, TierEvent, TierFilter, TierInfo, TierOptions, TierRegistry,
+    TierSettings, TierSnapshot, TierSpec, TierStats, TieringManager, TieringManagerBuilder,
+    WriteBackPolicy, async_trait, count_prefix,
 };
 
 /// Everything of the core crate: keys, layout, config, errors, events, the tier traits, the

@@ -77,6 +77,7 @@ impl Lost {
                 MissCause::ProbeFailed { tier } => format!("lost/probe_failed/{tier}"),
                 MissCause::LoadFailed { tier } => format!("lost/load_failed/{tier}"),
                 MissCause::NoDramRoom { tier } => format!("lost/no_dram_slot/{tier}"),
+                MissCause::RecomputeFaster { tier } => format!("lost/recompute_faster/{tier}"),
                 MissCause::ShutDown => "lost/shut_down".into(),
                 _ => "lost/unexplained".into(),
             },
@@ -248,6 +249,9 @@ pub fn describe(label: &str) -> String {
         ["lost", "probe_failed", t] => format!("{t}'s probe failed"),
         ["lost", "load_failed", t] => format!("the load from {t} failed"),
         ["lost", "no_dram_slot", t] => format!("in {t}, but no DRAM slot to promote into"),
+        ["lost", "recompute_faster", t] => {
+            format!("in {t}, but recomputing was faster than its load (declined)")
+        }
         ["lost", "shut_down"] => "the manager was shut down".into(),
         ["lost", "unexplained"] => {
             "unexplained: held by a tier's events, found nowhere by the manager".into()

@@ -103,6 +103,8 @@ struct RawConfig {
     shutdown_timeout_s: f64,
     #[serde(default = "default_write_back_fraction")]
     write_back_max_dram_fraction: f64,
+    #[serde(default)]
+    prefill_tokens_per_s: Option<f64>,
 }
 
 fn default_write_back_fraction() -> f64 {
@@ -208,12 +210,20 @@ pub struct KvTierConfig {
     /// serve hits; the rest of the pool takes new stores and promotions. Past it, cascades to
     /// `drop` tiers are dropped and, where a tier's policy is `wait`, `prepare_store` refuses.
     pub write_back_max_dram_fraction: f64,
+    /// The engine's prefill rate, in tokens a second (`prefill_tokens_per_s`, range 1 to 1e9;
+    /// absent by default). Given, the manager loads only the part of a prefix that is ready
+    /// sooner than recomputing it ([`crate::TieringManager::lookup_many`]): it needs the
+    /// tokens per block, `block_size` (`block_size_tokens`) or the layout's `tokens_per_hash`
+    /// times `blocks_per_chunk`. Engines whose rate depends on the batch give
+    /// [`crate::TieringManagerBuilder::recompute_time`] instead.
+    pub prefill_tokens_per_s: Option<f64>,
 }
 
 /// The documented range of every numeric field of [`KvTierConfig`], checked by
 /// [`KvTierConfig::validate`]: `(field, min, max)`, both ends included.
 pub const RANGES: &[(&str, f64, f64)] = &[
     ("probe_timeout_s", PROBE_TIMEOUT.0, PROBE_TIMEOUT.1),
+    ("prefill_tokens_per_s", PREFILL_RATE.0, PREFILL_RATE.1),
     ("job_timeout_s", JOB_TIMEOUT.0, JOB_TIMEOUT.1),
     (
         "job_timeout_per_block_s",
@@ -249,6 +259,7 @@ pub const RANGES: &[(&str, f64, f64)] = &[
     ),
 ];
 const PROBE_TIMEOUT: (f64, f64) = (0.001, 600.0);
+const PREFILL_RATE: (f64, f64) = (1.0, 1e9);
 const JOB_TIMEOUT: (f64, f64) = (0.01, 86_400.0);
 const JOB_TIMEOUT_PER_BLOCK: (f64, f64) = (0.0, 3_600.0);
 const LEASE: (f64, f64) = (0.001, 86_400.0);
@@ -283,7 +294,21 @@ impl KvTierConfig {
             lease_s: default_lease(),
             shutdown_timeout_s: default_shutdown_timeout(),
             write_back_max_dram_fraction: default_write_back_fraction(),
+            prefill_tokens_per_s: None,
         }
+    }
+
+    /// Tokens per offloaded block in namespace `ns` (the engine's, or the config's layout):
+    /// `block_size` (`block_size_tokens`), else `tokens_per_hash` times `blocks_per_chunk`
+    /// (the layout's `blocks_per_file` without it); `None` without either.
+    pub fn tokens_per_block(&self, ns: Option<&Namespace>) -> Option<u64> {
+        self.block_size_tokens.or_else(|| {
+            let f = match ns {
+                Some(ns) => ns.fields().clone(),
+                None => self.layout.as_ref()?.fields.clone(),
+            };
+            Some(f.tokens_per_hash * self.blocks_per_chunk.unwrap_or(f.blocks_per_file))
+        })
     }
 
     /// The probe deadline.
@@ -447,6 +472,7 @@ impl KvTierConfig {
             lease_s: raw.lease_s,
             shutdown_timeout_s: raw.shutdown_timeout_s,
             write_back_max_dram_fraction: raw.write_back_max_dram_fraction,
+            prefill_tokens_per_s: raw.prefill_tokens_per_s,
         };
         cfg.validate_as_given()?;
         Ok(cfg)
@@ -541,6 +567,9 @@ impl KvTierConfig {
             ),
         ] {
             check_range(field, v, min, max)?;
+        }
+        if let Some(rate) = self.prefill_tokens_per_s {
+            check_range("prefill_tokens_per_s", rate, PREFILL_RATE.0, PREFILL_RATE.1)?;
         }
         let mut ints = vec![
             ("store_threshold", self.store_threshold, STORE_THRESHOLD),

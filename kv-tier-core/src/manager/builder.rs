@@ -37,6 +37,7 @@ pub struct TieringManagerBuilder {
     runtime: Option<tokio::runtime::Handle>,
     namespace: Option<Namespace>,
     extra: Vec<(Arc<dyn SecondaryTier>, TierOptions)>,
+    recompute: Option<super::RecomputeTime>,
 }
 
 impl fmt::Debug for TieringManagerBuilder {
@@ -57,7 +58,29 @@ impl TieringManagerBuilder {
             runtime: None,
             namespace: None,
             extra: Vec::new(),
+            recompute: None,
         }
+    }
+
+    /// The engine's time to recompute (prefill) a number of blocks, for engines whose rate
+    /// depends on the batch: with it (or the config's `prefill_tokens_per_s`, which it
+    /// overrides), the manager loads only the part of a prefix that is ready sooner than
+    /// recomputing it ([`TieringManager::lookup_many`]).
+    ///
+    /// ```
+    /// # async fn demo(config: kv_tier_core::KvTierConfig) -> kv_tier_core::Result<()> {
+    /// use std::time::Duration;
+    /// use kv_tier_core::{RecomputeTime, TieringManager};
+    /// // 16 tokens a block, 8,000 tokens a second
+    /// let manager = TieringManager::builder(config)
+    ///     .recompute_time(RecomputeTime::at_rate(8_000.0, 16))
+    ///     .build()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn recompute_time(mut self, recompute: super::RecomputeTime) -> Self {
+        self.recompute = Some(recompute);
+        self
     }
 
     /// The DRAM primary (required; `kv_tier_cpu::CpuTier` is the standard one).
@@ -219,6 +242,22 @@ impl TieringManagerBuilder {
         if let Some(ns) = &namespace {
             self.config.check_namespace(ns)?;
         }
+        let recompute = match (self.recompute, self.config.prefill_tokens_per_s) {
+            (Some(r), _) => Some(r),
+            (None, Some(rate)) => {
+                let tokens = self
+                    .config
+                    .tokens_per_block(namespace.as_ref())
+                    .ok_or_else(|| {
+                        Error::config(
+                            "prefill_tokens_per_s",
+                            "needs the tokens per block: give `block_size`, or a layout (or the engine's namespace) with `tokens_per_hash`",
+                        )
+                    })?;
+                Some(super::RecomputeTime::at_rate(rate, tokens))
+            }
+            (None, None) => None,
+        };
         check_timers(&handle).await?;
         let notify = Arc::new(Notify::new());
         let settings: Vec<_> = options
@@ -280,6 +319,7 @@ impl TieringManagerBuilder {
                 holds: Default::default(),
                 jobs: FxHashMap::default(),
                 loading: vec![(0, tokio::time::Instant::now()); tiers.len()],
+                load_models: tiers.iter().map(|_| Default::default()).collect(),
                 next_job: 0,
                 pending_stores: FxHashMap::default(),
                 finishing: FxHashSet::default(),
@@ -295,6 +335,7 @@ impl TieringManagerBuilder {
             names,
             events,
             config: self.config,
+            recompute,
             notify,
             inbox: Arc::new(Mutex::new(Vec::new())),
             runtime: handle,

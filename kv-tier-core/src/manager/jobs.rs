@@ -3,7 +3,8 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+
+use tokio::time::Instant;
 
 use futures::FutureExt;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -33,8 +34,21 @@ pub(super) struct JobInfo {
     req: RequestId,
     keys: Vec<BlockKey>,
     bytes: u64,
+    /// A load job's: bytes of the tier's load jobs in flight when it was submitted.
+    ahead: u64,
     started: Instant,
     _protect: ProtectGuard,
+}
+
+impl JobInfo {
+    /// Bytes of a load job of tier `tier`; 0 for any other job.
+    pub(super) fn load_bytes_of(&self, tier: usize) -> u64 {
+        if self.kind == JobKind::Load && self.tier == tier {
+            self.bytes
+        } else {
+            0
+        }
+    }
 }
 
 pub(super) struct Completion {
@@ -93,6 +107,11 @@ impl TieringManager {
                 j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
             ),
         };
+        let ahead = if kind == JobKind::Load {
+            st.jobs.values().map(|j| j.load_bytes_of(tier)).sum()
+        } else {
+            0
+        };
         let t = self.tiers[tier].clone();
         // first, so a panic of the tier cannot leave half-made bookkeeping behind
         let protect = protect_caught(&*t, &keys);
@@ -101,7 +120,7 @@ impl TieringManager {
         } else {
             let (n, since) = &mut st.loading[tier];
             if *n == 0 {
-                *since = tokio::time::Instant::now();
+                *since = Instant::now();
             }
             *n += 1;
         }
@@ -125,6 +144,7 @@ impl TieringManager {
                 _protect: protect,
                 keys,
                 bytes,
+                ahead,
                 started: Instant::now(),
             },
         );
@@ -244,7 +264,12 @@ impl TieringManager {
                     }
                 }
                 JobKind::Load => {
-                    let now = tokio::time::Instant::now();
+                    let now = Instant::now();
+                    // what the tier's loads take now: a job that moved blocks, or ran into its
+                    // deadline (a slow tier is slow); not one that only failed fast
+                    if !ok_keys.is_empty() || matches!(abandoned, Some(Error::Timeout { .. })) {
+                        st.load_models[info.tier].record(info.ahead, info.bytes, elapsed);
+                    }
                     let (n, since) = &mut st.loading[info.tier];
                     *n -= 1;
                     if *n == 0 {

@@ -23,6 +23,7 @@ pub(crate) use crate::sync::lock;
 mod admission;
 mod builder;
 mod chains;
+mod estimate;
 mod holds;
 mod jobs;
 mod lifecycle;
@@ -32,6 +33,7 @@ mod write_back;
 
 use builder::OwnedRuntime;
 pub use builder::TieringManagerBuilder;
+pub use estimate::{LoadEstimate, RecomputeTime};
 use jobs::{Completion, Job, JobInfo};
 pub use pending::{NotWritten, PendingStore, StoreReceipt};
 
@@ -54,6 +56,8 @@ struct State {
     jobs: FxHashMap<u64, JobInfo>,
     /// Per tier, its load jobs in `jobs` and since when it has had one (for `load_busy`).
     loading: Vec<(usize, Instant)>,
+    /// Per tier, its recent load jobs, for [`TieringManager::load_estimate`].
+    load_models: Vec<estimate::LoadModel>,
     next_job: u64,
     pending_stores: FxHashMap<RequestId, usize>,
     finishing: FxHashSet<RequestId>,
@@ -106,6 +110,8 @@ pub struct TieringManager {
     /// Per tier: whether its events are reported, and the locality they carry.
     events: Vec<(bool, Option<crate::event::Locality>)>,
     config: KvTierConfig,
+    /// The engine's recompute time: given, promotions that do not pay are declined.
+    recompute: Option<RecomputeTime>,
     notify: Arc<Notify>,
     inbox: Arc<Mutex<Vec<Completion>>>,
     runtime: tokio::runtime::Handle,
@@ -211,8 +217,65 @@ impl TieringManager {
     ///
     /// A promotion's DRAM reservation never evicts a block this call has already answered
     /// `Hit` for: those are made most recent first.
+    ///
+    /// The count says when its present run is expected to be all in DRAM
+    /// ([`PrefixCount::ready_in`], from the tiers' [`TieringManager::load_estimate`]s), for a
+    /// scheduler that weighs the wait against recomputing; with the manager's own policy on
+    /// (see [`TieringManager::lookup_many`]) the run is only what pays already.
     pub fn lookup_prefix(&self, keys: &[BlockKey], req: &RequestContext) -> PrefixCount {
-        count_prefix(self.lookup_many(keys, req))
+        let results = self.lookup_many(keys, req);
+        let mut count = count_prefix(results.iter().copied());
+        let st = lock(&self.state);
+        let mut ready = Some(std::time::Duration::ZERO);
+        let mut tiers = FxHashSet::default();
+        for k in &keys[..count.present] {
+            if let Some((_, i)) = st.promoting.get(k) {
+                tiers.insert(*i);
+            }
+        }
+        for i in tiers {
+            ready = match (ready, self.estimate(&st, i)) {
+                (Some(r), Some(e)) => Some(r.max(e.ready_in(0))),
+                _ => None,
+            };
+        }
+        count.ready_in = ready;
+        count
+    }
+
+    /// How long loading blocks from tier `tier` into DRAM would take now: fitted to its last
+    /// load jobs, with what is queued and in flight ahead of a new one; `None` for a tier
+    /// not configured, or before its first load job ended.
+    ///
+    /// ```
+    /// # fn demo(manager: &kv_tier_core::TieringManager) {
+    /// if let Some(e) = manager.load_estimate("fs") {
+    ///     // a job of 16 blocks, submitted now
+    ///     let wait = e.ready_in(16 * manager.block_size() as u64);
+    ///     println!("fs: 16 blocks in {wait:?} ({:.0} MB/s, {:?} a job)", e.bytes_per_s / 1e6, e.latency);
+    /// }
+    /// # }
+    /// ```
+    pub fn load_estimate(&self, tier: &str) -> Option<LoadEstimate> {
+        let i = self.names.iter().position(|n| n == tier)?;
+        self.estimate(&lock(&self.state), i)
+    }
+
+    /// Tier `i`'s estimate now.
+    fn estimate(&self, st: &State, i: usize) -> Option<LoadEstimate> {
+        st.load_models[i].estimate(self.bytes_ahead(st, i))
+    }
+
+    /// Bytes of tier `i`'s load jobs in flight and of its promotions queued this step.
+    fn bytes_ahead(&self, st: &State, i: usize) -> u64 {
+        let in_flight: u64 = st.jobs.values().map(|j| j.load_bytes_of(i)).sum();
+        let queued: u64 = st
+            .promotions
+            .iter()
+            .filter(|((t, _), _)| *t == i)
+            .flat_map(|(_, blocks)| blocks.iter().map(|(_, s)| s.len() as u64))
+            .sum();
+        in_flight + queued
     }
 
     /// [`TieringManager::lookup_prefix`] with the verdict of every key looked up (it stops
@@ -221,6 +284,19 @@ impl TieringManager {
     /// A promotion's DRAM reservation never evicts a block this call answered `Hit` for: before
     /// reserving, those blocks are pinned (until the call returns) and made most recent. When
     /// nothing else can make room, the promotion is refused and that key is a `Miss`.
+    ///
+    /// # Load or recompute
+    ///
+    /// Given the engine's recompute time (the config's `prefill_tokens_per_s`, or
+    /// [`TieringManagerBuilder::recompute_time`]), the call serves only the part of the
+    /// present run that saves the most time: of each length `k`, the time to recompute its
+    /// `k` blocks less the wait for them (nothing for blocks in DRAM; for the others, the
+    /// [`TieringManager::load_estimate`] of the slowest tier they come from, with what is
+    /// queued ahead of them). The promotions past it are declined: their DRAM slots and the
+    /// tiers' leases are released, their blocks are a `Miss` for the request
+    /// ([`MissCause::RecomputeFaster`], again at its later lookups: it recomputes them), and
+    /// they count in the tier's `promotions_declined`. A tier not measured yet is taken at
+    /// its word (no wait). A single-key [`TieringManager::lookup`] is not judged: a prefix is.
     pub fn lookup_many(&self, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
         let mut st = self.begin();
         // every key asked for counts towards admission, past a miss too (as vLLM counts)
@@ -256,7 +332,117 @@ impl TieringManager {
             }
         }
         drop(pins);
+        if let Some(recompute) = &self.recompute {
+            self.load_or_recompute(&mut st, keys, req.id, &mut results, recompute);
+        }
         results
+    }
+
+    /// The load-or-recompute policy of [`TieringManager::lookup_many`] over its `results`
+    /// for `keys`: cuts the present run to the length that saves the most time.
+    fn load_or_recompute(
+        &self,
+        st: &mut State,
+        keys: &[BlockKey],
+        req: RequestId,
+        results: &mut Vec<LookupResult>,
+        recompute: &RecomputeTime,
+    ) {
+        let present = results
+            .iter()
+            .take_while(|r| matches!(r, LookupResult::Hit | LookupResult::HitPending))
+            .count();
+        // per position of the run: the tier its promotion reads from (none: in DRAM, or
+        // written there by a store), and whether this request queued it this step
+        let queued: FxHashSet<BlockKey> = st
+            .promotions
+            .iter()
+            .filter(|((_, r), _)| *r == req)
+            .flat_map(|(_, blocks)| blocks.iter().map(|(k, _)| *k))
+            .collect();
+        let from: Vec<Option<usize>> = keys[..present]
+            .iter()
+            .map(|k| st.promoting.get(k).map(|(_, i)| *i))
+            .collect();
+        // per tier the request waits for: its estimate, with all its work ahead now
+        let mut estimates: FxHashMap<usize, LoadEstimate> = FxHashMap::default();
+        for i in from.iter().flatten() {
+            if !estimates.contains_key(i)
+                && let Some(e) = self.estimate(st, *i)
+            {
+                estimates.insert(*i, e);
+            }
+        }
+        if estimates.is_empty() {
+            return;
+        }
+        let bs = self.primary.block_size() as u64;
+        // bytes this request queued per tier past each length: not ahead of a shorter prefix
+        let mut queued_past: FxHashMap<usize, u64> = FxHashMap::default();
+        for (k, f) in keys[..present].iter().zip(&from) {
+            if let Some(i) = f
+                && queued.contains(k)
+            {
+                *queued_past.entry(*i).or_default() += bs;
+            }
+        }
+        let mut saved = vec![0.0; present + 1];
+        let mut wait = std::time::Duration::ZERO;
+        for k in 1..=present {
+            let (key, f) = (&keys[k - 1], from[k - 1]);
+            if let Some(i) = f {
+                if queued.contains(key) {
+                    *queued_past.get_mut(&i).expect("counted above") -= bs;
+                }
+                if let Some(e) = estimates.get(&i) {
+                    // the tier's work ahead less what this request queued past `k`
+                    let past = queued_past.get(&i).copied().unwrap_or(0);
+                    let e = LoadEstimate {
+                        bytes_ahead: e.bytes_ahead.saturating_sub(past),
+                        ..*e
+                    };
+                    wait = wait.max(e.ready_in(0));
+                }
+            }
+            saved[k] = recompute.of(k).as_secs_f64() - wait.as_secs_f64();
+        }
+        let keep = estimate::paying_prefix(present, |k| saved[k]);
+        if keep == present {
+            return;
+        }
+        let tier = (keep..present)
+            .find_map(|p| from[p])
+            .map_or_else(String::new, |i| self.names[i].clone());
+        let mut declined: FxHashMap<usize, Vec<BlockKey>> = FxHashMap::default();
+        for (p, key) in keys.iter().enumerate().skip(keep) {
+            st.holds.release(req, *key);
+            let Some(i) = from.get(p).copied().flatten() else {
+                continue;
+            };
+            if queued.contains(key) {
+                declined.entry(i).or_default().push(*key);
+            }
+        }
+        for (i, ks) in declined {
+            let set: FxHashSet<BlockKey> = ks.iter().copied().collect();
+            if let Some(blocks) = st.promotions.get_mut(&(i, req)) {
+                let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(blocks)
+                    .into_iter()
+                    .partition(|(k, _)| set.contains(k));
+                *blocks = kept;
+                if blocks.is_empty() {
+                    st.promotions.remove(&(i, req));
+                }
+                self.cancel(st, i, gone);
+            }
+            st.lookups[i].mark_declined(&ks, req);
+            let ts = &mut st.stats.tiers[i];
+            ts.hits -= ks.len() as u64;
+            ts.promotions_declined += ks.len() as u64;
+            st.stats.hits_pending -= ks.len() as u64;
+        }
+        results.truncate(keep);
+        results.push(miss(st, req, MissCause::RecomputeFaster { tier }));
     }
 
     fn lookup_inner(
@@ -325,6 +511,7 @@ impl TieringManager {
                     }
                     Absence::ProbeFailed => Some(MissCause::ProbeFailed { tier: tier() }),
                     Absence::LoadFailed => Some(MissCause::LoadFailed { tier: tier() }),
+                    Absence::Declined => Some(MissCause::RecomputeFaster { tier: tier() }),
                 }
             })
             .unwrap_or(MissCause::NotFound);

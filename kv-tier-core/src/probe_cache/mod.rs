@@ -48,6 +48,9 @@ pub enum Absence {
     ProbeFailed,
     /// The tier had it, but loading it for this request failed.
     LoadFailed,
+    /// The tier has it, but the manager declined to load it for this request: recomputing
+    /// it is faster.
+    Declined,
 }
 
 #[derive(Default)]
@@ -401,6 +404,24 @@ impl ProbeCache {
             e.pending = None;
             e.waiters.clear();
             e.missed_by.clear();
+        }
+    }
+
+    /// The manager declined to load `keys` for request `req` (recomputing them is faster):
+    /// they are absent for it ([`Absence::Declined`]) until it finishes; for everyone else
+    /// they stay as they are. Nothing for a request this lookup does not know.
+    pub fn mark_declined(&mut self, keys: &[BlockKey], req: RequestId) {
+        let Some(set) = self.requests.get_mut(&req) else {
+            self.stats.ignored_answers += 1;
+            return;
+        };
+        for k in keys {
+            let fresh = set.insert(*k);
+            let e = self.keys.entry(*k).or_default();
+            if fresh {
+                e.refs += 1;
+            }
+            miss_for(&mut e.missed_by, req, Absence::Declined);
         }
     }
 

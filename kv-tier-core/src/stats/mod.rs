@@ -173,6 +173,9 @@ pub struct TierStats {
     /// its result is applied): `bytes_loaded` over it is the rate the tier read at while it
     /// read, where the run's average also counts the time nothing asked for its blocks.
     pub load_busy: Duration,
+    /// Blocks this tier had whose promotion the load-or-recompute policy declined (their load
+    /// would have ended later than recomputing them); not in `hits`.
+    pub promotions_declined: u64,
     /// Blocks loaded into DRAM.
     pub blocks_loaded: u64,
     /// Bytes read from the tier.
@@ -358,6 +361,8 @@ pub struct MissCounts {
     pub load_failed: u64,
     /// No DRAM slot to promote into.
     pub no_dram_room: u64,
+    /// Its load would have ended later than recomputing it (the load-or-recompute policy).
+    pub recompute_faster: u64,
     /// After shutdown.
     pub shut_down: u64,
 }
@@ -372,18 +377,20 @@ impl MissCounts {
             C::ProbeFailed { .. } => self.probe_failed += 1,
             C::LoadFailed { .. } => self.load_failed += 1,
             C::NoDramRoom { .. } => self.no_dram_room += 1,
+            C::RecomputeFaster { .. } => self.recompute_faster += 1,
             C::ShutDown => self.shut_down += 1,
         }
     }
 
     /// Each count with its cause's name (the metrics' `cause` label).
-    pub fn by_cause(&self) -> [(&'static str, u64); 6] {
+    pub fn by_cause(&self) -> [(&'static str, u64); 7] {
         [
             ("not_found", self.not_found),
             ("probe_over_budget", self.probe_over_budget),
             ("probe_failed", self.probe_failed),
             ("load_failed", self.load_failed),
             ("no_dram_room", self.no_dram_room),
+            ("recompute_faster", self.recompute_faster),
             ("shut_down", self.shut_down),
         ]
     }
@@ -401,6 +408,7 @@ impl MissCounts {
             probe_failed,
             load_failed,
             no_dram_room,
+            recompute_faster,
             shut_down,
         } = *other;
         self.not_found += not_found;
@@ -408,6 +416,7 @@ impl MissCounts {
         self.probe_failed += probe_failed;
         self.load_failed += load_failed;
         self.no_dram_room += no_dram_room;
+        self.recompute_faster += recompute_faster;
         self.shut_down += shut_down;
     }
 }

@@ -1,0 +1,225 @@
+//! Load or recompute, on tokio's paused clock: the per-tier estimate of a load's time follows
+//! the jobs measured and counts what is queued ahead; with the engine's recompute time, a
+//! slow tier's hit is declined (and leaves nothing held), a fast tier's is taken, and a
+//! prefix is served as far as it pays.
+
+use std::time::Duration;
+
+use kv_tier_core::LookupResult::*;
+use kv_tier_core::{BlockKey, KvTierConfig, MissCause, RequestContext, RequestId, SecondaryTier};
+use kv_tier_testkit::test_key;
+use kv_tier_testkit::util::try_engine_store;
+
+use crate::support::*;
+
+/// Keys `from..from + n` of the seeded range.
+fn keys(from: u64, n: u64) -> Vec<BlockKey> {
+    (from..from + n).map(test_key).collect()
+}
+
+/// Takes `keys` through a promotion for `req` (probe, load, read) and finishes `req`.
+async fn promote_all(fx: &HoldFx, keys: &[BlockKey], req: u64) {
+    let r = RequestContext::new(req);
+    assert_eq!(fx.step(keys, &r).await, vec![Retry; keys.len()]);
+    assert_eq!(fx.step(keys, &r).await, vec![HitPending; keys.len()]);
+    assert_eq!(fx.step(keys, &r).await, vec![Hit; keys.len()]);
+    fx.m.on_request_finished(r.id);
+}
+
+/// A manager whose engine recomputes a block (16 tokens) in `per_block`.
+async fn with_recompute(per_block: Duration, seeded: &[BlockKey]) -> HoldFx {
+    let rate = 16.0 / per_block.as_secs_f64();
+    hold_fx_with(
+        |c: &mut KvTierConfig| {
+            c.block_size_tokens = Some(16);
+            c.prefill_tokens_per_s = Some(rate);
+        },
+        seeded,
+    )
+    .await
+}
+
+/// No estimate before a load job ended, nor for a tier not configured; then the time of the
+/// jobs measured (100 ms each), what is in flight counted ahead of a new job, and, once the
+/// tier slows to 1 s a job, an estimate between the two (it follows the jobs it is fitted to).
+#[tokio::test(start_paused = true)]
+async fn estimates_follow_the_jobs_measured() {
+    let fx = hold_fx(&keys(1, 16)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    assert_eq!(fx.m.load_estimate("fs"), None);
+    assert_eq!(fx.m.load_estimate("no such tier"), None);
+    promote_all(&fx, &keys(1, 4), 1).await;
+    promote_all(&fx, &keys(5, 4), 2).await;
+    let e = fx.m.load_estimate("fs").unwrap();
+    assert_eq!((e.jobs, e.bytes_ahead), (2, 0));
+    let four = 4 * BS as u64;
+    let t = e.ready_in(four);
+    assert!(
+        t >= Duration::from_millis(100) && t <= Duration::from_millis(101),
+        "{e:?}: {t:?}"
+    );
+    // a promotion in flight is ahead of a new job
+    let r = RequestContext::new(3);
+    assert_eq!(fx.step(&keys(9, 4), &r).await, vec![Retry; 4]);
+    assert_eq!(fx.m.lookup_many(&keys(9, 4), &r), vec![HitPending; 4]);
+    fx.m.on_schedule_end();
+    let e = fx.m.load_estimate("fs").unwrap();
+    assert_eq!(e.bytes_ahead, four);
+    assert!(e.ready_in(four) >= Duration::from_millis(200), "{e:?}");
+    fx.m.wait_idle().await;
+    fx.m.on_request_finished(r.id);
+    // the tier slows down: the estimate follows, over the jobs it is fitted to
+    fx.ft.delay(Some(Duration::from_secs(1)));
+    promote_all(&fx, &keys(13, 4), 4).await;
+    let e = fx.m.load_estimate("fs").unwrap();
+    assert_eq!(e.jobs, 4);
+    let t = e.ready_in(four);
+    // three jobs of 100 ms and one of 1 s, of one size: 325 ms each on average
+    assert!(
+        t >= Duration::from_millis(320) && t <= Duration::from_millis(330),
+        "{e:?}: {t:?}"
+    );
+}
+
+/// `lookup_prefix` says when its present run is in DRAM: `None` while the tier it waits for
+/// has no estimate, the tier's estimate once it has one, zero when the run is all in DRAM.
+#[tokio::test(start_paused = true)]
+async fn the_prefix_count_says_when_its_run_is_ready() {
+    let fx = hold_fx(&keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    let r = RequestContext::new(1);
+    assert_eq!(fx.step(&keys(1, 4), &r).await, vec![Retry; 4]);
+    let c = fx.m.lookup_prefix(&keys(1, 4), &r);
+    assert_eq!((c.hit, c.present, c.ready_in), (0, 4, None));
+    fx.m.on_schedule_end();
+    fx.m.wait_idle().await;
+    let c = fx.m.lookup_prefix(&keys(1, 4), &r);
+    assert_eq!((c.hit, c.present, c.ready_in), (4, 4, Some(Duration::ZERO)));
+    fx.m.on_schedule_end();
+    fx.m.on_request_finished(r.id);
+    let r = RequestContext::new(2);
+    assert_eq!(fx.step(&keys(5, 4), &r).await, vec![Retry; 4]);
+    let c = fx.m.lookup_prefix(&keys(5, 4), &r);
+    let ready = c.ready_in.expect("the tier has an estimate");
+    assert_eq!(c.present, 4);
+    assert!(ready >= Duration::from_millis(100), "{ready:?}");
+    fx.m.on_schedule_end();
+    fx.m.wait_idle().await;
+}
+
+/// A tier whose loads take 100 ms, an engine that recomputes a block in 1 ms: once the tier
+/// is measured, a hit of 4 blocks is declined (a `Miss` naming the cause, again at the next
+/// lookup, with no load job), counted, and leaves no DRAM slot, hold or lease behind.
+#[tokio::test(start_paused = true)]
+async fn a_slow_tiers_hit_is_declined_when_recomputing_is_faster() {
+    let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    // not measured yet: taken at its word
+    promote_all(&fx, &keys(1, 4), 1).await;
+    let r = RequestContext::new(2);
+    let ks = keys(5, 4);
+    assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4]);
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    assert_eq!(
+        fx.m.last_miss(r.id),
+        Some(MissCause::RecomputeFaster { tier: "fs".into() })
+    );
+    for k in &ks {
+        assert!(!fx.mem.is_protected(k), "{k} still leased");
+    }
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    let s = fx.m.stats();
+    assert_eq!(
+        (
+            s.tiers[0].hits,
+            s.tiers[0].promotions_declined,
+            s.tiers[0].load_jobs
+        ),
+        (4, 4, 1)
+    );
+    assert_eq!(s.misses_by_cause.recompute_faster, 2);
+    assert_eq!(s.held_blocks, 0);
+    fx.m.on_request_finished(r.id);
+    fx.assert_clean("after the decline").await;
+    // another request is judged afresh (the tier asked again), by the same estimate
+    let r = RequestContext::new(3);
+    assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4]);
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    fx.m.on_request_finished(r.id);
+}
+
+/// A tier whose loads take 1 ms, an engine that recomputes a block in 10 ms: the hit is
+/// taken, measured or not.
+#[tokio::test(start_paused = true)]
+async fn a_fast_tiers_hit_is_taken() {
+    let fx = with_recompute(Duration::from_millis(10), &keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(1)));
+    promote_all(&fx, &keys(1, 4), 1).await;
+    promote_all(&fx, &keys(5, 4), 2).await;
+    let s = fx.m.stats();
+    assert_eq!(
+        (s.tiers[0].promotions_declined, s.tiers[0].load_jobs),
+        (0, 2)
+    );
+    assert_eq!(s.misses_by_cause.recompute_faster, 0);
+}
+
+/// Blocks in DRAM then blocks of a slow tier: the prefix is served as far as it pays (the
+/// blocks in DRAM), the rest declined.
+#[tokio::test(start_paused = true)]
+async fn a_prefix_is_served_as_far_as_it_pays() {
+    let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    promote_all(&fx, &keys(1, 2), 1).await;
+    let dram = [test_key(50), test_key(51)];
+    try_engine_store(&fx.m, RequestId(2), &dram).unwrap();
+    fx.m.on_request_finished(RequestId(2));
+    fx.m.on_schedule_end();
+    let r = RequestContext::new(3);
+    let ks = [dram[0], dram[1], test_key(5), test_key(6)];
+    assert_eq!(fx.step(&ks, &r).await, vec![Hit, Hit, Retry, Retry]);
+    assert_eq!(fx.step(&ks, &r).await, vec![Hit, Hit, Miss]);
+    let c = fx.m.lookup_prefix(&ks, &r);
+    assert_eq!((c.hit, c.present, c.ready_in), (2, 2, Some(Duration::ZERO)));
+    fx.m.on_schedule_end();
+    assert_eq!(fx.m.stats().tiers[0].promotions_declined, 2);
+    fx.m.on_request_finished(r.id);
+    fx.assert_clean("after a prefix cut").await;
+}
+
+/// `prefill_tokens_per_s` needs the tokens per block, and its range is checked, each refusal
+/// naming the field.
+#[tokio::test]
+async fn the_prefill_rate_is_checked_at_construction() {
+    let mut c = KvTierConfig::new((SLOTS * BS) as u64, BS as u64);
+    c.prefill_tokens_per_s = Some(0.5);
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("prefill_tokens_per_s"), "{e}");
+    let e = KvTierConfig::from_json_str(&format!(
+        r#"{{"cpu_bytes_to_use": {}, "block_size_bytes": {BS}, "prefill_tokens_per_s": 1e10}}"#,
+        SLOTS * BS
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("prefill_tokens_per_s"), "{e}");
+    let mut c = KvTierConfig::new((SLOTS * BS) as u64, BS as u64);
+    c.prefill_tokens_per_s = Some(10_000.0);
+    let e = kv_tier_core::TieringManager::builder(c)
+        .primary(std::sync::Arc::new(
+            kv_tier_cpu::CpuTier::new(kv_tier_cpu::CpuTierConfig {
+                capacity_bytes: (SLOTS * BS) as u64,
+                block_size: BS,
+                policy: kv_tier_core::EvictionPolicy::Lru,
+                prefault: false,
+            })
+            .unwrap(),
+        ))
+        .build()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("prefill_tokens_per_s") && e.contains("tokens per block"),
+        "{e}"
+    );
+}
