@@ -121,6 +121,10 @@ struct EngineArgs {
     #[arg(long, value_name = "X", allow_negative_numbers = true, value_parser = rate,
           default_value_t = SimConfig::default().prefill_tokens_per_s)]
     prefill_tokens_per_s: f64,
+    /// Give the manager the prefill rate: it declines the part of a prefix whose load would
+    /// end later than recomputing it (load or recompute)
+    #[arg(long)]
+    load_policy: bool,
 }
 
 #[derive(Debug, Args)]
@@ -426,6 +430,7 @@ impl Cli {
             gpu_cache_blocks: e.gpu_cache_blocks,
             max_batch: e.max_batch,
             prefill_tokens_per_s: e.prefill_tokens_per_s,
+            load_policy: e.load_policy,
             max_wait_steps: e.max_wait_steps as u32,
             restart_at: e.restart_at.map(Duration::from_secs_f64),
             restart_after: e.restart_after,

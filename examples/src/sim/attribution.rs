@@ -206,6 +206,11 @@ impl Ledger {
         gave_up: bool,
     ) -> Vec<Lost> {
         let mut out = Vec::with_capacity(missed.len());
+        // the load-or-recompute policy declines the rest of a prefix with its first block
+        let declined = matches!(
+            first,
+            Some(Lost::Manager(MissCause::RecomputeFaster { .. }))
+        );
         for (i, k) in missed.iter().enumerate() {
             let present = self.present(k);
             let why = match (&first, i) {
@@ -214,6 +219,7 @@ impl Ledger {
                 }
                 // a slow probe or a give-up cost nothing if the block was gone anyway
                 (Some(f), 0) if present => f.clone(),
+                (Some(f), _) if present && declined => f.clone(),
                 _ if present && gave_up => Lost::GaveUp,
                 _ if present => Lost::ChainBroken,
                 _ => self.absent_cause(k),

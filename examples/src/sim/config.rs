@@ -170,6 +170,9 @@ pub struct SimConfig {
     pub max_batch: usize,
     /// Simulated prefill speed of missed tokens.
     pub prefill_tokens_per_s: f64,
+    /// Give the manager the prefill rate (its load-or-recompute policy): it declines the
+    /// part of a prefix whose load would end later than recomputing it.
+    pub load_policy: bool,
     /// Stop admitting new turns after this long.
     pub duration: Duration,
     /// The workload preset the sizes above came from (`custom` when one was changed).
@@ -289,6 +292,7 @@ impl Default for SimConfig {
             fs_gc_stamp_s: 1.0,
             fs_gc_grace_s: 2.0,
             sync_steps: false,
+            load_policy: false,
             progress: true,
             metrics_addr: None,
             fs_instance_id: None,

@@ -65,6 +65,15 @@ pub struct PerRequest {
     /// Those of them that got no tier token at all (they waited for probes, or for blocks
     /// that did not come).
     pub waited_for_nothing: u64,
+    /// A waiting request's wait less the time to recompute the tier tokens it got: p50 and
+    /// p99, ms (at most 0: no wait took longer than recomputing what it brought).
+    pub wait_over_recompute_p50_ms: f64,
+    /// See `wait_over_recompute_p50_ms`.
+    pub wait_over_recompute_p99_ms: f64,
+    /// Whether the manager ran its load-or-recompute policy (`--load-policy`).
+    pub load_policy: bool,
+    /// Blocks whose promotion the policy declined (every tier).
+    pub promotions_declined: u64,
 }
 
 /// Hits before and after a restart of the manager on the same root.
@@ -294,6 +303,17 @@ pub struct Report {
 }
 
 /// The exact `q`-quantile of `v` (sorted here), ms.
+/// The `q` quantile of `v` (nearest rank; 0 for none).
+fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
 fn quantile_ms(v: &[Duration], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -320,6 +340,7 @@ pub(super) fn accumulate(s: &mut ManagerStats, earlier: &ManagerStats) {
     for (t, e) in s.tiers.iter_mut().zip(&earlier.tiers) {
         for (a, b) in [
             (&mut t.hits, e.hits),
+            (&mut t.promotions_declined, e.promotions_declined),
             (&mut t.retry_waits, e.retry_waits),
             (&mut t.not_admitted, e.not_admitted),
             (&mut t.over_write_budget, e.over_write_budget),
@@ -482,6 +503,10 @@ pub(super) fn fill(
             waited_longer_than_recompute: t.waited_longer,
             tokens_of_those: t.waited_longer_tokens,
             waited_for_nothing: t.waited_for_nothing,
+            wait_over_recompute_p50_ms: quantile(&t.wait_over_recompute_ms, 0.5),
+            wait_over_recompute_p99_ms: quantile(&t.wait_over_recompute_ms, 0.99),
+            load_policy: cfg.load_policy,
+            promotions_declined: s.tiers.iter().map(|t| t.promotions_declined).sum(),
         },
         promotions_unused: t.promoted_unused.len() as u64,
         promotions_unused_bytes: t.promoted_unused.len() as u64 * block,
@@ -818,6 +843,13 @@ fn render_yardstick(r: &Report) -> String {
         p.waited_longer_than_recompute,
         p.tokens_of_those,
         p.waited_for_nothing
+    );
+    o += &format!(
+        "  load or recompute     a wait less the recompute of the tier tokens it brought: p50 {:.1} ms, p99 {:.1} ms; load policy {} (--load-policy), {} promotions declined\n",
+        p.wait_over_recompute_p50_ms,
+        p.wait_over_recompute_p99_ms,
+        if p.load_policy { "on" } else { "off" },
+        p.promotions_declined
     );
     o += &format!(
         "  promotions unused     {} blocks ({:.2} GiB) promoted into DRAM that no request was served from afterwards\n",

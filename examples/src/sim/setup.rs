@@ -431,10 +431,14 @@ fn build_manager(cfg: &SimConfig, root: &Path) -> Result<TieringManager, BoxErro
     )?;
     let mut registry = kv_tier::registry();
     kv_tier_testkit::MemoryTier::register(&mut registry).expect("a fresh registry");
-    Ok(kv_tier::builder(tier_cfg)?
-        .registry(registry)
-        .namespace(ns)
-        .build_blocking()?)
+    let mut b = kv_tier::builder(tier_cfg)?.registry(registry).namespace(ns);
+    if cfg.load_policy && cfg.prefill_tokens_per_s > 0.0 {
+        b = b.recompute_time(kv_tier::RecomputeTime::at_rate(
+            cfg.prefill_tokens_per_s,
+            cfg.tokens_per_block as u64,
+        ));
+    }
+    Ok(b.build_blocking()?)
 }
 
 /// The manager's first fs tier, typed.

@@ -51,6 +51,9 @@ pub(super) struct Tally {
     pub(super) waited_longer_tokens: u64,
     /// Those of them that got no tier token.
     pub(super) waited_for_nothing: u64,
+    /// Per request that waited: its wait less the time to recompute the tier tokens it got,
+    /// ms (positive: the wait did not pay).
+    pub(super) wait_over_recompute_ms: Vec<f64>,
     /// Blocks a promotion brought into DRAM that no request has used since (served from
     /// DRAM or the tier) yet.
     pub(super) promoted_unused: std::collections::HashSet<BlockKey>,
@@ -450,6 +453,10 @@ impl<'a> Engine<'a> {
         if rate > 0.0 {
             t.ttft
                 .push(wait + Duration::from_secs_f64(recomputed as f64 / rate));
+            if waited > 0 {
+                t.wait_over_recompute_ms
+                    .push((wait.as_secs_f64() - tier_tokens as f64 / rate) * 1e3);
+            }
             if waited > 0 && wait.as_secs_f64() > tier_tokens as f64 / rate {
                 t.waited_longer += 1;
                 t.waited_longer_tokens += tier_tokens;

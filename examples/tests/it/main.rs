@@ -9,6 +9,8 @@
 //! - `attribution`: every prompt token in one bucket (fs, obj, tiny caps, admission, a
 //!   restart), the same for a seed, the trace replayed offline;
 //! - `fs_tier`: the fs tier within its cap after each sweep, admission after lookups;
+//! - `load_or_recompute`: `--load-policy`: promotions slower than recomputing declined and
+//!   attributed;
 //! - `json_output`: `--json`: what it records, that it agrees with the text, paths refused;
 //! - `flags`: presets, `--help`'s defaults, bad and conflicting flags, `--config` files;
 //! - `numbers`: numeric arguments that overflow, are huge, NaN, negative or zero;
@@ -25,6 +27,7 @@ mod fs_tier;
 mod instances;
 mod interrupts;
 mod json_output;
+mod load_or_recompute;
 mod metrics;
 mod numbers;
 mod obj_tier;

@@ -42,6 +42,7 @@ pub(crate) fn small(seed: u64) -> SimConfig {
         gpu_cache_blocks: 16,
         max_batch: 4,
         prefill_tokens_per_s: 0.0,
+        load_policy: false,
         duration: std::time::Duration::from_secs(60),
         seed,
         dram_bytes: 1 << 20, // 128 blocks of 8 KiB: the fs tier gets the rest

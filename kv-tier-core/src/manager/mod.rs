@@ -378,9 +378,13 @@ impl TieringManager {
         }
         let bs = self.primary.block_size() as u64;
         // bytes this request queued per tier past each length: not ahead of a shorter prefix
+        // (a key twice in the prefix is one block queued: counted where it first comes)
+        let mut first = FxHashSet::default();
+        let firsts: Vec<bool> = keys[..present].iter().map(|k| first.insert(*k)).collect();
         let mut queued_past: FxHashMap<usize, u64> = FxHashMap::default();
-        for (k, f) in keys[..present].iter().zip(&from) {
+        for ((k, f), once) in keys[..present].iter().zip(&from).zip(&firsts) {
             if let Some(i) = f
+                && *once
                 && queued.contains(k)
             {
                 *queued_past.entry(*i).or_default() += bs;
@@ -391,7 +395,7 @@ impl TieringManager {
         for k in 1..=present {
             let (key, f) = (&keys[k - 1], from[k - 1]);
             if let Some(i) = f {
-                if queued.contains(key) {
+                if firsts[k - 1] && queued.contains(key) {
                     *queued_past.get_mut(&i).expect("counted above") -= bs;
                 }
                 if let Some(e) = estimates.get(&i) {
@@ -414,12 +418,14 @@ impl TieringManager {
             .find_map(|p| from[p])
             .map_or_else(String::new, |i| self.names[i].clone());
         let mut declined: FxHashMap<usize, Vec<BlockKey>> = FxHashMap::default();
+        let mut seen = FxHashSet::default();
         for (p, key) in keys.iter().enumerate().skip(keep) {
             st.holds.release(req, *key);
             let Some(i) = from.get(p).copied().flatten() else {
                 continue;
             };
-            if queued.contains(key) {
+            // a key twice in the prefix was reserved (and counted) once
+            if queued.contains(key) && seen.insert(*key) {
                 declined.entry(i).or_default().push(*key);
             }
         }
@@ -437,11 +443,27 @@ impl TieringManager {
             }
             st.lookups[i].mark_declined(&ks, req);
             let ts = &mut st.stats.tiers[i];
-            ts.hits -= ks.len() as u64;
+            ts.hits = ts.hits.saturating_sub(ks.len() as u64);
             ts.promotions_declined += ks.len() as u64;
-            st.stats.hits_pending -= ks.len() as u64;
         }
-        results.truncate(keep);
+        // the answers past the cut are taken back, one `Miss` given for them: the counts
+        // follow (lookups = hits + pending + retries + misses, misses by cause)
+        for r in results.drain(keep..) {
+            let s = &mut st.stats;
+            s.lookups -= 1;
+            match r {
+                LookupResult::Hit => s.hits -= 1,
+                LookupResult::HitPending => s.hits_pending -= 1,
+                LookupResult::Retry => s.retries -= 1,
+                LookupResult::Miss => {
+                    s.misses -= 1;
+                    if let Some(cause) = st.last_miss.get(&req) {
+                        s.misses_by_cause.unrecord(cause);
+                    }
+                }
+            }
+        }
+        st.stats.lookups += 1;
         results.push(miss(st, req, MissCause::RecomputeFaster { tier }));
     }
 

@@ -382,6 +382,21 @@ impl MissCounts {
         }
     }
 
+    /// Takes back one miss of `cause` (an answer the manager replaced).
+    pub(crate) fn unrecord(&mut self, cause: &crate::MissCause) {
+        use crate::MissCause as C;
+        let n = match cause {
+            C::NotFound => &mut self.not_found,
+            C::ProbeOverBudget { .. } => &mut self.probe_over_budget,
+            C::ProbeFailed { .. } => &mut self.probe_failed,
+            C::LoadFailed { .. } => &mut self.load_failed,
+            C::NoDramRoom { .. } => &mut self.no_dram_room,
+            C::RecomputeFaster { .. } => &mut self.recompute_faster,
+            C::ShutDown => &mut self.shut_down,
+        };
+        *n = n.saturating_sub(1);
+    }
+
     /// Each count with its cause's name (the metrics' `cause` label).
     pub fn by_cause(&self) -> [(&'static str, u64); 7] {
         [

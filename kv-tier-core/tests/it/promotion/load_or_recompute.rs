@@ -26,6 +26,17 @@ async fn promote_all(fx: &HoldFx, keys: &[BlockKey], req: u64) {
     fx.m.on_request_finished(r.id);
 }
 
+/// The answers counted agree with the lookups counted, the misses with their causes, once the
+/// policy took some back.
+fn assert_counts_agree(s: &kv_tier_core::ManagerStats) {
+    assert_eq!(
+        s.lookups,
+        s.hits + s.hits_pending + s.retries + s.misses,
+        "{s:?}"
+    );
+    assert_eq!(s.misses, s.misses_by_cause.total(), "{s:?}");
+}
+
 /// A manager whose engine recomputes a block (16 tokens) in `per_block`.
 async fn with_recompute(per_block: Duration, seeded: &[BlockKey]) -> HoldFx {
     let rate = 16.0 / per_block.as_secs_f64();
@@ -138,6 +149,7 @@ async fn a_slow_tiers_hit_is_declined_when_recomputing_is_faster() {
         (4, 4, 1)
     );
     assert_eq!(s.misses_by_cause.recompute_faster, 2);
+    assert_counts_agree(&s);
     assert_eq!(s.held_blocks, 0);
     fx.m.on_request_finished(r.id);
     fx.assert_clean("after the decline").await;
@@ -182,7 +194,9 @@ async fn a_prefix_is_served_as_far_as_it_pays() {
     let c = fx.m.lookup_prefix(&ks, &r);
     assert_eq!((c.hit, c.present, c.ready_in), (2, 2, Some(Duration::ZERO)));
     fx.m.on_schedule_end();
-    assert_eq!(fx.m.stats().tiers[0].promotions_declined, 2);
+    let s = fx.m.stats();
+    assert_eq!(s.tiers[0].promotions_declined, 2);
+    assert_counts_agree(&s);
     fx.m.on_request_finished(r.id);
     fx.assert_clean("after a prefix cut").await;
 }
@@ -222,4 +236,21 @@ async fn the_prefill_rate_is_checked_at_construction() {
         e.contains("prefill_tokens_per_s") && e.contains("tokens per block"),
         "{e}"
     );
+}
+
+/// A key twice in a declined prefix was reserved once: declined, and counted, once.
+#[tokio::test(start_paused = true)]
+async fn a_key_twice_in_a_declined_prefix_is_declined_once() {
+    let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    promote_all(&fx, &keys(1, 2), 1).await;
+    let r = RequestContext::new(2);
+    let ks = [test_key(5), test_key(5), test_key(6)];
+    assert_eq!(fx.step(&ks, &r).await, vec![Retry; 3]);
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    let s = fx.m.stats();
+    assert_eq!((s.tiers[0].hits, s.tiers[0].promotions_declined), (2, 2));
+    assert_counts_agree(&s);
+    fx.m.on_request_finished(r.id);
+    fx.assert_clean("after a declined duplicate").await;
 }
