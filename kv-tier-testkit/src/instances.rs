@@ -45,11 +45,12 @@ pub struct Until {
 }
 
 impl Until {
-    /// The run of the child whose outcome goes to `out`: it stops when `stop` exists, or
-    /// `give_up` from now; its progress goes beside `out` ([`Until::progress_of`]).
-    pub fn child(out: &Path, stop: &Path, give_up: Duration) -> Self {
+    /// The run of the child whose outcome goes to `out`: it stops when [`stop_file`] of
+    /// `out` exists, or `give_up` from now; its progress goes beside `out`
+    /// ([`Until::progress_of`]).
+    pub fn child(out: &Path, give_up: Duration) -> Self {
         Until {
-            stop: stop.to_path_buf(),
+            stop: stop_file(out),
             progress: Self::progress_of(out),
             deadline: Instant::now() + give_up,
         }
@@ -75,6 +76,19 @@ impl Until {
     }
 }
 
+/// How long a run of at least `secs` may go on for its condition to hold ([`stop_when`]'s
+/// `give_up`): four times that, and 100 s at least (with the rest of a test binary beside it
+/// on 2 cores, the instances store several times slower than alone).
+pub fn give_up(secs: f64) -> Duration {
+    Duration::from_secs_f64((4.0 * secs).max(100.0))
+}
+
+/// The file whose existence ends a run ([`Until::stop`]), beside the children's outcomes
+/// (`out`, one of them).
+pub fn stop_file(out: &Path) -> PathBuf {
+    out.with_file_name("stop")
+}
+
 /// The blocks stored so far by the children whose outcomes go to `outs` (what each last wrote
 /// to its progress file; a killed child's last count stays).
 pub fn stored_so_far(outs: &[PathBuf]) -> u64 {
@@ -84,14 +98,13 @@ pub fn stored_so_far(outs: &[PathBuf]) -> u64 {
         .sum()
 }
 
-/// Ends the children's run (creates `stop`) once at least `min` has passed and `done` holds
-/// (asked every 50 ms with the blocks stored so far, [`stored_so_far`] of `outs`), or once
-/// `give_up` has passed since `started`; returns whether `done` held, and when the run was
-/// ended (since `started`).
+/// Ends the run of the children whose outcomes go to `outs` (creates their [`stop_file`])
+/// once at least `min` has passed and `done` holds (asked every 50 ms with the blocks stored
+/// so far, [`stored_so_far`] of `outs`), or once `give_up` has passed since `started`; returns
+/// whether `done` held, and when the run was ended (since `started`).
 pub fn stop_when(
     started: Instant,
     outs: &[PathBuf],
-    stop: &Path,
     min: Duration,
     give_up: Duration,
     mut done: impl FnMut(u64) -> bool,
@@ -107,7 +120,7 @@ pub fn stop_when(
         // the parent's polling pace
         std::thread::sleep(Duration::from_millis(50));
     };
-    std::fs::write(stop, b"stop").expect("writing the stop file");
+    std::fs::write(stop_file(&outs[0]), b"stop").expect("writing the stop file");
     (ok, started.elapsed())
 }
 

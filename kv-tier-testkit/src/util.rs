@@ -98,12 +98,9 @@ pub fn temp_root() -> tempfile::TempDir {
         .expect("create a temp dir")
 }
 
-/// Allocated bytes below `dir` (`st_blocks` x 512 of every file and directory in it,
-/// recursively; `dir` itself not counted): what `du` shows, and what the fs tier's cap
-/// bounds. Entries that vanish while it walks are skipped.
-pub fn allocated_bytes(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0;
+/// Calls `f` with every entry below `dir` (recursively, not following links; `dir` itself
+/// not visited) and its metadata. Entries that vanish while it walks are skipped.
+pub fn walk(dir: &Path, mut f: impl FnMut(std::path::PathBuf, std::fs::Metadata)) {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&d) else {
@@ -111,12 +108,21 @@ pub fn allocated_bytes(dir: &Path) -> u64 {
         };
         for e in rd.flatten() {
             let Ok(m) = e.metadata() else { continue };
-            total += m.blocks() * 512;
             if m.is_dir() {
                 stack.push(e.path());
             }
+            f(e.path(), m);
         }
     }
+}
+
+/// Allocated bytes below `dir` (`st_blocks` x 512 of every file and directory in it,
+/// recursively; `dir` itself not counted): what `du` shows, and what the fs tier's cap
+/// bounds. Entries that vanish while it walks are skipped.
+pub fn allocated_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    walk(dir, |_, m| total += m.blocks() * 512);
     total
 }
 
@@ -130,19 +136,7 @@ pub fn allocated_bytes(dir: &Path) -> u64 {
 pub fn allocated_bytes_at_once(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut seen = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            if m.is_dir() {
-                stack.push(e.path());
-            }
-            seen.push((e.path(), m));
-        }
-    }
+    walk(dir, |p, m| seen.push((p, m)));
     seen.iter()
         .filter(|(p, m)| {
             std::fs::symlink_metadata(p).is_ok_and(|now| {
@@ -157,20 +151,11 @@ pub fn allocated_bytes_at_once(dir: &Path) -> u64 {
 /// The files below `dir` whose names end with `suffix` (recursively), sorted.
 pub fn find_files(dir: &Path, suffix: &str) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.to_string_lossy().ends_with(suffix) {
-                out.push(p);
-            }
+    walk(dir, |p, m| {
+        if !m.is_dir() && p.to_string_lossy().ends_with(suffix) {
+            out.push(p);
         }
-    }
+    });
     out.sort();
     out
 }

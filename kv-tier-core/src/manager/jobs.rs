@@ -34,7 +34,8 @@ pub(super) struct JobInfo {
     req: RequestId,
     keys: Vec<BlockKey>,
     bytes: u64,
-    /// A load job's: bytes of the tier's load jobs in flight when it was submitted.
+    /// A load job's: bytes of the tier's load jobs in flight (and promotions queued) when it
+    /// was submitted.
     ahead: u64,
     started: Instant,
     _protect: ProtectGuard,
@@ -108,7 +109,7 @@ impl TieringManager {
             ),
         };
         let ahead = if kind == JobKind::Load {
-            st.jobs.values().map(|j| j.load_bytes_of(tier)).sum()
+            self.bytes_ahead(st, tier)
         } else {
             0
         };

@@ -364,48 +364,40 @@ impl TieringManager {
             .iter()
             .map(|k| st.promoting.get(k).map(|(_, i)| *i))
             .collect();
-        // per tier the request waits for: its estimate, with all its work ahead now
+        // this request's blocks queued in the run, per tier, in prefix order: they count
+        // ahead of a prefix only as far as it reaches (a key twice in it is one block queued)
+        let bs = self.primary.block_size() as u64;
+        let mut not_counted = queued.clone();
+        let own: Vec<u64> = keys[..present]
+            .iter()
+            .map(|k| if not_counted.remove(k) { bs } else { 0 })
+            .collect();
+        let mut own_in_run: FxHashMap<usize, u64> = FxHashMap::default();
+        for (f, b) in from.iter().zip(&own) {
+            if let Some(i) = f {
+                *own_in_run.entry(*i).or_default() += b;
+            }
+        }
+        // per tier the request waits for: its estimate, with the work ahead of those blocks
         let mut estimates: FxHashMap<usize, LoadEstimate> = FxHashMap::default();
-        for i in from.iter().flatten() {
-            if !estimates.contains_key(i)
-                && let Some(e) = self.estimate(st, *i)
-            {
+        for (i, own) in &own_in_run {
+            if let Some(mut e) = self.estimate(st, *i) {
+                e.bytes_ahead = e.bytes_ahead.saturating_sub(*own);
                 estimates.insert(*i, e);
             }
         }
         if estimates.is_empty() {
             return;
         }
-        let bs = self.primary.block_size() as u64;
-        // bytes this request queued per tier past each length: not ahead of a shorter prefix
-        // (a key twice in the prefix is one block queued: counted where it first comes)
-        let mut first = FxHashSet::default();
-        let firsts: Vec<bool> = keys[..present].iter().map(|k| first.insert(*k)).collect();
-        let mut queued_past: FxHashMap<usize, u64> = FxHashMap::default();
-        for ((k, f), once) in keys[..present].iter().zip(&from).zip(&firsts) {
-            if let Some(i) = f
-                && *once
-                && queued.contains(k)
-            {
-                *queued_past.entry(*i).or_default() += bs;
-            }
-        }
+        let mut own_so_far: FxHashMap<usize, u64> = FxHashMap::default();
         let mut saved = vec![0.0; present + 1];
         let mut wait = std::time::Duration::ZERO;
         for k in 1..=present {
-            let (key, f) = (&keys[k - 1], from[k - 1]);
-            if let Some(i) = f {
-                if firsts[k - 1] && queued.contains(key) {
-                    *queued_past.get_mut(&i).expect("counted above") -= bs;
-                }
+            if let Some(i) = from[k - 1] {
+                let so_far = own_so_far.entry(i).or_default();
+                *so_far += own[k - 1];
                 if let Some(e) = estimates.get(&i) {
-                    // the tier's work ahead less what this request queued past `k`
-                    let past = queued_past.get(&i).copied().unwrap_or(0);
-                    let e = LoadEstimate {
-                        bytes_ahead: e.bytes_ahead.saturating_sub(past),
-                        ..*e
-                    };
-                    wait = wait.max(e.ready_in(0));
+                    wait = wait.max(e.ready_in(*so_far));
                 }
             }
             saved[k] = recompute.of(k).as_secs_f64() - wait.as_secs_f64();

@@ -6,7 +6,7 @@
 //!
 //! The multi-process soak (`four_processes_share_one_bound_and_survive_the_leaders_death`) runs
 //! at least `KV_TIER_SHARED_SECS` seconds, 20 by default (`KV_TIER_SHARED_SECS=60` is the full
-//! soak), and on until twice the cap went through the root ([`soak_give_up`] at the latest).
+//! soak), and on until twice the cap went through the root ([`give_up`] at the latest).
 
 use std::path::PathBuf;
 use std::process::Child;
@@ -18,7 +18,7 @@ use kv_tier_core::{BlockKey, Error, SecondaryTier};
 use kv_tier_fs::FsTier;
 use kv_tier_testkit::fixtures::files::{Ext4, statvfs_used};
 use kv_tier_testkit::instances::{
-    Pace, Until, collect, kill_the_leader, new_key, run_instance, stop_when,
+    Pace, Until, collect, give_up, kill_the_leader, new_key, run_instance, stop_when,
 };
 use kv_tier_testkit::wait::{SETTLE_LIMIT, poll_until_async, wait_until};
 use kv_tier_testkit::{allocated_bytes, load_keys, store_keys, verify_block};
@@ -39,11 +39,7 @@ fn shared_child() {
         PathBuf::from(parts[3]),
     );
     // the parent ends the run; the child stops on its own only well after it would
-    let until = Until::child(
-        &out,
-        &soak_stop_file(&out),
-        soak_give_up(secs) + Duration::from_secs(30),
-    );
+    let until = Until::child(&out, give_up(secs) + Duration::from_secs(30));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -71,18 +67,6 @@ fn shared_child() {
         o
     });
     std::fs::write(out, o.to_text()).unwrap();
-}
-
-/// How long a soak of at least `secs` may go on for twice the cap to go through the root: four
-/// times that, and 100 s at least (with the rest of the binary beside it on 2 cores, the
-/// instances write several times slower than alone).
-fn soak_give_up(secs: f64) -> Duration {
-    Duration::from_secs_f64((4.0 * secs).max(100.0))
-}
-
-/// The file whose existence ends the soak's children's run, beside their outcomes (`out`).
-fn soak_stop_file(out: &std::path::Path) -> PathBuf {
-    out.with_file_name("stop")
 }
 
 /// 4 processes on one root for at least `KV_TIER_SHARED_SECS` seconds (20 by default;
@@ -154,9 +138,8 @@ fn four_processes_share_one_bound_and_survive_the_leaders_death() {
     let (written, ran) = stop_when(
         started,
         &outs,
-        &soak_stop_file(&outs[0]),
         Duration::from_secs_f64(secs),
-        soak_give_up(secs),
+        give_up(secs),
         |stored| stored * SHARED_BS as u64 > 2 * ROOMY_CAP_BYTES,
     );
     let total = collect(&mut children, &outs, killed);

@@ -50,6 +50,16 @@ async fn with_recompute(per_block: Duration, seeded: &[BlockKey]) -> HoldFx {
     .await
 }
 
+/// An engine that recomputes a block in 1 ms over a tier whose loads take 100 ms, measured
+/// by one promotion of the first `n` seeded keys (request 1; not measured yet, the tier is
+/// taken at its word).
+async fn measured_slow_tier(n: u64) -> HoldFx {
+    let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    promote_all(&fx, &keys(1, n), 1).await;
+    fx
+}
+
 /// No estimate before a load job ended, nor for a tier not configured; then the time of the
 /// jobs measured (100 ms each), what is in flight counted ahead of a new job, and, once the
 /// tier slows to 1 s a job, an estimate between the two (it follows the jobs it is fitted to).
@@ -123,10 +133,7 @@ async fn the_prefix_count_says_when_its_run_is_ready() {
 /// lookup, with no load job), counted, and leaves no DRAM slot, hold or lease behind.
 #[tokio::test(start_paused = true)]
 async fn a_slow_tiers_hit_is_declined_when_recomputing_is_faster() {
-    let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
-    fx.ft.delay(Some(Duration::from_millis(100)));
-    // not measured yet: taken at its word
-    promote_all(&fx, &keys(1, 4), 1).await;
+    let fx = measured_slow_tier(4).await;
     let r = RequestContext::new(2);
     let ks = keys(5, 4);
     assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4]);
@@ -180,9 +187,7 @@ async fn a_fast_tiers_hit_is_taken() {
 /// blocks in DRAM), the rest declined.
 #[tokio::test(start_paused = true)]
 async fn a_prefix_is_served_as_far_as_it_pays() {
-    let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
-    fx.ft.delay(Some(Duration::from_millis(100)));
-    promote_all(&fx, &keys(1, 2), 1).await;
+    let fx = measured_slow_tier(2).await;
     let dram = [test_key(50), test_key(51)];
     try_engine_store(&fx.m, RequestId(2), &dram).unwrap();
     fx.m.on_request_finished(RequestId(2));
@@ -241,9 +246,7 @@ async fn the_prefill_rate_is_checked_at_construction() {
 /// A key twice in a declined prefix was reserved once: declined, and counted, once.
 #[tokio::test(start_paused = true)]
 async fn a_key_twice_in_a_declined_prefix_is_declined_once() {
-    let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
-    fx.ft.delay(Some(Duration::from_millis(100)));
-    promote_all(&fx, &keys(1, 2), 1).await;
+    let fx = measured_slow_tier(2).await;
     let r = RequestContext::new(2);
     let ks = [test_key(5), test_key(5), test_key(6)];
     assert_eq!(fx.step(&ks, &r).await, vec![Retry; 3]);

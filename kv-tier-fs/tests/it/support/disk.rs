@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use kv_tier_core::BlockKey;
 use kv_tier_fs::{CRC_XATTR, FsTier};
+use kv_tier_testkit::util::walk;
 use kv_tier_testkit::{allocated_bytes, find_files};
 
 use super::*;
@@ -145,20 +146,11 @@ pub(crate) fn rank_dir_of(tier: &FsTier, k: &BlockKey) -> PathBuf {
 /// Every non-directory entry below `dir` (not following links), sorted.
 pub(crate) fn all_entries(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            match std::fs::symlink_metadata(&p) {
-                Ok(m) if m.is_dir() => stack.push(p),
-                Ok(_) => out.push(p),
-                Err(_) => {}
-            }
+    walk(dir, |p, m| {
+        if !m.is_dir() {
+            out.push(p);
         }
-    }
+    });
     out.sort();
     out
 }

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use kv_tier_core::SecondaryTier;
 use kv_tier_obj::ObjTier;
-use kv_tier_testkit::instances::{Pace, Until, collect, kill_the_leader, run_instance, stop_when};
+use kv_tier_testkit::instances::{
+    Pace, Until, collect, give_up, kill_the_leader, run_instance, stop_when,
+};
 
 use crate::support::*;
 
@@ -101,7 +103,6 @@ fn four_processes_share_one_bucket_bound_and_survive_the_leaders_death() {
     let (filled, ran) = stop_when(
         started,
         &outs,
-        &stop_file(&outs[0]),
         Duration::from_secs_f64(secs),
         give_up(secs),
         |stored| {
@@ -163,18 +164,6 @@ fn four_processes_share_one_bucket_bound_and_survive_the_leaders_death() {
     drop(server);
 }
 
-/// How long a run of at least `secs` may go on for its bucket to fill: four times that, and
-/// 100 s at least (the instances store at the pace the leader grants credit and the one test
-/// server serves on 2 cores, several times slower with the rest of the binary beside them).
-fn give_up(secs: f64) -> Duration {
-    Duration::from_secs_f64((4.0 * secs).max(100.0))
-}
-
-/// The file whose existence ends the children's run, beside their outcomes (`out`).
-fn stop_file(out: &std::path::Path) -> PathBuf {
-    out.with_file_name("stop")
-}
-
 /// The soak's lease, in seconds: half the other shared tests' ([`SHARED_LEASE_S`]), so that
 /// the credit comes twice as often and the lease changes hands sooner after the kill, within
 /// a short run.
@@ -206,11 +195,7 @@ fn shared_bucket_child() {
         PathBuf::from(parts[3]),
     );
     // the parent ends the run; the child stops on its own only well after it would
-    let until = Until::child(
-        &out,
-        &stop_file(&out),
-        give_up(secs) + Duration::from_secs(30),
-    );
+    let until = Until::child(&out, give_up(secs) + Duration::from_secs(30));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
