@@ -1,6 +1,7 @@
 //! A real S3-protocol server for tests (feature `s3-server`): s3s + s3s-fs in process, on an
 //! ephemeral 127.0.0.1 port, with SigV4 authentication, TCP_NODELAY and fault injection
-//! (answer the next requests 503, or stop the server).
+//! (answer the next requests 503, hold every request until released, delay every request, or
+//! stop the server).
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -29,6 +30,7 @@ pub struct S3Server {
     pub endpoint: String,
     fail_next: Arc<AtomicUsize>,
     latency_us: Arc<std::sync::atomic::AtomicU64>,
+    held: Arc<tokio::sync::watch::Sender<usize>>,
     /// Requests received so far.
     pub requests: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
@@ -91,7 +93,9 @@ impl S3Server {
         let fail_next = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
         let latency_us = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let held = Arc::new(tokio::sync::watch::Sender::new(0usize));
         let (f, r, lat) = (fail_next.clone(), requests.clone(), latency_us.clone());
+        let hold = held.clone();
         // s3s-fs checks a PUT's If-Match / If-None-Match, then writes: two conditional PUTs
         // of one key could both pass. S3 decides them atomically; so does this server, by
         // running conditional PUTs of one key one at a time.
@@ -106,13 +110,15 @@ impl S3Server {
                 // Without TCP_NODELAY every small request waits ~40 ms for a delayed ACK.
                 socket.set_nodelay(true).unwrap();
                 let (svc, f, r, lat) = (service.clone(), f.clone(), r.clone(), lat.clone());
-                let cond = conditional.clone();
+                let (cond, hold) = (conditional.clone(), hold.clone());
                 let handler = hyper::service::service_fn(
                     move |req: http::Request<hyper::body::Incoming>| {
                         let (svc, f, r, lat) = (svc.clone(), f.clone(), r.clone(), lat.clone());
-                        let cond = cond.clone();
+                        let (cond, mut held) = (cond.clone(), hold.subscribe());
                         async move {
                             r.fetch_add(1, Ordering::SeqCst);
+                            // the sender lives as long as the server: this ends when released
+                            let _ = held.wait_for(|holds| *holds == 0).await;
                             let us = lat.load(Ordering::Relaxed);
                             if us > 0 {
                                 tokio::time::sleep(std::time::Duration::from_micros(us)).await;
@@ -158,6 +164,7 @@ impl S3Server {
             endpoint,
             fail_next,
             latency_us,
+            held,
             requests,
             task,
             _dir: None,
@@ -170,6 +177,17 @@ impl S3Server {
             d.as_micros().min(u64::MAX as u128) as u64,
             Ordering::Relaxed,
         );
+    }
+
+    /// Every request, from now until the returned guard drops, waits before it is served; the
+    /// waiting ones are then served. Unlike a latency, a test can tell for certain that no
+    /// answer came back while held.
+    #[must_use = "the server holds requests only until the guard drops"]
+    pub fn hold(&self) -> HeldRequests {
+        self.held.send_modify(|n| *n += 1);
+        HeldRequests {
+            held: self.held.clone(),
+        }
     }
 
     /// The next `n` requests are answered 503 Service Unavailable.
@@ -188,6 +206,18 @@ impl S3Server {
             tokio::task::yield_now().await;
         }
         panic!("the S3 server at {addr} still accepts connections");
+    }
+}
+
+/// Requests to an [`S3Server`] wait while this lives (see [`S3Server::hold`]).
+#[derive(Debug)]
+pub struct HeldRequests {
+    held: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl Drop for HeldRequests {
+    fn drop(&mut self) {
+        self.held.send_modify(|n| *n -= 1);
     }
 }
 

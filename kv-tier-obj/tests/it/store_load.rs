@@ -131,7 +131,7 @@ async fn a_put_over_s3_sends_a_view_of_its_source_and_releases_it_after() {
     let k = test_key(7);
     let (src, released) = tracked(&k);
     let before = server.requests.load(std::sync::atomic::Ordering::SeqCst);
-    server.set_latency(Duration::from_millis(500));
+    let held = server.hold();
     let job = StoreJob {
         links: Vec::new(),
         requests: Vec::new(),
@@ -151,6 +151,7 @@ async fn a_put_over_s3_sends_a_view_of_its_source_and_releases_it_after() {
         !released.load(std::sync::atomic::Ordering::SeqCst),
         "the source was released before its PUT ended: the tier copied it"
     );
+    drop(held);
     let res = store.await.unwrap();
     assert!(res.is_success(), "{:?}", res.failed);
     kv_tier_testkit::wait::wait_until_async(
@@ -159,7 +160,6 @@ async fn a_put_over_s3_sends_a_view_of_its_source_and_releases_it_after() {
         || released.load(std::sync::atomic::Ordering::SeqCst),
     )
     .await;
-    server.set_latency(Duration::ZERO);
     let (res, data) = load_keys(&*tier, &[k], BS).await;
     assert!(res.is_success(), "{:?}", res.failed);
     assert!(verify_block(&k, 0, &data[0].1));

@@ -228,9 +228,12 @@ fn a_late_answer_past_the_budget_serves_the_next_request() {
 
 /// Promise (kv-tier README: "`Retry` lasts only while a tier that could still answer present
 /// is pending and within its probe budget (`probe_budget_s`; default ... 5 ms for a remote
-/// one, whose late answers serve the next requests)"). The real obj tier behind a server
-/// 300 ms away, its default budget: the first request misses rather than wait; the next,
-/// asking after the answer came back, is served without a new probe, with the right bytes.
+/// one, whose late answers serve the next requests)"). The real obj tier, its default
+/// budget, behind a server that holds every request until the first request has missed (a
+/// latency would race the scheduler's steps: a step delayed past it finds the answer come
+/// back). No existence listing (`absent_ttl_s` 0): a LIST at open that ended before the hold
+/// would tell the tier the key without a probe. The next request, asking after the answer
+/// came back, is served without a new probe, with the right bytes.
 #[test]
 fn a_remote_obj_tier_late_answer_serves_the_next_request() {
     let rt = runtime();
@@ -240,7 +243,7 @@ fn a_remote_obj_tier_late_answer_serves_the_next_request() {
             r#"{{"cpu_bytes_to_use": 65536, "block_size_bytes": {BS}, {LAYOUT}, "probe_timeout_s": 10,
                 "secondary_tiers": [{{"type": "obj", "bucket": "{BUCKET}", "endpoint_override": "{}",
                   "scheme": "http", "access_key": "{AK}", "secret_key": "{SK}", "checksum": "crc32c",
-                  "lookup_timeout_s": 5}}]}}"#,
+                  "lookup_timeout_s": 5, "absent_ttl_s": 0}}]}}"#,
             s3.endpoint
         ))
         .unwrap()
@@ -260,13 +263,15 @@ fn a_remote_obj_tier_late_answer_serves_the_next_request() {
         .runtime(rt.handle().clone())
         .build_blocking()
         .unwrap();
-    s3.set_latency(Duration::from_millis(300));
+    let held = s3.hold();
     let r1 = ctx(2);
     let (end, seen) = settle_lookup(&m, &k, &r1, SETTLE_LIMIT);
     assert_eq!(
         end, Miss,
         "the first request waited for the slow tier: {seen:?}"
     );
+    assert_eq!(m.stats().tiers[0].probes.over_budget, 1);
+    drop(held);
     assert!(
         poll_until(SETTLE_LIMIT, || {
             m.poll();
@@ -287,7 +292,6 @@ fn a_remote_obj_tier_late_answer_serves_the_next_request() {
     m.on_schedule_end();
     m.on_request_finished(r1.id);
     m.on_request_finished(r2.id);
-    s3.set_latency(Duration::ZERO);
     assert_nothing_left(&m, &[k]);
     rt.block_on(m.shutdown()).unwrap();
 }
