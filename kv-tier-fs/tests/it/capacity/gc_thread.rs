@@ -208,8 +208,19 @@ async fn external_copies_over_the_cap_are_adopted_and_swept() {
     c.gc_interval_s = Some(0.05);
     c.gc_rescan_interval_s = Some(1.0);
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    // Sweeps wait while the copies are made: a rescan on a loaded machine may adopt the first
+    // copies before the last, and a sweep then could remove an original before it is copied.
+    let copying = Arc::new(std::sync::RwLock::new(()));
+    let gate = copying.clone();
+    tier.set_sweep_hook(Some(Arc::new(move |p| {
+        if p == SweepPoint::Selected {
+            drop(gate.read());
+        }
+    })))
+    .unwrap();
     let keys: Vec<_> = (0..30).map(|i| test_key(13_000_000 + i)).collect();
     assert!(store_sized(&tier, &keys, BS).await.is_success());
+    let held = copying.write().unwrap();
     for i in 0..70u64 {
         let src = tier.block_path(&keys[(i % 30) as usize]);
         let dst = tier.block_path(&test_key(13_100_000 + i));
@@ -217,6 +228,7 @@ async fn external_copies_over_the_cap_are_adopted_and_swept() {
         std::fs::copy(&src, &dst).unwrap();
     }
     let peak = du(root.path());
+    drop(held);
     assert!(peak > 2 * cap, "{peak} vs {cap}");
     let ok = poll_until_async(SETTLE_LIMIT, || du(root.path()) <= cap).await;
     let s = gc_stats(&tier);
