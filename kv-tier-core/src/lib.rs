@@ -42,8 +42,8 @@ pub use stats::{
     TierSnapshot, TierStats,
 };
 pub use tier::{
-    Capability, ChainLink, JobResult, LoadJob, OffloadPolicy, PreparedStore, PrimaryStats,
-    PrimaryTier, ProtectGuard, ProtectionSet, SecondaryTier, StoreJob, TierInfo,
+    Capability, ChainLink, JobResult, LoadJob, LoadProgress, OffloadPolicy, PreparedStore,
+    PrimaryStats, PrimaryTier, ProtectGuard, ProtectionSet, SecondaryTier, StoreJob, TierInfo,
 };
 pub use tier_options::{TierOptions, TierSettings, WriteBackPolicy};
 

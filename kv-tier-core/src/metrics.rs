@@ -367,6 +367,21 @@ fn publish(book: &Book, s: &ManagerStats, block_size: usize) {
             "Queued promotions not sent because their request finished first.",
             t.promotions_cancelled,
         );
+        c(
+            "kv_tier_promotions_declined_total",
+            "Blocks whose promotion the load-or-recompute policy declined.",
+            t.promotions_declined,
+        );
+        c(
+            "kv_tier_load_jobs_cut_total",
+            "Load jobs the load-or-recompute policy cut mid-way.",
+            t.load_jobs_cut,
+        );
+        c(
+            "kv_tier_promotions_cut_total",
+            "Blocks of cut load jobs that had not landed, recomputed instead.",
+            t.promotions_cut,
+        );
         g(
             "kv_tier_write_back_bytes",
             "Bytes of store jobs queued or in flight to the tier.",

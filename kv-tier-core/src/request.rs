@@ -55,7 +55,8 @@ pub enum MissCause {
     },
     /// `tier` has it, but loading it would have ended later than recomputing it (the
     /// manager's load-or-recompute policy: `prefill_tokens_per_s` or
-    /// [`crate::TieringManagerBuilder::recompute_time`]).
+    /// [`crate::TieringManagerBuilder::recompute_time`]), or its promotion was started and
+    /// then cut behind its estimate (`promotion_cut_margin`).
     RecomputeFaster {
         /// The tier.
         tier: String,

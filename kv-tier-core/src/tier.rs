@@ -60,12 +60,60 @@ pub struct LoadJob {
     /// The requests the job serves (the manager's promotions: one load job per tier and
     /// request). Empty when none is known.
     pub requests: Vec<RequestId>,
+    /// Where the tier reports each block as it lands, before the job ends: the manager may
+    /// cut a job that falls behind its estimate and keeps the blocks reported here (see
+    /// [`LoadProgress::landed`]). A tier that reports nothing is still correct; a cut job of
+    /// it keeps nothing.
+    pub progress: LoadProgress,
 }
 
 impl LoadJob {
+    /// A job of these blocks, for no known request, whose progress nobody reads.
+    pub fn new(blocks: Vec<(BlockKey, BlockSink)>) -> Self {
+        Self {
+            blocks,
+            ..Self::default()
+        }
+    }
+
     /// The keys, in order.
     pub fn keys(&self) -> Vec<BlockKey> {
         self.blocks.iter().map(|(k, _)| *k).collect()
+    }
+}
+
+/// The blocks of a [`LoadJob`] that have landed so far, reported by the tier as it goes.
+/// Cloning shares it (a tier handing blocks to tasks of its own gives each a clone).
+///
+/// ```
+/// use kv_tier_core::{BlockKey, BlockSink, LoadJob};
+/// let key = BlockKey::from_hash32([7; 32], 0);
+/// let (sink, reader) = BlockSink::pair(4);
+/// let job = LoadJob { blocks: vec![(key, sink)], ..LoadJob::default() };
+/// let progress = job.progress.clone();
+/// for (key, mut sink) in job.blocks {
+///     sink.as_mut_slice().copy_from_slice(b"abcd"); // the whole block, verified
+///     drop(sink);
+///     progress.landed(key);
+/// }
+/// assert_eq!(progress.keys(), vec![key]);
+/// assert_eq!(&reader.into_bytes().unwrap()[..], b"abcd");
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct LoadProgress(Arc<Mutex<Vec<BlockKey>>>);
+
+impl LoadProgress {
+    /// `key`'s block is in its sink, complete and verified (what would make the job report
+    /// it in [`JobResult::ok`]), and the tier writes it no more: its sink is dropped, or only
+    /// the job's future still holds it. From then on the manager may drop the job's future
+    /// and serve this block. Report a block at most once, and never one that then fails.
+    pub fn landed(&self, key: BlockKey) {
+        lock(&self.0).push(key);
+    }
+
+    /// The keys reported landed so far, in the order they landed.
+    pub fn keys(&self) -> Vec<BlockKey> {
+        lock(&self.0).clone()
     }
 }
 

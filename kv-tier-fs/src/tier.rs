@@ -465,13 +465,25 @@ impl SecondaryTier for FsTier {
             // announced before the reads: the leader keeps what is about to be read
             coord.note_reads(&keys);
         }
+        let blocks = job
+            .blocks
+            .into_iter()
+            .map(|(k, sink)| (k, (sink, job.progress.clone())))
+            .collect();
         let Some(results) = self
             .run_blocks(
                 Class::Load,
-                job.blocks,
+                blocks,
                 None,
                 // (a damaged file a load removes is reported removed by the removal)
-                |files, key, mut sink, _| files.load_block(key, &mut sink),
+                |files, key, (mut sink, progress), _| {
+                    let r = files.load_block(key, &mut sink);
+                    drop(sink);
+                    if r.is_ok() {
+                        progress.landed(*key);
+                    }
+                    r
+                },
             )
             .await
         else {

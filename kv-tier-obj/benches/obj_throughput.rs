@@ -151,8 +151,8 @@ async fn round(endpoint: &str, round: usize, srcs: &[Bytes], cpu: &CpuTier, fig:
                     out.push(("PUT GB/s create-only", put));
                     let mut p = cpu.prepare_store(keys).unwrap();
                     let job = LoadJob {
-                        requests: Vec::new(),
                         blocks: std::mem::take(&mut p.to_store),
+                        ..Default::default()
                     };
                     let t = Instant::now();
                     let r = tier.load(job).await;

@@ -269,8 +269,16 @@ impl ObjTier {
 
     async fn run_load(&self, job: LoadJob) -> JobResult {
         let inner = &self.shared;
+        let progress = &job.progress;
         let results: Vec<(BlockKey, Result<()>)> = futures::stream::iter(job.blocks)
-            .map(|(k, mut sink)| async move { (k, inner.load_block(k, &mut sink).await) })
+            .map(|(k, mut sink)| async move {
+                let r = inner.load_block(k, &mut sink).await;
+                drop(sink);
+                if r.is_ok() {
+                    progress.landed(k);
+                }
+                (k, r)
+            })
             .buffer_unordered(inner.io_threads)
             .collect()
             .await;

@@ -34,6 +34,7 @@ struct Plan {
     store_gate: Option<Gate>,
     load_gate: Option<Gate>,
     load_result_gate: Option<Gate>,
+    stall_loads: Option<(usize, Gate)>,
     retain_sources: bool,
 }
 
@@ -52,6 +53,8 @@ struct Plan {
 ///   after a store of its keys completed: a stale one).
 /// - `hold_lookups`: probes run, then wait at a [`Gate`] before answering (a late probe).
 /// - `hold_stores` / `hold_loads`: jobs wait at a gate before running.
+/// - `stall_loads_after`: a load job loads its first blocks (each reported landed), then waits
+///   at a gate before the rest (a transfer that falls behind mid-way).
 /// - `retain_sources`: stores keep their jobs' buffers after returning (a zero-copy cache
 ///   holding DRAM slots), until `heal`.
 #[derive(Debug)]
@@ -206,6 +209,14 @@ impl FaultyTier {
     pub fn hold_loads(&self) -> Gate {
         let g = Gate::new();
         self.plan().load_gate = Some(g.clone());
+        g
+    }
+
+    /// Each load job loads its first `n` blocks (their sinks dropped and reported landed, see
+    /// `LoadProgress`), then waits at the returned gate before it loads the rest.
+    pub fn stall_loads_after(&self, n: usize) -> Gate {
+        let g = Gate::new();
+        self.plan().stall_loads = Some((n, g.clone()));
         g
     }
 
@@ -409,7 +420,10 @@ impl FaultyTier {
             panic!("injected panic in FaultyTier::load");
         }
         let mut res = JobResult::default();
-        let mut pass = LoadJob::default();
+        let mut pass = LoadJob {
+            progress: job.progress.clone(),
+            ..LoadJob::default()
+        };
         let tear: FxHashSet<BlockKey>;
         {
             let p = self.plan();
@@ -424,6 +438,28 @@ impl FaultyTier {
                     pass.blocks.push((key, sink));
                 }
             }
+        }
+        let stall = self.plan().stall_loads.clone();
+        if let Some((n, gate)) = stall
+            && tear.is_empty()
+        {
+            let rest = LoadJob {
+                blocks: pass.blocks.split_off(n.min(pass.blocks.len())),
+                requests: pass.requests.clone(),
+                progress: pass.progress.clone(),
+            };
+            if !pass.blocks.is_empty() {
+                let first = self.inner.load(pass).await;
+                res.ok.extend(first.ok);
+                res.failed.extend(first.failed);
+            }
+            if !rest.blocks.is_empty() {
+                gate.pass().await;
+                let rest = self.inner.load(rest).await;
+                res.ok.extend(rest.ok);
+                res.failed.extend(rest.failed);
+            }
+            return res;
         }
         if tear.is_empty() {
             let inner = self.inner.load(pass).await;
@@ -460,6 +496,8 @@ impl FaultyTier {
                 sink.as_mut_slice()[half..].fill(0);
                 self.injected.fetch_add(1, Ordering::Relaxed);
             }
+            // (its sink, torn or not, is dropped by now)
+            pass.progress.landed(key);
             res.ok.push(key);
         }
         res

@@ -18,8 +18,9 @@ pub use conformance::{Bound, Damage, TierFixture};
 pub use faulty::FaultyTier;
 pub use memory::MemoryTier;
 pub use util::{
-    CONFIG_NUMBERS, Gate, allocated_bytes, allocated_bytes_at_once, block_bytes,
-    dram_manager_builder, fill_block, find_files, load_keys, removed_keys, sink, source_for,
-    store_keys, temp_root, test_key, test_namespace, verify_block,
+    CONFIG_NUMBERS, Gate, allocated_bytes, allocated_bytes_at_once,
+    assert_loads_report_what_landed, block_bytes, dram_manager_builder, fill_block, find_files,
+    load_keys, removed_keys, sink, source_for, store_keys, temp_root, test_key, test_namespace,
+    verify_block,
 };
 pub use workload::{Turn, Workload, WorkloadConfig};

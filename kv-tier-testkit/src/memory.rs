@@ -220,6 +220,8 @@ impl SecondaryTier for MemoryTier {
                 continue;
             }
             sink.as_mut_slice().copy_from_slice(&data);
+            drop(sink);
+            job.progress.landed(key);
             res.ok.push(key);
         }
         res

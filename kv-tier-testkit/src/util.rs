@@ -326,6 +326,41 @@ pub async fn store_keys(
     .await
 }
 
+/// Asserts that `tier` reports each block of a load as it lands
+/// ([`kv_tier_core::LoadProgress::landed`]): `keys` stored, then loaded with one key it does
+/// not have, the blocks reported are exactly the ones loaded, each once, the missing one not.
+pub async fn assert_loads_report_what_landed(
+    tier: &dyn kv_tier_core::SecondaryTier,
+    keys: &[BlockKey],
+    missing: BlockKey,
+    block_size: usize,
+) {
+    assert!(store_keys(tier, keys, 0, block_size).await.is_success());
+    let mut job = kv_tier_core::LoadJob::default();
+    let mut readers = Vec::new();
+    for k in keys.iter().chain([&missing]) {
+        let (s, r) = sink(block_size);
+        job.blocks.push((*k, s));
+        readers.push(r);
+    }
+    let progress = job.progress.clone();
+    let res = within_deadline("load", tier.load(job)).await;
+    let reported = progress.keys();
+    let set = |ks: &[BlockKey]| ks.iter().copied().collect::<std::collections::HashSet<_>>();
+    assert_eq!(set(&res.ok), set(keys), "{res:?}");
+    assert_eq!(
+        set(&reported),
+        set(&res.ok),
+        "reported landed, against loaded: {res:?}"
+    );
+    assert_eq!(
+        reported.len(),
+        res.ok.len(),
+        "a block reported twice: {reported:?}"
+    );
+    assert!(!reported.contains(&missing));
+}
+
 /// Loads `keys` from `tier` as one job; returns the result and the bytes of each key that
 /// loaded (a key given more than once is returned once per sink, and not at all if any of
 /// its loads failed: the result does not say which sink that was). Panics if the job does
@@ -342,7 +377,17 @@ pub async fn load_keys(
         job.blocks.push((*k, s));
         readers.push((*k, r));
     }
+    let progress = job.progress.clone();
     let res = within_deadline("load", tier.load(job)).await;
+    // what the tier reported landed (`LoadProgress::landed`), it reports loaded
+    for k in progress.keys() {
+        let reported = progress.keys().iter().filter(|l| **l == k).count();
+        let loaded = res.ok.iter().filter(|l| **l == k).count();
+        assert!(
+            reported <= loaded,
+            "{k} reported landed {reported} times, loaded {loaded}: {res:?}"
+        );
+    }
     let ok: std::collections::HashSet<BlockKey> = res.ok.iter().copied().collect();
     // a key given twice whose loads went two ways is in both lists, and which of its sinks
     // was filled is not said: neither is served

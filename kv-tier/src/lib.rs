@@ -245,6 +245,16 @@
 //! ([`MissCause::RecomputeFaster`]): those promotions are never started, release their DRAM
 //! slots and leases, and count in the tier's `promotions_declined`.
 //!
+//! A promotion that was started can still fall behind: the tier slows down, a queue builds.
+//! With the policy on, a load job that has run `promotion_cut_margin` times (default 2, range
+//! 1 to 1000) the time its estimate gave it, at a pace at which its blocks not yet landed
+//! would take longer than recomputing them, is cut at the next scheduling step: the blocks it
+//! has landed are served, the rest are a `Miss` for their request (again
+//! [`MissCause::RecomputeFaster`]), every hold and slot is released, and the tier counts
+//! `load_jobs_cut` and `promotions_cut`. A tier tells the manager what landed through
+//! [`LoadJob::progress`] ([`LoadProgress::landed`], once per block that is whole and
+//! verified); a tier that reports nothing loses the whole job when it is cut.
+//!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let cfg = kv_tier::KvTierConfig::from_json_str(
@@ -338,13 +348,13 @@ use std::sync::Arc;
 pub use kv_tier_core::{
     AlignedBuf, BlockKey, BlockSink, BlockSource, BuildContext, Capability, Error, EventBatch,
     EventLog, EvictionPolicy, FailureCauses, JobResult, KvTierConfig, LatencyHistogram,
-    LoadEstimate, LoadJob, Locality, LookupResult, ManagerStats, Medium, MissCause, MissCounts,
-    Namespace, NotWritten, OffloadPolicy, PAGE_SIZE, PendingStore, PrefixCount, PreparedStore,
-    Presence, PrimaryStats, PrimaryTier, ProbeCache, ProtectGuard, ProtectionSet, RecomputeTime,
-    RequestContext, RequestId, Result, RunFields, SecondaryTier, SinkReader, StoreJob,
-    StoreReceipt, TierBuilder, TierEvent, TierFilter, TierInfo, TierOptions, TierRegistry,
-    TierSettings, TierSnapshot, TierSpec, TierStats, TieringManager, TieringManagerBuilder,
-    WriteBackPolicy, async_trait, count_prefix,
+    LoadEstimate, LoadJob, LoadProgress, Locality, LookupResult, ManagerStats, Medium, MissCause,
+    MissCounts, Namespace, NotWritten, OffloadPolicy, PAGE_SIZE, PendingStore, PrefixCount,
+    PreparedStore, Presence, PrimaryStats, PrimaryTier, ProbeCache, ProtectGuard, ProtectionSet,
+    RecomputeTime, RequestContext, RequestId, Result, RunFields, SecondaryTier, SinkReader,
+    StoreJob, StoreReceipt, TierBuilder, TierEvent, TierFilter, TierInfo, TierOptions,
+    TierRegistry, TierSettings, TierSnapshot, TierSpec, TierStats, TieringManager,
+    TieringManagerBuilder, WriteBackPolicy, async_trait, count_prefix,
 };
 
 /// Everything of the core crate: keys, layout, config, errors, events, the tier traits, the

@@ -105,6 +105,12 @@ struct RawConfig {
     write_back_max_dram_fraction: f64,
     #[serde(default)]
     prefill_tokens_per_s: Option<f64>,
+    #[serde(default = "default_promotion_cut_margin")]
+    promotion_cut_margin: f64,
+}
+
+fn default_promotion_cut_margin() -> f64 {
+    2.0
 }
 
 fn default_write_back_fraction() -> f64 {
@@ -217,6 +223,15 @@ pub struct KvTierConfig {
     /// times `blocks_per_chunk`. Engines whose rate depends on the batch give
     /// [`crate::TieringManagerBuilder::recompute_time`] instead.
     pub prefill_tokens_per_s: Option<f64>,
+    /// How far behind its estimate a promotion may fall before the load-or-recompute policy
+    /// may cut it (`promotion_cut_margin`, default 2, range 1 to 1,000; with a recompute time
+    /// only): a load job still running after this many times the time the tier's estimate
+    /// gave it when it was sent, at a pace at which the blocks it has not landed would take
+    /// longer than recomputing them (with none landed: when it ran longer than recomputing
+    /// them), is cut, at the next scheduling step. The blocks that landed are served, the rest are
+    /// a miss for its request ([`crate::MissCause::RecomputeFaster`]) and counted in the
+    /// tier's `promotions_cut`.
+    pub promotion_cut_margin: f64,
 }
 
 /// The documented range of every numeric field of [`KvTierConfig`], checked by
@@ -224,6 +239,7 @@ pub struct KvTierConfig {
 pub const RANGES: &[(&str, f64, f64)] = &[
     ("probe_timeout_s", PROBE_TIMEOUT.0, PROBE_TIMEOUT.1),
     ("prefill_tokens_per_s", PREFILL_RATE.0, PREFILL_RATE.1),
+    ("promotion_cut_margin", CUT_MARGIN.0, CUT_MARGIN.1),
     ("job_timeout_s", JOB_TIMEOUT.0, JOB_TIMEOUT.1),
     (
         "job_timeout_per_block_s",
@@ -260,6 +276,7 @@ pub const RANGES: &[(&str, f64, f64)] = &[
 ];
 const PROBE_TIMEOUT: (f64, f64) = (0.001, 600.0);
 const PREFILL_RATE: (f64, f64) = (1.0, 1e9);
+const CUT_MARGIN: (f64, f64) = (1.0, 1_000.0);
 const JOB_TIMEOUT: (f64, f64) = (0.01, 86_400.0);
 const JOB_TIMEOUT_PER_BLOCK: (f64, f64) = (0.0, 3_600.0);
 const LEASE: (f64, f64) = (0.001, 86_400.0);
@@ -295,6 +312,7 @@ impl KvTierConfig {
             shutdown_timeout_s: default_shutdown_timeout(),
             write_back_max_dram_fraction: default_write_back_fraction(),
             prefill_tokens_per_s: None,
+            promotion_cut_margin: default_promotion_cut_margin(),
         }
     }
 
@@ -473,6 +491,7 @@ impl KvTierConfig {
             shutdown_timeout_s: raw.shutdown_timeout_s,
             write_back_max_dram_fraction: raw.write_back_max_dram_fraction,
             prefill_tokens_per_s: raw.prefill_tokens_per_s,
+            promotion_cut_margin: raw.promotion_cut_margin,
         };
         cfg.validate_as_given()?;
         Ok(cfg)
@@ -564,6 +583,11 @@ impl KvTierConfig {
                 "write_back_max_dram_fraction",
                 self.write_back_max_dram_fraction,
                 WRITE_BACK_FRACTION,
+            ),
+            (
+                "promotion_cut_margin",
+                self.promotion_cut_margin,
+                CUT_MARGIN,
             ),
         ] {
             check_range(field, v, min, max)?;

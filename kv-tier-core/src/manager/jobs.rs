@@ -1,21 +1,24 @@
 //! Jobs: submitting store and load jobs with their deadlines, applying what completed (in
-//! submission order), sending queued promotions and probes, cancelling promotions.
+//! submission order), sending queued promotions and probes, cancelling promotions, and
+//! cutting load jobs that fell behind their estimate.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use futures::FutureExt;
+use futures::future::Either;
 use rustc_hash::{FxHashMap, FxHashSet};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use super::{State, TieringManager, lock};
 use crate::buf::BlockSink;
 use crate::error::Error;
 use crate::key::BlockKey;
 use crate::request::RequestId;
-use crate::tier::{JobResult, LoadJob, ProtectGuard, StoreJob, protect_caught};
+use crate::tier::{JobResult, LoadJob, LoadProgress, ProtectGuard, StoreJob, protect_caught};
 
 pub(super) enum Job {
     Store(StoreJob),
@@ -38,7 +41,18 @@ pub(super) struct JobInfo {
     /// was submitted.
     ahead: u64,
     started: Instant,
+    /// A load job's, under the load-or-recompute policy: what the tier's estimate gave it
+    /// when it was sent, where it reports its blocks as they land, and how to cut it (taken
+    /// when sent).
+    cut: Option<Cut>,
     _protect: ProtectGuard,
+}
+
+/// What cutting a load job needs.
+struct Cut {
+    expected: Duration,
+    progress: LoadProgress,
+    send: Option<oneshot::Sender<()>>,
 }
 
 impl JobInfo {
@@ -57,6 +71,8 @@ pub(super) struct Completion {
     result: JobResult,
     /// The job passed its deadline (`Timeout`) or panicked (`Panicked`): every key failed.
     abandoned: Option<Error>,
+    /// The job was cut: the keys that had not landed failed.
+    cut: bool,
 }
 
 /// Hands a job's result to the manager exactly once, even if the job's task is dropped (its
@@ -71,11 +87,37 @@ struct JobReport {
 
 impl JobReport {
     fn send(&mut self, result: JobResult, abandoned: Option<Error>) {
+        self.complete(result, abandoned, false);
+    }
+
+    /// A cut job: the keys of `landed` are loaded, every other one fails.
+    fn send_cut(&mut self, landed: &[BlockKey], after: Duration) {
+        let landed: FxHashSet<BlockKey> = landed.iter().copied().collect();
+        let err = Error::Timeout {
+            op: format!(
+                "load job on tier `{}`, cut behind its estimate (recomputing was faster)",
+                self.tier
+            ),
+            after,
+        };
+        let mut result = JobResult::default();
+        for k in self.keys.clone().unwrap_or_default() {
+            if landed.contains(&k) {
+                result.ok.push(k);
+            } else {
+                result.failed.push((k, err.clone()));
+            }
+        }
+        self.complete(result, None, true);
+    }
+
+    fn complete(&mut self, result: JobResult, abandoned: Option<Error>, cut: bool) {
         if self.keys.take().is_some() {
             lock(&self.inbox).push(Completion {
                 job: self.job,
                 result,
                 abandoned,
+                cut,
             });
             self.notify.notify_waiters();
         }
@@ -96,16 +138,18 @@ impl Drop for JobReport {
 impl TieringManager {
     /// Queues one job on the runtime: the tier protects its keys until the job is applied.
     pub(super) fn submit(&self, st: &mut State, tier: usize, req: RequestId, job: Job) {
-        let (kind, keys, bytes) = match &job {
+        let (kind, keys, bytes, progress) = match &job {
             Job::Store(j) => (
                 JobKind::Store,
                 j.keys(),
                 j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
+                None,
             ),
             Job::Load(j) => (
                 JobKind::Load,
                 j.keys(),
                 j.blocks.iter().map(|(_, s)| s.len() as u64).sum(),
+                Some(j.progress.clone()),
             ),
         };
         let ahead = if kind == JobKind::Load {
@@ -113,6 +157,29 @@ impl TieringManager {
         } else {
             0
         };
+        // a load job the policy may cut: one the tier's estimate gave a time
+        let (cut, cut_rx) = match progress {
+            Some(progress) if self.recompute.is_some() => {
+                match st.load_models[tier].estimate(ahead) {
+                    Some(e) => {
+                        let (send, rx) = oneshot::channel();
+                        let expected = e.ready_in(bytes);
+                        let send = Some(send);
+                        (
+                            Some(Cut {
+                                expected,
+                                progress,
+                                send,
+                            }),
+                            Some(rx),
+                        )
+                    }
+                    None => (None, None),
+                }
+            }
+            _ => (None, None),
+        };
+        let landed = cut.as_ref().map(|c| c.progress.clone());
         let t = self.tiers[tier].clone();
         // first, so a panic of the tier cannot leave half-made bookkeeping behind
         let protect = protect_caught(&*t, &keys);
@@ -147,6 +214,7 @@ impl TieringManager {
                 bytes,
                 ahead,
                 started: Instant::now(),
+                cut,
             },
         );
         let op = match kind {
@@ -164,6 +232,7 @@ impl TieringManager {
         );
         self.runtime.spawn(tracing::Instrument::instrument(
             async move {
+                let started = Instant::now();
                 let run = AssertUnwindSafe(async {
                     match job {
                         Job::Store(j) => t.store(j).await,
@@ -171,9 +240,29 @@ impl TieringManager {
                     }
                 })
                 .catch_unwind();
-                // At the deadline the job's future is dropped (tiers are cancellation-safe) and
-                // its buffers with it: the DRAM slots are released, whatever the tier was doing.
-                let abandoned = match tokio::time::timeout(deadline, run).await {
+                // At the deadline, or when the manager cuts the job, the job's future is
+                // dropped (tiers are cancellation-safe) and its buffers with it: the DRAM
+                // slots are released, whatever the tier was doing.
+                let timed = Box::pin(tokio::time::timeout(deadline, run));
+                let cut = Box::pin(async move {
+                    if let Some(rx) = cut_rx
+                        && rx.await.is_ok()
+                    {
+                        return;
+                    }
+                    // not cut: the job was applied, or cannot be cut
+                    std::future::pending::<()>().await
+                });
+                let finished = match futures::future::select(timed, cut).await {
+                    Either::Left((finished, _)) => finished,
+                    Either::Right(((), timed)) => {
+                        // gone before the landed blocks are read: none is written after
+                        drop(timed);
+                        let landed = landed.map(|p| p.keys()).unwrap_or_default();
+                        return report.send_cut(&landed, started.elapsed());
+                    }
+                };
+                let abandoned = match finished {
                     Ok(Ok(result)) => return report.send(result, None),
                     Ok(Err(_)) => Error::Panicked {
                         tier: report.tier.clone(),
@@ -191,8 +280,44 @@ impl TieringManager {
         ));
     }
 
-    /// Applies finished jobs and probe answers.
+    /// Cuts the load jobs that fell behind their estimate (see `promotion_cut_margin`): one
+    /// running longer than the margin times its estimate, at a pace at which the blocks it has
+    /// not landed would take longer than recomputing them (with none landed, the pace says
+    /// they take at least as long again as it ran). The cut job ends with the blocks that
+    /// landed; its result is applied as any other.
+    pub(super) fn cut_behind(&self, st: &mut State) {
+        let Some(recompute) = &self.recompute else {
+            return;
+        };
+        let margin = self.config.promotion_cut_margin;
+        let now = Instant::now();
+        for info in st.jobs.values_mut() {
+            let Some(c) = &mut info.cut else { continue };
+            let ran = now.saturating_duration_since(info.started);
+            if c.send.is_none() || ran < c.expected.mul_f64(margin) {
+                continue;
+            }
+            let landed = c.progress.keys().len().min(info.keys.len());
+            let rest = info.keys.len() - landed;
+            // the rest at the pace so far (none landed: at least as long again as it ran)
+            let remaining = if landed == 0 {
+                ran
+            } else {
+                ran.mul_f64(rest as f64 / landed as f64)
+            };
+            if rest > 0
+                && remaining > recompute.of(rest)
+                && let Some(send) = c.send.take()
+            {
+                let _ = send.send(());
+            }
+        }
+    }
+
+    /// Cuts the load jobs that fell behind (see [`TieringManager::cut_behind`]), then applies
+    /// finished jobs and probe answers.
     pub(super) fn drain(&self, st: &mut State) {
+        self.cut_behind(st);
         let mut done = std::mem::take(&mut *lock(&self.inbox));
         // In submission order, whatever order they finished in: what a step applies does not
         // depend on thread timing.
@@ -201,6 +326,7 @@ impl TieringManager {
             job,
             result,
             abandoned,
+            cut,
         } in done
         {
             let Some(info) = st.jobs.remove(&job) else {
@@ -267,8 +393,11 @@ impl TieringManager {
                 JobKind::Load => {
                     let now = Instant::now();
                     // what the tier's loads take now: a job that moved blocks, or ran into its
-                    // deadline (a slow tier is slow); not one that only failed fast
-                    if !ok_keys.is_empty() || matches!(abandoned, Some(Error::Timeout { .. })) {
+                    // deadline or was cut (a slow tier is slow); not one that only failed fast
+                    if !ok_keys.is_empty()
+                        || cut
+                        || matches!(abandoned, Some(Error::Timeout { .. }))
+                    {
                         st.load_models[info.tier].record(info.ahead, info.bytes, elapsed);
                     }
                     let (n, since) = &mut st.loading[info.tier];
@@ -291,9 +420,14 @@ impl TieringManager {
                     ts.load_jobs += 1;
                     ts.blocks_loaded += ok_keys.len() as u64;
                     ts.bytes_loaded += per_block * ok_keys.len() as u64;
-                    ts.load_failures += failed.len() as u64;
-                    for k in &failed {
-                        ts.load_failure_causes.record(errors.get(k).copied());
+                    if cut {
+                        ts.load_jobs_cut += 1;
+                        ts.promotions_cut += failed.len() as u64;
+                    } else {
+                        ts.load_failures += failed.len() as u64;
+                        for k in &failed {
+                            ts.load_failure_causes.record(errors.get(k).copied());
+                        }
                     }
                     ts.load_latency.record(elapsed);
                     crate::metrics::record_job(&self.names[info.tier], "load", elapsed);
@@ -316,7 +450,12 @@ impl TieringManager {
                     }
                     if !failed.is_empty() {
                         self.primary.complete_store(&failed, false);
-                        st.lookups[info.tier].mark_miss(&failed, info.req);
+                        if cut {
+                            // the tier has them: a miss for this request only, as declined
+                            st.lookups[info.tier].mark_declined(&failed, info.req);
+                        } else {
+                            st.lookups[info.tier].mark_miss(&failed, info.req);
+                        }
                     }
                 }
             }
@@ -334,6 +473,7 @@ impl TieringManager {
                 Job::Load(LoadJob {
                     requests: vec![req],
                     blocks,
+                    progress: LoadProgress::default(),
                 }),
             );
         }

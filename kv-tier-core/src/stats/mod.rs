@@ -176,6 +176,13 @@ pub struct TierStats {
     /// Blocks this tier had whose promotion the load-or-recompute policy declined (their load
     /// would have ended later than recomputing them); not in `hits`.
     pub promotions_declined: u64,
+    /// Load jobs cut mid-way by the load-or-recompute policy: running longer than
+    /// `promotion_cut_margin` times their estimate, at a pace slower than recomputing what
+    /// had not landed.
+    pub load_jobs_cut: u64,
+    /// Blocks of those jobs that had not landed when cut, recomputed instead; not in
+    /// `load_failures` (the blocks that had landed are in `blocks_loaded` and served).
+    pub promotions_cut: u64,
     /// Blocks loaded into DRAM.
     pub blocks_loaded: u64,
     /// Bytes read from the tier.

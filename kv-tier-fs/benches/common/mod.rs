@@ -149,8 +149,8 @@ pub(crate) fn tier_load(
             break;
         }
         js.push(LoadJob {
-            requests: Vec::new(),
             blocks,
+            ..Default::default()
         });
     }
     let t = Instant::now();

@@ -131,8 +131,8 @@ async fn dropped_futures_leave_nothing_protected_or_reserved() {
                         .collect();
                     run_or_drop(
                         tier.load(LoadJob {
-                            requests: Vec::new(),
                             blocks,
+                            ..Default::default()
                         }),
                         d,
                         at_first_poll,

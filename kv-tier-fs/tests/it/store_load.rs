@@ -341,8 +341,8 @@ async fn a_load_into_an_unaligned_sink_goes_through_a_bounce_buffer() {
     assert!(!sink.is_aligned(512));
     let res = tier
         .load(kv_tier_core::LoadJob {
-            requests: Vec::new(),
             blocks: vec![(k, sink)],
+            ..Default::default()
         })
         .await;
     assert!(res.is_success(), "{:?}", res.failed);
@@ -472,4 +472,14 @@ async fn many_writers_of_the_same_keys_through_two_instances_write_each_once() {
         a.shutdown().await.unwrap();
         b.shutdown().await.unwrap();
     }
+}
+
+/// Each block of a load is reported as it lands (`LoadProgress`: the manager keeps those of a
+/// load job it cuts), the missing one not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_reports_each_block_as_it_lands() {
+    let root = temp_root();
+    let tier = FsTier::open("fs", cfg(root.path()), ns(), BS).unwrap();
+    let keys: Vec<BlockKey> = (1..=5).map(test_key).collect();
+    kv_tier_testkit::assert_loads_report_what_landed(&tier, &keys, test_key(99), BS).await;
 }

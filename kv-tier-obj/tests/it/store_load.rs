@@ -190,3 +190,13 @@ async fn a_put_to_a_given_store_sends_a_copy_and_releases_its_source() {
     assert!(res.is_success(), "{:?}", res.failed);
     assert!(verify_block(&k, 0, &data[0].1));
 }
+
+/// Each block of a load over S3 is reported as it lands (`LoadProgress`: the manager keeps
+/// those of a load job it cuts), the missing one not.
+#[tokio::test]
+async fn a_load_reports_each_block_as_it_lands() {
+    let server = S3Server::start().await;
+    let tier = server.tier(server.config()).await;
+    let keys: Vec<_> = (1..=5).map(test_key).collect();
+    kv_tier_testkit::assert_loads_report_what_landed(&tier, &keys, test_key(99), BS).await;
+}

@@ -246,15 +246,16 @@ pub async fn wrong_sizes_are_refused_per_key(fx: &TierFixture) {
     assert_eq!(fx.tier.lookup(&ks).await.unwrap(), vec![false, true]);
     let (s, _r) = sink(fx.block_size / 2);
     let (s2, r2) = sink(fx.block_size);
-    let res = fx
-        .tier
-        .load(LoadJob {
-            requests: Vec::new(),
-            blocks: vec![(ks[1], s), (ks[1], s2)],
-        })
-        .await;
+    let job = LoadJob {
+        blocks: vec![(ks[1], s), (ks[1], s2)],
+        ..LoadJob::default()
+    };
+    let progress = job.progress.clone();
+    let res = fx.tier.load(job).await;
     assert_eq!(res.failed.len(), 1, "{res:?}");
     assert_eq!(res.ok, vec![ks[1]]);
+    // a block reported landed is one the job loads, never the one of the wrong size
+    assert!(progress.keys().len() <= 1, "{:?}", progress.keys());
     assert!(verify_block(&ks[1], 0, &r2.into_bytes().unwrap()));
 }
 
@@ -443,8 +444,8 @@ pub async fn a_job_holding_a_key_twice_stores_one_whole_copy(fx: &TierFixture) {
     let res = within(
         "a load with a key twice",
         fx.tier.load(LoadJob {
-            requests: Vec::new(),
             blocks: vec![(ks[0], s1), (ks[0], s2)],
+            ..LoadJob::default()
         }),
     )
     .await;

@@ -574,8 +574,8 @@ fn odd_obj_prefixes_round_trip_or_fail_cleanly() {
                 let (sink, reader) = kv_tier::BlockSink::pair(4096);
                 let loaded = obj
                     .load(kv_tier::LoadJob {
-                        requests: Vec::new(),
                         blocks: vec![(ks[0], sink)],
+                        ..Default::default()
                     })
                     .await
                     .is_success();
@@ -665,8 +665,8 @@ fn obj_numbers_at_their_edges_run_without_panics() {
                 let (sink, _reader) = kv_tier::BlockSink::pair(4096);
                 let _ = obj
                     .load(kv_tier::LoadJob {
-                        requests: Vec::new(),
                         blocks: vec![(ks[0], sink)],
+                        ..Default::default()
                     })
                     .await;
                 // the background sweeps run a while at these numbers

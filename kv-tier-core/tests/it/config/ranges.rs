@@ -16,6 +16,7 @@ fn every_numeric_option_out_of_range_is_refused_naming_it() {
         "job_timeout_s",
         "job_timeout_per_block_s",
         "lease_s",
+        "promotion_cut_margin",
     ];
     for f in fields {
         assert!(
@@ -38,9 +39,18 @@ fn every_numeric_option_out_of_range_is_refused_naming_it() {
     }
     let ok = KvTierConfig::from_json_str(
         r#"{"cpu_bytes_to_use": 8192, "block_size_bytes": 4096, "probe_timeout_s": 600,
-            "job_timeout_s": 86400, "job_timeout_per_block_s": 3600, "lease_s": 86400}"#,
+            "job_timeout_s": 86400, "job_timeout_per_block_s": 3600, "lease_s": 86400,
+            "promotion_cut_margin": 1000}"#,
     )
     .unwrap();
+    let at_one =
+        r#"{"cpu_bytes_to_use": 8192, "block_size_bytes": 4096, "promotion_cut_margin": 1}"#;
+    assert_eq!(
+        KvTierConfig::from_json_str(at_one)
+            .unwrap()
+            .promotion_cut_margin,
+        1.0
+    );
     // the largest deadline of any job converts without overflow
     assert!(ok.job_timeout(usize::MAX) > Duration::from_secs(86_400));
 }

@@ -1,7 +1,8 @@
 //! Load or recompute, on tokio's paused clock: the per-tier estimate of a load's time follows
 //! the jobs measured and counts what is queued ahead; with the engine's recompute time, a
 //! slow tier's hit is declined (and leaves nothing held), a fast tier's is taken, and a
-//! prefix is served as far as it pays.
+//! prefix is served as far as it pays; a promotion that falls behind its estimate, at a pace
+//! slower than recomputing what it has not landed, is cut and keeps what landed.
 
 use std::time::Duration;
 
@@ -256,4 +257,135 @@ async fn a_key_twice_in_a_declined_prefix_is_declined_once() {
     assert_counts_agree(&s);
     fx.m.on_request_finished(r.id);
     fx.assert_clean("after a declined duplicate").await;
+}
+
+/// A tier measured at 10 ms a job of 4 blocks, an engine that recomputes a block in
+/// `per_block` (and, with `policy` off, no recompute time): request 3's promotion of 4 blocks
+/// is sent; its job lands its first `landed` blocks and stalls until the returned gate opens.
+async fn stalled_promotion(
+    per_block: Option<Duration>,
+    landed: usize,
+) -> (HoldFx, kv_tier_testkit::Gate, RequestContext, Vec<BlockKey>) {
+    let fx = match per_block {
+        Some(d) => with_recompute(d, &keys(1, 16)).await,
+        None => hold_fx(&keys(1, 16)).await,
+    };
+    fx.ft.delay(Some(Duration::from_millis(10)));
+    promote_all(&fx, &keys(1, 4), 1).await;
+    promote_all(&fx, &keys(5, 4), 2).await;
+    let gate = fx.ft.stall_loads_after(landed);
+    let r = RequestContext::new(3);
+    let ks = keys(9, 4);
+    assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4]);
+    assert_eq!(fx.m.lookup_many(&ks, &r), vec![HitPending; 4]);
+    fx.m.on_schedule_end();
+    (fx, gate, r, ks)
+}
+
+/// One scheduling step `after` the last: the answers (the step's start applies what
+/// completed, and cuts what fell behind).
+async fn step_after(
+    fx: &HoldFx,
+    after: Duration,
+    ks: &[BlockKey],
+    r: &RequestContext,
+) -> Vec<kv_tier_core::LookupResult> {
+    tokio::time::sleep(after).await;
+    let answers = fx.m.lookup_many(ks, r);
+    fx.m.on_schedule_end();
+    answers
+}
+
+/// A promotion past twice its estimate (10 ms) whose two blocks left would take longer at its
+/// pace than recomputing them (10 ms a block) is cut at the next step: the two that landed
+/// are served with their bytes, the rest are a miss for the request (recomputing was faster,
+/// and stays so for it: no new load), counted as cut and not as failed, and nothing is left
+/// held, leased or reserved.
+#[tokio::test(start_paused = true)]
+async fn a_cut_promotion_keeps_what_landed_and_leaves_nothing_held() {
+    let (fx, gate, r, ks) = stalled_promotion(Some(Duration::from_millis(10)), 2).await;
+    // within twice its estimate: not cut
+    assert_eq!(
+        step_after(&fx, Duration::from_millis(15), &ks, &r).await,
+        vec![HitPending; 4]
+    );
+    // 25 ms in: past the margin, and the 2 blocks left would take 25 ms, recomputing them 20
+    assert_eq!(
+        step_after(&fx, Duration::from_millis(10), &ks, &r).await,
+        vec![HitPending; 4]
+    );
+    fx.m.wait_jobs().await;
+    assert_eq!(fx.m.lookup_many(&ks, &r), vec![Hit, Hit, Miss]);
+    assert_eq!(
+        fx.m.last_miss(r.id),
+        Some(MissCause::RecomputeFaster { tier: "fs".into() })
+    );
+    load_verify(&fx.m, &ks[..2]);
+    fx.m.on_schedule_end();
+    assert_eq!(fx.step(&ks, &r).await, vec![Hit, Hit, Miss]);
+    let s = fx.m.stats();
+    let t = &s.tiers[0];
+    assert_eq!(
+        (t.load_jobs, t.load_jobs_cut, t.promotions_cut),
+        (3, 1, 2),
+        "{t:?}"
+    );
+    assert_eq!((t.load_failures, t.blocks_loaded), (0, 10), "{t:?}");
+    assert_counts_agree(&s);
+    for k in &ks[2..] {
+        assert!(!fx.mem.is_protected(k), "{k} still leased");
+    }
+    fx.m.on_request_finished(r.id);
+    gate.open();
+    fx.assert_clean("after a cut").await;
+}
+
+/// Behind its estimate but at a pace that still beats recomputing (1 s a block), a promotion
+/// runs on and serves every block; without the engine's recompute time, none is ever cut.
+#[tokio::test(start_paused = true)]
+async fn a_promotion_behind_its_estimate_that_still_pays_runs_on() {
+    for per_block in [Some(Duration::from_secs(1)), None] {
+        let (fx, gate, r, ks) = stalled_promotion(per_block, 2).await;
+        assert_eq!(
+            step_after(&fx, Duration::from_millis(500), &ks, &r).await,
+            vec![HitPending; 4]
+        );
+        assert_eq!(
+            step_after(&fx, Duration::from_millis(500), &ks, &r).await,
+            vec![HitPending; 4]
+        );
+        gate.open();
+        fx.m.wait_jobs().await;
+        assert_eq!(fx.step(&ks, &r).await, vec![Hit; 4], "{per_block:?}");
+        let t = &fx.m.stats().tiers[0];
+        assert_eq!((t.load_jobs_cut, t.promotions_cut), (0, 0), "{per_block:?}");
+        fx.m.on_request_finished(r.id);
+        fx.assert_clean("after a slow promotion").await;
+    }
+}
+
+/// A promotion that landed nothing is cut once it has run longer than recomputing its blocks
+/// (4 blocks at 10 ms: 40 ms), not at the margin alone.
+#[tokio::test(start_paused = true)]
+async fn a_promotion_that_landed_nothing_is_cut_once_recomputing_would_have_ended() {
+    let (fx, gate, r, ks) = stalled_promotion(Some(Duration::from_millis(10)), 0).await;
+    assert_eq!(
+        step_after(&fx, Duration::from_millis(30), &ks, &r).await,
+        vec![HitPending; 4]
+    );
+    assert_eq!(
+        step_after(&fx, Duration::from_millis(15), &ks, &r).await,
+        vec![HitPending; 4]
+    );
+    fx.m.wait_jobs().await;
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    let t = &fx.m.stats().tiers[0];
+    assert_eq!(
+        (t.load_jobs_cut, t.promotions_cut, t.load_failures),
+        (1, 4, 0),
+        "{t:?}"
+    );
+    fx.m.on_request_finished(r.id);
+    gate.open();
+    fx.assert_clean("after a cut of nothing landed").await;
 }
