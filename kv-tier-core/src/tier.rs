@@ -111,9 +111,34 @@ impl LoadProgress {
         lock(&self.0).push(key);
     }
 
+    /// [`LoadProgress::landed`] of `key` once its load ended well, after `sink` is dropped:
+    /// what a tier calls with each block's outcome. Returns `result`.
+    pub fn finish<T, E>(
+        &self,
+        key: BlockKey,
+        sink: BlockSink,
+        result: std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        drop(sink);
+        if result.is_ok() {
+            self.landed(key);
+        }
+        result
+    }
+
     /// The keys reported landed so far, in the order they landed.
     pub fn keys(&self) -> Vec<BlockKey> {
         lock(&self.0).clone()
+    }
+
+    /// How many keys were reported landed so far.
+    pub fn len(&self) -> usize {
+        lock(&self.0).len()
+    }
+
+    /// Whether none was.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

@@ -478,11 +478,7 @@ impl SecondaryTier for FsTier {
                 // (a damaged file a load removes is reported removed by the removal)
                 |files, key, (mut sink, progress), _| {
                     let r = files.load_block(key, &mut sink);
-                    drop(sink);
-                    if r.is_ok() {
-                        progress.landed(*key);
-                    }
-                    r
+                    progress.finish(*key, sink, r)
                 },
             )
             .await

@@ -273,11 +273,7 @@ impl ObjTier {
         let results: Vec<(BlockKey, Result<()>)> = futures::stream::iter(job.blocks)
             .map(|(k, mut sink)| async move {
                 let r = inner.load_block(k, &mut sink).await;
-                drop(sink);
-                if r.is_ok() {
-                    progress.landed(k);
-                }
-                (k, r)
+                (k, progress.finish(k, sink, r))
             })
             .buffer_unordered(inner.io_threads)
             .collect()

@@ -380,9 +380,10 @@ pub async fn load_keys(
     let progress = job.progress.clone();
     let res = within_deadline("load", tier.load(job)).await;
     // what the tier reported landed (`LoadProgress::landed`), it reports loaded
-    for k in progress.keys() {
-        let reported = progress.keys().iter().filter(|l| **l == k).count();
-        let loaded = res.ok.iter().filter(|l| **l == k).count();
+    let landed = progress.keys();
+    for k in &landed {
+        let reported = landed.iter().filter(|l| *l == k).count();
+        let loaded = res.ok.iter().filter(|l| *l == k).count();
         assert!(
             reported <= loaded,
             "{k} reported landed {reported} times, loaded {loaded}: {res:?}"

@@ -158,24 +158,21 @@ impl TieringManager {
             0
         };
         // a load job the policy may cut: one the tier's estimate gave a time
-        let (cut, cut_rx) = match progress {
-            Some(progress) if self.recompute.is_some() => {
-                match st.load_models[tier].estimate(ahead) {
-                    Some(e) => {
-                        let (send, rx) = oneshot::channel();
-                        let expected = e.ready_in(bytes);
-                        let send = Some(send);
-                        (
-                            Some(Cut {
-                                expected,
-                                progress,
-                                send,
-                            }),
-                            Some(rx),
-                        )
-                    }
-                    None => (None, None),
-                }
+        let estimate = self
+            .recompute
+            .as_ref()
+            .and_then(|_| st.load_models[tier].estimate(ahead));
+        let (cut, cut_rx) = match (progress, estimate) {
+            (Some(progress), Some(e)) => {
+                let (send, rx) = oneshot::channel();
+                let expected = e.ready_in(bytes);
+                let send = Some(send);
+                let cut = Cut {
+                    expected,
+                    progress,
+                    send,
+                };
+                (Some(cut), Some(rx))
             }
             _ => (None, None),
         };
@@ -256,7 +253,9 @@ impl TieringManager {
                 let finished = match futures::future::select(timed, cut).await {
                     Either::Left((finished, _)) => finished,
                     Either::Right(((), timed)) => {
-                        // gone before the landed blocks are read: none is written after
+                        // dropped before the landed blocks are read; a block reported after
+                        // (a tier's own thread may still hold a sink, pinning its slot until
+                        // it drops) is not served
                         drop(timed);
                         let landed = landed.map(|p| p.keys()).unwrap_or_default();
                         return report.send_cut(&landed, started.elapsed());
@@ -297,7 +296,7 @@ impl TieringManager {
             if c.send.is_none() || ran < c.expected.mul_f64(margin) {
                 continue;
             }
-            let landed = c.progress.keys().len().min(info.keys.len());
+            let landed = c.progress.len().min(info.keys.len());
             let rest = info.keys.len() - landed;
             // the rest at the pace so far (none landed: at least as long again as it ran)
             let remaining = if landed == 0 {

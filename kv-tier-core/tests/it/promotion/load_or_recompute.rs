@@ -282,18 +282,16 @@ async fn stalled_promotion(
     (fx, gate, r, ks)
 }
 
-/// One scheduling step `after` the last: the answers (the step's start applies what
-/// completed, and cuts what fell behind).
-async fn step_after(
-    fx: &HoldFx,
-    after: Duration,
-    ks: &[BlockKey],
-    r: &RequestContext,
-) -> Vec<kv_tier_core::LookupResult> {
+/// One scheduling step `after` the last (its start applies what completed, and cuts what fell
+/// behind): the promotion of `ks` is still pending.
+async fn assert_pending_after(fx: &HoldFx, after: Duration, ks: &[BlockKey], r: &RequestContext) {
     tokio::time::sleep(after).await;
-    let answers = fx.m.lookup_many(ks, r);
+    assert_eq!(
+        fx.m.lookup_many(ks, r),
+        vec![HitPending; 4],
+        "{after:?} later"
+    );
     fx.m.on_schedule_end();
-    answers
 }
 
 /// A promotion past twice its estimate (10 ms) whose two blocks left would take longer at its
@@ -305,15 +303,9 @@ async fn step_after(
 async fn a_cut_promotion_keeps_what_landed_and_leaves_nothing_held() {
     let (fx, gate, r, ks) = stalled_promotion(Some(Duration::from_millis(10)), 2).await;
     // within twice its estimate: not cut
-    assert_eq!(
-        step_after(&fx, Duration::from_millis(15), &ks, &r).await,
-        vec![HitPending; 4]
-    );
+    assert_pending_after(&fx, Duration::from_millis(15), &ks, &r).await;
     // 25 ms in: past the margin, and the 2 blocks left would take 25 ms, recomputing them 20
-    assert_eq!(
-        step_after(&fx, Duration::from_millis(10), &ks, &r).await,
-        vec![HitPending; 4]
-    );
+    assert_pending_after(&fx, Duration::from_millis(10), &ks, &r).await;
     fx.m.wait_jobs().await;
     assert_eq!(fx.m.lookup_many(&ks, &r), vec![Hit, Hit, Miss]);
     assert_eq!(
@@ -346,14 +338,8 @@ async fn a_cut_promotion_keeps_what_landed_and_leaves_nothing_held() {
 async fn a_promotion_behind_its_estimate_that_still_pays_runs_on() {
     for per_block in [Some(Duration::from_secs(1)), None] {
         let (fx, gate, r, ks) = stalled_promotion(per_block, 2).await;
-        assert_eq!(
-            step_after(&fx, Duration::from_millis(500), &ks, &r).await,
-            vec![HitPending; 4]
-        );
-        assert_eq!(
-            step_after(&fx, Duration::from_millis(500), &ks, &r).await,
-            vec![HitPending; 4]
-        );
+        assert_pending_after(&fx, Duration::from_millis(500), &ks, &r).await;
+        assert_pending_after(&fx, Duration::from_millis(500), &ks, &r).await;
         gate.open();
         fx.m.wait_jobs().await;
         assert_eq!(fx.step(&ks, &r).await, vec![Hit; 4], "{per_block:?}");
@@ -369,14 +355,8 @@ async fn a_promotion_behind_its_estimate_that_still_pays_runs_on() {
 #[tokio::test(start_paused = true)]
 async fn a_promotion_that_landed_nothing_is_cut_once_recomputing_would_have_ended() {
     let (fx, gate, r, ks) = stalled_promotion(Some(Duration::from_millis(10)), 0).await;
-    assert_eq!(
-        step_after(&fx, Duration::from_millis(30), &ks, &r).await,
-        vec![HitPending; 4]
-    );
-    assert_eq!(
-        step_after(&fx, Duration::from_millis(15), &ks, &r).await,
-        vec![HitPending; 4]
-    );
+    assert_pending_after(&fx, Duration::from_millis(30), &ks, &r).await;
+    assert_pending_after(&fx, Duration::from_millis(15), &ks, &r).await;
     fx.m.wait_jobs().await;
     assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
     let t = &fx.m.stats().tiers[0];
