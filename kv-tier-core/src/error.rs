@@ -15,8 +15,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A configuration value is invalid. `field` is a path such as `secondary_tiers[0].root_dir`.
-    #[error("invalid config field `{field}`: {reason}")]
+    /// A configuration value is invalid. `field` is a path such as `secondary_tiers[0].root_dir`
+    /// (empty when the config as a whole is: not JSON, not an object).
+    #[error("{}", config_message(.field, .reason))]
     InvalidConfig {
         /// The offending field, as a path into the config JSON.
         field: String,
@@ -117,7 +118,8 @@ pub enum Error {
         "write-back to tier `{tier}` is full ({queued_bytes} of {limit_bytes} bytes queued): try again after the next step"
     )]
     WriteBackFull {
-        /// The tier (or `"dram"` for the pool-wide limit).
+        /// The tier (or the primary's name, [`crate::tier::PRIMARY_TIER_NAME`], for the
+        /// pool-wide limit on DRAM pinned for write-back).
         tier: String,
         /// Bytes queued or in flight.
         queued_bytes: u64,
@@ -244,6 +246,15 @@ fn io_is_transient(e: &io::Error) -> bool {
     )
 }
 
+/// "invalid config field `FIELD`: REASON", or "invalid config: REASON" with no field.
+fn config_message(field: &str, reason: &str) -> String {
+    if field.is_empty() {
+        format!("invalid config: {reason}")
+    } else {
+        format!("invalid config field `{field}`: {reason}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +282,8 @@ mod tests {
             e.to_string(),
             "invalid config field `secondary_tiers[1].cpu_bytes_to_use`: must be positive"
         );
+        let e = Error::config("", "not valid JSON: EOF");
+        assert_eq!(e.to_string(), "invalid config: not valid JSON: EOF");
         let e = Error::io("open", "/tmp/a.bin", io::Error::from_raw_os_error(2));
         assert!(e.to_string().contains("/tmp/a.bin"), "{e}");
     }

@@ -373,6 +373,11 @@ fn publish(book: &Book, s: &ManagerStats, block_size: usize) {
             t.promotions_declined,
         );
         c(
+            "kv_tier_probes_not_waited_total",
+            "Key lookups whose probe the load-or-recompute policy did not wait for.",
+            t.probes_not_waited,
+        );
+        c(
             "kv_tier_load_jobs_cut_total",
             "Load jobs the load-or-recompute policy cut mid-way.",
             t.load_jobs_cut,

@@ -518,6 +518,10 @@ pub struct PreparedStore {
     pub evicted: Vec<BlockKey>,
 }
 
+/// The name the primary (DRAM) tier goes by in errors, events and stats, whatever its
+/// implementation (vLLM's medium `CPU`): `kv_tier_cpu::CPU_TIER_NAME` is this.
+pub const PRIMARY_TIER_NAME: &str = "cpu";
+
 /// The DRAM primary tier as the manager sees it. Synchronous and non-blocking: it is called
 /// from the scheduler's thread.
 pub trait PrimaryTier: Send + Sync + fmt::Debug + 'static {

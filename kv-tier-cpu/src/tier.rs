@@ -13,7 +13,7 @@ use crate::policy::Policy;
 use crate::region::Region;
 
 /// The name used in events and statistics.
-pub const CPU_TIER_NAME: &str = "cpu";
+pub const CPU_TIER_NAME: &str = kv_tier_core::tier::PRIMARY_TIER_NAME;
 
 /// Settings of a [`CpuTier`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -245,6 +245,16 @@
 //! ([`MissCause::RecomputeFaster`]): those promotions are never started, release their DRAM
 //! slots and leases, and count in the tier's `promotions_declined`.
 //!
+//! A request that waits resumes only at the next scheduling step, so the manager weighs a
+//! wait at the whole steps it spans, at least one: it measures the engine's step (the median
+//! interval of the last 15 `on_schedule_end` calls). An engine with long steps waits for
+//! less; a probe not answered yet (`Retry`) is not waited for when even finding every key
+//! asked could not pay for the step the request would wait: the request goes on with what it
+//! has, and the probe still answers for the requests after it. No request waits on a guess:
+//! until two steps have ended no probe is waited for, and a tier whose loads are not measured
+//! yet is not waited for either; its first promotion is sent anyway, held for no request, so
+//! its blocks land in DRAM for the next requests and its time measures the tier.
+//!
 //! A promotion that was started can still fall behind: the tier slows down, a queue builds.
 //! With the policy on, a load job that has run `promotion_cut_margin` times (default 2, range
 //! 1 to 1000) the time its estimate gave it, at a pace at which its blocks not yet landed

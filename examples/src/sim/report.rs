@@ -74,6 +74,12 @@ pub struct PerRequest {
     pub load_policy: bool,
     /// Blocks whose promotion the policy declined (every tier).
     pub promotions_declined: u64,
+    /// Key lookups whose probe the policy did not wait for (every tier).
+    pub probes_not_waited: u64,
+    /// Load jobs the policy cut, behind their estimate (every tier).
+    pub load_jobs_cut: u64,
+    /// Blocks those cut jobs had not landed (every tier).
+    pub promotions_cut: u64,
 }
 
 /// Hits before and after a restart of the manager on the same root.
@@ -341,6 +347,9 @@ pub(super) fn accumulate(s: &mut ManagerStats, earlier: &ManagerStats) {
         for (a, b) in [
             (&mut t.hits, e.hits),
             (&mut t.promotions_declined, e.promotions_declined),
+            (&mut t.load_jobs_cut, e.load_jobs_cut),
+            (&mut t.probes_not_waited, e.probes_not_waited),
+            (&mut t.promotions_cut, e.promotions_cut),
             (&mut t.retry_waits, e.retry_waits),
             (&mut t.not_admitted, e.not_admitted),
             (&mut t.over_write_budget, e.over_write_budget),
@@ -507,6 +516,9 @@ pub(super) fn fill(
             wait_over_recompute_p99_ms: quantile(&t.wait_over_recompute_ms, 0.99),
             load_policy: cfg.load_policy,
             promotions_declined: s.tiers.iter().map(|t| t.promotions_declined).sum(),
+            load_jobs_cut: s.tiers.iter().map(|t| t.load_jobs_cut).sum(),
+            probes_not_waited: s.tiers.iter().map(|t| t.probes_not_waited).sum(),
+            promotions_cut: s.tiers.iter().map(|t| t.promotions_cut).sum(),
         },
         promotions_unused: t.promoted_unused.len() as u64,
         promotions_unused_bytes: t.promoted_unused.len() as u64 * block,
@@ -845,11 +857,14 @@ fn render_yardstick(r: &Report) -> String {
         p.waited_for_nothing
     );
     o += &format!(
-        "  load or recompute     a wait less the recompute of the tier tokens it brought: p50 {:.1} ms, p99 {:.1} ms; load policy {} (--load-policy), {} promotions declined\n",
+        "  load or recompute     a wait less the recompute of the tier tokens it brought: p50 {:.1} ms, p99 {:.1} ms; load policy {} (--load-policy), {} promotions declined, {} probes not waited for, {} load jobs cut ({} blocks not landed)\n",
         p.wait_over_recompute_p50_ms,
         p.wait_over_recompute_p99_ms,
         if p.load_policy { "on" } else { "off" },
-        p.promotions_declined
+        p.promotions_declined,
+        p.probes_not_waited,
+        p.load_jobs_cut,
+        p.promotions_cut
     );
     o += &format!(
         "  promotions unused     {} blocks ({:.2} GiB) promoted into DRAM that no request was served from afterwards\n",

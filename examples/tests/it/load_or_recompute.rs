@@ -6,9 +6,9 @@ use kv_tier_examples::sim::run;
 
 use crate::support::*;
 
-/// With recompute nearly free (1e9 tokens/s) every promotion from a tier the manager has
-/// measured is slower than recomputing: with the policy, promotions are declined and their
-/// tokens attributed to `lost/recompute_faster/fs`; without it, the same seed declines none.
+/// With recompute nearly free (1e9 tokens/s) no wait pays, not even a step's for a probe:
+/// with the policy, no request waits, the probes are not waited for and those tokens are
+/// attributed to `lost/recompute_faster/fs`; without it, the same seed declines none.
 #[test]
 fn with_recompute_nearly_free_promotions_are_declined_and_attributed() {
     let mut cfg = small(5);
@@ -20,7 +20,7 @@ fn with_recompute_nearly_free_promotions_are_declined_and_attributed() {
     check_attribution(&on);
     assert!(on.per_request.load_policy);
     assert!(
-        on.per_request.promotions_declined > 0,
+        on.per_request.probes_not_waited > 0 && on.per_request.requests_waited == 0,
         "{:?}",
         on.per_request
     );
@@ -34,7 +34,15 @@ fn with_recompute_nearly_free_promotions_are_declined_and_attributed() {
     cfg.load_policy = false;
     let off = run(&cfg).unwrap();
     check_consistent(&off);
-    assert_eq!(off.per_request.promotions_declined, 0);
+    assert_eq!(
+        (
+            off.per_request.promotions_declined,
+            off.per_request.probes_not_waited,
+            off.per_request.load_jobs_cut,
+            off.per_request.promotions_cut
+        ),
+        (0, 0, 0, 0)
+    );
     assert!(
         !off.attribution
             .keys()

@@ -320,6 +320,7 @@ impl TieringManagerBuilder {
                 jobs: FxHashMap::default(),
                 loading: vec![(0, tokio::time::Instant::now()); tiers.len()],
                 load_models: tiers.iter().map(|_| Default::default()).collect(),
+                steps: Default::default(),
                 next_job: 0,
                 pending_stores: FxHashMap::default(),
                 finishing: FxHashSet::default(),

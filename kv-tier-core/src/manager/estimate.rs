@@ -9,6 +9,11 @@
 //! measured time against their `ahead + bytes`), so the estimate follows the tier as it
 //! speeds up or slows down, and what is queued ahead of a new job counts as it did for the
 //! jobs measured.
+//!
+//! A request that waits for a load resumes only at a scheduling step: its wait is a whole
+//! number of steps, at least one. The manager measures the engine's steps ([`StepClock`]: the
+//! median of the last [`STEPS`] intervals between `on_schedule_end` calls) and weighs a wait
+//! at the steps it spans.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -84,6 +89,55 @@ impl fmt::Debug for RecomputeTime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("RecomputeTime").field(&self.of(1)).finish()
     }
+}
+
+/// Scheduling steps the step interval is the median of (the most recent).
+pub(super) const STEPS: usize = 15;
+
+/// The engine's scheduling steps: the instants `on_schedule_end` was called at, the last
+/// [`STEPS`] + 1 of them.
+#[derive(Debug, Default)]
+pub(super) struct StepClock {
+    ends: VecDeque<tokio::time::Instant>,
+}
+
+impl StepClock {
+    /// A step ended at `now`.
+    pub(super) fn tick(&mut self, now: tokio::time::Instant) {
+        if self.ends.len() == STEPS + 1 {
+            self.ends.pop_front();
+        }
+        self.ends.push_back(now);
+    }
+
+    /// The median interval between the steps measured; `None` before two steps ended, or
+    /// when the median step took no measurable time (a wait is then taken as it is).
+    pub(super) fn interval(&self) -> Option<Duration> {
+        let mut gaps: Vec<Duration> = self
+            .ends
+            .iter()
+            .zip(self.ends.iter().skip(1))
+            .map(|(a, b)| b.saturating_duration_since(*a))
+            .collect();
+        if gaps.is_empty() {
+            return None;
+        }
+        gaps.sort_unstable();
+        Some(gaps[gaps.len() / 2]).filter(|d| !d.is_zero())
+    }
+}
+
+/// What waiting `wait` costs a request at steps of `step`: the whole steps it spans (at least
+/// one), or `wait` itself when the steps are not known.
+pub(super) fn whole_steps(wait: Duration, step: Option<Duration>) -> Duration {
+    let Some(step) = step else {
+        return wait;
+    };
+    let n = (wait.as_secs_f64() / step.as_secs_f64()).ceil().max(1.0);
+    // never less than the wait itself (the product may round, or saturate)
+    Duration::try_from_secs_f64((n * step.as_secs_f64()).min(1e9))
+        .unwrap_or(Duration::MAX)
+        .max(wait)
 }
 
 /// One tier's recent load jobs: `(ahead + bytes, seconds)` each.
@@ -215,6 +269,44 @@ mod tests {
         assert_eq!(e.ready_in(1000), Duration::from_millis(100));
         assert_eq!(m.estimate(0).unwrap().jobs, WINDOW);
         assert!(LoadModel::default().estimate(0).is_none());
+    }
+
+    #[test]
+    fn a_wait_costs_the_whole_steps_it_spans() {
+        let ms = Duration::from_millis;
+        let step = Some(ms(100));
+        assert_eq!(whole_steps(ms(1), step), ms(100));
+        assert_eq!(whole_steps(ms(100), step), ms(100));
+        assert_eq!(whole_steps(ms(101), step), ms(200));
+        assert_eq!(whole_steps(ms(101), None), ms(101));
+        assert_eq!(whole_steps(Duration::MAX, step), Duration::MAX);
+    }
+
+    #[test]
+    fn the_step_interval_is_the_median_of_the_last_steps() {
+        let t0 = tokio::time::Instant::now();
+        let mut c = StepClock::default();
+        assert_eq!(c.interval(), None);
+        c.tick(t0);
+        assert_eq!(c.interval(), None);
+        // one long step among short ones does not move the median
+        let mut t = t0;
+        for gap in [10, 10, 500, 10, 12] {
+            t += Duration::from_millis(gap);
+            c.tick(t);
+        }
+        assert_eq!(c.interval(), Some(Duration::from_millis(10)));
+        // the last STEPS intervals only
+        for _ in 0..STEPS {
+            t += Duration::from_millis(40);
+            c.tick(t);
+        }
+        assert_eq!(c.interval(), Some(Duration::from_millis(40)));
+        // steps that take no time say nothing
+        let mut c = StepClock::default();
+        c.tick(t0);
+        c.tick(t0);
+        assert_eq!(c.interval(), None);
     }
 
     #[test]

@@ -397,7 +397,15 @@ impl TieringManager {
                         || cut
                         || matches!(abandoned, Some(Error::Timeout { .. }))
                     {
-                        st.load_models[info.tier].record(info.ahead, info.bytes, elapsed);
+                        // a cut job is taken at its pace: the time all its blocks would
+                        // have taken (none landed: at least twice what it ran, as the cut
+                        // judged it)
+                        let took = match (cut, ok_keys.len()) {
+                            (false, _) => elapsed,
+                            (true, 0) => elapsed * 2,
+                            (true, n) => elapsed.mul_f64(info.keys.len() as f64 / n as f64),
+                        };
+                        st.load_models[info.tier].record(info.ahead, info.bytes, took);
                     }
                     let (n, since) = &mut st.loading[info.tier];
                     *n -= 1;
@@ -451,7 +459,13 @@ impl TieringManager {
                         self.primary.complete_store(&failed, false);
                         if cut {
                             // the tier has them: a miss for this request only, as declined
-                            st.lookups[info.tier].mark_declined(&failed, info.req);
+                            // (by every tier: another one does not serve them instead),
+                            // while the request lives (its tier tracks it until it ends)
+                            if st.lookups[info.tier].tracks(info.req) {
+                                for l in &mut st.lookups {
+                                    l.mark_declined(&failed, info.req);
+                                }
+                            }
                         } else {
                             st.lookups[info.tier].mark_miss(&failed, info.req);
                         }

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 use tokio::time::Instant;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -58,6 +59,8 @@ struct State {
     loading: Vec<(usize, Instant)>,
     /// Per tier, its recent load jobs, for [`TieringManager::load_estimate`].
     load_models: Vec<estimate::LoadModel>,
+    /// The engine's scheduling steps, for the whole steps a wait spans.
+    steps: estimate::StepClock,
     next_job: u64,
     pending_stores: FxHashMap<RequestId, usize>,
     finishing: FxHashSet<RequestId>,
@@ -226,7 +229,7 @@ impl TieringManager {
         let results = self.lookup_many(keys, req);
         let mut count = count_prefix(results.iter().copied());
         let st = lock(&self.state);
-        let mut ready = Some(std::time::Duration::ZERO);
+        let mut ready = Some(Duration::ZERO);
         let mut tiers = FxHashSet::default();
         for k in &keys[..count.present] {
             if let Some((_, i)) = st.promoting.get(k) {
@@ -292,11 +295,24 @@ impl TieringManager {
     /// present run that saves the most time: of each length `k`, the time to recompute its
     /// `k` blocks less the wait for them (nothing for blocks in DRAM; for the others, the
     /// [`TieringManager::load_estimate`] of the slowest tier they come from, with what is
-    /// queued ahead of them). The promotions past it are declined: their DRAM slots and the
-    /// tiers' leases are released, their blocks are a `Miss` for the request
-    /// ([`MissCause::RecomputeFaster`], again at its later lookups: it recomputes them), and
-    /// they count in the tier's `promotions_declined`. A tier not measured yet is taken at
-    /// its word (no wait). A single-key [`TieringManager::lookup`] is not judged: a prefix is.
+    /// queued ahead of them). A request that waits resumes only at a scheduling step, so a
+    /// wait costs the whole steps it spans, at least one (the step: the median interval of
+    /// the last 15 [`TieringManager::on_schedule_end`] calls; taken as it is before two
+    /// steps ended). The promotions past it are declined: their DRAM slots and the tiers'
+    /// leases are released, their blocks are a `Miss` for the request
+    /// ([`MissCause::RecomputeFaster`], again at its later lookups, in every tier: it
+    /// recomputes them), and they count in the tier's `promotions_declined`.
+    ///
+    /// A `Retry` just past the run (a probe not answered yet) is weighed the same way: if
+    /// even every key asked found present could not save more than the run alone once the
+    /// request waits a step for it, the request does not wait: that key and the rest are a
+    /// `Miss` (`RecomputeFaster`) for it, and the probe goes on for others.
+    ///
+    /// No request waits on a guess: before the steps are measured a `Retry` is not waited
+    /// for, and the run ends before the first block of a tier whose loads are not measured
+    /// yet. That tier's promotion is still sent if it has no other load (counted declined:
+    /// it is held for no request); it lands in DRAM for the requests after, and its time
+    /// measures the tier. A single-key [`TieringManager::lookup`] is not judged: a prefix is.
     pub fn lookup_many(&self, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
         let mut st = self.begin();
         // every key asked for counts towards admission, past a miss too (as vLLM counts)
@@ -339,7 +355,10 @@ impl TieringManager {
     }
 
     /// The load-or-recompute policy of [`TieringManager::lookup_many`] over its `results`
-    /// for `keys`: cuts the present run to the length that saves the most time.
+    /// for `keys`: cuts the present run to the length that saves the most time, weighing a
+    /// wait at the whole scheduling steps it spans; and answers `Miss` in place of a `Retry`
+    /// just past the run when even every key past it found at once could not pay for the step
+    /// the request would wait.
     fn load_or_recompute(
         &self,
         st: &mut State,
@@ -348,19 +367,20 @@ impl TieringManager {
         results: &mut Vec<LookupResult>,
         recompute: &RecomputeTime,
     ) {
+        let asked = results.len();
         let present = results
             .iter()
             .take_while(|r| matches!(r, LookupResult::Hit | LookupResult::HitPending))
             .count();
-        // per position of the run: the tier its promotion reads from (none: in DRAM, or
-        // written there by a store), and whether this request queued it this step
+        // per position asked: the tier its promotion reads from (none: in DRAM, written there
+        // by a store, or not found yet), and the keys this request queued this step
         let queued: FxHashSet<BlockKey> = st
             .promotions
             .iter()
             .filter(|((_, r), _)| *r == req)
             .flat_map(|(_, blocks)| blocks.iter().map(|(k, _)| *k))
             .collect();
-        let from: Vec<Option<usize>> = keys[..present]
+        let from: Vec<Option<usize>> = keys[..asked]
             .iter()
             .map(|k| st.promoting.get(k).map(|(_, i)| *i))
             .collect();
@@ -386,29 +406,96 @@ impl TieringManager {
                 estimates.insert(*i, e);
             }
         }
-        if estimates.is_empty() {
-            return;
-        }
+        let step = st.steps.interval();
+        // the run as far as it is judged: up to the first block of a tier not measured yet
+        let judged = (0..present)
+            .find(|&p| from[p].is_some_and(|i| !estimates.contains_key(&i)))
+            .unwrap_or(present);
         let mut own_so_far: FxHashMap<usize, u64> = FxHashMap::default();
-        let mut saved = vec![0.0; present + 1];
-        let mut wait = std::time::Duration::ZERO;
-        for k in 1..=present {
+        let mut saved = vec![0.0; judged + 1];
+        let mut wait = Duration::ZERO;
+        // a wait at all: some block of the prefix is not in DRAM yet
+        let mut waits = false;
+        for k in 1..=judged {
             if let Some(i) = from[k - 1] {
+                waits = true;
                 let so_far = own_so_far.entry(i).or_default();
                 *so_far += own[k - 1];
                 if let Some(e) = estimates.get(&i) {
                     wait = wait.max(e.ready_in(*so_far));
                 }
             }
-            saved[k] = recompute.of(k).as_secs_f64() - wait.as_secs_f64();
+            let cost = if waits {
+                estimate::whole_steps(wait, step)
+            } else {
+                Duration::ZERO
+            };
+            saved[k] = recompute.of(k).as_secs_f64() - cost.as_secs_f64();
         }
-        let keep = estimate::paying_prefix(present, |k| saved[k]);
-        if keep == present {
+        let keep = estimate::paying_prefix(judged, |k| saved[k]);
+        // a `Retry` past the run: waiting for it costs at least a step (more if the run's own
+        // wait is longer), and at best every key asked is found; if that cannot save more
+        // than the run does, or the steps are not measured yet, the request goes on without
+        // waiting
+        let retry_declined = keep == present
+            && results.get(present) == Some(&LookupResult::Retry)
+            && step.is_none_or(|step| {
+                let best = recompute.of(asked).as_secs_f64()
+                    - estimate::whole_steps(wait.max(step), Some(step)).as_secs_f64();
+                best <= saved[keep]
+            });
+        if keep == present && !retry_declined {
             return;
         }
-        let tier = (keep..present)
-            .find_map(|p| from[p])
+        // a tier not measured yet is not waited for: its first promotion of the run is still
+        // sent, if the tier has no other load (it lands in DRAM for the requests after, and
+        // measures the tier); the others are dropped
+        let measure = (keep..present).find_map(|p| from[p]).filter(|&i| {
+            !estimates.contains_key(&i)
+                && st.loading[i].0 == 0
+                && !st.promotions.keys().any(|&(t, r)| t == i && r != req)
+        });
+        // the tier it would have waited for: the first a declined block loads from, or whose
+        // probe it would wait for
+        let tier = (keep..asked)
+            .find_map(|p| {
+                from[p].or_else(|| {
+                    (0..st.lookups.len()).find(|&i| st.lookups[i].waits_for(&keys[p], req))
+                })
+            })
             .map_or_else(String::new, |i| self.names[i].clone());
+        let declined = Declined {
+            keep,
+            asked,
+            measure,
+            from,
+            queued,
+        };
+        self.decline(st, keys, req, declined, results);
+        results.truncate(keep);
+        st.stats.lookups += 1;
+        results.push(miss(st, req, MissCause::RecomputeFaster { tier }));
+    }
+
+    /// Declines `keys[keep..asked]` for `req` (see [`TieringManager::load_or_recompute`]):
+    /// their promotions queued by it are dropped (DRAM slots and leases released), its holds
+    /// on them end, every tier that knows the request answers them absent for it from now on,
+    /// and the answers given for them are taken back from the counts.
+    /// A promotion of `measure`'s stays queued, no longer for `req` (see [`Declined`]).
+    fn decline(
+        &self,
+        st: &mut State,
+        keys: &[BlockKey],
+        req: RequestId,
+        Declined {
+            keep,
+            asked,
+            measure,
+            from,
+            queued,
+        }: Declined,
+        results: &[LookupResult],
+    ) {
         let mut declined: FxHashMap<usize, Vec<BlockKey>> = FxHashMap::default();
         let mut seen = FxHashSet::default();
         for (p, key) in keys.iter().enumerate().skip(keep) {
@@ -423,7 +510,9 @@ impl TieringManager {
         }
         for (i, ks) in declined {
             let set: FxHashSet<BlockKey> = ks.iter().copied().collect();
-            if let Some(blocks) = st.promotions.get_mut(&(i, req)) {
+            if measure == Some(i) {
+                // sent as it is, held for nobody
+            } else if let Some(blocks) = st.promotions.get_mut(&(i, req)) {
                 let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(blocks)
                     .into_iter()
                     .partition(|(k, _)| set.contains(k));
@@ -433,20 +522,29 @@ impl TieringManager {
                 }
                 self.cancel(st, i, gone);
             }
-            st.lookups[i].mark_declined(&ks, req);
             let ts = &mut st.stats.tiers[i];
             ts.hits = ts.hits.saturating_sub(ks.len() as u64);
             ts.promotions_declined += ks.len() as u64;
         }
         // the answers past the cut are taken back, one `Miss` given for them: the counts
-        // follow (lookups = hits + pending + retries + misses, misses by cause)
-        for r in results.drain(keep..) {
+        // follow (lookups = hits + pending + retries + misses, misses by cause; a tier's
+        // waits for a probe the request no longer waits for)
+        for (p, r) in results.iter().enumerate().skip(keep) {
             let s = &mut st.stats;
             s.lookups -= 1;
             match r {
                 LookupResult::Hit => s.hits -= 1,
                 LookupResult::HitPending => s.hits_pending -= 1,
-                LookupResult::Retry => s.retries -= 1,
+                LookupResult::Retry => {
+                    s.retries -= 1;
+                    for (i, l) in st.lookups.iter().enumerate() {
+                        if l.waits_for(&keys[p], req) {
+                            let t = &mut st.stats.tiers[i];
+                            t.retry_waits = t.retry_waits.saturating_sub(1);
+                            t.probes_not_waited += 1;
+                        }
+                    }
+                }
                 LookupResult::Miss => {
                     s.misses -= 1;
                     if let Some(cause) = st.last_miss.get(&req) {
@@ -455,8 +553,11 @@ impl TieringManager {
                 }
             }
         }
-        st.stats.lookups += 1;
-        results.push(miss(st, req, MissCause::RecomputeFaster { tier }));
+        // absent for the request in every tier: no other tier serves what was declined
+        let gone: Vec<BlockKey> = keys[keep..asked].to_vec();
+        for l in &mut st.lookups {
+            l.mark_declined(&gone, req);
+        }
     }
 
     fn lookup_inner(
@@ -474,11 +575,17 @@ impl TieringManager {
                 return LookupResult::Hit;
             }
             LookupResult::HitPending => {
-                st.stats.hits_pending += 1;
-                if st.promoting.contains_key(key) {
+                if let Some(&(_, i)) = st.promoting.get(key) {
+                    // declined for this request: it recomputes the block, whoever promotes it
+                    if st.lookups[i].absence(key, req.id) == Some(Absence::Declined) {
+                        st.holds.release(req.id, *key);
+                        let tier = self.names[i].clone();
+                        return miss(st, req.id, MissCause::RecomputeFaster { tier });
+                    }
                     // riding on another request's promotion: promised the block too
                     st.holds.wait(req.id, *key);
                 }
+                st.stats.hits_pending += 1;
                 return LookupResult::HitPending;
             }
             _ => {}
@@ -591,7 +698,7 @@ impl TieringManager {
             .map(|(k, s)| {
                 s.ok_or_else(|| Error::NotFound {
                     key: *k,
-                    tier: "cpu".into(),
+                    tier: crate::tier::PRIMARY_TIER_NAME.into(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -765,6 +872,7 @@ impl TieringManager {
         self.flush(&mut st);
         st.holds.end_step();
         st.in_step = false;
+        st.steps.tick(Instant::now());
     }
     /// Refreshes recency of `keys` in DRAM (the first key ends most recent) and in every
     /// secondary tier. Never blocks.
@@ -836,6 +944,19 @@ impl TieringManager {
 }
 
 /// Counts a `Miss` of `cause` for `req` and returns it.
+/// What the load-or-recompute policy declines of a request's lookup: `keys[keep..asked]`; a
+/// promotion from tier `measure` (not measured yet) among them is still sent, for no request.
+#[derive(Debug)]
+struct Declined {
+    keep: usize,
+    asked: usize,
+    measure: Option<usize>,
+    /// Per position asked, the tier its promotion reads from.
+    from: Vec<Option<usize>>,
+    /// The keys the request queued promotions of this step.
+    queued: FxHashSet<BlockKey>,
+}
+
 fn miss(st: &mut State, req: RequestId, cause: MissCause) -> LookupResult {
     st.stats.misses += 1;
     st.stats.misses_by_cause.record(&cause);

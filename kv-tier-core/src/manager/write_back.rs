@@ -143,7 +143,7 @@ impl WriteBack {
         let held = self.pinned_bytes + self.reserved_bytes;
         if past(held, self.max_pinned_bytes) {
             return Some(Error::WriteBackFull {
-                tier: "dram".into(),
+                tier: crate::tier::PRIMARY_TIER_NAME.into(),
                 queued_bytes: held,
                 limit_bytes: self.max_pinned_bytes,
             });
@@ -271,7 +271,10 @@ mod tests {
         else {
             panic!("past the DRAM limit and not refused");
         };
-        assert_eq!((tier.as_str(), queued_bytes), ("dram", 200));
+        assert_eq!(
+            (tier.as_str(), queued_bytes),
+            (crate::tier::PRIMARY_TIER_NAME, 200)
+        );
     }
 
     #[test]

@@ -408,19 +408,19 @@ impl ProbeCache {
     }
 
     /// The manager declined to load `keys` for request `req` (recomputing them is faster):
-    /// they are absent for it ([`Absence::Declined`]) until it finishes; for everyone else
-    /// they stay as they are. Nothing for a request this lookup does not know.
+    /// they are absent for it ([`Absence::Declined`]) until it finishes, and it no longer
+    /// waits for their probes (which go on, for everyone else); for everyone else they stay
+    /// as they are. For a live request only, whether it asked this tier or not (what it
+    /// keeps here goes when it finishes, [`ProbeCache::finish_request`]).
     pub fn mark_declined(&mut self, keys: &[BlockKey], req: RequestId) {
-        let Some(set) = self.requests.get_mut(&req) else {
-            self.stats.ignored_answers += 1;
-            return;
-        };
+        let set = self.requests.entry(req).or_default();
         for k in keys {
             let fresh = set.insert(*k);
             let e = self.keys.entry(*k).or_default();
             if fresh {
                 e.refs += 1;
             }
+            e.waiters.retain(|r| *r != req);
             miss_for(&mut e.missed_by, req, Absence::Declined);
         }
     }

@@ -176,6 +176,10 @@ pub struct TierStats {
     /// Blocks this tier had whose promotion the load-or-recompute policy declined (their load
     /// would have ended later than recomputing them); not in `hits`.
     pub promotions_declined: u64,
+    /// Key lookups whose probe of this tier the load-or-recompute policy did not wait for
+    /// (waiting a step for it could not pay, or the steps were not measured yet); not in
+    /// `retry_waits`.
+    pub probes_not_waited: u64,
     /// Load jobs cut mid-way by the load-or-recompute policy: running longer than
     /// `promotion_cut_margin` times their estimate, at a pace slower than recomputing what
     /// had not landed.

@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use kv_tier_core::LookupResult::*;
-use kv_tier_core::{BlockKey, KvTierConfig, MissCause, RequestContext, RequestId, SecondaryTier};
+use kv_tier_core::{
+    BlockKey, KvTierConfig, MissCause, PrimaryTier, RequestContext, RequestId, SecondaryTier,
+};
 use kv_tier_testkit::test_key;
 use kv_tier_testkit::util::try_engine_store;
 
@@ -51,13 +53,40 @@ async fn with_recompute(per_block: Duration, seeded: &[BlockKey]) -> HoldFx {
     .await
 }
 
+/// The engine's scheduler runs 16 steps of `each` (on the paused clock): the manager's step
+/// interval is `each` from then on (the median of its last 15 steps).
+async fn steps_of(fx: &HoldFx, each: Duration) {
+    for _ in 0..16 {
+        tokio::time::sleep(each).await;
+        fx.m.on_schedule_end();
+    }
+}
+
+/// The fs tier measured as the policy measures a tier it does not know: after steps of
+/// 100 us (short: a wait costs about itself), request `req`'s promotion of `keys` is sent but
+/// not waited for (a `Miss` for it, counted declined), lands in DRAM, and its time is the
+/// tier's first measured load.
+async fn measure(fx: &HoldFx, keys: &[BlockKey], req: u64) {
+    steps_of(fx, Duration::from_micros(100)).await;
+    assert!(fx.m.load_estimate("fs").is_none(), "not measured yet");
+    let r = RequestContext::new(req);
+    assert_eq!(fx.step(keys, &r).await, vec![Retry; keys.len()]);
+    assert_eq!(fx.step(keys, &r).await, vec![Miss]);
+    fx.m.on_schedule_end();
+    assert_eq!(fx.m.load_estimate("fs").map(|e| e.jobs), Some(1));
+    for k in keys {
+        assert_eq!(fx.cpu.lookup(k), Hit, "{k} landed");
+    }
+    assert_eq!(fx.m.stats().held_blocks, 0, "held for no request");
+    fx.m.on_request_finished(r.id);
+}
+
 /// An engine that recomputes a block in 1 ms over a tier whose loads take 100 ms, measured
-/// by one promotion of the first `n` seeded keys (request 1; not measured yet, the tier is
-/// taken at its word).
+/// by a promotion of the first `n` seeded keys (request 1).
 async fn measured_slow_tier(n: u64) -> HoldFx {
     let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
     fx.ft.delay(Some(Duration::from_millis(100)));
-    promote_all(&fx, &keys(1, n), 1).await;
+    measure(&fx, &keys(1, n), 1).await;
     fx
 }
 
@@ -154,9 +183,10 @@ async fn a_slow_tiers_hit_is_declined_when_recomputing_is_faster() {
             s.tiers[0].promotions_declined,
             s.tiers[0].load_jobs
         ),
-        (4, 4, 1)
+        // request 2's 4 hits taken back, and the 4 of the measurement
+        (0, 8, 1)
     );
-    assert_eq!(s.misses_by_cause.recompute_faster, 2);
+    assert_eq!(s.misses_by_cause.recompute_faster, 3);
     assert_counts_agree(&s);
     assert_eq!(s.held_blocks, 0);
     fx.m.on_request_finished(r.id);
@@ -168,20 +198,21 @@ async fn a_slow_tiers_hit_is_declined_when_recomputing_is_faster() {
     fx.m.on_request_finished(r.id);
 }
 
-/// A tier whose loads take 1 ms, an engine that recomputes a block in 10 ms: the hit is
-/// taken, measured or not.
+/// A tier whose loads take 1 ms, an engine that recomputes a block in 10 ms: once the tier
+/// is measured, the hit is taken.
 #[tokio::test(start_paused = true)]
 async fn a_fast_tiers_hit_is_taken() {
     let fx = with_recompute(Duration::from_millis(10), &keys(1, 8)).await;
     fx.ft.delay(Some(Duration::from_millis(1)));
-    promote_all(&fx, &keys(1, 4), 1).await;
+    measure(&fx, &keys(1, 4), 1).await;
     promote_all(&fx, &keys(5, 4), 2).await;
     let s = fx.m.stats();
+    // the 4 declined are the measurement's
     assert_eq!(
         (s.tiers[0].promotions_declined, s.tiers[0].load_jobs),
-        (0, 2)
+        (4, 2)
     );
-    assert_eq!(s.misses_by_cause.recompute_faster, 0);
+    assert_eq!(s.misses_by_cause.recompute_faster, 1);
 }
 
 /// Blocks in DRAM then blocks of a slow tier: the prefix is served as far as it pays (the
@@ -201,7 +232,8 @@ async fn a_prefix_is_served_as_far_as_it_pays() {
     assert_eq!((c.hit, c.present, c.ready_in), (2, 2, Some(Duration::ZERO)));
     fx.m.on_schedule_end();
     let s = fx.m.stats();
-    assert_eq!(s.tiers[0].promotions_declined, 2);
+    // 2 of request 3, 2 of the measurement
+    assert_eq!(s.tiers[0].promotions_declined, 4);
     assert_counts_agree(&s);
     fx.m.on_request_finished(r.id);
     fx.assert_clean("after a prefix cut").await;
@@ -253,7 +285,8 @@ async fn a_key_twice_in_a_declined_prefix_is_declined_once() {
     assert_eq!(fx.step(&ks, &r).await, vec![Retry; 3]);
     assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
     let s = fx.m.stats();
-    assert_eq!((s.tiers[0].hits, s.tiers[0].promotions_declined), (2, 2));
+    // request 2's 2 and the measurement's 2
+    assert_eq!((s.tiers[0].hits, s.tiers[0].promotions_declined), (0, 4));
     assert_counts_agree(&s);
     fx.m.on_request_finished(r.id);
     fx.assert_clean("after a declined duplicate").await;
@@ -271,7 +304,11 @@ async fn stalled_promotion(
         None => hold_fx(&keys(1, 16)).await,
     };
     fx.ft.delay(Some(Duration::from_millis(10)));
-    promote_all(&fx, &keys(1, 4), 1).await;
+    if per_block.is_some() {
+        measure(&fx, &keys(1, 4), 1).await;
+    } else {
+        promote_all(&fx, &keys(1, 4), 1).await;
+    }
     promote_all(&fx, &keys(5, 4), 2).await;
     let gate = fx.ft.stall_loads_after(landed);
     let r = RequestContext::new(3);
@@ -368,4 +405,165 @@ async fn a_promotion_that_landed_nothing_is_cut_once_recomputing_would_have_ende
     fx.m.on_request_finished(r.id);
     gate.open();
     fx.assert_clean("after a cut of nothing landed").await;
+}
+
+/// A request that waits resumes at a step. A tier measured at 60 ms for 4 blocks (15 ms a
+/// block), an engine that recomputes a block in 20 ms: with steps of 1 ms the 4 blocks are
+/// taken (60 ms against 80); with steps of 50 ms their load spans two steps (100 ms against
+/// 80), and the 3 blocks that load within one step (45 ms: 50 against 60) are served, the
+/// fourth declined.
+#[tokio::test(start_paused = true)]
+async fn a_load_costs_the_whole_steps_it_spans() {
+    for (step, served) in [
+        (Duration::from_millis(1), 4),
+        (Duration::from_millis(50), 3),
+    ] {
+        let fx = with_recompute(Duration::from_millis(20), &keys(1, 8)).await;
+        fx.ft.delay(Some(Duration::from_millis(60)));
+        measure(&fx, &keys(1, 4), 1).await;
+        steps_of(&fx, step).await;
+        let r = RequestContext::new(2);
+        let ks = keys(5, 4);
+        // the probe pays for a step (80 ms of recompute against 50)
+        assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4], "{step:?}");
+        let mut want = vec![HitPending; served];
+        if served < 4 {
+            want.push(Miss);
+            assert_eq!(fx.m.lookup_many(&ks, &r), want, "{step:?}");
+            assert_eq!(
+                fx.m.last_miss(r.id),
+                Some(MissCause::RecomputeFaster { tier: "fs".into() })
+            );
+        } else {
+            assert_eq!(fx.m.lookup_many(&ks, &r), want, "{step:?}");
+        }
+        fx.m.on_schedule_end();
+        fx.m.wait_idle().await;
+        let t = &fx.m.stats().tiers[0];
+        // and the 4 of the measurement
+        assert_eq!(t.promotions_declined, 8 - served as u64, "{step:?}");
+        assert_counts_agree(&fx.m.stats());
+        fx.m.on_request_finished(r.id);
+        fx.assert_clean("after a load weighed in steps").await;
+    }
+}
+
+/// Steps of 50 ms and 4 blocks that recompute in 4 ms: the request does not wait a step for
+/// their probe (a `Miss` at once, naming the tier it would have waited for, the tier's wait
+/// not counted), and the probe goes on: once it answered the blocks are leased in the tier
+/// (found), while the request still has them as a miss; nothing stays leased once it ends.
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_cannot_pay_within_a_step_is_not_waited_for() {
+    let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
+    steps_of(&fx, Duration::from_millis(50)).await;
+    let r = RequestContext::new(1);
+    let ks = keys(1, 4);
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    assert_eq!(
+        fx.m.last_miss(r.id),
+        Some(MissCause::RecomputeFaster { tier: "fs".into() })
+    );
+    let s = fx.m.stats();
+    assert_eq!(
+        (
+            s.retries,
+            s.tiers[0].retry_waits,
+            s.tiers[0].probes_not_waited
+        ),
+        (0, 0, 4),
+        "{s:?}"
+    );
+    assert_counts_agree(&s);
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    assert_eq!(fx.m.stats().tiers[0].probes.keys_found, 4);
+    for k in &ks {
+        assert!(fx.mem.is_protected(k), "{k} found and leased");
+    }
+    fx.m.on_request_finished(r.id);
+    fx.assert_clean("after a probe not waited for").await;
+    for k in &ks {
+        assert!(!fx.mem.is_protected(k), "{k} still leased");
+    }
+}
+
+/// Before two steps have ended (no step measured), no probe is waited for: the first lookup
+/// of a prefix whose blocks a tier may have is a `Miss` with the policy on (a `Retry` without
+/// it), and its probe goes on.
+#[tokio::test(start_paused = true)]
+async fn no_probe_is_waited_for_before_the_steps_are_measured() {
+    let fx = with_recompute(Duration::from_secs(1), &keys(1, 8)).await;
+    let r = RequestContext::new(1);
+    assert_eq!(fx.step(&keys(1, 4), &r).await, vec![Miss]);
+    assert_eq!(fx.m.stats().tiers[0].probes.keys_found, 4);
+    fx.m.on_request_finished(r.id);
+    let off = hold_fx(&keys(1, 8)).await;
+    assert_eq!(off.step(&keys(1, 4), &r).await, vec![Retry; 4]);
+    off.m.on_request_finished(r.id);
+    fx.assert_clean("after a probe before the steps").await;
+}
+
+/// A memory tier named `name` holding `keys`.
+async fn seeded(name: &str, keys: &[BlockKey]) -> std::sync::Arc<kv_tier_testkit::MemoryTier> {
+    let mem = std::sync::Arc::new(kv_tier_testkit::MemoryTier::new(name, BS));
+    let job = kv_tier_core::StoreJob {
+        links: Vec::new(),
+        requests: Vec::new(),
+        blocks: keys
+            .iter()
+            .map(|k| (*k, kv_tier_testkit::source_for(k, 0, BS)))
+            .collect(),
+    };
+    assert!(mem.store(job).await.is_success());
+    mem
+}
+
+/// Two tiers hold the blocks: those the slow first one's load is declined for are a miss for
+/// the request in the second tier too (it recomputes them), and nothing is left held.
+#[tokio::test(start_paused = true)]
+async fn a_declined_block_is_not_served_by_another_tier() {
+    let all = keys(1, 8);
+    let mem = seeded("fs", &all).await;
+    let ft = std::sync::Arc::new(kv_tier_testkit::FaultyTier::new(mem.clone()));
+    ft.delay(Some(Duration::from_millis(100)));
+    let cpu = std::sync::Arc::new(
+        kv_tier_cpu::CpuTier::new(kv_tier_cpu::CpuTierConfig {
+            capacity_bytes: (SLOTS * BS) as u64,
+            block_size: BS,
+            policy: kv_tier_core::EvictionPolicy::Lru,
+            prefault: false,
+        })
+        .unwrap(),
+    );
+    let mut c = KvTierConfig::new((SLOTS * BS) as u64, BS as u64);
+    c.block_size_tokens = Some(16);
+    // a block recomputes in 1 ms
+    c.prefill_tokens_per_s = Some(16_000.0);
+    let m = kv_tier_core::TieringManager::builder(c)
+        .primary(cpu.clone())
+        .tier(ft.clone())
+        .tier(seeded("obj", &all).await)
+        .build()
+        .await
+        .unwrap();
+    let fx = HoldFx { m, cpu, ft, mem };
+    measure(&fx, &keys(1, 2), 1).await;
+    let r = RequestContext::new(2);
+    let ks = keys(5, 4);
+    assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4]);
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    assert_eq!(
+        fx.m.last_miss(r.id),
+        Some(MissCause::RecomputeFaster { tier: "fs".into() })
+    );
+    let s = fx.m.stats();
+    assert_eq!(
+        // request 2's 4 and the measurement's 2
+        (s.tiers[0].promotions_declined, s.tiers[1].load_jobs),
+        (6, 0),
+        "{s:?}"
+    );
+    assert_counts_agree(&s);
+    fx.m.on_request_finished(r.id);
+    fx.assert_clean("after a decline over two tiers").await;
 }
