@@ -1,4 +1,4 @@
-//! `kv-tier gc ROOT --max-size-gb X [--dry-run]`.
+//! `kv-tier gc ROOT --max-size-gb X [--dry-run] [--list] [--force]`.
 
 use std::path::Path;
 use std::time::SystemTime;
@@ -7,21 +7,52 @@ use kv_tier::fs::offline::{BlockFile, remove_block, sweep_order};
 use serde_json::{Value, json};
 
 use crate::inspect::walk_root;
+use crate::live::refuse_if_live;
 use crate::{Outcome, human, print_json};
 
-pub(crate) fn run(
-    root: &Path,
-    max_size_gb: f64,
-    low_watermark: f64,
-    dry_run: bool,
-    json: bool,
-) -> Outcome {
+/// What a `gc` run sweeps to, and what it may delete.
+pub(crate) struct Sweep {
+    /// The cap, GiB.
+    pub(crate) max_size_gb: f64,
+    /// Down to this fraction of the cap.
+    pub(crate) low_watermark: f64,
+    /// Delete nothing.
+    pub(crate) dry_run: bool,
+    /// Also on a root in use, and blocks under a namespace without a usable `config.json`.
+    pub(crate) force: bool,
+}
+
+pub(crate) fn run(root: &Path, sweep: Sweep, list: bool, json: bool) -> Outcome {
+    let Sweep {
+        max_size_gb,
+        low_watermark,
+        dry_run,
+        force,
+    } = sweep;
+    if !dry_run {
+        refuse_if_live(root, "gc", force)?;
+    }
     let walked = walk_root(root)?;
-    let blocks: Vec<BlockFile> = walked
-        .iter()
-        .flat_map(|(_, ranks)| ranks)
-        .flat_map(|r| r.scan.blocks.iter().cloned())
-        .collect();
+    // blocks of a namespace whose layout is not known are candidates only with --force
+    let mut kept_unknown: Vec<(String, u64, u64)> = Vec::new();
+    let mut blocks: Vec<BlockFile> = Vec::new();
+    for (nsd, ranks) in &walked {
+        for r in ranks {
+            if r.ns.is_some() || force {
+                blocks.extend(r.scan.blocks.iter().cloned());
+            } else if !r.scan.blocks.is_empty() {
+                let why = nsd
+                    .config_error
+                    .clone()
+                    .unwrap_or_else(|| "its config.json does not describe this directory".into());
+                kept_unknown.push((
+                    format!("{} ({why})", r.path.display()),
+                    r.scan.blocks.len() as u64,
+                    r.scan.blocks.iter().map(|b| b.allocated).sum(),
+                ));
+            }
+        }
+    }
     let total: u64 = walked
         .iter()
         .flat_map(|(_, ranks)| ranks)
@@ -66,7 +97,7 @@ pub(crate) fn run(
                 }
             }
         };
-        if !json {
+        if !json && list {
             println!(
                 "{outcome}: {} ({} bytes, last used {age} s ago)",
                 b.path.display(),
@@ -94,7 +125,19 @@ pub(crate) fn run(
         "freed_bytes": freed,
         "failed": failed,
         "already_gone": gone,
+        "not_deleted_layout_unknown": kept_unknown
+            .iter()
+            .map(|(dir, n, bytes)| json!({"rank_dir": dir, "blocks": n, "allocated_bytes": bytes}))
+            .collect::<Vec<_>>(),
     });
+    if !json {
+        for (dir, n, bytes) in &kept_unknown {
+            println!(
+                "not deleted: {n} blocks ({}) under {dir}: without the namespace's layout they may not be blocks; --force deletes them too",
+                human(*bytes)
+            );
+        }
+    }
     if json {
         print_json(&report);
     } else if total <= cap {
@@ -105,12 +148,17 @@ pub(crate) fn run(
         );
     } else if dry_run {
         println!(
-            "{} allocated, over the cap of {}: a sweep to {} would delete {} blocks ({})",
+            "{} allocated, over the cap of {}: a sweep to {} would delete {} blocks ({}){}",
             human(total),
             human(cap),
             human(target),
             victims.len(),
-            human(would_free)
+            human(would_free),
+            if list || victims.is_empty() {
+                ""
+            } else {
+                " (--list lists them)"
+            }
         );
     } else {
         println!(

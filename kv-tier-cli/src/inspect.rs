@@ -112,8 +112,13 @@ pub(crate) fn report(root: &Path) -> Result<Value, String> {
             "ranks": ranks,
         }));
     }
+    let in_use: Vec<Value> = crate::live::live_holders(root)?
+        .iter()
+        .map(|h| json!({"mark": h.path.to_string_lossy(), "holder": h.says}))
+        .collect();
     Ok(json!({
         "root": root.to_string_lossy(),
+        "in_use_by": in_use,
         "namespaces": nss,
         "blocks": blocks,
         "allocated_bytes": allocated,
@@ -127,6 +132,12 @@ pub(crate) fn run(root: &Path, json: bool) -> Outcome {
         return Ok(true);
     }
     println!("{}", root.display());
+    for h in r["in_use_by"].as_array().into_iter().flatten() {
+        println!(
+            "  in use by a running tier: {}",
+            h["holder"].as_str().unwrap_or("?")
+        );
+    }
     let nss = r["namespaces"].as_array().cloned().unwrap_or_default();
     if nss.is_empty() {
         println!("  no namespace (no directory with a config.json or rank directories)");
@@ -141,8 +152,12 @@ pub(crate) fn run(root: &Path, json: bool) -> Outcome {
                     .map(|(k, v)| format!("{k} {v}"))
                     .collect();
                 println!("  config.json: {}", fields.join(", "));
-                if let Some(Value::Array(g)) = c.get("kv_cache_groups") {
-                    println!("  kv_cache_groups: {}", g.len());
+                match c.get("kv_cache_groups") {
+                    Some(Value::Array(g)) if !g.is_empty() => {
+                        println!("  kv_cache_groups: {} groups", g.len());
+                    }
+                    Some(_) => println!("  kv_cache_groups: none listed (one group, 0)"),
+                    None => {}
                 }
             }
             _ => println!(
@@ -156,16 +171,20 @@ pub(crate) fn run(root: &Path, json: bool) -> Outcome {
                 .as_object()
                 .into_iter()
                 .flatten()
-                .map(|(size, count)| format!("{count} of {size} bytes"))
+                .map(|(size, count)| {
+                    let size: u64 = size.parse().unwrap_or(0);
+                    format!("{count} of {size} bytes, {}", human(size))
+                })
                 .collect();
             println!(
                 "  rank {}: {} blocks ({}), {} allocated ({} files and sidecars, {} in {} directories)",
                 n("rank"),
                 n("blocks"),
-                if sizes.is_empty() {
-                    "none".into()
-                } else {
-                    sizes.join(", ")
+                match sizes.len() {
+                    0 => "none".into(),
+                    // one size: all of them
+                    1 => format!("all {}", sizes[0].split_once(" of ").map_or("", |s| s.1)),
+                    _ => sizes.join("; "),
                 },
                 human(n("allocated_bytes")),
                 human(n("file_bytes")),
@@ -185,7 +204,7 @@ pub(crate) fn run(root: &Path, json: bool) -> Outcome {
                 if rank["layout_known"] == true {
                     ""
                 } else {
-                    " (no usable config.json: block names not checked)"
+                    " (no usable config.json: blocks told by the layout's path shape only, and left alone by gc and verify --repair without --force)"
                 }
             );
         }

@@ -3,9 +3,15 @@
 //! - `kv-tier inspect ROOT`: namespaces with their `config.json`, block counts, allocated
 //!   bytes, ages, temp files and orphan sidecars;
 //! - `kv-tier verify ROOT [--repair]`: sizes and checksums of every block;
-//! - `kv-tier gc ROOT --max-size-gb X [--dry-run]`: what a sweep would delete, oldest first
-//!   (a file deleted by someone else since the walk is reported "already gone", not an
-//!   error: on a root in use, the engine's own sweeps);
+//! - `kv-tier gc ROOT --max-size-gb X [--dry-run] [--list]`: what a sweep would delete,
+//!   oldest first (a file deleted by someone else since the walk is reported "already gone",
+//!   not an error);
+//!
+//! The commands that delete (`verify --repair`, `gc`) delete only block files at the
+//! layout's paths (`<ns>_r<rank>/<hex3>/<hex2>_g<group>/<hex>.bin`, the name's hex agreeing
+//! with its directories), and refuse without `--force` on a root a running tier has open
+//! (naming it) and under a namespace without a usable `config.json` (its blocks are
+//! reported, not deleted).
 //! - `kv-tier config check FILE`: the effective config, or the error naming the field;
 //! - `kv-tier s3-server --root DIR --port P`: a local S3 server to try the obj tier.
 //!
@@ -16,6 +22,7 @@
 mod config;
 mod gc;
 mod inspect;
+mod live;
 mod s3;
 mod verify;
 
@@ -47,9 +54,14 @@ enum Command {
     Verify {
         /// The fs tier's root_dir
         root: PathBuf,
-        /// Removes the damaged blocks (a load would refuse them; the next store rewrites them)
+        /// Removes the damaged blocks (a load would refuse them; the next store rewrites them);
+        /// refused on a root a running tier has open
         #[arg(long)]
         repair: bool,
+        /// With --repair: also on a root in use, and under a namespace without a usable
+        /// config.json
+        #[arg(long, requires = "repair")]
+        force: bool,
         /// The block size, 1 byte to 1 GiB [default: per rank directory, the size most of its
         /// blocks have]
         #[arg(long, value_name = "BYTES", value_parser = block_bytes)]
@@ -59,8 +71,8 @@ enum Command {
         json: bool,
     },
     /// Deletes least-recently-used blocks (oldest mtime first) until ROOT is under
-    /// --max-size-gb x --low-watermark, as the fs tier's sweep does. Run it with no engine
-    /// using ROOT.
+    /// --max-size-gb x --low-watermark, as the fs tier's sweep does. Refused on a root a
+    /// running tier has open (it names it), unless --force.
     Gc {
         /// The fs tier's root_dir
         root: PathBuf,
@@ -70,9 +82,15 @@ enum Command {
         /// Down to this fraction of the cap, in (0, 1]
         #[arg(long, value_name = "F", value_parser = fraction, default_value_t = 0.9)]
         low_watermark: f64,
-        /// Lists what would be deleted, deletes nothing
+        /// Says what would be deleted, deletes nothing
         #[arg(long)]
         dry_run: bool,
+        /// Lists every block deleted (or, with --dry-run, that would be), oldest first
+        #[arg(long)]
+        list: bool,
+        /// Also on a root in use, and under a namespace without a usable config.json
+        #[arg(long)]
+        force: bool,
         /// One JSON document on stdout
         #[arg(long)]
         json: bool,
@@ -148,8 +166,10 @@ pub(crate) fn human(bytes: u64) -> String {
     const MIB: f64 = (1u64 << 20) as f64;
     if bytes >= 1 << 30 {
         format!("{:.2} GiB", bytes as f64 / (MIB * 1024.0))
-    } else {
+    } else if bytes >= 1 << 20 {
         format!("{:.1} MiB", bytes as f64 / MIB)
+    } else {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
     }
 }
 
@@ -167,16 +187,29 @@ fn main() -> ExitCode {
         Command::Verify {
             root,
             repair,
+            force,
             block_size,
             json,
-        } => verify::run(&root, repair, block_size, json),
+        } => verify::run(&root, repair.then_some(force), block_size, json),
         Command::Gc {
             root,
             max_size_gb,
             low_watermark,
             dry_run,
+            list,
+            force,
             json,
-        } => gc::run(&root, max_size_gb, low_watermark, dry_run, json),
+        } => gc::run(
+            &root,
+            gc::Sweep {
+                max_size_gb,
+                low_watermark,
+                dry_run,
+                force,
+            },
+            list,
+            json,
+        ),
         Command::Config {
             command: ConfigCommand::Check { file, json },
         } => config::check(&file, json),
@@ -211,5 +244,6 @@ mod tests {
         assert_eq!(fraction("1"), Ok(1.0));
         assert_eq!(human(3 << 20), "3.0 MiB");
         assert_eq!(human(3 << 30), "3.00 GiB");
+        assert_eq!(human(16384), "16.0 KiB");
     }
 }

@@ -1,4 +1,4 @@
-//! `kv-tier verify ROOT [--repair]`.
+//! `kv-tier verify ROOT [--repair [--force]]`.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -7,6 +7,7 @@ use kv_tier::fs::offline::{Health, check_block, remove_block};
 use serde_json::{Value, json};
 
 use crate::inspect::walk_root;
+use crate::live::refuse_if_live;
 use crate::{Outcome, print_json};
 
 /// A progress bar on stderr with an ETA, hidden when stderr is not a terminal.
@@ -26,7 +27,18 @@ fn progress(total: u64) -> indicatif::ProgressBar {
     bar
 }
 
-pub(crate) fn run(root: &Path, repair: bool, block_size: Option<u64>, json: bool) -> Outcome {
+/// `repair`: `None` checks only; `Some(force)` removes the damaged blocks, with `force` also
+/// on a root in use and under a namespace without a usable `config.json`.
+pub(crate) fn run(
+    root: &Path,
+    repair: Option<bool>,
+    block_size: Option<u64>,
+    json: bool,
+) -> Outcome {
+    if let Some(force) = repair {
+        refuse_if_live(root, "verify --repair", force)?;
+    }
+    let force = repair == Some(true);
     let walked = walk_root(root)?;
     let total: u64 = walked
         .iter()
@@ -70,7 +82,11 @@ pub(crate) fn run(root: &Path, repair: bool, block_size: Option<u64>, json: bool
                             }
                             _ => unreachable!("damage only"),
                         };
-                        let removed = if repair {
+                        // without the layout, a file at a block's path may be another's
+                        let kept = (r.ns.is_none() && !force).then_some(
+                            "no usable config.json in its namespace; --force removes it",
+                        );
+                        let removed = if repair.is_some() && kept.is_none() {
                             match remove_block(&b.path) {
                                 Ok(()) => Some(true),
                                 Err(e) => {
@@ -88,6 +104,7 @@ pub(crate) fn run(root: &Path, repair: bool, block_size: Option<u64>, json: bool
                             "key": b.key.map(|k| k.to_string()),
                             "reason": reason,
                             "removed": removed,
+                            "kept": kept.filter(|_| repair.is_some()),
                         }));
                     }
                 }
@@ -113,10 +130,11 @@ pub(crate) fn run(root: &Path, repair: bool, block_size: Option<u64>, json: bool
                 "damaged: {}: {}{}",
                 d["path"].as_str().unwrap_or("?"),
                 d["reason"].as_str().unwrap_or("?"),
-                match d["removed"].as_bool() {
-                    Some(true) => " (removed)",
-                    Some(false) => " (could not be removed)",
-                    None => "",
+                match (d["removed"].as_bool(), d["kept"].as_str()) {
+                    (Some(true), _) => " (removed)".to_string(),
+                    (Some(false), _) => " (could not be removed)".to_string(),
+                    (None, Some(why)) => format!(" (not removed: {why})"),
+                    (None, None) => String::new(),
                 }
             );
         }
@@ -130,7 +148,7 @@ pub(crate) fn run(root: &Path, repair: bool, block_size: Option<u64>, json: bool
         println!(
             "{total} blocks checked: {verified} verified, {unchecked} without a checksum to check, {} damaged{}, {} unreadable",
             damaged.len(),
-            if repair {
+            if repair.is_some() {
                 format!(" ({} removed)", damaged.len() - left)
             } else if damaged.is_empty() {
                 String::new()

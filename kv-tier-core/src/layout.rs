@@ -472,14 +472,77 @@ impl Namespace {
     }
 
     /// [`Namespace::block_rel_path`] under `root`.
+    ///
+    /// (For a path inside a rank directory whose namespace is not known, see
+    /// [`parse_rank_rel_path`].)
     pub fn block_path(&self, root: &Path, key: &BlockKey) -> PathBuf {
         root.join(self.block_rel_path(key))
     }
 }
 
+/// The key whose block lives at `rel` inside a rank directory
+/// (`<hex[0..3]>/<hex[3..5]>_g<group>/<hex>.bin`, `/` separators), if `rel` is exactly where
+/// [`Namespace::block_rel_path`] puts that key in any namespace: the name is a hash in lower
+/// case hex, and its directories are the ones its hex and group give. For a rank directory
+/// whose namespace is not known (no usable `config.json`): what cannot be a block there.
+///
+/// ```
+/// use kv_tier_core::BlockKey;
+/// use kv_tier_core::layout::parse_rank_rel_path;
+/// let key = BlockKey::from_hash32([0xab; 32], 3);
+/// let hex = key.hash_hex();
+/// assert_eq!(parse_rank_rel_path(&format!("aba/ba_g3/{hex}.bin")), Some(key));
+/// // another program's file, and a block name in the wrong directories
+/// assert_eq!(parse_rank_rel_path("a/b/notes.bin"), None);
+/// assert_eq!(parse_rank_rel_path(&format!("abc/ba_g3/{hex}.bin")), None);
+/// ```
+pub fn parse_rank_rel_path(rel: &str) -> Option<BlockKey> {
+    let mut parts = rel.split('/');
+    let (_, leaf, file) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let hex = file.strip_suffix(".bin")?;
+    let group: u32 = leaf.rsplit_once("_g")?.1.parse().ok()?;
+    let key = BlockKey::from_hex(hex, group).ok()?;
+    let h = key.hash_hex();
+    let (a, b) = (&h[..h.len().min(3)], &h[h.len().min(3)..h.len().min(5)]);
+    (format!("{a}/{b}_g{group}/{h}.bin") == rel).then_some(key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_paths_are_blocks_only_where_the_layout_puts_them() {
+        let ns = Namespace::new(RunFields::new("org/m", "torch.bfloat16", 16), 0).unwrap();
+        for key in [
+            BlockKey::from_hash32([0x0f; 32], 0),
+            BlockKey::from_hash32([0xab; 32], 12),
+            BlockKey::new(&[0xab], 1).unwrap(),
+            BlockKey::new(&[0xab, 0xcd], 0).unwrap(),
+        ] {
+            let full = ns.block_rel_path(&key);
+            let rel = full.split_once('/').unwrap().1;
+            assert_eq!(parse_rank_rel_path(rel), Some(key), "{rel}");
+        }
+        let hex = BlockKey::from_hash32([0xab; 32], 0).hash_hex();
+        for bad in [
+            "a/b/notes.bin".to_string(),
+            format!("aba/ba_g0/{hex}.txt"),
+            format!("aba/ba_g+0/{hex}.bin"),
+            format!("aba/ba_g00/{hex}.bin"),
+            format!("ABA/BA_g0/{}.bin", hex.to_uppercase()),
+            format!("aba/bb_g0/{hex}.bin"),
+            format!("abb/ba_g0/{hex}.bin"),
+            format!("x/aba/ba_g0/{hex}.bin"),
+            format!("aba/ba_g0/{}.bin", &hex[1..]),
+            "aba/ba_g0/.bin".to_string(),
+        ] {
+            assert_eq!(parse_rank_rel_path(&bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn escapes_like_python() {

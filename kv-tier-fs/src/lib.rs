@@ -8,6 +8,7 @@ mod file;
 mod gc;
 mod inspect;
 mod io;
+mod live;
 mod load;
 pub mod offline;
 mod root;

@@ -31,6 +31,7 @@ use kv_tier_core::checksum::{self, StoredCrc, Verdict};
 use kv_tier_core::{BlockKey, Namespace};
 
 use crate::file;
+pub use crate::live::{Holder, LIVE_PREFIX, holders};
 
 /// A namespace directory under a root: `<model>_<digest>` with its `config.json`, and the
 /// rank directories beside it (`<model>_<digest>_r<rank>`).
@@ -139,7 +140,10 @@ pub struct BlockFile {
 /// What a rank directory holds.
 #[derive(Debug, Clone, Default)]
 pub struct RankScan {
-    /// The block files (`*.bin`), in path order.
+    /// The block files, in path order: regular files at the layout's paths
+    /// (`<hex[0..3]>/<hex[3..5]>_g<group>/<hex>.bin`, the name's hex agreeing with its
+    /// directories; with the namespace known, the paths it gives). Any other file is
+    /// [`RankScan::foreign`].
     pub blocks: Vec<BlockFile>,
     /// Directories under the rank directory (the layout's two levels).
     pub dirs: u64,
@@ -261,14 +265,14 @@ fn classify_file(s: &mut RankScan, path: PathBuf, rel: Option<String>, ns: Optio
         if !path.with_file_name(bin).exists() {
             s.orphan_sidecars.push(path);
         }
-    } else if name.ends_with(".bin") && m.is_file() && rel.is_some() {
-        let key = match (ns, &rel) {
-            (Some(ns), Some(rel)) => {
-                ns.parse_block_rel_path(&format!("{}/{rel}", ns.rank_dir_name()))
-            }
-            _ => None,
-        };
-        if ns.is_some() && key.is_none() {
+    } else if let Some(rel) = rel.filter(|_| name.ends_with(".bin") && m.is_file()) {
+        // a block only at the layout's path: its name a hash whose hex gives its directories
+        // (and, with the namespace known, the key the namespace puts there)
+        let key =
+            ns.and_then(|ns| ns.parse_block_rel_path(&format!("{}/{rel}", ns.rank_dir_name())));
+        if kv_tier_core::layout::parse_rank_rel_path(&rel).is_none()
+            || (ns.is_some() && key.is_none())
+        {
             s.foreign.push(path);
             return;
         }

@@ -26,6 +26,9 @@ pub struct FsTier {
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     shut_down: AtomicBool,
     pub(crate) cfg: FsTierConfig,
+    /// This tier's mark on its root, until it is shut down or dropped (see
+    /// `offline::holders`).
+    live: Mutex<Option<crate::live::LiveMark>>,
 }
 
 impl std::fmt::Debug for FsTier {
@@ -63,6 +66,10 @@ impl FsTier {
         write_or_check_config(&ns, &root)?;
         let rank_dir = root.join(ns.rank_dir_name());
         std::fs::create_dir_all(&rank_dir).map_err(|e| Error::io("mkdir", &rank_dir, e))?;
+        // not fatal: the tier works without it; the operator's commands cannot see it then
+        let live = crate::live::mark(&ns_dir, &ns.rank_dir_name())
+            .inspect_err(|e| tracing::warn!(root = %root.display(), error = %e, "cannot mark the root as in use; `kv-tier gc` and `verify --repair` will not see this tier"))
+            .ok();
         let probe = probe_dir(
             &rank_dir,
             cfg.direct_io,
@@ -153,7 +160,10 @@ impl FsTier {
                     .instance_id
                     .clone()
                     .unwrap_or_else(kv_tier_core::config::default_instance_id);
-                let lease = Duration::from_secs_f64(cfg.shared_lease_s.unwrap_or(2.0));
+                let lease = Duration::from_secs_f64(
+                    cfg.shared_lease_s
+                        .unwrap_or(crate::config::defaults::SHARED_LEASE_S),
+                );
                 let c = crate::shared::Coord::new(&root, &ns, id, lease, sizes).map_err(|e| {
                     // a setting that differs from the leader's names itself
                     let msg = e.to_string();
@@ -245,6 +255,7 @@ impl FsTier {
             threads: Mutex::new(threads),
             shut_down: AtomicBool::new(false),
             cfg,
+            live: Mutex::new(live),
         })
     }
 
@@ -559,7 +570,8 @@ impl SecondaryTier for FsTier {
     }
 
     /// Stops the I/O threads (after their current block) and the GC thread, and waits for them
-    /// on tokio's blocking pool, never on an async worker. A job with blocks still queued
+    /// on tokio's blocking pool, never on an async worker; then removes the tier's mark on
+    /// its root (`offline::holders` no longer lists it). A job with blocks still queued
     /// fails whole with `Shutdown`, also for its blocks already written (they are published
     /// files, found by later lookups; only the report is conservative).
     async fn shutdown(&self) -> Result<()> {
@@ -579,6 +591,8 @@ impl SecondaryTier for FsTier {
             }
         })
         .await;
+        // nothing of this tier runs on the root any more
+        drop(self.live.lock().unwrap_or_else(|p| p.into_inner()).take());
         joined.map_err(|e| Error::Backend {
             tier: self.shared.name.clone(),
             message: format!("joining the I/O threads failed: {e}"),

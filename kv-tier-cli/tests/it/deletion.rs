@@ -93,3 +93,78 @@ fn repair_and_gc_do_not_recursively_delete_a_directory_at_a_block_path() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n----\n"));
 }
+
+/// Under a namespace whose `config.json` is gone, `verify --repair` and `gc` delete only files
+/// at the layout's paths (another program's `a/b/notes.bin`, or a block name in directories its
+/// hex does not give, is left alone and reported foreign), and those only with `--force`:
+/// without the layout they may not be blocks.
+#[test]
+fn without_the_layout_only_files_at_block_paths_go_and_only_when_forced() {
+    let (dir, tier, keys) = written_root(6);
+    let rank = tier.block_path(&keys[0]);
+    let rank = rank.parent().unwrap().parent().unwrap().parent().unwrap();
+    std::fs::remove_file(root_namespace().config_path(dir.path())).unwrap();
+    // damaged (short) files that are not blocks: another program's, a name in the wrong place
+    let foreign = [
+        rank.join("a/b/notes.bin"),
+        rank.join(format!("fff/ff_g0/{}.bin", keys[1].hash_hex())),
+    ];
+    for f in &foreign {
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, b"not a block").unwrap();
+    }
+    // and a damaged block at its path
+    let damaged = tier.block_path(&keys[2]);
+    overwrite(&damaged, 0, b"\xff\xff\xff\xff");
+    std::fs::File::options()
+        .write(true)
+        .open(&damaged)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let inspect = json(&run(&["inspect", arg(dir.path()), "--json"]));
+    let r = &inspect["namespaces"][0]["ranks"][0];
+    assert_eq!(
+        (r["blocks"].as_u64(), r["foreign_files"].as_u64()),
+        (Some(6), Some(2)),
+        "{r}"
+    );
+    // repair: the damaged block is reported and kept; the foreign files are not touched
+    let out = run(&["verify", arg(dir.path()), "--repair"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stdout.contains("not removed: no usable config.json") && damaged.exists(),
+        "{out:?}"
+    );
+    let out = run(&["verify", arg(dir.path()), "--repair", "--force"]);
+    assert!(out.success(), "{out:?}");
+    assert!(!damaged.exists(), "{out:?}");
+    // gc: nothing deleted without --force, every block with it, the foreign files kept
+    let gc = |force: bool| {
+        let mut args = vec![
+            "gc",
+            arg(dir.path()),
+            "--max-size-gb",
+            "1e-12",
+            "--low-watermark",
+            "1e-9",
+        ];
+        if force {
+            args.push("--force");
+        }
+        run(&args)
+    };
+    let out = gc(false);
+    assert!(out.success(), "{out:?}");
+    assert!(out.stdout.contains("not deleted: 5 blocks"), "{out:?}");
+    assert!(
+        keys[3..].iter().all(|k| tier.block_path(k).exists()),
+        "{out:?}"
+    );
+    let out = gc(true);
+    assert!(out.success(), "{out:?}");
+    assert!(keys.iter().all(|k| !tier.block_path(k).exists()), "{out:?}");
+    for f in &foreign {
+        assert!(f.exists(), "{} deleted: {out:?}", f.display());
+    }
+}

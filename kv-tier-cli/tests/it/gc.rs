@@ -117,3 +117,39 @@ fn gc_with_extreme_caps() {
     }
     assert!(bad.is_empty(), "{}", bad.join("\n----\n"));
 }
+
+/// `gc --dry-run` prints its one-line summary (with a hint at `--list`); `--list` adds a line
+/// per block, oldest first, and a real run is as quiet unless listed.
+#[test]
+fn a_dry_run_prints_a_summary_and_list_the_blocks() {
+    let (dir, _tier, _) = written_root(20);
+    let gc = |extra: &[&str]| {
+        let mut args = vec![
+            "gc",
+            arg(dir.path()),
+            "--max-size-gb",
+            "1e-12",
+            "--low-watermark",
+            "1e-9",
+        ];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(out.success(), "{out:?}");
+        out.stdout.lines().map(str::to_string).collect::<Vec<_>>()
+    };
+    let summary = gc(&["--dry-run"]);
+    assert_eq!(summary.len(), 1, "{summary:?}");
+    assert!(
+        summary[0].contains("would delete 20 blocks") && summary[0].contains("--list"),
+        "{summary:?}"
+    );
+    let listed = gc(&["--dry-run", "--list"]);
+    assert_eq!(listed.len(), 21, "{listed:?}");
+    assert!(
+        listed[..20].iter().all(|l| l.starts_with("would delete: ")),
+        "{listed:?}"
+    );
+    let deleted = gc(&[]);
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert!(deleted[0].contains("deleted 20 blocks"), "{deleted:?}");
+}

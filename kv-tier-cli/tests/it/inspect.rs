@@ -36,7 +36,7 @@ fn inspect_reports_namespaces_blocks_bytes_and_strays() {
     let out = run(&["inspect", arg(dir.path())]);
     let text = &out.stdout;
     assert!(
-        text.contains("12 blocks (12 of 16384 bytes)")
+        text.contains("12 blocks (all 16384 bytes, 16.0 KiB)")
             && text.contains("temp files 1, orphan sidecars 1, foreign files 1"),
         "{text}"
     );

@@ -7,7 +7,9 @@
 //! - `inspect`: what `inspect` reports of a root;
 //! - `verify`: damage listed, and `--repair` removing only it;
 //! - `gc`: the least recently used deleted down to the watermark, caps at the extremes;
-//! - `deletion`: what `verify --repair` and `gc` may delete (nothing outside ROOT);
+//! - `deletion`: what `verify --repair` and `gc` may delete (nothing outside ROOT, nothing
+//!   but files at the layout's paths, nothing without the namespace's layout unless forced);
+//! - `in_use`: `gc` and `verify --repair` refusing a root a running tier has open;
 //! - `roots`: the commands on paths that are no cache directory, FIFOs, garbage, odd names;
 //! - `config_check`: `config check` on good, bad, extreme and no-config files;
 //! - `usage`: arguments refused as usage errors;
@@ -17,6 +19,7 @@
 mod config_check;
 mod deletion;
 mod gc;
+mod in_use;
 mod inspect;
 mod roots;
 mod s3_server;

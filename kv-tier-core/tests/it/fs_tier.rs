@@ -342,7 +342,7 @@ async fn rescans_racing_sweeps_keep_the_index_and_the_events_true() {
 /// is skipped, not an error."
 ///
 /// A live bounded tier under store/load churn (its sweeps removing emptied directories)
-/// while `kv-tier gc ROOT --max-size-gb X --json` runs again and again (X a third of the
+/// while `kv-tier gc ROOT --max-size-gb X --json --force` runs again and again (X a third of the
 /// tier's cap, so it deletes many files) and `scan_rank` walks in a loop: every gc exits 0
 /// with `failed` 0 and valid JSON, every walk succeeds, the tier never serves wrong bytes,
 /// and once quiet (after a rescan) its index matches `du`.
@@ -389,6 +389,8 @@ async fn cli_gc_and_offline_walk_on_a_live_root() {
                     .arg("--max-size-gb")
                     .arg(format!("{x:.12}"))
                     .arg("--json")
+                    // it refuses a root in use otherwise: here the point is that it may
+                    .arg("--force")
                     .output()
                     .unwrap()
             }

@@ -468,13 +468,14 @@ async fn the_gc_cli_run_against_a_live_tier() {
     let root_s = root.path().to_path_buf();
     // the CLI walks a root that changes under it (the tier's own sweeps delete files and
     // empty directories): what is gone meanwhile is skipped or reported "already gone", and
-    // it exits 0
+    // it exits 0 (forced: it refuses a root in use otherwise)
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(&bin)
             .arg("gc")
             .arg(&root_s)
             .arg("--max-size-gb")
             .arg(format!("{cli_cap}"))
+            .arg("--force")
             .output()
             .unwrap()
     })
