@@ -152,7 +152,61 @@ impl Default for FsTierConfig {
     }
 }
 
+/// The defaults of the options a config may leave out (`None`), each declared once: the GC's
+/// (a bounded tier's) and the shared root's.
+pub(crate) mod defaults {
+    pub(crate) const GC_HARD_CEILING: f64 = 1.05;
+    pub(crate) const GC_LOW_WATERMARK: f64 = 0.9;
+    pub(crate) const GC_INTERVAL_S: f64 = 60.0;
+    pub(crate) const GC_STAMP_INTERVAL_S: f64 = 60.0;
+    pub(crate) const GC_GRACE_S: f64 = 300.0;
+    pub(crate) const GC_MAX_TRACKED: usize = 200_000;
+    pub(crate) const GC_RESCAN_INTERVAL_S: f64 = 3600.0;
+    pub(crate) const GC_CHECKPOINT_INTERVAL_S: f64 = 300.0;
+    pub(crate) const SHARED_LEASE_S: f64 = 2.0;
+}
+
 impl FsTierConfig {
+    /// The options as the tier uses them, as JSON (the keys of the config), with the keys
+    /// whose value is a default because the config left them out. An option that does not
+    /// apply stays `null`: the GC's on an unbounded tier (no `gc_max_size_gb`), the shared
+    /// root's when `shared` is off; `instance_id` left out is made at open
+    /// (`<host>-<pid>-<random>`).
+    ///
+    /// ```
+    /// let mut c = kv_tier_fs::FsTierConfig::new("/cache");
+    /// c.gc_max_size_gb = Some(4.0);
+    /// let (v, defaulted) = c.effective();
+    /// assert_eq!(v["gc_low_watermark"], 0.9);
+    /// assert!(defaulted.contains(&"gc_low_watermark"));
+    /// assert!(v["shared_lease_s"].is_null());
+    /// ```
+    pub fn effective(&self) -> (serde_json::Value, Vec<&'static str>) {
+        use defaults::*;
+        let mut v = serde_json::to_value(self).expect("a config serializes");
+        let mut defaulted = Vec::new();
+        let mut fill = |key: &'static str, value: serde_json::Value| {
+            if v[key].is_null() {
+                v[key] = value;
+                defaulted.push(key);
+            }
+        };
+        if self.gc_max_size_gb.is_some() {
+            fill("gc_hard_ceiling", GC_HARD_CEILING.into());
+            fill("gc_low_watermark", GC_LOW_WATERMARK.into());
+            fill("gc_interval_s", GC_INTERVAL_S.into());
+            fill("gc_stamp_interval_s", GC_STAMP_INTERVAL_S.into());
+            fill("gc_grace_s", GC_GRACE_S.into());
+            fill("gc_max_tracked", GC_MAX_TRACKED.into());
+            fill("gc_rescan_interval_s", GC_RESCAN_INTERVAL_S.into());
+            fill("gc_checkpoint_interval_s", GC_CHECKPOINT_INTERVAL_S.into());
+        }
+        if self.shared {
+            fill("shared_lease_s", SHARED_LEASE_S.into());
+        }
+        (v, defaulted)
+    }
+
     /// Options with defaults for `root_dir`.
     pub fn new(root_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -165,21 +219,24 @@ impl FsTierConfig {
     pub(crate) fn gc(&self) -> Option<crate::gc::GcConfig> {
         let gb = self.gc_max_size_gb?;
         let cap = (gb * (1u64 << 30) as f64) as u64;
-        let low = self.gc_low_watermark.unwrap_or(0.9);
+        use defaults::*;
+        let low = self.gc_low_watermark.unwrap_or(GC_LOW_WATERMARK);
         let secs = |v: Option<f64>, d: f64| std::time::Duration::from_secs_f64(v.unwrap_or(d));
         let ns = |v: Option<f64>, d: f64| (v.unwrap_or(d) * 1e9) as i64;
-        let rescan = self.gc_rescan_interval_s.unwrap_or(3600.0);
-        let checkpoint = self.gc_checkpoint_interval_s.unwrap_or(300.0);
-        let hard = self.gc_hard_ceiling.unwrap_or(1.05);
+        let rescan = self.gc_rescan_interval_s.unwrap_or(GC_RESCAN_INTERVAL_S);
+        let checkpoint = self
+            .gc_checkpoint_interval_s
+            .unwrap_or(GC_CHECKPOINT_INTERVAL_S);
+        let hard = self.gc_hard_ceiling.unwrap_or(GC_HARD_CEILING);
         Some(crate::gc::GcConfig {
             cap_bytes: cap,
             low_bytes: (cap as f64 * low) as u64,
             hard_bytes: (cap as f64 * hard).min(u64::MAX as f64) as u64,
             tmp_age: std::time::Duration::from_secs(self.tmp_reap_age_s),
-            interval: secs(self.gc_interval_s, 60.0),
-            stamp_interval_ns: ns(self.gc_stamp_interval_s, 60.0),
-            grace_ns: ns(self.gc_grace_s, 300.0),
-            max_tracked: self.gc_max_tracked.unwrap_or(200_000),
+            interval: secs(self.gc_interval_s, GC_INTERVAL_S),
+            stamp_interval_ns: ns(self.gc_stamp_interval_s, GC_STAMP_INTERVAL_S),
+            grace_ns: ns(self.gc_grace_s, GC_GRACE_S),
+            max_tracked: self.gc_max_tracked.unwrap_or(GC_MAX_TRACKED),
             rescan_interval: (rescan > 0.0).then(|| std::time::Duration::from_secs_f64(rescan)),
             checkpoint_interval: (checkpoint > 0.0)
                 .then(|| std::time::Duration::from_secs_f64(checkpoint)),
@@ -357,8 +414,10 @@ impl FsTierConfig {
             let (min, max) = range("gc_max_tracked");
             check_range_u64("gc_max_tracked", n as u64, min as u64, max as u64)?;
         }
-        let stamp = self.gc_stamp_interval_s.unwrap_or(60.0);
-        let grace = self.gc_grace_s.unwrap_or(300.0);
+        let stamp = self
+            .gc_stamp_interval_s
+            .unwrap_or(defaults::GC_STAMP_INTERVAL_S);
+        let grace = self.gc_grace_s.unwrap_or(defaults::GC_GRACE_S);
         if grace <= stamp {
             return Err(Error::config(
                 "gc_grace_s",

@@ -458,8 +458,31 @@ pub fn effective_config(
     config: &KvTierConfig,
     registry: &TierRegistry,
 ) -> Result<serde_json::Value> {
+    effective_config_and_defaults(config, registry).map(|(v, _)| v)
+}
+
+/// [`effective_config`], and which of the tiers' options in it are defaults the config left
+/// out (as `secondary_tiers[i].key`). An option that does not apply stays `null` (an fs
+/// tier's GC options without `gc_max_size_gb`, its shared-root options without `shared`).
+///
+/// ```
+/// let cfg = kv_tier::KvTierConfig::from_json_str(r#"{
+///     "cpu_bytes_to_use": 1048576, "block_size_bytes": 65536,
+///     "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/kv", "gc_max_size_gb": 10}]
+/// }"#)?;
+/// let (eff, defaults) = kv_tier::effective_config_and_defaults(&cfg, &kv_tier::registry())?;
+/// assert_eq!(eff["secondary_tiers"][0]["gc_grace_s"], 300.0);
+/// assert!(defaults.iter().any(|d| d == "secondary_tiers[0].gc_grace_s"));
+/// assert!(!defaults.iter().any(|d| d == "secondary_tiers[0].gc_max_size_gb"));
+/// # Ok::<(), kv_tier::Error>(())
+/// ```
+pub fn effective_config_and_defaults(
+    config: &KvTierConfig,
+    registry: &TierRegistry,
+) -> Result<(serde_json::Value, Vec<String>)> {
     use serde_json::{Value, json};
     config.validate_as_given()?;
+    let mut defaults: Vec<String> = Vec::new();
     let mut tiers = Vec::new();
     for (i, spec) in config.secondary_tiers.iter().enumerate() {
         let mut entry = serde_json::Map::new();
@@ -473,6 +496,17 @@ pub fn effective_config(
             other => {
                 entry.insert("options".into(), other);
             }
+        }
+        // the built-in fs tier knows the defaults of the options it lets a config leave out
+        #[cfg(feature = "fs")]
+        if spec.kind == "fs"
+            && let Ok(c) = kv_tier_fs::FsTierConfig::from_spec(spec)
+        {
+            let (filled, keys) = c.effective();
+            if let Value::Object(options) = filled {
+                entry.extend(options);
+            }
+            defaults.extend(keys.iter().map(|k| format!("secondary_tiers[{i}].{k}")));
         }
         // the built-in remote tier; a custom tier's locality is known once it is built
         let remote = spec.kind == "obj";
@@ -517,7 +551,7 @@ pub fn effective_config(
         }
         v
     });
-    Ok(json!({
+    let eff = json!({
         "cpu_bytes_to_use": config.cpu_bytes_to_use,
         // null: left to the engine (vLLM's shape)
         "block_size_bytes": (config.block_size_bytes > 0).then_some(config.block_size_bytes),
@@ -539,7 +573,8 @@ pub fn effective_config(
         "write_back_max_dram_fraction": config.write_back_max_dram_fraction,
         "layout": layout,
         "secondary_tiers": tiers,
-    }))
+    });
+    Ok((eff, defaults))
 }
 
 /// The option keys that hold secrets (`access_key`, `secret_key`, `session_token`).

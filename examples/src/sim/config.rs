@@ -283,7 +283,8 @@ impl Default for SimConfig {
             config_json: None,
             s3_endpoint: None,
             s3_embedded: false,
-            s3_bucket: "kv-tier".into(),
+            // the bucket `kv-tier s3-server` makes (the README's recipe)
+            s3_bucket: kv_tier_testkit::s3::BUCKET.into(),
             s3_access_key: String::new(),
             s3_secret_key: String::new(),
             s3_region: "us-east-1".into(),

@@ -154,6 +154,8 @@ fn a_slow_obj_tier_drops_writes_and_answers_late_without_refusing_stores() {
     drop(server);
 }
 
+/// The README's recipe: `kv-tier s3-server`, then serve_sim with the endpoint and keys and
+/// no bucket (its default is the server's).
 #[test]
 fn the_readme_s3_commands_run_as_written() {
     let s3 = s3_server();
@@ -161,8 +163,6 @@ fn the_readme_s3_commands_run_as_written() {
     let mut args: Vec<String> = [
         "--s3-endpoint",
         &endpoint,
-        "--s3-bucket",
-        "kv-cache",
         "--s3-access-key",
         "kv-tier-test-access",
         "--s3-secret-key",

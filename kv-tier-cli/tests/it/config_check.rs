@@ -200,8 +200,10 @@ fn config_check_extremes() {
         std::fs::write(&p, body).unwrap();
         p
     };
+    // the most DRAM a config takes: 2^32 - 2 slots of the largest block
+    let most = (u64::from(u32::MAX) - 1) << 30;
     let good = w(serde_json::json!({
-        "cpu_bytes_to_use": u64::MAX, "block_size_bytes": 1u64 << 30,
+        "cpu_bytes_to_use": most, "block_size_bytes": 1u64 << 30,
         "max_tracker_size": 100000000u64, "event_buffer_keys": 10000000000u64,
         "probe_timeout_s": 600, "job_timeout_s": 86400, "job_timeout_per_block_s": 3600,
         "lease_s": 86400, "shutdown_timeout_s": 86400, "write_back_max_dram_fraction": 1,
@@ -216,7 +218,7 @@ fn config_check_extremes() {
     let out = run(&["config", "check", arg(&good), "--json"]);
     assert_eq!(out.code, Some(0), "{out:?}");
     let v = json(&out);
-    assert_eq!(v["effective"]["cpu_bytes_to_use"], u64::MAX, "{v}");
+    assert_eq!(v["effective"]["cpu_bytes_to_use"], most, "{v}");
     for (body, field) in [
         (r#"{"cpu_bytes_to_use": 4194304.0}"#, "cpu_bytes_to_use"),
         (
@@ -239,4 +241,97 @@ fn config_check_extremes() {
             "{body}: {out:?}"
         );
     }
+}
+
+/// A bounded fs tier's options left out are printed with their defaults and listed as such;
+/// an fs tier without a cap, or with one above its filesystem's free space, is valid with a
+/// WARN line; what the builder would refuse for a reason the config alone gives
+/// (`cpu_bytes_to_use` = 2^64 - 1: more slots than a DRAM tier numbers) is refused naming the
+/// field; a device is refused unread, and so is a file too large to be a config.
+#[test]
+fn config_check_fills_the_defaults_warns_and_refuses_what_the_builder_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cache");
+    let cfg = |fs: &str| {
+        format!(
+            r#"{{"cpu_bytes_to_use": 1073741824, "block_size_bytes": 65536,
+                "secondary_tiers": [{{"type": "fs", "root_dir": {root:?}{fs}}}]}}"#
+        )
+    };
+    let bounded = write_config(
+        dir.path(),
+        "bounded.json",
+        &cfg(r#", "gc_max_size_gb": 0.001"#),
+    );
+    let out = run(&["config", "check", arg(&bounded), "--json"]);
+    assert!(out.success(), "{out:?}");
+    let v = json(&out);
+    let fs = &v["effective"]["secondary_tiers"][0];
+    for (key, want) in [
+        ("gc_grace_s", 300.0),
+        ("gc_interval_s", 60.0),
+        ("gc_low_watermark", 0.9),
+        ("gc_hard_ceiling", 1.05),
+        ("gc_stamp_interval_s", 60.0),
+        ("gc_rescan_interval_s", 3600.0),
+    ] {
+        assert_eq!(fs[key].as_f64(), Some(want), "{key}: {fs}");
+        let listed = format!("secondary_tiers[0].{key}");
+        assert!(
+            v["defaults"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d == &*listed),
+            "{listed} not listed as a default: {v}"
+        );
+    }
+    assert_eq!(fs["gc_max_tracked"], 200_000);
+    assert_eq!(v["warnings"].as_array().map(Vec::len), Some(0), "{v}");
+    let text = run(&["config", "check", arg(&bounded)]);
+    assert!(
+        text.stderr.contains("defaults (left out of the file): ") && !text.stderr.contains("WARN"),
+        "{text:?}"
+    );
+    // no cap: valid, warned
+    let unbounded = write_config(dir.path(), "unbounded.json", &cfg(""));
+    let out = run(&["config", "check", arg(&unbounded)]);
+    assert!(out.success(), "{out:?}");
+    assert!(
+        out.stderr.contains("WARN") && out.stderr.contains("has no cap"),
+        "{out:?}"
+    );
+    // a cap of a PiB: more than any free space here
+    let huge = write_config(
+        dir.path(),
+        "huge.json",
+        &cfg(r#", "gc_max_size_gb": 1048576"#),
+    );
+    let v = json(&run(&["config", "check", arg(&huge), "--json"]));
+    let w = v["warnings"][0].as_str().unwrap_or("");
+    assert!(w.contains("free on the filesystem"), "{v}");
+    // what the builder would refuse, refused by the check
+    let max = write_config(
+        dir.path(),
+        "max.json",
+        r#"{"cpu_bytes_to_use": 18446744073709551615, "block_size_bytes": 65536}"#,
+    );
+    let out = run(&["config", "check", arg(&max)]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("cpu_bytes_to_use") && out.stderr.contains("slots"),
+        "{out:?}"
+    );
+    // no device, and nothing larger than a config
+    let out = run(&["config", "check", "/dev/zero"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("not a regular file"), "{out:?}");
+    let big = dir.path().join("big.json");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(17 << 20)
+        .unwrap();
+    let out = run(&["config", "check", arg(&big)]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("larger than"), "{out:?}");
 }

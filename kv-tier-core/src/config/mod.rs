@@ -142,7 +142,8 @@ fn default_shutdown_timeout() -> f64 {
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KvTierConfig {
-    /// Bytes of DRAM for the primary tier (`cpu_bytes_to_use`). Must hold at least one block.
+    /// Bytes of DRAM for the primary tier (`cpu_bytes_to_use`). Must hold at least one block
+    /// slot (the block rounded up to a page) and fewer than 2^32 - 1 of them.
     pub cpu_bytes_to_use: u64,
     /// Bytes per block (`block_size_bytes`): all layers' KV of one block, as the engine lays
     /// it out. Fixed per deployment. vLLM's config has no such key (its connector reads the
@@ -547,6 +548,20 @@ impl KvTierConfig {
                     "{} bytes cannot hold one block of block_size_bytes = {} (a slot of {slot} \
                      bytes: the block rounded up to a page)",
                     self.cpu_bytes_to_use, self.block_size_bytes
+                ),
+            ));
+        }
+        // the DRAM tier numbers its slots in 32 bits
+        if self.block_size_bytes > 0 && self.cpu_bytes_to_use / slot >= u64::from(u32::MAX) {
+            return Err(Error::config(
+                "cpu_bytes_to_use",
+                format!(
+                    "{} bytes make {} slots of {slot} bytes (block_size_bytes = {} rounded up \
+                     to a page): more than the {} a DRAM tier holds",
+                    self.cpu_bytes_to_use,
+                    self.cpu_bytes_to_use / slot,
+                    self.block_size_bytes,
+                    u32::MAX - 1
                 ),
             ));
         }

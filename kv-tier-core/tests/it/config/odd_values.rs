@@ -397,7 +397,12 @@ fn the_largest_block_size_builds_and_one_more_is_refused() {
 #[test]
 fn unallocatable_dram_is_an_error() {
     isolated("config::odd_values::unallocatable_dram_is_an_error", || {
-        for (cpu, bs) in [(1u64 << 50, 1u64 << 30), (1 << 43, 4096), (1 << 44, 4096)] {
+        // (2^44 bytes of 4 KiB blocks would be 2^32 slots: refused by the config itself)
+        for (cpu, bs) in [
+            (1u64 << 50, 1u64 << 30),
+            (1 << 43, 4096),
+            ((1 << 44) - 8192, 4096),
+        ] {
             let cfg = KvTierConfig::from_json_str(&format!(
                 r#"{{"cpu_bytes_to_use": {cpu}, "block_size_bytes": {bs}}}"#
             ))
@@ -778,13 +783,22 @@ fn odd_values_never_panic() {
     }
 }
 
-/// cpu_bytes_to_use = u64::MAX must be an error, not a panic/abort. Run in a child process.
+/// cpu_bytes_to_use = u64::MAX must be an error, not a panic/abort: the config refuses it
+/// (more DRAM slots than a DRAM tier numbers), naming the field; the largest it takes is
+/// refused by the builder, as an error. Run in a child process.
 #[test]
 #[ignore]
 fn child_huge_dram() {
-    let cfg = KvTierConfig::from_json_str(
+    let e = KvTierConfig::from_json_str(
         r#"{"cpu_bytes_to_use": 18446744073709551615, "block_size_bytes": 65536}"#,
     )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("cpu_bytes_to_use") && e.contains("slots"), "{e}");
+    let most = (u64::from(u32::MAX) - 1) * 65536;
+    let cfg = KvTierConfig::from_json_str(&format!(
+        r#"{{"cpu_bytes_to_use": {most}, "block_size_bytes": 65536}}"#
+    ))
     .unwrap();
     let r = kv_tier::builder(cfg).and_then(|b| b.build_blocking());
     assert!(r.is_err());
