@@ -326,6 +326,11 @@ impl SimConfig {
     fn tier_config_as_given(&self, root: &Path) -> Result<KvTierConfig, kv_tier_core::Error> {
         if let Some(text) = &self.config_json {
             let mut cfg = KvTierConfig::from_json_str(text)?;
+            // vLLM's shape has no block size: the engine (here the model shape) gives it
+            if cfg.block_size_bytes == 0 {
+                cfg.block_size_bytes = self.block_bytes() as u64;
+                cfg.validate()?;
+            }
             // the attribution follows every tier's events
             for t in &mut cfg.secondary_tiers {
                 t.tiering.enable_kv_events = Some(true);

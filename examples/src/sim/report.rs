@@ -179,6 +179,9 @@ pub struct TierReport {
 pub struct GcReport {
     /// The cap, bytes.
     pub cap_bytes: u64,
+    /// The hard ceiling (`gc_hard_ceiling x cap`), bytes: the bound the tier never passes
+    /// (between the cap and it, stores go on while sweeps make room).
+    pub hard_ceiling_bytes: u64,
     /// What the tier holds on disk at the end: allocated bytes of its files and directories.
     pub bytes: u64,
     /// The most it held at any time.
@@ -596,6 +599,7 @@ fn tier_report(t: &TierStats, secs: f64) -> TierReport {
 fn gc_report(g: &GcStats, max_bytes_after_step_sweep: Option<u64>) -> GcReport {
     GcReport {
         cap_bytes: g.cap_bytes,
+        hard_ceiling_bytes: g.hard_ceiling_bytes,
         bytes: g.bytes,
         peak_bytes: g.peak_bytes,
         dir_bytes: g.dir_bytes,
@@ -787,8 +791,8 @@ pub fn render(r: &Report) -> String {
         r.events, r.removal_events
     );
     o += &format!(
-        "  prefill time saved    {:.1} s at the configured rate\n",
-        r.prefill_seconds_saved
+        "  prefill time saved    {:.1} s at {} tokens/s of prefill (--prefill-tokens-per-s)\n",
+        r.prefill_seconds_saved, r.per_request.prefill_tokens_per_s
     );
     o
 }
@@ -989,10 +993,12 @@ fn render_gc(g: &GcReport) -> String {
         g.skipped_in_grace
     );
     o += &format!(
-        "  fs on disk            {:.3} GiB allocated at the end ({:.2}x the {:.2} GiB cap; {:.3} GiB of it directories, {:.3} GiB dead: {:.1}% of the cap in blocks whose chain is broken before them), peak {:.3} GiB ({:.2}x)\n",
+        "  fs on disk            {:.3} GiB allocated at the end ({:.2}x the {:.2} GiB cap, whose hard ceiling is {:.3} GiB, {:.2}x; {:.3} GiB of it directories, {:.3} GiB dead: {:.1}% of the cap in blocks whose chain is broken before them), peak {:.3} GiB ({:.2}x)\n",
         gib(g.bytes),
         g.bytes as f64 / g.cap_bytes as f64,
         gib(g.cap_bytes),
+        gib(g.hard_ceiling_bytes),
+        g.hard_ceiling_bytes as f64 / g.cap_bytes.max(1) as f64,
         gib(g.dir_bytes),
         gib(g.dead_bytes),
         100.0 * g.dead_bytes as f64 / g.cap_bytes.max(1) as f64,

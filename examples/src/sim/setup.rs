@@ -395,10 +395,13 @@ fn remove_stale_probes(dir: &Path) {
     }
 }
 
-/// The fs tier's directory: `root_dir`, or a fresh temp dir (returned too, to be removed).
+/// The fs tier's directory: `root_dir`, or a fresh temp dir (returned too, to be removed);
+/// with a config and no `root_dir`, none (the config's tiers have their own directories).
 fn root_dir(cfg: &SimConfig) -> std::io::Result<(PathBuf, Option<TempDir>)> {
     Ok(match &cfg.root_dir {
         Some(r) => (r.clone(), None),
+        // the config's tiers have their own directories: nothing of ours to make or remove
+        None if cfg.config_json.is_some() => (PathBuf::new(), None),
         None => {
             let t = tempfile::Builder::new().prefix("kv-tier-sim-").tempdir()?;
             (t.path().to_path_buf(), Some(t))

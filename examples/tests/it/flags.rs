@@ -267,3 +267,46 @@ fn a_trace_and_a_report_in_one_file_are_refused() {
     assert_eq!(out.code, Some(2), "{}", out.all());
     assert!(out.stderr.contains("is a directory"), "{}", out.all());
 }
+
+/// `--config` in vLLM's own shape (no `block_size_bytes`: the engine gives it, here the model
+/// shape) runs, its fs tier in the config's directory; serve_sim makes no temporary cache
+/// directory of its own then, and says nothing of removing one.
+#[test]
+fn a_config_in_vllms_shape_runs_in_its_own_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cache");
+    let cfg = dir.path().join("vllm.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 1048576,
+                "secondary_tiers": [{{"type": "fs", "root_dir": {root:?}}}]}}"#
+        ),
+    )
+    .unwrap();
+    let args = [
+        "--model",
+        "tiny",
+        "--streams",
+        "2",
+        "--turns",
+        "2",
+        "--output-tokens",
+        "32",
+        "--config",
+        cfg.to_str().unwrap(),
+    ];
+    let out = sim(&args, 120);
+    assert_ok(&out);
+    assert!(
+        !out.stderr.contains("temporary cache directory"),
+        "{}",
+        out.all()
+    );
+    let blocks = kv_tier_testkit::find_files(&root, ".bin").len();
+    assert!(
+        blocks > 0,
+        "no block in the config's root_dir: {}",
+        out.all()
+    );
+}

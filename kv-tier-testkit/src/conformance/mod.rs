@@ -276,6 +276,123 @@ impl TierFixture {
 
 /// Calls `$callback!($($args)*; case, case, ...)` with every case of the suite: the one list
 /// [`run_all`] and [`crate::conformance_tests!`] both expand.
+/// Every case's rule, in words: what a tier that fails the case does wrong. A failing case
+/// prints its rule (see [`rule`]) before the assertion that broke.
+const RULES: &[(&str, &str)] = &[
+    (
+        "lookups_on_empty_tier_miss",
+        "a lookup on an empty tier answers false for every key, one answer per key in order, and an empty batch answers empty",
+    ),
+    (
+        "store_then_lookup_hits",
+        "a key the tier reported stored is found by lookup, answers in the order of the keys asked",
+    ),
+    (
+        "held_answers_agree_with_lookups",
+        "holds() never answers Some(false) for a key reported stored nor Some(true) for one never stored, and agrees with lookup where it answers",
+    ),
+    (
+        "round_trip_preserves_bytes",
+        "a store then a load gives back every byte, for batches of 0, 1, 2, 5 and 64 blocks",
+    ),
+    (
+        "load_missing_key_fails_only_that_key",
+        "loading a missing key fails that key only; the other keys of the job load whole",
+    ),
+    (
+        "storing_existing_key_is_noop_success",
+        "storing a key the tier has succeeds and does not replace the first copy",
+    ),
+    (
+        "concurrent_stores_of_one_key_leave_one_copy",
+        "concurrent stores of one key all succeed and leave exactly one whole copy, never a mix of writers",
+    ),
+    (
+        "a_job_holding_a_key_twice_stores_one_whole_copy",
+        "a job naming a key twice stores one whole copy and reports the key once; a load naming it twice fills every sink it reports",
+    ),
+    (
+        "touch_and_protect_missing_keys_are_harmless",
+        "touch and protect of keys the tier does not have neither fail nor create them",
+    ),
+    (
+        "protect_refcounts_nest",
+        "protection is counted: a key stays protected until every guard on it is dropped",
+    ),
+    (
+        "events_for_successful_stores_only",
+        "stored events name the keys of successful stores only; loads and failed stores emit none",
+    ),
+    (
+        "wrong_sizes_are_refused_per_key",
+        "a block of the wrong size is refused for its key only: never stored, and a load into a wrong-sized sink fails that key only",
+    ),
+    (
+        "stores_and_loads_give_their_buffers_back",
+        "a store gives back every DRAM buffer and a load every sink by the time it returns (none is kept alive)",
+    ),
+    (
+        "dropped_calls_leave_no_trace",
+        "a store, load or lookup dropped at any await point leaves no protection or buffer behind, and the keys then work normally",
+    ),
+    (
+        "shutdown_ends_work_in_flight_and_later_calls_fail_cleanly",
+        "shutdown ends the work in flight (each key reported once) and returns; later calls return, failing cleanly, and nothing hangs",
+    ),
+    (
+        "bounded_tier_stays_within_its_bound",
+        "a bounded tier is within its bound after every sweep, reports what it evicted, and what it kept loads whole",
+    ),
+    (
+        "bounded_tier_never_evicts_a_protected_key",
+        "a bounded tier never evicts a protected key, however far over its bound; once released it may",
+    ),
+    (
+        "bounded_eviction_follows_touch",
+        "a bounded tier evicts by recency: no touched key goes while an untouched older one stays",
+    ),
+    (
+        "persistent_blocks_and_recency_survive_a_reopen",
+        "a persistent tier finds and loads whole after a reopen what it stored before, and keeps its recency",
+    ),
+    (
+        "checksums_turn_every_damage_into_a_miss",
+        "with checksums, every kind of damage to a block is a failed load of its key, never its bytes; a store heals it",
+    ),
+    (
+        "manager_drives_the_tier_from_its_config",
+        "under a manager the tier takes the cascade, is probed and promoted from, serves the same bytes, and holds no state once requests end",
+    ),
+];
+
+/// The rule conformance case `case` checks, in words (`None` for no such case).
+///
+/// ```
+/// let r = kv_tier_testkit::conformance::rule("protect_refcounts_nest").unwrap();
+/// assert!(r.contains("every guard"));
+/// ```
+pub fn rule(case: &str) -> Option<&'static str> {
+    RULES.iter().find(|(c, _)| *c == case).map(|(_, r)| *r)
+}
+
+/// Prints the rule of its case if the case panics (held for the case's run by the generated
+/// tests and [`run_all`]).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct RuleOnFailure(pub &'static str);
+
+impl Drop for RuleOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "conformance case `{}` failed: the rule it checks: {}",
+                self.0,
+                rule(self.0).unwrap_or("(no rule listed)")
+            );
+        }
+    }
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_cases {
@@ -310,7 +427,10 @@ macro_rules! __conformance_cases {
 #[macro_export]
 macro_rules! __conformance_run_each {
     ($make:expr; $($case:ident),* $(,)?) => {
-        $( $crate::conformance::$case(&($make)().await).await; )*
+        $({
+            let _rule = $crate::conformance::RuleOnFailure(stringify!($case));
+            $crate::conformance::$case(&($make)().await).await;
+        })*
     };
 }
 
@@ -326,8 +446,10 @@ where
 /// Expands into one `#[tokio::test]` per conformance case, inside a module `conformance`.
 ///
 /// The argument is an expression callable with no arguments that returns a future of a
-/// [`TierFixture`] (a fresh tier per case). The calling crate needs `tokio` (features
-/// `macros`, `rt-multi-thread`) as a dev-dependency.
+/// [`TierFixture`] (a fresh tier per case). The calling crate needs, as dev-dependencies,
+/// `kv-tier-testkit` and `tokio` (features `macros`, `rt-multi-thread`); nothing else (the
+/// cases reach everything else through this crate). A failing case prints the rule it checks
+/// in words ([`rule`]) before its assertion.
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:expr) => {
@@ -345,10 +467,31 @@ macro_rules! __conformance_test_fns {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
+                    let _rule = $crate::conformance::RuleOnFailure(stringify!($case));
                     let fixture: $crate::TierFixture = ($make)().await;
                     $crate::conformance::$case(&fixture).await;
                 }
             )*
         }
     };
+}
+
+#[cfg(test)]
+mod rules {
+    macro_rules! case_names {
+        (; $($case:ident),* $(,)?) => {
+            const CASES: &[&str] = &[$(stringify!($case)),*];
+        };
+    }
+    crate::__conformance_cases!(case_names;);
+
+    /// Every case run by `conformance_tests!` has its rule in words, and every rule a case.
+    #[test]
+    fn every_case_has_its_rule_in_words() {
+        for c in CASES {
+            let r = super::rule(c).unwrap_or_else(|| panic!("case {c} has no rule"));
+            assert!(r.len() > 20, "{c}: {r:?}");
+        }
+        assert_eq!(super::RULES.len(), CASES.len(), "a rule for no case");
+    }
 }
