@@ -54,6 +54,8 @@ pub(crate) struct Shared {
     pub(crate) align: usize,
     pub(crate) checksum: Checksum,
     pub(crate) accept_unverified: bool,
+    /// vLLM's checksum xattr is written and checked (`vllm_checksum`, with xattrs).
+    pub(crate) vllm_crc: bool,
     pub(crate) xattrs: bool,
     /// Blocks are written unnamed (`O_TMPFILE`) and linked into place.
     pub(crate) tmpfile: bool,

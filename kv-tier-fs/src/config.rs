@@ -36,6 +36,16 @@ pub struct FsTierConfig {
     /// root with writers that keep no checksum (vLLM's own fs tier): their blocks are then
     /// served UNVERIFIED. A malformed or mismatching checksum is refused either way.
     pub accept_unverified: bool,
+    /// vLLM's per-block checksum (`vllm_checksum`): also write, on every block stored, the
+    /// xattr `user.vllm.kv_crc32c` that vLLM's fs tier writes (the CRC32C of the block's bytes,
+    /// four bytes big-endian, set on the temp file before it is published), and check it on
+    /// load where a block has one (a block without one still loads, as in vLLM; a mismatch is
+    /// damage, removed). kv-tier's own checksum (`checksum: "crc32c"`) also covers the key,
+    /// so it also catches a block at another key's path; vLLM's covers the bytes only. A block
+    /// vLLM wrote, with only its checksum, counts as verified when it matches. Needs user
+    /// xattrs (on a filesystem without them, only kv-tier's sidecar checksum is kept). Off by
+    /// default.
+    pub vllm_checksum: bool,
     /// `fsync` every block file and its directory before a store reports success. Off by
     /// default: it costs a device flush per block (tens to hundreds of microseconds on NVMe,
     /// milliseconds on network disks) and only matters for power loss, not process crashes.
@@ -131,6 +141,7 @@ impl Default for FsTierConfig {
             n_write_threads: 16,
             checksum: Checksum::None,
             accept_unverified: false,
+            vllm_checksum: false,
             fsync: false,
             direct_io: true,
             tmpfile_publish: true,

@@ -14,6 +14,10 @@ use std::path::Path;
 /// little-endian).
 pub const CRC_XATTR: &str = "user.kv_tier.crc32c";
 
+/// The xattr of vLLM's per-block checksum (`vllm_checksum`): the CRC32C of the block's bytes,
+/// four bytes big-endian.
+pub const VLLM_CRC_XATTR: &str = "user.vllm.kv_crc32c";
+
 /// Suffix of the sidecar file holding a block's CRC32C where xattrs are unsupported.
 pub const CRC_SIDECAR_SUFFIX: &str = ".crc32c";
 
@@ -215,6 +219,66 @@ pub(crate) fn set_crc_xattr(f: &File, crc: u32) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets vLLM's checksum xattr of `data` on `f`.
+pub(crate) fn set_vllm_crc(f: &File, data: &[u8]) -> io::Result<()> {
+    let name = CString::new(VLLM_CRC_XATTR).expect("static name");
+    let v = crc32c::crc32c(data).to_be_bytes();
+    // SAFETY: valid fd, name and a 4-byte value buffer.
+    let rc =
+        unsafe { libc::fsetxattr(f.as_raw_fd(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// vLLM's checksum in the xattr of `f`: `Ok(None)` without one, `Err` naming what is wrong
+/// with one that is not 4 bytes (`Ok(Err(..))`), or the I/O error.
+pub(crate) fn get_vllm_crc(f: &File) -> io::Result<Option<std::result::Result<u32, String>>> {
+    let name = CString::new(VLLM_CRC_XATTR).expect("static name");
+    let mut v = [0u8; 8];
+    // SAFETY: valid fd, name and an 8-byte buffer.
+    let rc =
+        unsafe { libc::fgetxattr(f.as_raw_fd(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+    vllm_crc_of(rc, v)
+}
+
+/// [`get_vllm_crc`] of the file at `path` (not following a link).
+pub(crate) fn get_vllm_crc_path(
+    path: &Path,
+) -> io::Result<Option<std::result::Result<u32, String>>> {
+    let (p, name) = (
+        cstr(path)?,
+        CString::new(VLLM_CRC_XATTR).expect("static name"),
+    );
+    let mut v = [0u8; 8];
+    // SAFETY: valid path, name and an 8-byte buffer.
+    let rc = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+    vllm_crc_of(rc, v)
+}
+
+fn vllm_crc_of(rc: isize, v: [u8; 8]) -> io::Result<Option<std::result::Result<u32, String>>> {
+    if rc == 4 {
+        return Ok(Some(Ok(u32::from_be_bytes(
+            v[..4].try_into().expect("4 bytes"),
+        ))));
+    }
+    if rc >= 0 {
+        return Ok(Some(Err(format!(
+            "its vLLM checksum xattr is {rc} bytes, not 4"
+        ))));
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENODATA) => Ok(None),
+        Some(libc::ERANGE) => Ok(Some(Err(
+            "its vLLM checksum xattr is longer than 4 bytes".into()
+        ))),
+        _ => Err(e),
     }
 }
 

@@ -19,7 +19,7 @@ mod tier;
 
 pub use block::{FaultInjector, FsOp};
 pub use config::{Checksum, FsTierConfig, RANGES};
-pub use file::{CRC_SIDECAR_SUFFIX, CRC_XATTR};
+pub use file::{CRC_SIDECAR_SUFFIX, CRC_XATTR, VLLM_CRC_XATTR};
 pub use gc::{SweepHook, SweepPoint};
 pub use stats::{FsStats, GcStats, SharedStats};
 pub use tier::FsTier;

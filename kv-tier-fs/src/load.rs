@@ -50,6 +50,12 @@ impl Shared {
         match stored {
             Ok(file::StoredCrc::Crc(_)) | Err(_) => None,
             Ok(file::StoredCrc::Missing) if self.sidecar_pending(m) => None,
+            // vLLM's checksum stands for it (checked when the block is loaded)
+            Ok(file::StoredCrc::Missing)
+                if self.vllm_crc && matches!(file::get_vllm_crc_path(path), Ok(Some(Ok(_)))) =>
+            {
+                None
+            }
             Ok(file::StoredCrc::Missing) => Some("it has no checksum".into()),
             Ok(file::StoredCrc::Malformed(r)) => Some(r),
         }
@@ -194,6 +200,23 @@ impl Shared {
             };
             return Err(self.damaged(key, &path, Some(&f), reason));
         }
+        // vLLM's checksum, where the block has one: the bytes as vLLM wrote them
+        let mut vllm_verified = false;
+        if self.vllm_crc {
+            match file::get_vllm_crc(&f).map_err(|e| self.io_err("read checksum", &path, e))? {
+                None => {}
+                Some(Ok(stored)) => {
+                    let got = crc32c::crc32c(sink.as_slice());
+                    if got != stored {
+                        bump(&self.counters.blocks.checksum_mismatches, 1);
+                        let reason = format!("vLLM's crc32c is {got:08x}, stored {stored:08x}");
+                        return Err(self.damaged(key, &path, Some(&f), reason));
+                    }
+                    vllm_verified = true;
+                }
+                Some(Err(reason)) => return Err(self.damaged(key, &path, Some(&f), reason)),
+            }
+        }
         if self.checksum == Checksum::Crc32c {
             let stored = if self.xattrs {
                 file::get_crc_xattr(&f)
@@ -207,6 +230,8 @@ impl Shared {
             };
             match verdict {
                 Verdict::Verified => {}
+                // written by vLLM with its checksum only, and that one matched
+                Verdict::Missing if vllm_verified => {}
                 Verdict::Mismatch { got, stored } => {
                     bump(&self.counters.blocks.checksum_mismatches, 1);
                     let reason = format!("crc32c is {got:08x}, stored {stored:08x}");

@@ -243,6 +243,10 @@ impl Shared {
         self.fault(FsOp::Write, at)
             .and_then(|()| file::write_full(f, data))
             .map_err(|e| self.io_err("write", at, e))?;
+        if self.vllm_crc {
+            // vLLM's checksum, before the publish (as vLLM sets it)
+            file::set_vllm_crc(f, data).map_err(|e| self.io_err("fsetxattr", at, e))?;
+        }
         let crc = (self.checksum == Checksum::Crc32c).then(|| file::block_crc(key, data));
         let mut sidecar = None;
         if let Some(crc) = crc {

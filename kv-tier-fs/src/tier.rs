@@ -189,6 +189,7 @@ impl FsTier {
             align: probe.direct_align.unwrap_or(kv_tier_core::PAGE_SIZE),
             checksum: cfg.checksum,
             accept_unverified: cfg.accept_unverified,
+            vllm_crc: cfg.vllm_checksum && probe.xattrs,
             xattrs: probe.xattrs,
             tmpfile: probe.tmpfile,
             sidecar_grace_ns: AtomicU64::new(crate::block::SIDECAR_GRACE.as_nanos() as u64),

@@ -1044,3 +1044,103 @@ async fn loads_racing_truncation_extension_and_rename_over_serve_exact_bytes_or_
         assert!(tmp_files(root.path()).is_empty());
     }
 }
+
+/// A block of [`BS`] bytes, byte `i` being `(7i + 3) mod 256`: the block the vLLM checksum
+/// vectors below were computed for.
+fn vllm_vector_block() -> Vec<u8> {
+    (0..BS).map(|i| ((i * 7 + 3) % 256) as u8).collect()
+}
+
+/// vLLM's checksum of [`vllm_vector_block`] as vLLM stores it (four bytes big-endian),
+/// computed independently with Python's `crc32c` package:
+/// `crc32c.crc32c(bytes((i*7+3)%256 for i in range(4096))).to_bytes(4, "big")`.
+const VLLM_VECTOR_CRC: [u8; 4] = [0xed, 0x96, 0xb6, 0x43];
+
+/// The same for 4,096 zero bytes (`98f94189`): a checksum that does not belong to the block.
+const VLLM_ZEROS_CRC: [u8; 4] = [0x98, 0xf9, 0x41, 0x89];
+
+/// The xattr `name` of the file at `p`, if it has one.
+fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    let (c, n) = (
+        CString::new(p.as_os_str().as_encoded_bytes()).unwrap(),
+        CString::new(name).unwrap(),
+    );
+    let mut v = vec![0u8; 64];
+    // SAFETY: valid path, name and a 64-byte buffer.
+    let rc = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+    (rc >= 0).then(|| {
+        v.truncate(rc as usize);
+        v
+    })
+}
+
+/// Writes `data` at `p` as vLLM's fs tier does with its checksums on: the file, and the
+/// xattr `user.vllm.kv_crc32c` set to `crc` (no kv-tier checksum).
+fn write_as_vllm(p: &Path, data: &[u8], crc: &[u8]) {
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, data).unwrap();
+    let (c, n) = (
+        CString::new(p.as_os_str().as_encoded_bytes()).unwrap(),
+        CString::new(kv_tier_fs::VLLM_CRC_XATTR).unwrap(),
+    );
+    // SAFETY: valid path, name and value.
+    let rc = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), crc.as_ptr().cast(), crc.len(), 0) };
+    assert_eq!(rc, 0, "setxattr {}", p.display());
+}
+
+/// With `vllm_checksum`, a block kv-tier stores carries vLLM's checksum as vLLM writes it
+/// (Python's crc32c of the bytes, big-endian) beside its own; a block vLLM wrote with only
+/// its checksum loads verified, with kv-tier's checksums required; one whose vLLM checksum
+/// does not match its bytes is damage, removed; and without kv-tier's checksums a block with
+/// no checksum at all still loads, as in vLLM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllms_block_checksum_is_written_and_checked_as_vllm_does() {
+    let root = temp_root();
+    let mut c = cfg(root.path());
+    c.checksum = Checksum::Crc32c;
+    c.vllm_checksum = true;
+    let tier = FsTier::open("fs", c.clone(), ns(), BS).unwrap();
+    let data = vllm_vector_block();
+    let k = test_key(1);
+    let job = kv_tier_core::StoreJob {
+        links: Vec::new(),
+        requests: Vec::new(),
+        blocks: vec![(k, kv_tier_core::BlockSource::from_bytes(data.clone()))],
+    };
+    assert!(tier.store(job).await.is_success());
+    let path = tier.block_path(&k);
+    if xattr(&path, CRC_XATTR).is_none() {
+        eprintln!("SKIPPED: no user xattrs under {}", root.path().display());
+        return;
+    }
+    assert_eq!(
+        xattr(&path, kv_tier_fs::VLLM_CRC_XATTR).as_deref(),
+        Some(&VLLM_VECTOR_CRC[..])
+    );
+    // vLLM's blocks: one verified by its checksum, one whose checksum is another block's
+    let (good, bad) = (test_key(2), test_key(3));
+    write_as_vllm(&tier.block_path(&good), &data, &VLLM_VECTOR_CRC);
+    write_as_vllm(&tier.block_path(&bad), &data, &VLLM_ZEROS_CRC);
+    let (res, got) = load(&tier, &[k, good, bad]).await;
+    assert_eq!(res.ok, vec![k, good], "{:?}", res.failed);
+    assert!(got.iter().all(|(_, b)| b[..] == data[..]));
+    assert!(
+        matches!(&res.failed[..], [(key, Error::Corrupt { reason, .. })] if *key == bad && reason.contains("vLLM")),
+        "{:?}",
+        res.failed
+    );
+    assert!(
+        !tier.block_path(&bad).exists(),
+        "the damaged block was kept"
+    );
+    // without kv-tier's checksums, a block with none at all loads (as vLLM's does)
+    drop(tier);
+    c.checksum = Checksum::None;
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let plain = test_key(4);
+    let p = tier.block_path(&plain);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, &data).unwrap();
+    let (res, _) = load(&tier, &[plain, good]).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+}
