@@ -93,7 +93,7 @@ pub struct TierOptions {
 }
 
 /// The keys of [`TierOptions`] in a tier entry.
-const KEYS: [&str; 8] = [
+pub(crate) const KEYS: [&str; 8] = [
     "probe_budget_s",
     "write_back_limit_mb",
     "write_back_policy",

@@ -297,7 +297,7 @@ impl FsTierConfig {
                 ));
             }
         }
-        let parsed = kv_tier_core::config::from_value(serde_json::Value::Object(options), "")
+        let parsed = kv_tier_core::config::parse_tier_options(options)
             .and_then(|cfg: Self| cfg.validate().map(|()| cfg));
         // errors name the key the user wrote
         parsed.map_err(|e| match e {

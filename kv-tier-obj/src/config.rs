@@ -302,8 +302,7 @@ impl ObjTierConfig {
             }
             e => e,
         };
-        let mut c: Self = kv_tier_core::config::from_value(serde_json::Value::Object(options), "")
-            .map_err(rename)?;
+        let mut c: Self = kv_tier_core::config::parse_tier_options(options).map_err(rename)?;
         for v in [
             &mut c.endpoint_override,
             &mut c.access_key,

@@ -335,3 +335,33 @@ fn config_check_fills_the_defaults_warns_and_refuses_what_the_builder_would() {
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("larger than"), "{out:?}");
 }
+
+/// A misspelled key in a tier entry lists the tier type's keys and the keys every tier takes
+/// (`probe_budget` is near `probe_budget_s`, which the fs type's own list does not hold); a
+/// file that is not JSON says so without naming an empty field.
+#[test]
+fn a_misspelled_key_lists_every_key_the_entry_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = write_config(
+        dir.path(),
+        "typo.json",
+        r#"{"cpu_bytes_to_use": 1048576, "block_size_bytes": 65536,
+            "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/kv", "probe_budget": 0.1}]}"#,
+    );
+    let out = run(&["config", "check", arg(&typo)]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    for want in [
+        "secondary_tiers[0].probe_budget",
+        "`gc_max_size_gb`",
+        "`probe_budget_s`",
+    ] {
+        assert!(out.stderr.contains(want), "{want:?} missing: {out:?}");
+    }
+    let broken = write_config(dir.path(), "broken.json", "not json at all");
+    let out = run(&["config", "check", arg(&broken)]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("invalid config: not valid JSON") && !out.stderr.contains("``"),
+        "{out:?}"
+    );
+}

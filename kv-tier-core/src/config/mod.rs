@@ -33,7 +33,7 @@ use crate::tier_options::{TierOptions, TierSettings};
 mod tier_spec;
 mod vllm;
 
-pub use tier_spec::TierSpec;
+pub use tier_spec::{TierSpec, parse_tier_options};
 use vllm::{VLLM_KEYS_NOT_HERE, apply_chunking};
 
 /// DRAM eviction policy.

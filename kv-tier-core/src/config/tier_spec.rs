@@ -29,6 +29,43 @@ pub struct TierSpec {
     pub tiering: TierOptions,
 }
 
+/// The keys every tier entry takes, whatever its type: its own and the manager's options.
+fn common_keys() -> String {
+    ["type", "name", "module_path"]
+        .iter()
+        .chain(crate::tier_options::KEYS.iter())
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Parses a tier entry's own options (what [`TierSpec::options`] holds) into the tier's
+/// config type (use `#[serde(deny_unknown_fields)]`); errors name the field relative to the
+/// tier entry. An unknown key's error lists the type's keys and, after them, the keys every
+/// tier takes (taken out of the options before they reach the type), so a misspelling of
+/// one of those is found too.
+///
+/// ```
+/// #[derive(serde::Deserialize)]
+/// #[serde(deny_unknown_fields)]
+/// struct Mine { #[allow(dead_code)] depth: u32 }
+/// let mut options = serde_json::Map::new();
+/// options.insert("probe_budget".into(), 1.into());
+/// let e = kv_tier_core::config::parse_tier_options::<Mine>(options).err().unwrap().to_string();
+/// assert!(e.contains("`depth`") && e.contains("`probe_budget_s`"), "{e}");
+/// ```
+pub fn parse_tier_options<T: DeserializeOwned>(options: Map<String, Value>) -> Result<T> {
+    from_value(Value::Object(options), "").map_err(|e| match e {
+        Error::InvalidConfig { field, reason } if reason.starts_with("unknown key") => {
+            Error::InvalidConfig {
+                field,
+                reason: format!("{reason}; or one every tier takes: {}", common_keys()),
+            }
+        }
+        e => e,
+    })
+}
+
 impl TierSpec {
     /// A spec of the given type with no options.
     pub fn new(kind: impl Into<String>) -> Self {
@@ -49,9 +86,9 @@ impl TierSpec {
     }
 
     /// Parses the options into a tier's own config type (use `#[serde(deny_unknown_fields)]`);
-    /// errors name the field relative to the tier entry.
+    /// errors name the field relative to the tier entry (see [`parse_tier_options`]).
     pub fn parse_options<T: DeserializeOwned>(&self) -> Result<T> {
-        from_value(Value::Object(self.options.clone()), "")
+        parse_tier_options(self.options.clone())
     }
 
     pub(super) fn from_value(v: Value, field: &str) -> Result<Self> {
