@@ -22,7 +22,14 @@ pub(crate) fn live_holders(root: &Path) -> Result<Vec<Holder>, String> {
 /// `Err` naming the holders when a tier has `root` open and `force` is not given (`what`:
 /// the command, for the message); with `force`, a warning on stderr.
 pub(crate) fn refuse_if_live(root: &Path, what: &str, force: bool) -> Result<(), String> {
-    let live = live_holders(root)?;
+    let live = match live_holders(root) {
+        Ok(l) => l,
+        Err(e) if force => {
+            eprintln!("kv-tier: warning: {e}; {what} goes on (--force)");
+            return Ok(());
+        }
+        Err(e) => return Err(format!("{e}; pass --force to go on without knowing")),
+    };
     if live.is_empty() {
         return Ok(());
     }

@@ -34,10 +34,11 @@ impl Drop for LiveMark {
     }
 }
 
-/// `flock(fd, LOCK_EX | LOCK_NB)`: `Ok(true)` taken, `Ok(false)` another holds it.
-fn try_lock(f: &File) -> io::Result<bool> {
+/// `flock(fd, how | LOCK_NB)`: `Ok(true)` taken, `Ok(false)` another holds it (exclusively,
+/// for a shared `how`).
+fn try_lock(f: &File, how: libc::c_int) -> io::Result<bool> {
     // SAFETY: flock on a descriptor this `File` owns; no memory is passed.
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    let r = unsafe { libc::flock(f.as_raw_fd(), how | libc::LOCK_NB) };
     if r == 0 {
         return Ok(true);
     }
@@ -68,9 +69,11 @@ pub(crate) fn mark(dir: &Path, rank: &str) -> io::Result<LiveMark> {
     ));
     // locked under a temp name first, then renamed into place (the lock goes with the file):
     // a scan never sees a mark before its lock is held, and so never takes it for stale
-    let tmp = path.with_extension("tmp");
+    let mut tmp = path.clone().into_os_string();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let mut file = File::create_new(&tmp)?;
-    if !try_lock(&file)? {
+    if !try_lock(&file, libc::LOCK_EX)? {
         let _ = std::fs::remove_file(&tmp);
         return Err(io::Error::other(format!(
             "{} was locked at its creation",
@@ -129,9 +132,13 @@ pub fn holders(root: &Path) -> io::Result<Vec<Holder>> {
     for e in entries {
         let e = e?;
         // a namespace directory: the one with a `config.json` (not a rank directory, nor
-        // another program's)
+        // another program's); one this process cannot read holds no mark it can see
         if e.file_type().is_ok_and(|t| t.is_dir()) && e.path().join("config.json").exists() {
-            out.extend(scan(&e.path())?);
+            match scan(&e.path()) {
+                Ok(h) => out.extend(h),
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));
@@ -180,7 +187,9 @@ fn scan(dir: &Path) -> io::Result<Vec<Holder>> {
                 continue;
             }
         };
-        let live = !try_lock(&f)?;
+        // a shared lock: scans never see each other as holders; a lock that cannot be asked
+        // (some network filesystems) counts as held
+        let live = !try_lock(&f, libc::LOCK_SH).unwrap_or(false);
         let mut says = String::new();
         if let Err(e) = (&f).take(MAX_MARK_BYTES).read_to_string(&mut says) {
             says = format!("unreadable: {e}");

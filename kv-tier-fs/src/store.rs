@@ -282,7 +282,22 @@ impl Shared {
     fn write_sidecar(&self, dest: &Path, bytes: &[u8]) {
         let side = file::sidecar_path(dest);
         let tmp = self.tmp_path(&side);
-        let res = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &side));
+        let mut res = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &side));
+        // something that is no file stands at the sidecar's path (a directory, say): no
+        // sidecar of ours, and in the way of every store of the key; it goes, and the
+        // rename is tried once more
+        if res.is_err()
+            && let Ok(m) = std::fs::symlink_metadata(&side)
+            && !m.is_file()
+        {
+            let removed = if m.is_dir() {
+                std::fs::remove_dir_all(&side)
+            } else {
+                std::fs::remove_file(&side)
+            };
+            tracing::warn!(path = %side.display(), kind = ?m.file_type(), removed = removed.is_ok(), "not a file at a checksum sidecar's path; removed");
+            res = std::fs::rename(&tmp, &side);
+        }
         if let Err(e) = res {
             let _ = std::fs::remove_file(&tmp);
             tracing::warn!(path = %side.display(), error = %e, "could not write the checksum sidecar; the block will be refused as unverified");

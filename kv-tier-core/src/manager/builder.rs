@@ -321,6 +321,7 @@ impl TieringManagerBuilder {
                 loading: vec![(0, tokio::time::Instant::now()); tiers.len()],
                 load_models: tiers.iter().map(|_| Default::default()).collect(),
                 steps: Default::default(),
+                retried: Vec::new(),
                 next_job: 0,
                 pending_stores: FxHashMap::default(),
                 finishing: FxHashSet::default(),

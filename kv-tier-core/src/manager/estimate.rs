@@ -110,7 +110,7 @@ impl StepClock {
         self.ends.push_back(now);
     }
 
-    /// The median interval between the steps measured; `None` before two steps ended, or
+    /// The median interval between the steps measured; `None` before two steps ended. Zero
     /// when the median step took no measurable time (a wait is then taken as it is).
     pub(super) fn interval(&self) -> Option<Duration> {
         let mut gaps: Vec<Duration> = self
@@ -123,14 +123,14 @@ impl StepClock {
             return None;
         }
         gaps.sort_unstable();
-        Some(gaps[gaps.len() / 2]).filter(|d| !d.is_zero())
+        Some(gaps[gaps.len() / 2])
     }
 }
 
 /// What waiting `wait` costs a request at steps of `step`: the whole steps it spans (at least
-/// one), or `wait` itself when the steps are not known.
+/// one), or `wait` itself when the steps are not known or take no time.
 pub(super) fn whole_steps(wait: Duration, step: Option<Duration>) -> Duration {
-    let Some(step) = step else {
+    let Some(step) = step.filter(|s| !s.is_zero()) else {
         return wait;
     };
     let n = (wait.as_secs_f64() / step.as_secs_f64()).ceil().max(1.0);
@@ -302,11 +302,15 @@ mod tests {
             c.tick(t);
         }
         assert_eq!(c.interval(), Some(Duration::from_millis(40)));
-        // steps that take no time say nothing
+        // steps that take no time: a wait costs itself
         let mut c = StepClock::default();
         c.tick(t0);
         c.tick(t0);
-        assert_eq!(c.interval(), None);
+        assert_eq!(c.interval(), Some(Duration::ZERO));
+        assert_eq!(
+            whole_steps(Duration::from_millis(3), c.interval()),
+            Duration::from_millis(3)
+        );
     }
 
     #[test]

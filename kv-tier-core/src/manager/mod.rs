@@ -61,6 +61,9 @@ struct State {
     load_models: Vec<estimate::LoadModel>,
     /// The engine's scheduling steps, for the whole steps a wait spans.
     steps: estimate::StepClock,
+    /// The (key, tier) waits for a probe the current `lookup_many` counted (`retry_waits`),
+    /// to take back those the policy does not wait for.
+    retried: Vec<(BlockKey, usize)>,
     next_job: u64,
     pending_stores: FxHashMap<RequestId, usize>,
     finishing: FxHashSet<RequestId>,
@@ -322,6 +325,7 @@ impl TieringManager {
         if self.wants_chains(&st) {
             st.chains.learn(req.id, keys);
         }
+        st.retried.clear();
         let mut results = Vec::with_capacity(keys.len());
         let mut pins: Vec<BlockSource> = Vec::new();
         let mut unpinned = 0;
@@ -450,11 +454,14 @@ impl TieringManager {
         // a tier not measured yet is not waited for: its first promotion of the run is still
         // sent, if the tier has no other load (it lands in DRAM for the requests after, and
         // measures the tier); the others are dropped
-        let measure = (keep..present).find_map(|p| from[p]).filter(|&i| {
-            !estimates.contains_key(&i)
-                && st.loading[i].0 == 0
-                && !st.promotions.keys().any(|&(t, r)| t == i && r != req)
-        });
+        let measure = (judged < present)
+            .then(|| from[judged])
+            .flatten()
+            .filter(|&i| {
+                !estimates.contains_key(&i)
+                    && st.loading[i].0 == 0
+                    && !st.promotions.keys().any(|&(t, r)| t == i && r != req)
+            });
         // the tier it would have waited for: the first a declined block loads from, or whose
         // probe it would wait for
         let tier = (keep..asked)
@@ -497,8 +504,13 @@ impl TieringManager {
         results: &[LookupResult],
     ) {
         let mut declined: FxHashMap<usize, Vec<BlockKey>> = FxHashMap::default();
+        // a key also in the part kept is served there: its hold, promotion and answer stay
+        let kept: FxHashSet<BlockKey> = keys[..keep].iter().copied().collect();
         let mut seen = FxHashSet::default();
         for (p, key) in keys.iter().enumerate().skip(keep) {
+            if kept.contains(key) {
+                continue;
+            }
             st.holds.release(req, *key);
             let Some(i) = from.get(p).copied().flatten() else {
                 continue;
@@ -537,12 +549,12 @@ impl TieringManager {
                 LookupResult::HitPending => s.hits_pending -= 1,
                 LookupResult::Retry => {
                     s.retries -= 1;
-                    for (i, l) in st.lookups.iter().enumerate() {
-                        if l.waits_for(&keys[p], req) {
-                            let t = &mut st.stats.tiers[i];
-                            t.retry_waits = t.retry_waits.saturating_sub(1);
-                            t.probes_not_waited += 1;
-                        }
+                    // the tiers this lookup counted a wait for the key in (once each)
+                    while let Some(at) = st.retried.iter().position(|(k, _)| *k == keys[p]) {
+                        let (_, i) = st.retried.swap_remove(at);
+                        let t = &mut st.stats.tiers[i];
+                        t.retry_waits = t.retry_waits.saturating_sub(1);
+                        t.probes_not_waited += 1;
                     }
                 }
                 LookupResult::Miss => {
@@ -554,7 +566,11 @@ impl TieringManager {
             }
         }
         // absent for the request in every tier: no other tier serves what was declined
-        let gone: Vec<BlockKey> = keys[keep..asked].to_vec();
+        let gone: Vec<BlockKey> = keys[keep..asked]
+            .iter()
+            .filter(|k| !kept.contains(k))
+            .copied()
+            .collect();
         for l in &mut st.lookups {
             l.mark_declined(&gone, req);
         }
@@ -576,8 +592,13 @@ impl TieringManager {
             }
             LookupResult::HitPending => {
                 if let Some(&(_, i)) = st.promoting.get(key) {
-                    // declined for this request: it recomputes the block, whoever promotes it
-                    if st.lookups[i].absence(key, req.id) == Some(Absence::Declined) {
+                    // declined for this request (in any tier: a tier keeps the first reason a
+                    // key is absent): it recomputes the block, whoever promotes it
+                    if st
+                        .lookups
+                        .iter()
+                        .any(|l| l.absence(key, req.id) == Some(Absence::Declined))
+                    {
                         st.holds.release(req.id, *key);
                         let tier = self.names[i].clone();
                         return miss(st, req.id, MissCause::RecomputeFaster { tier });
@@ -606,6 +627,7 @@ impl TieringManager {
                 Presence::Retry => {
                     pending = true;
                     st.stats.tiers[i].retry_waits += 1;
+                    st.retried.push((*key, i));
                 }
                 Presence::Present if !pending => {
                     before_reserve();

@@ -383,6 +383,30 @@ async fn without_xattrs_a_store_rewrites_a_block_whose_sidecar_is_gone() {
     assert!(verify_block(&k, 5, &data[0].1));
 }
 
+/// Sidecar mode: a directory (with files in it) at a block's sidecar path is in the way of
+/// the sidecar: the store removes it and writes the sidecar, and the block loads verified
+/// (it used to fail every load, losing the block, forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_xattrs_a_directory_at_a_sidecar_path_is_healed_by_the_store() {
+    let m = Mount::new("ramfs", "");
+    let tier = open_checksummed(&m.dir);
+    tier.set_sidecar_grace(Duration::ZERO);
+    let k = test_key(1);
+    let path = tier.block_path(&k);
+    let mut side = path.clone().into_os_string();
+    side.push(CRC_SIDECAR_SUFFIX);
+    let side = PathBuf::from(side);
+    std::fs::create_dir_all(side.join("inner")).unwrap();
+    std::fs::write(side.join("inner/file"), b"x").unwrap();
+    assert!(fs_store(&tier, &[k], 3).await.is_success());
+    assert!(side.is_file(), "the sidecar was not written");
+    for round in 0..2 {
+        let (res, data) = load(&tier, &[k]).await;
+        assert!(res.is_success(), "round {round}: {:?}", res.failed);
+        assert!(verify_block(&k, 3, &data[0].1));
+    }
+}
+
 /// The checksum covers the key: a block file moved (or linked) to another key's path fails
 /// verification there instead of being served as that key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -488,7 +488,7 @@ async fn a_probe_that_cannot_pay_within_a_step_is_not_waited_for() {
 
 /// Before two steps have ended (no step measured), no probe is waited for: the first lookup
 /// of a prefix whose blocks a tier may have is a `Miss` with the policy on (a `Retry` without
-/// it), and its probe goes on.
+/// it), and its probe goes on. Steps measured that take no time are steps measured.
 #[tokio::test(start_paused = true)]
 async fn no_probe_is_waited_for_before_the_steps_are_measured() {
     let fx = with_recompute(Duration::from_secs(1), &keys(1, 8)).await;
@@ -500,6 +500,12 @@ async fn no_probe_is_waited_for_before_the_steps_are_measured() {
     assert_eq!(off.step(&keys(1, 4), &r).await, vec![Retry; 4]);
     off.m.on_request_finished(r.id);
     fx.assert_clean("after a probe before the steps").await;
+    // steps measured at no time at all (the clock did not move): a wait costs itself, and
+    // 4 blocks of 1 s of recompute pay for waiting for their probe
+    steps_of(&fx, Duration::ZERO).await;
+    let r = RequestContext::new(2);
+    assert_eq!(fx.step(&keys(5, 4), &r).await, vec![Retry; 4]);
+    fx.m.on_request_finished(r.id);
 }
 
 /// A memory tier named `name` holding `keys`.
