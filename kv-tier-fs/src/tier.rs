@@ -477,6 +477,7 @@ impl SecondaryTier for FsTier {
             // announced before the reads: the leader keeps what is about to be read
             coord.note_reads(&keys);
         }
+        let progress = job.progress.clone();
         let blocks = job
             .blocks
             .into_iter()
@@ -495,7 +496,24 @@ impl SecondaryTier for FsTier {
             )
             .await
         else {
-            return JobResult::all_failed(keys, &self.closed());
+            // shut down mid-job: the blocks that landed whole (and were reported so) are
+            // loaded, once per sink; the others fail
+            let mut landed: std::collections::HashMap<BlockKey, usize> = Default::default();
+            for k in progress.keys() {
+                *landed.entry(k).or_default() += 1;
+            }
+            let closed = self.closed();
+            let mut r = JobResult::default();
+            for k in keys {
+                match landed.get_mut(&k).filter(|n| **n > 0) {
+                    Some(n) => {
+                        *n -= 1;
+                        r.ok.push(k);
+                    }
+                    None => r.failed.push((k, closed.clone())),
+                }
+            }
+            return r;
         };
         let c = &self.shared.counters.blocks;
         JobResult::from_results(results, |e| {
@@ -572,9 +590,10 @@ impl SecondaryTier for FsTier {
 
     /// Stops the I/O threads (after their current block) and the GC thread, and waits for them
     /// on tokio's blocking pool, never on an async worker; then removes the tier's mark on
-    /// its root (`offline::holders` no longer lists it). A job with blocks still queued
+    /// its root (`offline::holders` no longer lists it). A store job with blocks still queued
     /// fails whole with `Shutdown`, also for its blocks already written (they are published
-    /// files, found by later lookups; only the report is conservative).
+    /// files, found by later lookups; only the report is conservative); a load job reports
+    /// the blocks that landed whole loaded, and fails the others.
     async fn shutdown(&self) -> Result<()> {
         if self.shut_down.swap(true, Ordering::SeqCst) {
             return Ok(());
