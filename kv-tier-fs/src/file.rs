@@ -209,10 +209,10 @@ fn link_noreplace(tmp: &Path, dest: &Path) -> io::Result<bool> {
     }
 }
 
-pub(crate) fn set_crc_xattr(f: &File, crc: u32) -> io::Result<()> {
-    let name = CString::new(CRC_XATTR).expect("static name");
-    let v = crc.to_le_bytes();
-    // SAFETY: valid fd, name and a 4-byte value buffer.
+/// Sets the xattr `name` of `f` to `v`.
+fn set_xattr(f: &File, name: &str, v: &[u8]) -> io::Result<()> {
+    let name = CString::new(name).expect("a static name");
+    // SAFETY: valid fd, name and value buffer of `v.len()` bytes.
     let rc =
         unsafe { libc::fsetxattr(f.as_raw_fd(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
     if rc == 0 {
@@ -222,63 +222,78 @@ pub(crate) fn set_crc_xattr(f: &File, crc: u32) -> io::Result<()> {
     }
 }
 
+/// A checksum xattr as read: its 4 bytes, its size when it is not 4 bytes, or none.
+enum Xattr4 {
+    Bytes([u8; 4]),
+    /// Its size in bytes (`None`: more than 8).
+    Sized(Option<isize>),
+    Missing,
+}
+
+/// What `fgetxattr`/`lgetxattr` into an 8-byte buffer returned, read at once (before anything
+/// else can change `errno`).
+fn xattr4(rc: isize, v: [u8; 8]) -> io::Result<Xattr4> {
+    match rc {
+        4 => Ok(Xattr4::Bytes(v[..4].try_into().expect("4 bytes"))),
+        0.. => Ok(Xattr4::Sized(Some(rc))),
+        _ => {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ENODATA) => Ok(Xattr4::Missing),
+                Some(libc::ERANGE) => Ok(Xattr4::Sized(None)),
+                _ => Err(e),
+            }
+        }
+    }
+}
+
+/// The xattr `name` of `f`, as [`Xattr4`].
+fn get_xattr4(f: &File, name: &str) -> io::Result<Xattr4> {
+    let name = CString::new(name).expect("a static name");
+    let mut v = [0u8; 8];
+    // SAFETY: valid fd, name and an 8-byte buffer.
+    let rc =
+        unsafe { libc::fgetxattr(f.as_raw_fd(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+    xattr4(rc, v)
+}
+
+/// [`get_xattr4`] of the file at `path`, not following a link.
+fn get_xattr4_path(path: &Path, name: &str) -> io::Result<Xattr4> {
+    let (p, name) = (cstr(path)?, CString::new(name).expect("a static name"));
+    let mut v = [0u8; 8];
+    // SAFETY: valid path, name and an 8-byte buffer.
+    let rc = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+    xattr4(rc, v)
+}
+
+pub(crate) fn set_crc_xattr(f: &File, crc: u32) -> io::Result<()> {
+    set_xattr(f, CRC_XATTR, &crc.to_le_bytes())
+}
+
 /// Sets vLLM's checksum xattr of `data` on `f`.
 pub(crate) fn set_vllm_crc(f: &File, data: &[u8]) -> io::Result<()> {
-    let name = CString::new(VLLM_CRC_XATTR).expect("static name");
-    let v = crc32c::crc32c(data).to_be_bytes();
-    // SAFETY: valid fd, name and a 4-byte value buffer.
-    let rc =
-        unsafe { libc::fsetxattr(f.as_raw_fd(), name.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    set_xattr(f, VLLM_CRC_XATTR, &crc32c::crc32c(data).to_be_bytes())
 }
 
 /// vLLM's checksum in the xattr of `f`: `Ok(None)` without one, `Err` naming what is wrong
 /// with one that is not 4 bytes (`Ok(Err(..))`), or the I/O error.
 pub(crate) fn get_vllm_crc(f: &File) -> io::Result<Option<std::result::Result<u32, String>>> {
-    let name = CString::new(VLLM_CRC_XATTR).expect("static name");
-    let mut v = [0u8; 8];
-    // SAFETY: valid fd, name and an 8-byte buffer.
-    let rc =
-        unsafe { libc::fgetxattr(f.as_raw_fd(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-    vllm_crc_of(rc, v)
+    get_xattr4(f, VLLM_CRC_XATTR).map(vllm_crc_of)
 }
 
 /// [`get_vllm_crc`] of the file at `path` (not following a link).
 pub(crate) fn get_vllm_crc_path(
     path: &Path,
 ) -> io::Result<Option<std::result::Result<u32, String>>> {
-    let (p, name) = (
-        cstr(path)?,
-        CString::new(VLLM_CRC_XATTR).expect("static name"),
-    );
-    let mut v = [0u8; 8];
-    // SAFETY: valid path, name and an 8-byte buffer.
-    let rc = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-    vllm_crc_of(rc, v)
+    get_xattr4_path(path, VLLM_CRC_XATTR).map(vllm_crc_of)
 }
 
-fn vllm_crc_of(rc: isize, v: [u8; 8]) -> io::Result<Option<std::result::Result<u32, String>>> {
-    if rc == 4 {
-        return Ok(Some(Ok(u32::from_be_bytes(
-            v[..4].try_into().expect("4 bytes"),
-        ))));
-    }
-    if rc >= 0 {
-        return Ok(Some(Err(format!(
-            "its vLLM checksum xattr is {rc} bytes, not 4"
-        ))));
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ENODATA) => Ok(None),
-        Some(libc::ERANGE) => Ok(Some(Err(
-            "its vLLM checksum xattr is longer than 4 bytes".into()
-        ))),
-        _ => Err(e),
+fn vllm_crc_of(x: Xattr4) -> Option<std::result::Result<u32, String>> {
+    match x {
+        Xattr4::Bytes(b) => Some(Ok(u32::from_be_bytes(b))),
+        Xattr4::Sized(Some(n)) => Some(Err(format!("its vLLM checksum xattr is {n} bytes, not 4"))),
+        Xattr4::Sized(None) => Some(Err("its vLLM checksum xattr is longer than 4 bytes".into())),
+        Xattr4::Missing => None,
     }
 }
 
@@ -306,41 +321,24 @@ pub(crate) use kv_tier_core::checksum::{StoredCrc, block_crc};
 
 /// The checksum in the file's xattr (`fgetxattr`, no extra path lookup).
 pub(crate) fn get_crc_xattr(f: &File) -> io::Result<StoredCrc> {
-    let name = CString::new(CRC_XATTR).expect("static name");
-    let mut v = [0u8; 8];
-    // SAFETY: valid fd, name and an 8-byte buffer.
-    let rc =
-        unsafe { libc::fgetxattr(f.as_raw_fd(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-    crc_from_xattr(rc, v)
+    get_xattr4(f, CRC_XATTR).map(crc_of)
 }
 
 /// The checksum in the xattr of the file at `path` (not following a link).
 pub(crate) fn get_crc_xattr_path(path: &Path) -> io::Result<StoredCrc> {
-    let (p, name) = (cstr(path)?, CString::new(CRC_XATTR).expect("static name"));
-    let mut v = [0u8; 8];
-    // SAFETY: valid path, name and an 8-byte buffer.
-    let rc = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-    crc_from_xattr(rc, v)
+    get_xattr4_path(path, CRC_XATTR).map(crc_of)
 }
 
-fn crc_from_xattr(rc: isize, v: [u8; 8]) -> io::Result<StoredCrc> {
-    if rc == 4 {
-        return Ok(StoredCrc::Crc(u32::from_le_bytes(
-            v[..4].try_into().expect("4 bytes"),
-        )));
-    }
-    if rc >= 0 {
-        return Ok(StoredCrc::Malformed(format!(
-            "its checksum xattr is {rc} bytes, not 4"
-        )));
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ENODATA) => Ok(StoredCrc::Missing),
-        Some(libc::ERANGE) => Ok(StoredCrc::Malformed(
-            "its checksum xattr is longer than 4 bytes".into(),
-        )),
-        _ => Err(e),
+fn crc_of(x: Xattr4) -> StoredCrc {
+    match x {
+        Xattr4::Bytes(b) => StoredCrc::Crc(u32::from_le_bytes(b)),
+        Xattr4::Sized(Some(n)) => {
+            StoredCrc::Malformed(format!("its checksum xattr is {n} bytes, not 4"))
+        }
+        Xattr4::Sized(None) => {
+            StoredCrc::Malformed("its checksum xattr is longer than 4 bytes".into())
+        }
+        Xattr4::Missing => StoredCrc::Missing,
     }
 }
 

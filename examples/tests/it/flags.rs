@@ -284,18 +284,10 @@ fn a_config_in_vllms_shape_runs_in_its_own_directories() {
         ),
     )
     .unwrap();
-    let args = [
-        "--model",
-        "tiny",
-        "--streams",
-        "2",
-        "--turns",
-        "2",
-        "--output-tokens",
-        "32",
-        "--config",
-        cfg.to_str().unwrap(),
-    ];
+    // progress on: it is where the removal of a temporary directory would be said
+    let mut args = small_args();
+    args.retain(|a| a != "--no-progress");
+    args.extend(["--config".to_string(), cfg.to_str().unwrap().to_string()]);
     let out = sim(&args, 120);
     assert_ok(&out);
     assert!(

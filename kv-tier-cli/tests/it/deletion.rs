@@ -140,20 +140,7 @@ fn without_the_layout_only_files_at_block_paths_go_and_only_when_forced() {
     assert!(out.success(), "{out:?}");
     assert!(!damaged.exists(), "{out:?}");
     // gc: nothing deleted without --force, every block with it, the foreign files kept
-    let gc = |force: bool| {
-        let mut args = vec![
-            "gc",
-            arg(dir.path()),
-            "--max-size-gb",
-            "1e-12",
-            "--low-watermark",
-            "1e-9",
-        ];
-        if force {
-            args.push("--force");
-        }
-        run(&args)
-    };
+    let gc = |force: bool| run(&gc_all(dir.path(), if force { &["--force"] } else { &[] }));
     let out = gc(false);
     assert!(out.success(), "{out:?}");
     assert!(out.stdout.contains("not deleted: 5 blocks"), "{out:?}");

@@ -124,16 +124,7 @@ fn gc_with_extreme_caps() {
 fn a_dry_run_prints_a_summary_and_list_the_blocks() {
     let (dir, _tier, _) = written_root(20);
     let gc = |extra: &[&str]| {
-        let mut args = vec![
-            "gc",
-            arg(dir.path()),
-            "--max-size-gb",
-            "1e-12",
-            "--low-watermark",
-            "1e-9",
-        ];
-        args.extend_from_slice(extra);
-        let out = run(&args);
+        let out = run(&gc_all(dir.path(), extra));
         assert!(out.success(), "{out:?}");
         out.stdout.lines().map(str::to_string).collect::<Vec<_>>()
     };

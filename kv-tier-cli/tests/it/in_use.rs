@@ -19,14 +19,7 @@ fn deleting_commands_refuse_a_root_in_use_and_name_the_tier() {
     let (dir, _, keys) = written_root(8);
     let tier = open_tier(dir.path());
     let pid = format!("\"pid\":{}", std::process::id());
-    let gc = [
-        "gc",
-        arg(dir.path()),
-        "--max-size-gb",
-        "1e-12",
-        "--low-watermark",
-        "1e-9",
-    ];
+    let gc = gc_all(dir.path(), &[]);
     let mut refused = Vec::new();
     for args in [&gc[..], &["verify", arg(dir.path()), "--repair"][..]] {
         let out = run(args);
@@ -40,17 +33,13 @@ fn deleting_commands_refuse_a_root_in_use_and_name_the_tier() {
     let present = || keys.iter().filter(|k| tier.block_path(k).exists()).count();
     assert_eq!(present(), 8, "{refused:?}");
     // a dry run deletes nothing: it runs, and inspect names the holder
-    let mut dry = gc.to_vec();
-    dry.push("--dry-run");
-    assert!(run(&dry).success());
+    assert!(run(&gc_all(dir.path(), &["--dry-run"])).success());
     let v = json(&run(&["inspect", arg(dir.path()), "--json"]));
     let holders = v["in_use_by"].as_array().unwrap();
     assert_eq!(holders.len(), 1, "{v}");
     assert!(holders[0]["holder"].as_str().unwrap().contains(&pid), "{v}");
     // forced, it goes on, with a warning
-    let mut forced = gc.to_vec();
-    forced.push("--force");
-    let out = run(&forced);
+    let out = run(&gc_all(dir.path(), &["--force"]));
     assert!(out.success() && out.stderr.contains("--force"), "{out:?}");
     assert_eq!(present(), 0, "{out:?}");
     // shut down: no longer in use

@@ -163,3 +163,17 @@ pub(crate) fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// `kv-tier gc ROOT` with a cap so small that every block under it is a victim, then `extra`.
+pub(crate) fn gc_all<'a>(root: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "gc",
+        arg(root),
+        "--max-size-gb",
+        "1e-12",
+        "--low-watermark",
+        "1e-9",
+    ];
+    args.extend_from_slice(extra);
+    args
+}

@@ -29,6 +29,27 @@ async fn promote_all(fx: &HoldFx, keys: &[BlockKey], req: u64) {
     fx.m.on_request_finished(r.id);
 }
 
+/// A DRAM tier of [`SLOTS`] blocks.
+fn dram() -> std::sync::Arc<kv_tier_cpu::CpuTier> {
+    std::sync::Arc::new(
+        kv_tier_cpu::CpuTier::new(kv_tier_cpu::CpuTierConfig {
+            capacity_bytes: (SLOTS * BS) as u64,
+            block_size: BS,
+            policy: kv_tier_core::EvictionPolicy::Lru,
+            prefault: false,
+        })
+        .unwrap(),
+    )
+}
+
+/// The last miss of `r` says recomputing was faster than the fs tier's load.
+fn assert_recomputed(fx: &HoldFx, r: &RequestContext) {
+    assert_eq!(
+        fx.m.last_miss(r.id),
+        Some(MissCause::RecomputeFaster { tier: "fs".into() })
+    );
+}
+
 /// The answers counted agree with the lookups counted, the misses with their causes, once the
 /// policy took some back.
 fn assert_counts_agree(s: &kv_tier_core::ManagerStats) {
@@ -168,10 +189,7 @@ async fn a_slow_tiers_hit_is_declined_when_recomputing_is_faster() {
     let ks = keys(5, 4);
     assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4]);
     assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
-    assert_eq!(
-        fx.m.last_miss(r.id),
-        Some(MissCause::RecomputeFaster { tier: "fs".into() })
-    );
+    assert_recomputed(&fx, &r);
     for k in &ks {
         assert!(!fx.mem.is_protected(k), "{k} still leased");
     }
@@ -257,15 +275,7 @@ async fn the_prefill_rate_is_checked_at_construction() {
     let mut c = KvTierConfig::new((SLOTS * BS) as u64, BS as u64);
     c.prefill_tokens_per_s = Some(10_000.0);
     let e = kv_tier_core::TieringManager::builder(c)
-        .primary(std::sync::Arc::new(
-            kv_tier_cpu::CpuTier::new(kv_tier_cpu::CpuTierConfig {
-                capacity_bytes: (SLOTS * BS) as u64,
-                block_size: BS,
-                policy: kv_tier_core::EvictionPolicy::Lru,
-                prefault: false,
-            })
-            .unwrap(),
-        ))
+        .primary(dram())
         .build()
         .await
         .unwrap_err()
@@ -345,10 +355,7 @@ async fn a_cut_promotion_keeps_what_landed_and_leaves_nothing_held() {
     assert_pending_after(&fx, Duration::from_millis(10), &ks, &r).await;
     fx.m.wait_jobs().await;
     assert_eq!(fx.m.lookup_many(&ks, &r), vec![Hit, Hit, Miss]);
-    assert_eq!(
-        fx.m.last_miss(r.id),
-        Some(MissCause::RecomputeFaster { tier: "fs".into() })
-    );
+    assert_recomputed(&fx, &r);
     load_verify(&fx.m, &ks[..2]);
     fx.m.on_schedule_end();
     assert_eq!(fx.step(&ks, &r).await, vec![Hit, Hit, Miss]);
@@ -430,10 +437,7 @@ async fn a_load_costs_the_whole_steps_it_spans() {
         if served < 4 {
             want.push(Miss);
             assert_eq!(fx.m.lookup_many(&ks, &r), want, "{step:?}");
-            assert_eq!(
-                fx.m.last_miss(r.id),
-                Some(MissCause::RecomputeFaster { tier: "fs".into() })
-            );
+            assert_recomputed(&fx, &r);
         } else {
             assert_eq!(fx.m.lookup_many(&ks, &r), want, "{step:?}");
         }
@@ -459,10 +463,7 @@ async fn a_probe_that_cannot_pay_within_a_step_is_not_waited_for() {
     let r = RequestContext::new(1);
     let ks = keys(1, 4);
     assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
-    assert_eq!(
-        fx.m.last_miss(r.id),
-        Some(MissCause::RecomputeFaster { tier: "fs".into() })
-    );
+    assert_recomputed(&fx, &r);
     let s = fx.m.stats();
     assert_eq!(
         (
@@ -531,15 +532,7 @@ async fn a_declined_block_is_not_served_by_another_tier() {
     let mem = seeded("fs", &all).await;
     let ft = std::sync::Arc::new(kv_tier_testkit::FaultyTier::new(mem.clone()));
     ft.delay(Some(Duration::from_millis(100)));
-    let cpu = std::sync::Arc::new(
-        kv_tier_cpu::CpuTier::new(kv_tier_cpu::CpuTierConfig {
-            capacity_bytes: (SLOTS * BS) as u64,
-            block_size: BS,
-            policy: kv_tier_core::EvictionPolicy::Lru,
-            prefault: false,
-        })
-        .unwrap(),
-    );
+    let cpu = dram();
     let mut c = KvTierConfig::new((SLOTS * BS) as u64, BS as u64);
     c.block_size_tokens = Some(16);
     // a block recomputes in 1 ms
@@ -558,10 +551,7 @@ async fn a_declined_block_is_not_served_by_another_tier() {
     assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4]);
     assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
     assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
-    assert_eq!(
-        fx.m.last_miss(r.id),
-        Some(MissCause::RecomputeFaster { tier: "fs".into() })
-    );
+    assert_recomputed(&fx, &r);
     let s = fx.m.stats();
     assert_eq!(
         // request 2's 4 and the measurement's 2
