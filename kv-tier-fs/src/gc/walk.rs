@@ -42,8 +42,10 @@ pub(crate) fn parse_block(ns: &Namespace, top: &str, leaf: &str, file: &str) -> 
 /// Walks the rank directory on `threads` threads: adopts every block file (with its
 /// allocated size, its sidecar's included, and its mtime), deletes `.tmp` files older than
 /// `tmp_age` (`None`: leaves them; this includes temp files directly in the rank directory,
-/// such as an open's capability probe killed mid-way) and checksum sidecars whose block file
-/// is gone (older than `tmp_age`: a publisher writes the sidecar right after its block).
+/// such as an open's capability probe killed mid-way) and, when it reaps (`tmp_age` given),
+/// checksum sidecars whose block file is gone, whatever their age, if they were written
+/// before the walk began (a sidecar written since may belong to a block published since:
+/// a publisher writes it right after its block).
 /// Empty leaf directories are removed (files deleted behind the tier's back leave them, and
 /// an index counts only directories that hold blocks), and so are
 /// empty top directories with `reap_empty_tops` (where tops count per use; pre-created ones
@@ -59,6 +61,16 @@ pub(crate) fn walk(
 ) -> Walk {
     let Ok(rd) = std::fs::read_dir(rank_dir) else {
         return Walk::default();
+    };
+    let began = SystemTime::now();
+    let orphan_reapable = |m: &std::fs::Metadata| {
+        use std::os::unix::fs::MetadataExt as _;
+        let changed = std::time::UNIX_EPOCH
+            + Duration::new(
+                m.ctime().max(0) as u64,
+                m.ctime_nsec().clamp(0, 999_999_999) as u32,
+            );
+        tmp_age.is_some() && m.is_file() && changed < began
     };
     let is_old = |m: &std::fs::Metadata| {
         tmp_age.is_some_and(|age| {
@@ -119,7 +131,14 @@ pub(crate) fn walk(
                             }
                             continue;
                         }
-                        walk_leaf(ns, &top_name, &leaf_name, &lp, &is_old, &mut local);
+                        walk_leaf(
+                            ns,
+                            &top_name,
+                            &leaf_name,
+                            &lp,
+                            (&is_old, &orphan_reapable),
+                            &mut local,
+                        );
                     }
                     // removed only if empty (a leaf made meanwhile keeps it)
                     if reap_empty_tops && std::fs::remove_dir(top).is_ok() {
@@ -141,14 +160,15 @@ pub(crate) fn walk(
 
 /// One leaf directory: its block files (with their sidecars' bytes), stray temp files and
 /// orphan sidecars.
-fn walk_leaf(
-    ns: &Namespace,
-    top: &str,
-    leaf: &str,
-    dir: &Path,
-    is_old: &dyn Fn(&std::fs::Metadata) -> bool,
-    local: &mut Walk,
-) {
+/// `(is_old, orphan_reapable)`: whether a temp file is old enough to reap, and whether a
+/// sidecar without its block may go.
+type Reap<'a> = (
+    &'a dyn Fn(&std::fs::Metadata) -> bool,
+    &'a dyn Fn(&std::fs::Metadata) -> bool,
+);
+
+fn walk_leaf(ns: &Namespace, top: &str, leaf: &str, dir: &Path, reap: Reap<'_>, local: &mut Walk) {
+    let (is_old, orphan_reapable) = reap;
     let Ok(files) = std::fs::read_dir(dir) else {
         return;
     };
@@ -192,10 +212,14 @@ fn walk_leaf(
             mtime: mtime_ns(&m),
         });
     }
-    // what is left has no block file
-    for (bin, m) in sidecars {
+    // what is left has no block file: reaped if still so, and written before the walk
+    // (stat again: a sidecar renamed into place since is another file)
+    for (bin, _) in sidecars {
         let path = dir.join(format!("{bin}{}", crate::file::CRC_SIDECAR_SUFFIX));
-        if is_old(&m) && !dir.join(&bin).exists() && std::fs::remove_file(&path).is_ok() {
+        if !dir.join(&bin).exists()
+            && std::fs::symlink_metadata(&path).is_ok_and(|m| orphan_reapable(&m))
+            && std::fs::remove_file(&path).is_ok()
+        {
             local.sidecars_reaped += 1;
             kept -= 1;
         }
