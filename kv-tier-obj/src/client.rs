@@ -18,6 +18,9 @@ const CREDENTIALS: &str =
     "the credentials were refused: check access_key, secret_key and session_token";
 const UNREACHABLE: &str =
     "the endpoint cannot be reached: check endpoint_override, scheme and region";
+const NO_CREDENTIALS: &str = "no credentials: access_key and secret_key are not set and the \
+     AWS credential chain found none (it tried the environment, a web identity and the \
+     instance metadata service at 169.254.169.254)";
 
 /// The S3 client's HTTP layer with its attempts counted: reqwest, as object_store sets it
 /// up, under a wrapper that counts every request sent (retries included) and every failure
@@ -143,6 +146,21 @@ pub(crate) async fn probe(inner: &Shared, bucket: &str) -> Result<()> {
         .iter()
         .any(|c| e.to_string().contains(c))
     };
+    // no request reached the endpoint: the credential chain (ending at the instance
+    // metadata service) found nothing to sign with
+    let no_credentials = |e: &object_store::Error| {
+        let m = e.to_string();
+        m.contains("169.254.169.254") || m.to_ascii_lowercase().contains("credential")
+    };
+    let hint = |e: &object_store::Error| {
+        if refused(e) {
+            CREDENTIALS
+        } else if no_credentials(e) {
+            NO_CREDENTIALS
+        } else {
+            UNREACHABLE
+        }
+    };
     let (hint, detail) = match inner.request(inner.store.head(&path)).await {
         Ok(_) => return Ok(()),
         Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
@@ -158,16 +176,14 @@ pub(crate) async fn probe(inner: &Shared, bucket: &str) -> Result<()> {
                 Err(ReqError::Store(e)) if e.to_string().contains("NoSuchBucket") => {
                     ("the bucket does not exist", e.to_string())
                 }
-                Err(ReqError::Store(e)) if refused(&e) => (CREDENTIALS, e.to_string()),
-                Err(ReqError::Store(e)) => (UNREACHABLE, e.to_string()),
+                Err(ReqError::Store(e)) => (hint(&e), e.to_string()),
                 Err(ReqError::TimedOut) => (
                     UNREACHABLE,
                     format!("no answer within {:?}", inner.request_deadline),
                 ),
             }
         }
-        Err(ReqError::Store(e)) if refused(&e) => (CREDENTIALS, e.to_string()),
-        Err(ReqError::Store(e)) => (UNREACHABLE, e.to_string()),
+        Err(ReqError::Store(e)) => (hint(&e), e.to_string()),
         Err(ReqError::TimedOut) => (
             UNREACHABLE,
             format!("no answer within {:?}", inner.request_deadline),

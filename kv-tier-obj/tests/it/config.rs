@@ -340,6 +340,33 @@ async fn wrong_credentials_fail_at_startup_saying_so() {
     assert!(err.to_string().contains("endpoint"), "{err}");
 }
 
+/// With no keys in the config nor the environment, the startup probe says there are no
+/// credentials (and where the chain looked), not that the endpoint cannot be reached: the
+/// credential chain's last stop, the instance metadata address, refuses or does not answer
+/// (on this machine a 403 from the network's filter), and no request reaches the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_credentials_fail_at_startup_saying_so() {
+    if std::env::var_os("AWS_ACCESS_KEY_ID").is_some() || std::env::var_os("AWS_PROFILE").is_some()
+    {
+        eprintln!("SKIPPED: AWS credentials in the environment");
+        return;
+    }
+    let server = S3Server::start().await;
+    let mut cfg = server.config();
+    cfg.access_key = None;
+    cfg.secret_key = None;
+    cfg.max_retries = 0;
+    cfg.request_timeout_s = 10.0;
+    let err = ObjTier::connect("obj", cfg, ns(), BS).await.unwrap_err();
+    let e = err.to_string();
+    assert!(
+        e.contains("no credentials")
+            && e.contains("access_key")
+            && !e.contains("cannot be reached"),
+        "{e}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_fails_at_startup_saying_so() {
     use crate::support::S3ServerExt as _;
