@@ -503,6 +503,10 @@ async fn same_keys_from_three_instances() {
         wrong.load(Ordering::Relaxed),
         peak as f64 / TIGHT_CAP as f64
     );
+    // who led, took over and was granted what: for a peak over the bound
+    for t in &ts {
+        eprintln!("  {:?}", t.stats().shared);
+    }
     assert_eq!(wrong.load(Ordering::Relaxed), 0);
     assert!(loaded.load(Ordering::Relaxed) > 0);
     assert!(
