@@ -42,6 +42,17 @@ fn with_an_fs_tier_every_token_is_in_one_bucket() {
     ] {
         assert!(text.contains(want), "{want:?} missing from\n{text}");
     }
+    // the bound the tier keeps, and the rate the time saved is at
+    let g = r.gc.as_ref().expect("a bounded fs tier");
+    let ceiling = format!(
+        "hard ceiling is {:.3} GiB",
+        g.hard_ceiling_bytes as f64 / (1u64 << 30) as f64
+    );
+    assert!(g.hard_ceiling_bytes > g.cap_bytes, "{g:?}");
+    let rate = format!("at {} tokens/s of prefill", cfg.prefill_tokens_per_s);
+    for want in [ceiling, rate] {
+        assert!(text.contains(&want), "{want:?} missing from\n{text}");
+    }
 }
 
 /// Tiny caps (96 blocks of DRAM, 150 of fs, for a working set of about 380): evictions are

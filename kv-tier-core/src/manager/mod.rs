@@ -315,7 +315,8 @@ impl TieringManager {
     /// for, and the run ends before the first block of a tier whose loads are not measured
     /// yet. That tier's promotion is still sent if it has no other load (counted declined:
     /// it is held for no request); it lands in DRAM for the requests after, and its time
-    /// measures the tier. A single-key [`TieringManager::lookup`] is not judged: a prefix is.
+    /// measures the tier. It is sent at the end of the step, as the request's own promotions
+    /// are: a request that finishes before then takes it with them (counted cancelled). A single-key [`TieringManager::lookup`] is not judged: a prefix is.
     pub fn lookup_many(&self, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
         let mut st = self.begin();
         // every key asked for counts towards admission, past a miss too (as vLLM counts)
