@@ -167,24 +167,31 @@ pub(crate) fn run(root: &Path, json: bool) -> Outcome {
         }
         for rank in ns["ranks"].as_array().into_iter().flatten() {
             let n = |k: &str| rank[k].as_u64().unwrap_or(0);
-            let sizes: Vec<String> = rank["block_sizes"]
+            let sizes = rank["block_sizes"]
                 .as_object()
                 .into_iter()
                 .flatten()
                 .map(|(size, count)| {
                     let size: u64 = size.parse().unwrap_or(0);
-                    format!("{count} of {size} bytes, {}", human(size))
+                    (
+                        count.as_u64().unwrap_or(0),
+                        format!("{size} bytes, {}", human(size)),
+                    )
                 })
-                .collect();
+                .collect::<Vec<_>>();
             println!(
                 "  rank {}: {} blocks ({}), {} allocated ({} files and sidecars, {} in {} directories)",
                 n("rank"),
                 n("blocks"),
-                match sizes.len() {
-                    0 => "none".into(),
+                match &sizes[..] {
+                    [] => "none".into(),
                     // one size: all of them
-                    1 => format!("all {}", sizes[0].split_once(" of ").map_or("", |s| s.1)),
-                    _ => sizes.join("; "),
+                    [(_, size)] => format!("all {size}"),
+                    _ => sizes
+                        .iter()
+                        .map(|(n, size)| format!("{n} of {size}"))
+                        .collect::<Vec<_>>()
+                        .join("; "),
                 },
                 human(n("allocated_bytes")),
                 human(n("file_bytes")),

@@ -168,6 +168,39 @@ impl JobResult {
         }
     }
 
+    /// A load job ended before its end (cut, shut down): each of `keys` reported `landed`
+    /// ([`LoadProgress::keys`]) is loaded, as many times as it was reported; the others
+    /// failed with `err`.
+    ///
+    /// ```
+    /// use kv_tier_core::{BlockKey, Error, JobResult};
+    /// let (a, b) = (BlockKey::from_hash32([1; 32], 0), BlockKey::from_hash32([2; 32], 0));
+    /// let r = JobResult::landed_or([a, b, a], &[a], &Error::Shutdown { what: "t".into() });
+    /// assert_eq!(r.ok, vec![a]);
+    /// assert_eq!(r.failed_keys(), vec![b, a]);
+    /// ```
+    pub fn landed_or(
+        keys: impl IntoIterator<Item = BlockKey>,
+        landed: &[BlockKey],
+        err: &Error,
+    ) -> Self {
+        let mut left: rustc_hash::FxHashMap<BlockKey, usize> = Default::default();
+        for k in landed {
+            *left.entry(*k).or_default() += 1;
+        }
+        let mut r = Self::default();
+        for k in keys {
+            match left.get_mut(&k).filter(|n| **n > 0) {
+                Some(n) => {
+                    *n -= 1;
+                    r.ok.push(k);
+                }
+                None => r.failed.push((k, err.clone())),
+            }
+        }
+        r
+    }
+
     /// The outcome from each key's own result, calling `on_error` with each failure (where a
     /// tier counts them).
     ///

@@ -342,6 +342,16 @@ fn crc_of(x: Xattr4) -> StoredCrc {
     }
 }
 
+/// When the inode of `m` last changed (its ctime: a publish, a rename, a chmod).
+pub(crate) fn changed_at(m: &std::fs::Metadata) -> std::time::SystemTime {
+    use std::os::unix::fs::MetadataExt as _;
+    std::time::UNIX_EPOCH
+        + std::time::Duration::new(
+            m.ctime().max(0) as u64,
+            m.ctime_nsec().clamp(0, 999_999_999) as u32,
+        )
+}
+
 pub(crate) fn sidecar_path(bin: &Path) -> std::path::PathBuf {
     let mut s = bin.as_os_str().to_os_string();
     s.push(CRC_SIDECAR_SUFFIX);

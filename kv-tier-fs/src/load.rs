@@ -23,13 +23,8 @@ impl Shared {
             return false; // the xattr is set before publishing: there is no window
         }
         let grace = Duration::from_nanos(self.sidecar_grace_ns.load(Ordering::Relaxed));
-        let changed = std::time::UNIX_EPOCH
-            + Duration::new(
-                m.ctime().max(0) as u64,
-                m.ctime_nsec().clamp(0, 999_999_999) as u32,
-            );
         SystemTime::now()
-            .duration_since(changed)
+            .duration_since(file::changed_at(m))
             .map_or(true, |age| age < grace)
     }
     /// Why a present path cannot stand for its block (`None`: it can): not a regular file, or

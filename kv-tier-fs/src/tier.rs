@@ -497,23 +497,8 @@ impl SecondaryTier for FsTier {
             .await
         else {
             // shut down mid-job: the blocks that landed whole (and were reported so) are
-            // loaded, once per sink; the others fail
-            let mut landed: std::collections::HashMap<BlockKey, usize> = Default::default();
-            for k in progress.keys() {
-                *landed.entry(k).or_default() += 1;
-            }
-            let closed = self.closed();
-            let mut r = JobResult::default();
-            for k in keys {
-                match landed.get_mut(&k).filter(|n| **n > 0) {
-                    Some(n) => {
-                        *n -= 1;
-                        r.ok.push(k);
-                    }
-                    None => r.failed.push((k, closed.clone())),
-                }
-            }
-            return r;
+            // loaded; the others fail
+            return JobResult::landed_or(keys, &progress.keys(), &self.closed());
         };
         let c = &self.shared.counters.blocks;
         JobResult::from_results(results, |e| {

@@ -92,7 +92,6 @@ impl JobReport {
 
     /// A cut job: the keys of `landed` are loaded, every other one fails.
     fn send_cut(&mut self, landed: &[BlockKey], after: Duration) {
-        let landed: FxHashSet<BlockKey> = landed.iter().copied().collect();
         let err = Error::Timeout {
             op: format!(
                 "load job on tier `{}`, cut behind its estimate (recomputing was faster)",
@@ -100,14 +99,7 @@ impl JobReport {
             ),
             after,
         };
-        let mut result = JobResult::default();
-        for k in self.keys.clone().unwrap_or_default() {
-            if landed.contains(&k) {
-                result.ok.push(k);
-            } else {
-                result.failed.push((k, err.clone()));
-            }
-        }
+        let result = JobResult::landed_or(self.keys.clone().unwrap_or_default(), landed, &err);
         self.complete(result, None, true);
     }
 

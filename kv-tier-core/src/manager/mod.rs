@@ -62,7 +62,7 @@ struct State {
     /// The engine's scheduling steps, for the whole steps a wait spans.
     steps: estimate::StepClock,
     /// The (key, tier) waits for a probe the current `lookup_many` counted (`retry_waits`),
-    /// to take back those the policy does not wait for.
+    /// every one for a key it answers `Retry`: taken back when the policy does not wait.
     retried: Vec<(BlockKey, usize)>,
     next_job: u64,
     pending_stores: FxHashMap<RequestId, usize>,
@@ -316,7 +316,9 @@ impl TieringManager {
     /// yet. That tier's promotion is still sent if it has no other load (counted declined:
     /// it is held for no request); it lands in DRAM for the requests after, and its time
     /// measures the tier. It is sent at the end of the step, as the request's own promotions
-    /// are: a request that finishes before then takes it with them (counted cancelled). A single-key [`TieringManager::lookup`] is not judged: a prefix is.
+    /// are: a request that finishes before then takes it with them (counted cancelled).
+    ///
+    /// A single-key [`TieringManager::lookup`] is not judged: a prefix is.
     pub fn lookup_many(&self, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
         let mut st = self.begin();
         // every key asked for counts towards admission, past a miss too (as vLLM counts)
@@ -464,11 +466,13 @@ impl TieringManager {
                     && !st.promotions.keys().any(|&(t, r)| t == i && r != req)
             });
         // the tier it would have waited for: the first a declined block loads from, or whose
-        // probe it would wait for
+        // probe this lookup waited for
         let tier = (keep..asked)
             .find_map(|p| {
                 from[p].or_else(|| {
-                    (0..st.lookups.len()).find(|&i| st.lookups[i].waits_for(&keys[p], req))
+                    st.retried
+                        .iter()
+                        .find_map(|(k, i)| (*k == keys[p]).then_some(*i))
                 })
             })
             .map_or_else(String::new, |i| self.names[i].clone());
@@ -540,24 +544,14 @@ impl TieringManager {
             ts.promotions_declined += ks.len() as u64;
         }
         // the answers past the cut are taken back, one `Miss` given for them: the counts
-        // follow (lookups = hits + pending + retries + misses, misses by cause; a tier's
-        // waits for a probe the request no longer waits for)
-        for (p, r) in results.iter().enumerate().skip(keep) {
+        // follow (lookups = hits + pending + retries + misses, misses by cause)
+        for r in results.iter().skip(keep) {
             let s = &mut st.stats;
             s.lookups -= 1;
             match r {
                 LookupResult::Hit => s.hits -= 1,
                 LookupResult::HitPending => s.hits_pending -= 1,
-                LookupResult::Retry => {
-                    s.retries -= 1;
-                    // the tiers this lookup counted a wait for the key in (once each)
-                    while let Some(at) = st.retried.iter().position(|(k, _)| *k == keys[p]) {
-                        let (_, i) = st.retried.swap_remove(at);
-                        let t = &mut st.stats.tiers[i];
-                        t.retry_waits = t.retry_waits.saturating_sub(1);
-                        t.probes_not_waited += 1;
-                    }
-                }
+                LookupResult::Retry => s.retries -= 1,
                 LookupResult::Miss => {
                     s.misses -= 1;
                     if let Some(cause) = st.last_miss.get(&req) {
@@ -565,6 +559,13 @@ impl TieringManager {
                     }
                 }
             }
+        }
+        // every wait for a probe this lookup counted was for a `Retry`, all of them past the
+        // run and so past the cut: the request waits for none of them now
+        for (_, i) in std::mem::take(&mut st.retried) {
+            let t = &mut st.stats.tiers[i];
+            t.retry_waits = t.retry_waits.saturating_sub(1);
+            t.probes_not_waited += 1;
         }
         // absent for the request in every tier: no other tier serves what was declined
         let gone: Vec<BlockKey> = keys[keep..asked]
@@ -966,7 +967,6 @@ impl TieringManager {
     }
 }
 
-/// Counts a `Miss` of `cause` for `req` and returns it.
 /// What the load-or-recompute policy declines of a request's lookup: `keys[keep..asked]`; a
 /// promotion from tier `measure` (not measured yet) among them is still sent, for no request.
 #[derive(Debug)]
@@ -980,6 +980,7 @@ struct Declined {
     queued: FxHashSet<BlockKey>,
 }
 
+/// Counts a `Miss` of `cause` for `req` and returns it.
 fn miss(st: &mut State, req: RequestId, cause: MissCause) -> LookupResult {
     st.stats.misses += 1;
     st.stats.misses_by_cause.record(&cause);

@@ -17,13 +17,6 @@ impl ProbeCache {
         self.requests.contains_key(&req)
     }
 
-    /// Whether request `req` waits for a probe of `key` (it asked, and the answer is not in).
-    pub fn waits_for(&self, key: &BlockKey, req: crate::request::RequestId) -> bool {
-        self.keys
-            .get(key)
-            .is_some_and(|e| e.pending.is_some() && e.waiters.contains(&req))
-    }
-
     /// Probe batches sent and not yet applied.
     pub fn in_flight(&self) -> usize {
         self.outstanding.len()

@@ -64,13 +64,7 @@ pub(crate) fn walk(
     };
     let began = SystemTime::now();
     let orphan_reapable = |m: &std::fs::Metadata| {
-        use std::os::unix::fs::MetadataExt as _;
-        let changed = std::time::UNIX_EPOCH
-            + Duration::new(
-                m.ctime().max(0) as u64,
-                m.ctime_nsec().clamp(0, 999_999_999) as u32,
-            );
-        tmp_age.is_some() && m.is_file() && changed < began
+        tmp_age.is_some() && m.is_file() && crate::file::changed_at(m) < began
     };
     let is_old = |m: &std::fs::Metadata| {
         tmp_age.is_some_and(|age| {
