@@ -42,7 +42,8 @@ pub struct BlockKey {
     hash: [u8; MAX_HASH_LEN],
 }
 
-fn mix_of(hash: &[u8], group: u32) -> u64 {
+/// The digest a [`BlockKey`] of `hash` and `group` carries (what it hashes as).
+pub(crate) fn mix_of(hash: &[u8], group: u32) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let mut h = (hash.len() as u64) ^ ((group as u64) << 32);
     let mut chunks = hash.chunks_exact(8);
@@ -133,6 +134,11 @@ impl BlockKey {
             out.push(b);
         }
         Self::new(&out, group)
+    }
+
+    /// The key's 64-bit digest (what it hashes as in a map).
+    pub(crate) fn mix(&self) -> u64 {
+        self.mix
     }
 
     /// The block-hash bytes.

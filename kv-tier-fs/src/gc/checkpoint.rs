@@ -252,13 +252,13 @@ impl Gc {
         let mut links = FxHashMap::default();
         for (k, e) in idx.lru.iter() {
             records.push(Record {
-                key: *k,
+                key: k,
                 size: e.size,
                 mtime: e.mtime,
                 link: None,
             });
-            if let Some(l) = idx.lru.chain_link(k) {
-                links.insert(*k, l);
+            if let Some(l) = idx.lru.chain_link(&k) {
+                links.insert(k, l);
             }
         }
         let mut measured = idx.measured_leaves();
@@ -344,15 +344,18 @@ impl Gc {
         self.reconciled.store(false, Ordering::SeqCst);
         {
             let mut idx = self.lock();
-            idx.lru.reserve(n);
-            for r in &snap.records {
-                idx.insert(r.key, r.size, r.mtime);
-            }
-            for r in &snap.records {
-                if let Some((p, d)) = r.link {
-                    idx.lru.link(&r.key, snap.records[p as usize].key, d);
-                }
-            }
+            let files: Vec<(BlockKey, u64, i64)> = snap
+                .records
+                .iter()
+                .map(|r| (r.key, r.size, r.mtime))
+                .collect();
+            let links: Vec<(u32, u32, u32)> = snap
+                .records
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| r.link.map(|(p, d)| (i as u32, p, d)))
+                .collect();
+            idx.load(&files, &links);
             for (rec, bytes) in &snap.leaves {
                 idx.set_leaf_bytes(&snap.records[*rec as usize].key, *bytes);
             }

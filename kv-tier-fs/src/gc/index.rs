@@ -14,10 +14,41 @@ pub(super) struct Entry {
     pub(super) mtime: i64,
     /// When the last stamp was queued (ns), for the rate limit.
     pub(super) last_stamp: i64,
-    pub(super) pending: bool,
-    /// When the entry was (re)inserted, from the index's counter: later walks and stamps do
-    /// not undo what happened after they started.
-    pub(super) seq: u64,
+    /// When the entry was (re)inserted, from the index's counter (later walks and stamps do
+    /// not undo what happened after they started), and in the top bit whether a stamp of it
+    /// is queued: 32 bytes an entry.
+    seq_pending: u64,
+}
+
+const PENDING: u64 = 1 << 63;
+
+impl Entry {
+    pub(super) fn new(size: u64, mtime: i64, seq: u64) -> Self {
+        Self {
+            size,
+            mtime,
+            last_stamp: mtime,
+            seq_pending: seq & !PENDING,
+        }
+    }
+
+    /// When the entry was (re)inserted or last changed (the index's counter).
+    pub(super) fn seq(&self) -> u64 {
+        self.seq_pending & !PENDING
+    }
+
+    pub(super) fn set_seq(&mut self, seq: u64) {
+        self.seq_pending = (seq & !PENDING) | (self.seq_pending & PENDING);
+    }
+
+    /// Whether a stamp of it is queued.
+    pub(super) fn pending(&self) -> bool {
+        self.seq_pending & PENDING != 0
+    }
+
+    pub(super) fn set_pending(&mut self, pending: bool) {
+        self.seq_pending = self.seq() | if pending { PENDING } else { 0 };
+    }
 }
 
 impl LruEntry for Entry {
@@ -186,17 +217,11 @@ impl Index {
     /// one step, so no total in between holds the block twice, or its directories none.
     pub(super) fn insert_claiming(&mut self, key: BlockKey, size: u64, mtime: i64, claim: Claim) {
         self.seq += 1;
-        let e = Entry {
-            size,
-            mtime,
-            last_stamp: mtime,
-            pending: false,
-            seq: self.seq,
-        };
+        let e = Entry::new(size, mtime, self.seq);
         match self.lru.insert(key, e) {
             Some(old) => {
-                if old.pending {
-                    self.lru.update(&key, |e| e.pending = true);
+                if old.pending() {
+                    self.lru.update(&key, |e| e.set_pending(true));
                 }
             }
             None => self.hold_leaf(leaf_of(&key), true),
@@ -206,6 +231,35 @@ impl Index {
             Claim::Nothing => {}
             Claim::Number(n) => self.release(&key, n),
             Claim::Any => self.take_over(&key),
+        }
+        self.note_peak();
+    }
+
+    /// Indexes many files into an empty index at once (what a checkpoint held), least
+    /// recent first, with their chain links as positions in `files` (follower, parent,
+    /// depth): as [`Index::insert`] of each and a link of each, the recency order built once.
+    pub(super) fn load(&mut self, files: &[(BlockKey, u64, i64)], links: &[(u32, u32, u32)]) {
+        let seq0 = self.seq;
+        let entries: Vec<(BlockKey, Entry)> = files
+            .iter()
+            .enumerate()
+            .map(|(i, &(key, size, mtime))| (key, Entry::new(size, mtime, seq0 + 1 + i as u64)))
+            .collect();
+        self.seq += files.len() as u64;
+        let before = self.lru.len();
+        self.lru.load(&entries, links);
+        if self.lru.len() - before == files.len() {
+            for (key, _, _) in files {
+                self.hold_leaf(leaf_of(key), true);
+            }
+        } else {
+            // a key given twice is one file: its leaf is held once
+            let mut held = rustc_hash::FxHashSet::default();
+            for (key, _, _) in files {
+                if held.insert(*key) {
+                    self.hold_leaf(leaf_of(key), true);
+                }
+            }
         }
         self.note_peak();
     }
@@ -343,7 +397,7 @@ impl Index {
                 e.mtime = mtime;
                 // a change, like an insert: newer than a walk that started before it
                 *seq += 1;
-                e.seq = *seq;
+                e.set_seq(*seq);
             }
         });
     }

@@ -287,7 +287,7 @@ impl Gc {
         let mut idx = self.lock();
         let mut out = Vec::new();
         for (k, seq) in keys {
-            if idx.lru.get(k).is_some_and(|e| e.seq == *seq) {
+            if idx.lru.get(k).is_some_and(|e| e.seq() == *seq) {
                 idx.remove(k);
                 out.push(*k);
             }
@@ -312,7 +312,7 @@ impl Gc {
         if idx.lru.is_deleting(key) {
             return;
         }
-        match (idx.lru.get(key).map(|e| e.seq), seq) {
+        match (idx.lru.get(key).map(|e| e.seq()), seq) {
             (Some(now), Some(before)) if now != before => return,
             (Some(_), None) if replaced => return,
             (Some(_), _) => {
@@ -481,7 +481,7 @@ impl Gc {
     /// The `seq` of `key`'s entry, if indexed: what [`Gc::forget`] checks, so removing an
     /// entry after I/O never removes one a store inserted meanwhile.
     pub(crate) fn seq_of(&self, key: &BlockKey) -> Option<u64> {
-        self.lock().lru.get(key).map(|e| e.seq)
+        self.lock().lru.get(key).map(|e| e.seq())
     }
 
     /// A block file found on disk (by a store that skipped, a load, a stamp): indexed if the

@@ -146,7 +146,7 @@ impl Gc {
                 // saw is stale (a store of it since indexes its own file)
                 None if idx.removed_since(&f.key, seq0) => {}
                 // newer than what the walk saw
-                Some(e) if e.seq > seq0 => {}
+                Some(e) if e.seq() > seq0 => {}
                 Some(e) if e.size == f.size && e.mtime == f.mtime => {}
                 // the disk is the truth for what predates the walk (a queued stamp stays)
                 Some(_) => idx.insert(f.key, f.size, f.mtime),
@@ -161,8 +161,8 @@ impl Gc {
         let missing = idx
             .lru
             .iter()
-            .filter(|(k, e)| e.seq <= seq0 && !seen.contains(*k))
-            .map(|(k, e)| (*k, e.seq))
+            .filter(|(k, e)| e.seq() <= seq0 && !seen.contains(k))
+            .map(|(k, e)| (k, e.seq()))
             .collect();
         drop(idx);
         self.kick_if_over();

@@ -55,10 +55,10 @@ impl Gc {
                     continue;
                 }
                 let due = lru.update(k, |e| {
-                    if e.pending || now - e.last_stamp < self.cfg.stamp_interval_ns {
+                    if e.pending() || now - e.last_stamp < self.cfg.stamp_interval_ns {
                         return false;
                     }
-                    e.pending = true;
+                    e.set_pending(true);
                     e.last_stamp = now;
                     true
                 });
@@ -103,7 +103,7 @@ impl Gc {
             let foreign = std::mem::take(&mut idx.foreign_pending);
             let mut q: Vec<Queued> = own
                 .into_iter()
-                .map(|k| (k, idx.lru.get(&k).map(|e| e.seq)))
+                .map(|k| (k, idx.lru.get(&k).map(|e| e.seq())))
                 .filter(|(_, s)| s.is_some())
                 .collect();
             q.extend(foreign.into_iter().map(|k| (k, None)));
@@ -165,7 +165,7 @@ impl Gc {
             for (done, gone, _) in &results {
                 for (k, _) in done {
                     let stamped = idx.lru.update(k, |e| {
-                        e.pending = false;
+                        e.set_pending(false);
                         e.mtime.max(now)
                     });
                     if let Some(m) = stamped {
@@ -175,7 +175,7 @@ impl Gc {
                 n_done += done.len() as u64;
                 for (k, seq) in gone {
                     // published again after the stamp was queued: the new file stands
-                    if idx.lru.get(k).map(|e| Some(e.seq)) == Some(*seq) {
+                    if idx.lru.get(k).map(|e| Some(e.seq())) == Some(*seq) {
                         idx.remove(k);
                         removed.push(*k);
                     }

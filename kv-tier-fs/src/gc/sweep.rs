@@ -248,7 +248,7 @@ impl Gc {
                     let Some(e) = idx.lru.get(&key).copied() else {
                         return;
                     };
-                    if e.pending
+                    if e.pending()
                         || idx.lru.rank(&key) != Some(rank)
                         || self.read_recently(&key, now)
                     {
