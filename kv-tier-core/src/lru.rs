@@ -83,9 +83,10 @@ impl<A: Ord + Copy + Debug> LruEntry for Slot<A> {
 }
 
 /// A candidate's place in the eviction order: least recent first, then deepest first (a
-/// chain's later block before its earlier one at equal recency), then in the index's own
-/// order of its blocks (`pos`). A rank is a position: one kept after its block left the
-/// index still says where a batch read on from.
+/// chain's later block before its earlier one at equal recency), then by the key's 64-bit
+/// digest (so ties go the same way whatever order the blocks were indexed in), then where
+/// the index keeps the block (`pos`). A rank is a position: one kept after its block left
+/// the index still says where a batch read on from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rank<A> {
     /// Its recency: its own, or that of the later block of its chain that left last, if
@@ -104,6 +105,7 @@ impl<A: Ord> Ord for Rank<A> {
         self.at
             .cmp(&o.at)
             .then(o.depth.cmp(&self.depth))
+            .then(self.key.mix().cmp(&o.key.mix()))
             .then(self.pos.cmp(&o.pos))
             .then(self.key.cmp(&o.key))
     }
@@ -115,11 +117,12 @@ impl<A: Ord> PartialOrd for Rank<A> {
     }
 }
 
-/// A tail's place in the order as the index keeps it (16 bytes for an `i64` recency, where
+/// A tail's place in the order as the index keeps it (24 bytes for an `i64` recency, where
 /// a [`Rank`] carries the whole key): ordered as [`Rank`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Pos<A> {
     at: A,
+    mix: u64,
     depth: u32,
     slot: u32,
 }
@@ -129,6 +132,7 @@ impl<A: Ord> Ord for Pos<A> {
         self.at
             .cmp(&o.at)
             .then(o.depth.cmp(&self.depth))
+            .then(self.mix.cmp(&o.mix))
             .then(self.slot.cmp(&o.slot))
     }
 }
@@ -143,6 +147,7 @@ impl<A: Copy> Pos<A> {
     fn of(r: &Rank<A>) -> Self {
         Pos {
             at: r.at,
+            mix: r.key.mix(),
             depth: r.depth,
             slot: r.pos,
         }
@@ -202,9 +207,7 @@ impl<E: LruEntry> Node<E> {
 ///
 /// Its blocks live in one vector of nodes of 64 bytes plus the entry (the key's first 32
 /// hash bytes inline, chain links as node numbers), found through a table of 4-byte node
-/// numbers, with the eviction order a set of 16-byte positions (for an `i64` recency).
-/// The fs tier's gc bench measures 138 bytes per block of resident memory with its 32-byte
-/// entry.
+/// numbers, with the eviction order a set of 24-byte positions (for an `i64` recency).
 #[derive(Debug)]
 pub struct LruIndex<E: LruEntry> {
     nodes: Vec<Node<E>>,
@@ -358,6 +361,7 @@ impl<E: LruEntry> LruIndex<E> {
         let n = self.node(s);
         Pos {
             at: n.at(),
+            mix: Self::mix_of_node(&self.nodes, &self.long, s),
             depth: n.depth,
             slot: s,
         }
@@ -585,14 +589,16 @@ impl<E: LruEntry> LruIndex<E> {
         let out = f(&mut n.e);
         let (at1, size1) = (n.at(), n.e.size());
         if tail && at0 != at1 {
-            let depth = n.depth;
+            let (depth, mix) = (n.depth, key.mix());
             self.order.remove(&Pos {
                 at: at0,
+                mix,
                 depth,
                 slot: s,
             });
             self.order.insert(Pos {
                 at: at1,
+                mix,
                 depth,
                 slot: s,
             });
@@ -856,7 +862,7 @@ mod tests {
         assert!(idx.is_deleting(&k(3)));
     }
 
-    /// A node is 64 bytes plus its entry, and a place in the order 16 bytes (the type's
+    /// A node is 64 bytes plus its entry, and a place in the order 24 bytes (the type's
     /// doc says so).
     #[test]
     fn a_node_is_64_bytes_plus_its_entry() {
@@ -864,7 +870,7 @@ mod tests {
             std::mem::size_of::<Node<E>>(),
             64 + std::mem::size_of::<E>()
         );
-        assert_eq!(std::mem::size_of::<Pos<i64>>(), 16);
+        assert_eq!(std::mem::size_of::<Pos<i64>>(), 24);
     }
 
     /// Keys of three hash lengths: inline (32 bytes), shorter, and longer than a node holds

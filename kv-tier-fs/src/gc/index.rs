@@ -239,6 +239,19 @@ impl Index {
     /// recent first, with their chain links as positions in `files` (follower, parent,
     /// depth): as [`Index::insert`] of each and a link of each, the recency order built once.
     pub(super) fn load(&mut self, files: &[(BlockKey, u64, i64)], links: &[(u32, u32, u32)]) {
+        if !self.lru.is_empty() {
+            // into an index that holds files: each as an insert (a file already indexed keeps
+            // its leaf held once and its queued stamp)
+            for &(key, size, mtime) in files {
+                self.insert(key, size, mtime);
+            }
+            for &(c, p, d) in links {
+                if let (Some(c), Some(p)) = (files.get(c as usize), files.get(p as usize)) {
+                    self.lru.link(&c.0, p.0, d);
+                }
+            }
+            return;
+        }
         let seq0 = self.seq;
         let entries: Vec<(BlockKey, Entry)> = files
             .iter()
