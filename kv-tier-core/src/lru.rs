@@ -280,7 +280,16 @@ impl<E: LruEntry> LruIndex<E> {
     }
 
     fn is_key(&self, s: u32, key: &BlockKey) -> bool {
-        let n = self.node(s);
+        Self::is_key_in(&self.nodes, &self.long, s, key)
+    }
+
+    fn is_key_in(
+        nodes: &[Node<E>],
+        long: &FxHashMap<u32, [u8; INLINE]>,
+        s: u32,
+        key: &BlockKey,
+    ) -> bool {
+        let n = &nodes[s as usize];
         let h = key.hash_bytes();
         if n.group != key.group() || n.len as usize != h.len() {
             return false;
@@ -288,7 +297,7 @@ impl<E: LruEntry> LruIndex<E> {
         if h.len() <= INLINE {
             return n.hash[..h.len()] == *h;
         }
-        n.hash[..] == h[..INLINE] && self.long[&s][..h.len() - INLINE] == h[INLINE..]
+        n.hash[..] == h[..INLINE] && long[&s][..h.len() - INLINE] == h[INLINE..]
     }
 
     /// The node of `key` (an indexed block or a placeholder).
@@ -303,8 +312,17 @@ impl<E: LruEntry> LruIndex<E> {
         self.find(key).filter(|&s| self.node(s).present())
     }
 
-    /// A new node for `key` (not in the order yet).
+    /// A new node for `key` (in the table, not in the order yet).
     fn alloc(&mut self, key: &BlockKey, e: E, flags: u8) -> u32 {
+        let s = self.new_node(key, e, flags);
+        let (nodes, long) = (&self.nodes, &self.long);
+        self.table
+            .insert_unique(key.mix(), s, |&t| Self::mix_of_node(nodes, long, t));
+        s
+    }
+
+    /// A new node for `key`, in no table or order yet.
+    fn new_node(&mut self, key: &BlockKey, e: E, flags: u8) -> u32 {
         let h = key.hash_bytes();
         let mut hash = [0u8; INLINE];
         let inline = h.len().min(INLINE);
@@ -340,9 +358,6 @@ impl<E: LruEntry> LruIndex<E> {
             rest[..h.len() - INLINE].copy_from_slice(&h[INLINE..]);
             self.long.insert(s, rest);
         }
-        let (nodes, long) = (&self.nodes, &self.long);
-        self.table
-            .insert_unique(key.mix(), s, |&t| Self::mix_of_node(nodes, long, t));
         s
     }
 
@@ -434,7 +449,21 @@ impl<E: LruEntry> LruIndex<E> {
         // the same key twice: the later entry replaces the earlier, as insert would
         let mut slots = Vec::with_capacity(entries.len());
         for (k, e) in entries {
-            let s = match self.find(k) {
+            // one probe of the table per key: found, or its place taken for the new node
+            let (nodes, long) = (&self.nodes, &self.long);
+            let next = nodes.len() as u32;
+            let found = match self.table.entry(
+                k.mix(),
+                |&s| Self::is_key_in(nodes, long, s, k),
+                |&t| Self::mix_of_node(nodes, long, t),
+            ) {
+                hashbrown::hash_table::Entry::Occupied(o) => Some(*o.get()),
+                hashbrown::hash_table::Entry::Vacant(v) => {
+                    v.insert(next);
+                    None
+                }
+            };
+            let s = match found {
                 Some(s) => {
                     let old = self.node(s).e.size();
                     self.node_mut(s).e = *e;
@@ -444,7 +473,9 @@ impl<E: LruEntry> LruIndex<E> {
                 None => {
                     self.len += 1;
                     self.bytes += e.size();
-                    self.alloc(k, *e, PRESENT)
+                    let s = self.new_node(k, *e, PRESENT);
+                    debug_assert_eq!(s, next, "an empty index has no free node");
+                    s
                 }
             };
             slots.push(s);

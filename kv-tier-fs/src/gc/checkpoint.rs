@@ -124,7 +124,28 @@ pub(crate) fn encode(id: &Identity, s: &Snapshot) -> Vec<u8> {
 }
 
 /// Reads a checkpoint's bytes: `Err` says why they are not a checkpoint for `id`.
+#[cfg(test)]
 pub(crate) fn decode(id: &Identity, bytes: &[u8]) -> Result<Snapshot, String> {
+    let mut records = Vec::new();
+    let (leaves, written_ns) = decode_with(id, bytes, |n, r| {
+        records.reserve_exact(n - records.len());
+        records.push(r)
+    })?;
+    Ok(Snapshot {
+        records,
+        leaves,
+        written_ns,
+    })
+}
+
+/// [`decode`], handing each record to `record` as it is read (with how many records there
+/// are) instead of collecting them: returns the measured leaves and when it was written. On
+/// `Err` the records handed so far are not a checkpoint.
+pub(crate) fn decode_with(
+    id: &Identity,
+    bytes: &[u8],
+    mut record: impl FnMut(usize, Record),
+) -> Result<(Vec<(u32, u64)>, i64), String> {
     if bytes.len() < MAGIC.len() + 4 || &bytes[..MAGIC.len()] != MAGIC {
         return Err("not a kv-tier index checkpoint (no magic)".into());
     }
@@ -161,7 +182,6 @@ pub(crate) fn decode(id: &Identity, bytes: &[u8]) -> Result<Snapshot, String> {
     if n > (body.len() / 29) as u64 {
         return Err(format!("{n} records cannot fit in {} bytes", body.len()));
     }
-    let mut records = Vec::with_capacity(n as usize);
     for i in 0..n {
         let len = r.u8()? as usize;
         let hash = r.take(len)?;
@@ -179,12 +199,15 @@ pub(crate) fn decode(id: &Identity, bytes: &[u8]) -> Result<Snapshot, String> {
             return Err(format!("record {i} follows record {p} of {n}"));
         }
         let link = (p != NO_PARENT).then_some((p, d));
-        records.push(Record {
-            key,
-            size,
-            mtime,
-            link,
-        });
+        record(
+            n as usize,
+            Record {
+                key,
+                size,
+                mtime,
+                link,
+            },
+        );
     }
     let n_leaves = r.u64()?;
     if n_leaves > (body.len() / 12) as u64 {
@@ -207,11 +230,7 @@ pub(crate) fn decode(id: &Identity, bytes: &[u8]) -> Result<Snapshot, String> {
     if r.at != body.len() {
         return Err(format!("{} bytes follow its end", body.len() - r.at));
     }
-    Ok(Snapshot {
-        records,
-        leaves,
-        written_ns,
-    })
+    Ok((leaves, written_ns))
 }
 
 /// What the index held when a checkpoint was taken (its change counter, links applied,
@@ -336,35 +355,38 @@ impl Gc {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
             Err(e) => return self.refuse(path, &e.to_string()),
         };
-        let snap = match decode(&self.identity(), &bytes) {
-            Ok(s) => s,
+        // the records straight into what the index loads: no copy of the whole in between
+        let (mut files, mut links) = (Vec::new(), Vec::new());
+        let decoded = decode_with(&self.identity(), &bytes, |n, r| {
+            files.reserve_exact(n - files.len());
+            if let Some((p, d)) = r.link {
+                links.push((files.len() as u32, p, d));
+            }
+            files.push((r.key, super::index::Entry::new(r.size, r.mtime, 0)));
+        });
+        drop(bytes);
+        let (leaves, written_ns) = match decoded {
+            Ok(d) => d,
             Err(why) => return self.refuse(path, &why),
         };
-        let n = snap.records.len();
+        let n = files.len();
         self.reconciled.store(false, Ordering::SeqCst);
         {
             let mut idx = self.lock();
-            let files: Vec<(BlockKey, u64, i64)> = snap
-                .records
+            let leaf_keys: Vec<BlockKey> = leaves
                 .iter()
-                .map(|r| (r.key, r.size, r.mtime))
+                .map(|(rec, _)| files[*rec as usize].0)
                 .collect();
-            let links: Vec<(u32, u32, u32)> = snap
-                .records
-                .iter()
-                .enumerate()
-                .filter_map(|(i, r)| r.link.map(|(p, d)| (i as u32, p, d)))
-                .collect();
-            idx.load(&files, &links);
-            for (rec, bytes) in &snap.leaves {
-                idx.set_leaf_bytes(&snap.records[*rec as usize].key, *bytes);
+            idx.load(files, &links);
+            for (key, (_, bytes)) in leaf_keys.iter().zip(&leaves) {
+                idx.set_leaf_bytes(key, *bytes);
             }
         }
         let c = &self.counters;
         c.checkpoint_files.store(n as u64, Ordering::Relaxed);
         c.checkpoint_read_ms
             .store(t.elapsed().as_millis() as u64, Ordering::Relaxed);
-        let age_s = (self.now_ns() - snap.written_ns) as f64 / 1e9;
+        let age_s = (self.now_ns() - written_ns) as f64 / 1e9;
         tracing::info!(tier = %self.at.name, files = n, bytes = self.total_bytes(), ms = t.elapsed().as_millis() as u64, age_s, "fs tier read its index checkpoint; reconciling it with the disk in the background");
         Some(n)
     }

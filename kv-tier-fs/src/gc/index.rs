@@ -235,15 +235,16 @@ impl Index {
         self.note_peak();
     }
 
-    /// Indexes many files into an empty index at once (what a checkpoint held), least
-    /// recent first, with their chain links as positions in `files` (follower, parent,
-    /// depth): as [`Index::insert`] of each and a link of each, the recency order built once.
-    pub(super) fn load(&mut self, files: &[(BlockKey, u64, i64)], links: &[(u32, u32, u32)]) {
+    /// Indexes many files into an empty index at once (what a checkpoint held: each file's
+    /// size and mtime, its `seq` set here), least recent first, with their chain links as
+    /// positions in `files` (follower, parent, depth): as [`Index::insert`] of each and a
+    /// link of each, the recency order built once.
+    pub(super) fn load(&mut self, mut files: Vec<(BlockKey, Entry)>, links: &[(u32, u32, u32)]) {
         if !self.lru.is_empty() {
             // into an index that holds files: each as an insert (a file already indexed keeps
             // its leaf held once and its queued stamp)
-            for &(key, size, mtime) in files {
-                self.insert(key, size, mtime);
+            for (key, e) in &files {
+                self.insert(*key, e.size, e.mtime);
             }
             for &(c, p, d) in links {
                 if let (Some(c), Some(p)) = (files.get(c as usize), files.get(p as usize)) {
@@ -252,23 +253,21 @@ impl Index {
             }
             return;
         }
-        let seq0 = self.seq;
-        let entries: Vec<(BlockKey, Entry)> = files
-            .iter()
-            .enumerate()
-            .map(|(i, &(key, size, mtime))| (key, Entry::new(size, mtime, seq0 + 1 + i as u64)))
-            .collect();
-        self.seq += files.len() as u64;
-        let before = self.lru.len();
+        let n = files.len();
+        for (_, e) in files.iter_mut() {
+            self.seq += 1;
+            *e = Entry::new(e.size, e.mtime, self.seq);
+        }
+        let entries = files;
         self.lru.load(&entries, links);
-        if self.lru.len() - before == files.len() {
-            for (key, _, _) in files {
+        if self.lru.len() == n {
+            for (key, _) in &entries {
                 self.hold_leaf(leaf_of(key), true);
             }
         } else {
             // a key given twice is one file: its leaf is held once
             let mut held = rustc_hash::FxHashSet::default();
-            for (key, _, _) in files {
+            for (key, _) in &entries {
                 if held.insert(*key) {
                     self.hold_leaf(leaf_of(key), true);
                 }
