@@ -668,6 +668,18 @@ impl<E: LruEntry> LruIndex<E> {
             .map(|s| (self.key_of(s), &self.node(s).e))
     }
 
+    /// Every entry with its chain link (the block it follows and its depth, as
+    /// [`LruIndex::chain_link`] gives it), in no order: one pass, no lookup per entry.
+    pub fn iter_linked(&self) -> impl Iterator<Item = (BlockKey, &E, Option<(BlockKey, u32)>)> {
+        (0..self.nodes.len() as u32)
+            .filter(|&s| self.node(s).present())
+            .map(|s| {
+                let n = self.node(s);
+                let link = (n.parent != NONE).then(|| (self.key_of(n.parent), n.depth));
+                (self.key_of(s), &n.e, link)
+            })
+    }
+
     /// Up to `n` eviction candidates (chain tails), first to go first, after `after` (the
     /// last one a previous batch returned) or from the start: a range of the order, no sort.
     pub fn oldest(&self, after: Option<Rank<E::At>>, n: usize) -> Vec<Rank<E::At>> {
@@ -891,6 +903,33 @@ mod tests {
         assert!(!idx.is_deleting(&k(1)));
         idx.mark_deleting(k(3));
         assert!(idx.is_deleting(&k(3)));
+    }
+
+    /// `iter_linked` gives every entry once with the link `chain_link` gives it.
+    #[test]
+    fn iter_linked_is_iter_with_chain_link() {
+        let mut idx = LruIndex::new();
+        for i in 0..6u8 {
+            idx.insert(
+                mixed(i),
+                Slot {
+                    size: 1,
+                    at: i as i64,
+                },
+            );
+        }
+        idx.link(&mixed(1), mixed(0), 1);
+        idx.link(&mixed(2), mixed(1), 2);
+        idx.link(&mixed(4), mixed(9), 3); // a parent not indexed
+        let mut got: Vec<_> = idx.iter_linked().map(|(k, e, l)| (k, *e, l)).collect();
+        let mut want: Vec<_> = idx
+            .iter()
+            .map(|(k, e)| (k, *e, idx.chain_link(&k)))
+            .collect();
+        got.sort_by_key(|x| x.0);
+        want.sort_by_key(|x| x.0);
+        assert_eq!(got, want);
+        assert_eq!(got.iter().filter(|x| x.2.is_some()).count(), 3);
     }
 
     /// A node is 64 bytes plus its entry, and a place in the order 24 bytes (the type's

@@ -269,14 +269,14 @@ impl Gc {
         let idx = self.lock();
         let mut records = Vec::with_capacity(idx.lru.len());
         let mut links = FxHashMap::default();
-        for (k, e) in idx.lru.iter() {
+        for (k, e, link) in idx.lru.iter_linked() {
             records.push(Record {
                 key: k,
                 size: e.size,
                 mtime: e.mtime,
                 link: None,
             });
-            if let Some(l) = idx.lru.chain_link(&k) {
+            if let Some(l) = link {
                 links.insert(k, l);
             }
         }
