@@ -253,34 +253,40 @@ impl<E: LruEntry> LruIndex<E> {
         &mut self.nodes[s as usize]
     }
 
-    /// The key of node `s`.
-    fn key_of(&self, s: u32) -> BlockKey {
-        let n = self.node(s);
-        let len = n.len as usize;
-        if len <= INLINE {
-            return BlockKey::new(&n.hash[..len], n.group).expect("a key the index was given");
-        }
-        let mut b = [0u8; 2 * INLINE];
-        b[..INLINE].copy_from_slice(&n.hash);
-        b[INLINE..len].copy_from_slice(&self.long[&s][..len - INLINE]);
-        BlockKey::new(&b[..len], n.group).expect("a key the index was given")
-    }
-
-    /// The hash the table files node `s` under: the key's own digest.
-    fn mix_of_node(nodes: &[Node<E>], long: &FxHashMap<u32, [u8; INLINE]>, s: u32) -> u64 {
+    /// What `f` makes of node `s`'s whole hash bytes and group (the part past [`INLINE`]
+    /// joined back from [`LruIndex::long`]).
+    fn with_hash<T>(
+        nodes: &[Node<E>],
+        long: &FxHashMap<u32, [u8; INLINE]>,
+        s: u32,
+        f: impl FnOnce(&[u8], u32) -> T,
+    ) -> T {
         let n = &nodes[s as usize];
         let len = n.len as usize;
         if len <= INLINE {
-            return mix_of(&n.hash[..len], n.group);
+            return f(&n.hash[..len], n.group);
         }
         let mut b = [0u8; 2 * INLINE];
         b[..INLINE].copy_from_slice(&n.hash);
         b[INLINE..len].copy_from_slice(&long[&s][..len - INLINE]);
-        mix_of(&b[..len], n.group)
+        f(&b[..len], n.group)
     }
 
-    fn is_key(&self, s: u32, key: &BlockKey) -> bool {
-        Self::is_key_in(&self.nodes, &self.long, s, key)
+    /// The key of node `s`.
+    fn key_of(&self, s: u32) -> BlockKey {
+        Self::with_hash(&self.nodes, &self.long, s, |h, g| {
+            BlockKey::new(h, g).expect("a key the index was given")
+        })
+    }
+
+    /// The hash the table files node `s` under: the key's own digest.
+    fn mix_of_node(nodes: &[Node<E>], long: &FxHashMap<u32, [u8; INLINE]>, s: u32) -> u64 {
+        Self::with_hash(nodes, long, s, mix_of)
+    }
+
+    /// The nodes of indexed blocks (not placeholders, not free), in node order.
+    fn present_slots(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.nodes.len() as u32).filter(|&s| self.node(s).present())
     }
 
     fn is_key_in(
@@ -303,7 +309,9 @@ impl<E: LruEntry> LruIndex<E> {
     /// The node of `key` (an indexed block or a placeholder).
     fn find(&self, key: &BlockKey) -> Option<u32> {
         self.table
-            .find(key.mix(), |&s| self.is_key(s, key))
+            .find(key.mix(), |&s| {
+                Self::is_key_in(&self.nodes, &self.long, s, key)
+            })
             .copied()
     }
 
@@ -485,11 +493,9 @@ impl<E: LruEntry> LruIndex<E> {
                 self.link_slots(c, p, d, false);
             }
         }
-        let tails: Vec<Pos<E::At>> = (0..self.nodes.len() as u32)
-            .filter(|&s| {
-                let n = self.node(s);
-                n.present() && n.followers == 0
-            })
+        let tails: Vec<Pos<E::At>> = self
+            .present_slots()
+            .filter(|&s| self.node(s).followers == 0)
             .map(|s| self.pos_of(s))
             .collect();
         self.order = tails.into_iter().collect();
@@ -620,19 +626,14 @@ impl<E: LruEntry> LruIndex<E> {
         let out = f(&mut n.e);
         let (at1, size1) = (n.at(), n.e.size());
         if tail && at0 != at1 {
-            let (depth, mix) = (n.depth, key.mix());
-            self.order.remove(&Pos {
+            let was = Pos {
                 at: at0,
-                mix,
-                depth,
+                mix: key.mix(),
+                depth: n.depth,
                 slot: s,
-            });
-            self.order.insert(Pos {
-                at: at1,
-                mix,
-                depth,
-                slot: s,
-            });
+            };
+            self.order.remove(&was);
+            self.order.insert(Pos { at: at1, ..was });
         }
         self.bytes = self.bytes - size0 + size1;
         Some(out)
@@ -663,21 +664,18 @@ impl<E: LruEntry> LruIndex<E> {
 
     /// Every entry, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (BlockKey, &E)> {
-        (0..self.nodes.len() as u32)
-            .filter(|&s| self.node(s).present())
+        self.present_slots()
             .map(|s| (self.key_of(s), &self.node(s).e))
     }
 
     /// Every entry with its chain link (the block it follows and its depth, as
     /// [`LruIndex::chain_link`] gives it), in no order: one pass, no lookup per entry.
     pub fn iter_linked(&self) -> impl Iterator<Item = (BlockKey, &E, Option<(BlockKey, u32)>)> {
-        (0..self.nodes.len() as u32)
-            .filter(|&s| self.node(s).present())
-            .map(|s| {
-                let n = self.node(s);
-                let link = (n.parent != NONE).then(|| (self.key_of(n.parent), n.depth));
-                (self.key_of(s), &n.e, link)
-            })
+        self.present_slots().map(|s| {
+            let n = self.node(s);
+            let link = (n.parent != NONE).then(|| (self.key_of(n.parent), n.depth));
+            (self.key_of(s), &n.e, link)
+        })
     }
 
     /// Up to `n` eviction candidates (chain tails), first to go first, after `after` (the
@@ -688,13 +686,8 @@ impl<E: LruEntry> LruIndex<E> {
 
     /// Up to `n` eviction candidates from `from` on.
     pub fn oldest_from(&self, from: Bound<Rank<E::At>>, n: usize) -> Vec<Rank<E::At>> {
-        let from = match from {
-            Bound::Included(r) => Bound::Included(Pos::of(&r)),
-            Bound::Excluded(r) => Bound::Excluded(Pos::of(&r)),
-            Bound::Unbounded => Bound::Unbounded,
-        };
         self.order
-            .range((from, Bound::Unbounded))
+            .range((from.map(|r| Pos::of(&r)), Bound::Unbounded))
             .take(n)
             .map(|p| self.rank_at(*p))
             .collect()
@@ -731,11 +724,11 @@ impl<E: LruEntry> LruIndex<E> {
     /// Every key, least recent first by its own recency (a sort of the whole index: for a
     /// snapshot, not for a sweep).
     pub fn keys_by_recency(&self) -> Vec<BlockKey> {
-        let mut v: Vec<(E::At, u32)> = (0..self.nodes.len() as u32)
-            .filter(|&s| self.node(s).present())
+        let mut v: Vec<(E::At, u32)> = self
+            .present_slots()
             .map(|s| (self.node(s).e.at(), s))
             .collect();
-        v.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        v.sort_unstable();
         v.into_iter().map(|(_, s)| self.key_of(s)).collect()
     }
 
@@ -747,11 +740,8 @@ impl<E: LruEntry> LruIndex<E> {
         let mut verdict = vec![0u8; self.nodes.len()];
         let mut total = 0;
         let mut path = Vec::new();
-        for s in 0..self.nodes.len() as u32 {
+        for s in self.present_slots() {
             let n = self.node(s);
-            if !n.present() {
-                continue;
-            }
             // walk up to a known answer, a chain's first block or a missing parent
             path.clear();
             let mut cur = s;
