@@ -18,13 +18,22 @@
 //!   many blocks in flight as the jobs hold and no thread pool (what an io_uring load path in
 //!   the tier could do at best).
 //!
+//! Each case moves 1 GiB (256 KiB blocks) or 2 GiB (2 MiB blocks) per competitor and round:
+//! at least 64 jobs, so even 16 jobs in flight run four waves deep and each timing lasts
+//! about a second. Every store competitor starts after a `sync(2)` (no competitor's
+//! write-back lands in the next one's clock); every load after the page cache is dropped.
+//!
 //! Every case ends with a line `summary block=<bytes> jobs=<n> store_vs_raw=<r>
 //! load_vs_raw=<r> store_vs_vllm=<r> load_vs_vllm=<r>`: same-run median ratios of the tier's
-//! GB/s to raw@T's and vllm's; and a `detail` line with the tier against `stream@T`, `raw@J`
+//! GB/s to raw@T's and vllm's, each with its range over the rounds (`0.98[0.91..1.04]`);
+//! and a `detail` line with the tier against `stream@T`, `raw@J`
 //! and `uring`, `uring` against raw@T, and the ceilings of the vLLM ratio: raw@T (plain I/O
 //! driven in jobs as the tier is) and `stream@T` (the disk at the tier's thread count with no
-//! job ever waiting for its slowest block) against vllm. Then `summary syscalls store=<n> load=<n>`: file syscalls per
-//! block of the tier, counted under `strace -f -c` (the bench runs itself as the child).
+//! job ever waiting for its slowest block) against vllm. Then two `summary syscalls
+//! store=<n> load=<n>` lines: file syscalls per block of the tier, counted under `strace -f
+//! -c` (the bench runs itself as the child), for a fresh cache (keys spread as real hashes
+//! are, so nearly every store makes its leaf directory, as vLLM's does) and for keys whose
+//! leaf directories exist.
 //!
 //! `cargo bench -p kv-tier-fs --bench fs_fair` (directory: `KV_TIER_BENCH_DIR`, default the
 //! system temp dir; rounds: `KV_TIER_BENCH_ROUNDS`, default 5; only some cases:
@@ -50,11 +59,16 @@ const JOB_BLOCKS: usize = 16;
 const TIER_THREADS: usize = 16;
 
 fn main() {
-    if let Some(n) = std::env::args()
+    let args: Vec<String> = std::env::args()
         .skip_while(|a| a != "--syscall-child")
-        .nth(1)
-    {
-        syscall_child(n.parse().unwrap());
+        .collect();
+    if let [_, n, leaves, ..] = &args[..] {
+        let leaves = if leaves == "Fresh" {
+            Leaves::Fresh
+        } else {
+            Leaves::Made
+        };
+        syscall_child(n.parse().unwrap(), leaves);
         return;
     }
     let (dir, rounds, rt) = common::setup("kv-tier-fair-");
@@ -71,7 +85,7 @@ fn main() {
     // `KV_TIER_FAIR_CASES=262144x1,2097152x16`: only those cases (block bytes x jobs)
     let only = std::env::var("KV_TIER_FAIR_CASES").ok();
     let mut summaries = Vec::new();
-    for (block, n) in [(256usize << 10, 512usize), (2 << 20, 128)] {
+    for (block, n) in [(256usize << 10, 4096usize), (2 << 20, 1024)] {
         for jobs in [1usize, 4, 16] {
             if only
                 .as_deref()
@@ -85,7 +99,8 @@ fn main() {
     for s in summaries {
         println!("{s}");
     }
-    println!("{}", syscall_summary());
+    println!("{}", syscall_summary(Leaves::Fresh));
+    println!("{}", syscall_summary(Leaves::Made));
 }
 
 /// GB/s of each competitor, per round.
@@ -146,6 +161,7 @@ fn run_case(
         // five competitors, the order rotating round by round
         const N: usize = 5;
         for k in 0..N {
+            sync_disk();
             let g = |d: Duration| gb / d.as_secs_f64();
             match (k + round) % N {
                 0 => w
@@ -224,10 +240,15 @@ fn run_case(
     };
     show("store", &w);
     show("load", &r);
-    let ratio = |a: &[f64], b: &[f64]| median(a.iter().zip(b).map(|(x, y)| x / y).collect());
+    let ratio = |a: &[f64], b: &[f64]| {
+        let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        let min = r.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = r.iter().copied().fold(0.0, f64::max);
+        format!("{:.2}[{min:.2}..{max:.2}]", median(r))
+    };
     format!(
-        "summary block={bs} jobs={jobs} store_vs_raw={:.2} load_vs_raw={:.2} store_vs_vllm={:.2} load_vs_vllm={:.2}\n\
-         detail block={bs} jobs={jobs} store_vs_stream={:.2} load_vs_stream={:.2} store_vs_raw_at_jobs={:.2} load_vs_raw_at_jobs={:.2} load_vs_uring={:.2} uring_vs_raw={:.2} raw_vs_vllm store={:.2} load={:.2} stream_vs_vllm store={:.2} load={:.2}",
+        "summary block={bs} jobs={jobs} store_vs_raw={} load_vs_raw={} store_vs_vllm={} load_vs_vllm={}\n\
+         detail block={bs} jobs={jobs} store_vs_stream={} load_vs_stream={} store_vs_raw_at_jobs={} load_vs_raw_at_jobs={} load_vs_uring={} uring_vs_raw={} raw_vs_vllm store={} load={} stream_vs_vllm store={} load={}",
         ratio(&w.tier, &w.raw_t),
         ratio(&r.tier, &r.raw_t),
         ratio(&w.tier, &w.vllm),
@@ -564,11 +585,16 @@ fn vllm_store(
     })
 }
 
+/// Writes back every dirty page and inode, so no competitor pays for the one before it.
+fn sync_disk() {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
 /// Drops the page cache (and cached directory entries and inodes) so loads start cold;
 /// false where not allowed.
 fn drop_caches() -> bool {
-    // SAFETY: sync(2) takes no arguments and cannot fail.
-    unsafe { libc::sync() };
+    sync_disk();
     std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }
 
@@ -578,9 +604,18 @@ fn span(v: &[f64]) -> String {
     format!("{:.2} [{min:.2}-{max:.2}]", median(v.to_vec()))
 }
 
+/// Where the syscall count's keys go.
+#[derive(Clone, Copy, Debug)]
+enum Leaves {
+    /// Spread as real hashes are: nearly every store makes its leaf directory.
+    Fresh,
+    /// In 16 leaf directories the first stores make: the rest find theirs.
+    Made,
+}
+
 /// The child of the syscall count: stores then loads `n` 256 KiB blocks, 16-block jobs, one
-/// in flight, keys in 16 leaf directories.
-fn syscall_child(n: usize) {
+/// in flight, keys placed as `leaves` says.
+fn syscall_child(n: usize, leaves: Leaves) {
     let bs = 256 << 10;
     let dir = tempfile::tempdir().unwrap();
     let tier = common::open_ready_tier(dir.path(), &common::bench_ns(), bs);
@@ -589,11 +624,14 @@ fn syscall_child(n: usize) {
         .build()
         .unwrap();
     let keys: Vec<BlockKey> = (0..n as u32)
-        .map(|i| {
-            let mut h = [0u8; 32];
-            h[0] = (i % 16) as u8;
-            h[4..8].copy_from_slice(&i.to_be_bytes());
-            BlockKey::from_hash32(h, 0)
+        .map(|i| match leaves {
+            Leaves::Fresh => test_key(u64::from(i)),
+            Leaves::Made => {
+                let mut h = [0u8; 32];
+                h[0] = (i % 16) as u8;
+                h[4..8].copy_from_slice(&i.to_be_bytes());
+                BlockKey::from_hash32(h, 0)
+            }
         })
         .collect();
     let mut b = AlignedBuf::zeroed(bs);
@@ -614,8 +652,9 @@ fn syscall_child(n: usize) {
 }
 
 /// Counts the tier's file syscalls per block: two children under `strace -f -c` (N = 256
-/// and 512 blocks); the difference over 256 is per block, setup cancelling out.
-fn syscall_summary() -> String {
+/// and 512 blocks, keys placed as `leaves` says); the difference over 256 is per block,
+/// setup cancelling out.
+fn syscall_summary(leaves: Leaves) -> String {
     let me = std::env::current_exe().unwrap();
     let mut counts = Vec::new();
     for n in [256, 512] {
@@ -624,7 +663,7 @@ fn syscall_summary() -> String {
             .args(["-f", "-c", "-o"])
             .arg(&out)
             .arg(&me)
-            .args(["--syscall-child", &n.to_string()])
+            .args(["--syscall-child", &n.to_string(), &format!("{leaves:?}")])
             .stdout(std::process::Stdio::null())
             .status();
         match status {
@@ -661,7 +700,7 @@ fn syscall_summary() -> String {
     let store_total = store + opens / 2.0 + closes / 2.0;
     let load_total = load + opens / 2.0 + closes / 2.0 + statx;
     format!(
-        "summary syscalls store={store_total:.2} load={load_total:.2} (openat {opens:.2}, close {closes:.2}, stat {statx:.2}, mkdir {:.2}, renameat2 {:.2}, linkat {:.2}, pwrite {:.2}, pread/preadv {:.2} per block, store+load)",
+        "summary syscalls leaves={leaves:?} store={store_total:.2} load={load_total:.2} (openat {opens:.2}, close {closes:.2}, stat {statx:.2}, mkdir {:.2}, renameat2 {:.2}, linkat {:.2}, pwrite {:.2}, pread/preadv {:.2} per block, store+load)",
         per("mkdir"),
         per("renameat2"),
         per("linkat"),
