@@ -1,6 +1,7 @@
 //! GC costs with many block files (small files: the cost is metadata): startup adopt, sweep
 //! decision and deletion down to the watermark, one interval under the cap, `touch` of
-//! 2,000 keys on the caller's thread, and whether 2,000 keys are held: answered from the
+//! 2,000 keys on the caller's thread (what the engine waits for: the keys are queued, and the
+//! index's next holder applies them), and whether 2,000 keys are held: answered from the
 //! index (`holds`, what the manager asks first) against the tier's probe (`lookup`, a
 //! `stat` per key on the I/O threads, what it asked before), half of the keys held.
 //!

@@ -4,7 +4,8 @@
 //! that deletes least-recently-used files down to a low watermark.
 //!
 //! Recency is the file's mtime: a store sets it, `touch` queues a stamp (`utimensat`) at most
-//! once per key per stamp interval, applied by the GC thread. So recency survives restarts and
+//! once per key per stamp interval, applied by the GC thread (`touch` itself only appends its
+//! keys; whoever takes the index next applies them, see `stamps::Touched`). So recency survives restarts and
 //! is what `du`, `find`, external reapers and other kv-tier processes on the same root see.
 //!
 //! The cap is a bound, not a wish. A sweep over the cap spares files used within the grace
@@ -120,6 +121,10 @@ pub(crate) struct Gc {
     pub(crate) cfg: GcConfig,
     pub(crate) at: Place,
     index: Mutex<Index>,
+    /// Touches for the index's next holder to apply (taken after `index`, never before).
+    touched: Mutex<stamps::Touched>,
+    /// Whether `touched` holds any (the index's holders look at it only then).
+    touched_any: AtomicBool,
     wake: Mutex<Wake>,
     cv: Condvar,
     pub(crate) counters: GcCounters,
@@ -199,6 +204,8 @@ impl Gc {
             cfg,
             at,
             index: Mutex::new(Index::new(dir_unit, base_bytes, count_tops)),
+            touched: Mutex::default(),
+            touched_any: AtomicBool::new(false),
             wake: Mutex::new(Wake::default()),
             cv: Condvar::new(),
             counters: GcCounters::default(),
@@ -276,7 +283,17 @@ impl Gc {
         }
     }
 
+    /// The index, with every `touch` made before this applied to it.
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
+        let mut idx = self.lock_unstamped();
+        self.apply_touched(&mut idx);
+        idx
+    }
+
+    /// The index, touches waiting or not: for a question no touch changes the answer to
+    /// (which keys it holds), asked on the engine's thread, which then does not apply
+    /// them.
+    fn lock_unstamped(&self) -> std::sync::MutexGuard<'_, Index> {
         // every critical section leaves the index consistent before anything can panic
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -451,7 +468,7 @@ impl Gc {
     /// not yet unlinked or put back; only a look at the disk, after that, tells), and for a
     /// key it lacks while it is not reconciled with the disk (see [`Gc::reconciled`]).
     pub(crate) fn indexed(&self, key: &BlockKey) -> Option<bool> {
-        let idx = self.lock();
+        let idx = self.lock_unstamped();
         if idx.lru.is_deleting(key) {
             return None;
         }

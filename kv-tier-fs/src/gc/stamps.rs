@@ -32,51 +32,110 @@ pub(crate) fn stamp(path: &Path, ns: i64) -> io::Result<()> {
 /// another process that the index does not hold).
 type Queued = (BlockKey, Option<u64>);
 
+/// Touches the index has not seen yet. `touch` only appends here (no index lock, no lookup
+/// of 1M-entry maps on the engine's thread); whoever takes the index lock next applies them
+/// first, in the order they came, each batch at the clock of its `touch` (see `Gc::lock`).
+#[derive(Default)]
+pub(super) struct Touched {
+    queued: Batches,
+    /// The buffers applied last, emptied: the next ones (their memory is warm, so an append
+    /// faults in no page).
+    spare: Batches,
+}
+
+/// Keys touched, a batch per `touch`.
+#[derive(Default)]
+struct Batches {
+    keys: Vec<BlockKey>,
+    /// Per `touch`: where its keys end in `keys`, and the clock then.
+    ends: Vec<(usize, i64)>,
+}
+
+/// The most keys [`Touched`] holds (32 B each) before a `touch` applies them itself.
+const TOUCHED_MAX: usize = 1 << 16;
+
 impl Gc {
     /// Queues mtime stamps: at most one per key per stamp interval, at most `max_tracked`
     /// pending. Keys the index does not hold (written by another process on the same root)
     /// are stamped too, if their file exists, so every process's reads count as recency. No
-    /// I/O: the GC thread applies them.
+    /// I/O, and in the common case no index lock: the keys are appended for the index's next
+    /// holder to apply (a sweep deciding a key has applied every touch before it); the GC
+    /// thread applies the stamps.
     pub(crate) fn queue_stamps(&self, keys: &[BlockKey]) {
         let now = self.now_ns();
-        let mut dropped = 0u64;
         {
-            let mut idx = self.lock();
-            let Index {
-                lru,
-                pending,
-                foreign,
-                foreign_pending,
-                ..
-            } = &mut *idx;
-            for k in keys {
-                if pending.len() + foreign_pending.len() >= self.cfg.max_tracked {
-                    dropped += 1;
-                    continue;
+            let mut t = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+            let q = &mut t.queued;
+            if q.keys.len() + keys.len() <= TOUCHED_MAX.min(self.cfg.max_tracked) {
+                q.keys.extend_from_slice(keys);
+                q.ends.push((q.keys.len(), now));
+                self.touched_any.store(true, Ordering::Release);
+                return;
+            }
+        }
+        // full: apply them all now (the lock applies those waiting first)
+        let mut idx = self.lock();
+        self.note_touches(&mut idx, keys, now);
+    }
+
+    /// Applies the touches waiting in [`Touched`] to `idx` (the index lock held).
+    pub(super) fn apply_touched(&self, idx: &mut Index) {
+        if !self.touched_any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut q = {
+            let mut t = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+            self.touched_any.store(false, Ordering::Release);
+            let spare = std::mem::take(&mut t.spare);
+            std::mem::replace(&mut t.queued, spare)
+        };
+        let mut start = 0;
+        for &(end, now) in &q.ends {
+            self.note_touches(idx, &q.keys[start..end], now);
+            start = end;
+        }
+        q.keys.clear();
+        q.ends.clear();
+        self.touched.lock().unwrap_or_else(|p| p.into_inner()).spare = q;
+    }
+
+    /// A touch of `keys` at `now`, in the index: due stamps queued, the rest rate-limited.
+    fn note_touches(&self, idx: &mut Index, keys: &[BlockKey], now: i64) {
+        let mut dropped = 0u64;
+        let Index {
+            lru,
+            pending,
+            foreign,
+            foreign_pending,
+            ..
+        } = idx;
+        for k in keys {
+            if pending.len() + foreign_pending.len() >= self.cfg.max_tracked {
+                dropped += 1;
+                continue;
+            }
+            let due = lru.update(k, |e| {
+                if e.pending() || now - e.last_stamp < self.cfg.stamp_interval_ns {
+                    return false;
                 }
-                let due = lru.update(k, |e| {
-                    if e.pending() || now - e.last_stamp < self.cfg.stamp_interval_ns {
-                        return false;
+                e.set_pending(true);
+                e.last_stamp = now;
+                true
+            });
+            match due {
+                Some(true) => pending.push(*k),
+                Some(false) => {}
+                None => {
+                    if foreign.len() >= self.cfg.max_tracked {
+                        // the rate-limit memory of foreign keys is bounded too
+                        foreign.clear();
                     }
-                    e.set_pending(true);
-                    e.last_stamp = now;
-                    true
-                });
-                match due {
-                    Some(true) => pending.push(*k),
-                    Some(false) => {}
-                    None => {
-                        if foreign.len() >= self.cfg.max_tracked {
-                            // the rate-limit memory of foreign keys is bounded too
-                            foreign.clear();
-                        }
-                        let last = foreign.entry(*k).or_insert(i64::MIN);
-                        if *last != i64::MIN && now - *last < self.cfg.stamp_interval_ns {
-                            continue;
-                        }
-                        *last = now;
-                        foreign_pending.push(*k);
+                    let last = foreign.entry(*k).or_insert(i64::MIN);
+                    if *last != i64::MIN && now - *last < self.cfg.stamp_interval_ns {
+                        continue;
                     }
+                    *last = now;
+                    foreign_pending.push(*k);
                 }
             }
         }

@@ -193,6 +193,29 @@ async fn the_stamp_interval_ends_to_the_nanosecond() {
     touch_at_the_stamp_interval_boundary(&tier, k);
 }
 
+/// `touch` only queues its keys; the index applies them later, but each at the clock of its
+/// own call: a touch a nanosecond inside the stamp interval stays rate-limited though the
+/// interval has passed by the time anything looks, and one at the boundary is queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_touch_is_judged_at_the_clock_of_its_call() {
+    let root = temp_root();
+    let tier = open_hand_swept(root.path(), 10, 0.8); // stamp interval: a minute
+    tier.freeze_gc_clock().unwrap();
+    let k = leaf_key(1);
+    assert!(fs_store(&tier, &[k], 0).await.is_success()); // its last use: now
+    tier.advance_gc_clock(Duration::from_secs(60) - Duration::from_nanos(1))
+        .unwrap();
+    tier.touch(&[k]);
+    tier.advance_gc_clock(Duration::from_nanos(1)).unwrap();
+    assert_eq!(
+        gc_stats(&tier).pending_stamps,
+        0,
+        "judged when applied, not when touched"
+    );
+    tier.touch(&[k]);
+    assert_eq!(gc_stats(&tier).pending_stamps, 1);
+}
+
 /// The same boundary for a key of another process, which the tier remembers only by the time
 /// of its last stamp.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
