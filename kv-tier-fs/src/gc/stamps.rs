@@ -62,6 +62,9 @@ impl Gc {
     /// holder to apply (a sweep deciding a key has applied every touch before it); the GC
     /// thread applies the stamps.
     pub(crate) fn queue_stamps(&self, keys: &[BlockKey]) {
+        if keys.is_empty() {
+            return;
+        }
         let now = self.now_ns();
         {
             let mut t = self.touched.lock().unwrap_or_else(|p| p.into_inner());

@@ -242,6 +242,9 @@ impl Gc {
                 // Looked at before the locks: no lock is held across I/O, and anything this
                 // process did to the key meanwhile shows in the index checks below.
                 let on_disk = std::fs::symlink_metadata(&path).map(|m| mtime_ns(&m));
+                // the touches made meanwhile, applied outside the protection lock (the
+                // decision's own lock then applies only those of the next moments)
+                drop(self.lock());
                 let mut decision = None;
                 protection.with_lock(|is_protected| {
                     let mut idx = self.lock();
