@@ -514,7 +514,8 @@ fn given_in(matches: &clap::ArgMatches) -> impl Fn(&str) -> bool + '_ {
 struct ReplayCli {
     /// A trace `serve_sim --trace FILE` wrote
     file: PathBuf,
-    /// The eviction policy: lru, opt (Belady's rule), unbounded, or all
+    /// The eviction policy: lru, opt (Belady's rule), pooled (Belady's rule on DRAM + fs
+    /// blocks as one level), unbounded, or all
     #[arg(long, value_name = "POLICY", default_value = "all", value_parser = policy_name)]
     policy: String,
 }
@@ -523,7 +524,7 @@ fn policy_name(v: &str) -> Result<String, String> {
     if v == "all" || Policy::parse(v).is_some() {
         Ok(v.to_string())
     } else {
-        Err("must be lru, opt, unbounded or all".into())
+        Err("must be lru, opt, pooled, unbounded or all".into())
     }
 }
 
@@ -539,7 +540,7 @@ fn replay_main(args: Vec<String>) -> ExitCode {
     };
     let policies: Vec<Policy> = match Policy::parse(&cli.policy) {
         Some(p) => vec![p],
-        None => vec![Policy::Lru, Policy::Opt, Policy::Unbounded],
+        None => vec![Policy::Lru, Policy::Opt, Policy::Pooled, Policy::Unbounded],
     };
     let h = &trace.header;
     println!(

@@ -16,6 +16,10 @@
 //! - **Whole requests.** A request reads its prompt's hit prefix, then stores the rest of
 //!   its prompt and its output; evictions happen as it stores. No timing: a block stored is
 //!   there for the next request (no write-back delay, no probe budget, no give-up).
+//! - **Pooled** (`pooled`): Belady's rule on one level of DRAM + fs blocks, as if the two
+//!   levels were one cache: what any placement of blocks across them could hold at most (the
+//!   real hierarchy keeps many blocks in both, so its content is at most this many blocks). A
+//!   bound on what a better placement, not only a better eviction order, could win.
 //! - **Belady's rule per block** (`opt`): evict the block whose next use in a prompt is
 //!   farthest, and do not keep a new block whose next use is farther than every kept one.
 //!   With prefix semantics this is the usual stand-in for the optimum (it is optimal for
@@ -35,6 +39,8 @@ pub enum Policy {
     Lru,
     /// Belady's rule: the block used again farthest in the future first.
     Opt,
+    /// Belady's rule on DRAM and the fs level pooled (their blocks summed).
+    Pooled,
     /// No bound: every block kept.
     Unbounded,
 }
@@ -45,13 +51,14 @@ impl Policy {
         match self {
             Policy::Lru => "lru",
             Policy::Opt => "opt",
+            Policy::Pooled => "pooled",
             Policy::Unbounded => "unbounded",
         }
     }
 
     /// The policy named `name`.
     pub fn parse(name: &str) -> Option<Policy> {
-        [Policy::Lru, Policy::Opt, Policy::Unbounded]
+        [Policy::Lru, Policy::Opt, Policy::Pooled, Policy::Unbounded]
             .into_iter()
             .find(|p| p.name() == name)
     }
@@ -81,6 +88,15 @@ impl TraceHeader {
             None
         } else {
             Some(self.dram_blocks.max(self.fs_blocks.unwrap_or(0)))
+        }
+    }
+
+    /// The pooled level (see the module): `DRAM + fs_blocks` blocks, `None` for no bound.
+    pub fn pooled_blocks(&self) -> Option<u64> {
+        if self.unbounded_below {
+            None
+        } else {
+            Some(self.dram_blocks.saturating_add(self.fs_blocks.unwrap_or(0)))
         }
     }
 }
@@ -201,7 +217,8 @@ impl Served {
 pub fn replay(trace: &Trace, policy: Policy) -> Served {
     let cap = match policy {
         Policy::Unbounded => None,
-        _ => trace.header.model_blocks(),
+        Policy::Pooled => trace.header.pooled_blocks(),
+        Policy::Lru | Policy::Opt => trace.header.model_blocks(),
     };
     let mut gpu: Lru = Lru::new(trace.header.gpu_blocks as usize);
     let mut cache = Cache::new(policy, cap, &trace.records);
@@ -297,7 +314,7 @@ impl Cache {
         match (policy, cap) {
             (Policy::Unbounded, _) | (_, None) => Cache::Unbounded(Default::default()),
             (Policy::Lru, Some(c)) => Cache::Lru(Lru::new(c as usize)),
-            (Policy::Opt, Some(c)) => Cache::Opt(Opt::new(c as usize, records)),
+            (Policy::Opt | Policy::Pooled, Some(c)) => Cache::Opt(Opt::new(c as usize, records)),
         }
     }
 
@@ -456,6 +473,29 @@ mod tests {
         // Belady does not keep 4 (never read again): the chain stays
         assert_eq!(opt.from_cache, 3);
         assert_eq!(unb.from_cache, 3);
+    }
+
+    /// Two blocks read in turn, with one block of DRAM and one of fs: each level alone holds
+    /// one, so the one-level model misses every time; pooled, the two hold both and serve
+    /// every read after the first two.
+    #[test]
+    fn pooled_levels_hold_what_either_alone_cannot() {
+        let mut records = Vec::new();
+        for _ in 0..4 {
+            records.extend([req(&[1], &[]), req(&[2], &[])]);
+        }
+        let t = Trace {
+            header: TraceHeader {
+                fs_blocks: Some(1),
+                ..header(1)
+            },
+            records,
+        };
+        assert_eq!(t.header.model_blocks(), Some(1));
+        assert_eq!(t.header.pooled_blocks(), Some(2));
+        assert_eq!(replay(&t, Policy::Lru).from_cache, 0);
+        assert_eq!(replay(&t, Policy::Pooled).from_cache, 6);
+        assert!(replay(&t, Policy::Opt).from_cache < 6);
     }
 
     /// A cyclic scan over four blocks with room for three: LRU misses every time, Belady

@@ -37,6 +37,8 @@ pub struct OfflineReport {
     pub lru: f64,
     /// Under Belady's rule.
     pub opt: f64,
+    /// Under Belady's rule with DRAM and fs pooled (their blocks summed: any placement).
+    pub pooled: f64,
     /// With no bound.
     pub unbounded: f64,
 }
@@ -102,7 +104,7 @@ pub struct RestartReport {
 }
 
 /// What the offline model assumes (the report prints it).
-pub(super) const MODEL_ASSUMES: &str = "one level of max(DRAM, the largest bounded tier below it) blocks (stores go to all, a hit in any serves; a tier without a bound keeps everything), the GPU cache in front as the engine's LRU, whole requests with no timing (no write-back delay, probe budget or give-up), a restart empties DRAM only; opt is Belady's rule per block";
+pub(super) const MODEL_ASSUMES: &str = "one level of max(DRAM, the largest bounded tier below it) blocks (stores go to all, a hit in any serves; a tier without a bound keeps everything), the GPU cache in front as the engine's LRU, whole requests with no timing (no write-back delay, probe budget or give-up), a restart empties DRAM only; opt is Belady's rule per block; pooled is Belady's rule on DRAM + fs blocks as one level (any placement across the two)";
 
 /// Per-tier figures of the report.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -433,6 +435,7 @@ pub(super) fn fill(
     let offline = OfflineReport {
         lru: replay(&trace, Policy::Lru).hit_rate(),
         opt: replay(&trace, Policy::Opt).hit_rate(),
+        pooled: replay(&trace, Policy::Pooled).hit_rate(),
         unbounded: replay(&trace, Policy::Unbounded).hit_rate(),
     };
     let restart = t.before_restart.map(|(prompt, hit)| {
@@ -804,9 +807,10 @@ fn render_yardstick(r: &Report) -> String {
     let m = &r.model;
     let blocks = |b: Option<u64>| b.map_or("unbounded".to_string(), |b| format!("{b} blocks"));
     let mut o = format!(
-        "  the same trace offline LRU {:.1}% | Belady {:.1}% | unbounded {:.1}% (model: {}; DRAM {} blocks, below it {}, working set {} blocks)\n",
+        "  the same trace offline LRU {:.1}% | Belady {:.1}% | Belady pooled {:.1}% | unbounded {:.1}% (model: {}; DRAM {} blocks, below it {}, working set {} blocks)\n",
         pct(r.offline.lru),
         pct(r.offline.opt),
+        pct(r.offline.pooled),
         pct(r.offline.unbounded),
         blocks(m.model_blocks),
         m.dram_blocks,

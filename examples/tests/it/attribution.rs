@@ -185,7 +185,7 @@ fn a_trace_replays_offline_to_the_reports_figures() {
         serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
     let out = sim(&["replay", trace], 60);
     assert_eq!(out.code, Some(0), "{}", out.all());
-    for p in ["lru", "opt", "unbounded"] {
+    for p in ["lru", "opt", "pooled", "unbounded"] {
         let want = format!(
             "{:.1}%",
             100.0 * report["offline"][p].as_f64().expect("a figure")
@@ -199,7 +199,11 @@ fn a_trace_replays_offline_to_the_reports_figures() {
     }
     let bad = sim(&["replay", "--policy", "fifo", trace], 60);
     assert_eq!(bad.code, Some(2), "{}", bad.all());
-    assert!(bad.stderr.contains("lru, opt, unbounded"), "{}", bad.all());
+    assert!(
+        bad.stderr.contains("lru, opt, pooled, unbounded"),
+        "{}",
+        bad.all()
+    );
 }
 
 /// A conversation's next turn arrives only once its last answer is out: one conversation of

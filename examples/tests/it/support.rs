@@ -174,6 +174,11 @@ pub(crate) fn check_attribution(r: &Report) {
         r.offline
     );
     assert!(
+        r.offline.pooled <= r.offline.unbounded + eps,
+        "{:?}",
+        r.offline
+    );
+    assert!(
         r.hit_rate <= r.offline.unbounded + eps,
         "{} > unbounded {:?}",
         r.hit_rate,
