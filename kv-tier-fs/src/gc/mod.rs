@@ -5,8 +5,9 @@
 //!
 //! Recency is the file's mtime: a store sets it, `touch` queues a stamp (`utimensat`) at most
 //! once per key per stamp interval, applied by the GC thread (`touch` itself only appends its
-//! keys; whoever takes the index next applies them, see `stamps::Touched`). So recency survives restarts and
-//! is what `du`, `find`, external reapers and other kv-tier processes on the same root see.
+//! keys; whoever takes the index next applies them, see `stamps::Touched`). So recency
+//! survives restarts and is what `du`, `find`, external reapers and other kv-tier processes
+//! on the same root see.
 //!
 //! The cap is a bound, not a wish. A sweep over the cap spares files used within the grace
 //! window, unless the total is past halfway from the cap to the hard ceiling
