@@ -18,7 +18,9 @@ use super::step::Tally;
 pub struct ModelReport {
     /// DRAM, in blocks.
     pub dram_blocks: u64,
-    /// The fs tier's cap, in blocks (`None`: no fs tier or no cap).
+    /// The fs tier's cap, in blocks: the cap over what the tier held per block file at the
+    /// end of the run (its file, checksum and share of the directories) (`None`: no fs tier
+    /// or no cap).
     pub fs_blocks: Option<u64>,
     /// A tier without a bound is below DRAM (an fs tier without a cap, an obj tier).
     pub unbounded_below: bool,
@@ -418,7 +420,16 @@ pub(super) fn fill(
         .or(cfg.s3_embedded.then_some(&cfg.s3_bucket))
         .and(cfg.obj_cap_gb)
         .map(|gb| (gb * (1u64 << 30) as f64) as u64 / block.max(1));
-    let fs_blocks = gc.as_ref().map(|g| g.cap_bytes / block.max(1));
+    // the blocks the cap holds: it counts each block's file with its checksum and its share
+    // of the directories, so a block costs what the tier held per file at the end of the
+    // run (2x the block for 8 KiB blocks, where the directories weigh; ~1x at 2 MiB)
+    let fs_blocks = gc.as_ref().map(|g| {
+        let per_block = match g.files {
+            0 => block,
+            n => (g.bytes / n).max(block),
+        };
+        g.cap_bytes / per_block.max(1)
+    });
     let header = TraceHeader {
         dram_blocks: s.primary.capacity_blocks as u64,
         fs_blocks: fs_blocks.max(obj_blocks),
