@@ -892,7 +892,14 @@ fn render_yardstick(r: &Report) -> String {
     );
     let planned = r.inputs.sim.restart_at.is_some() || r.inputs.sim.restart_after.is_some();
     if planned && r.restart.is_none() {
-        o += "  restart               not reached: the run admitted its last turn first (--restart-at / --restart-after)\n";
+        let why = if r.requests < r.requests_planned {
+            "the run reached --duration first"
+        } else {
+            "the run admitted its last turn first"
+        };
+        o += &format!(
+            "  restart               not reached: {why} (--restart-at / --restart-after)\n"
+        );
     }
     if let Some(x) = &r.restart {
         o += &format!(
@@ -1008,19 +1015,32 @@ fn render_gc(g: &GcReport) -> String {
         g.skipped_in_grace
     );
     o += &format!(
-        "  fs on disk            {:.3} GiB allocated at the end ({:.2}x the {:.2} GiB cap, whose hard ceiling is {:.3} GiB, {:.2}x; {:.3} GiB of it directories, {:.3} GiB dead: {:.1}% of the cap in blocks whose chain is broken before them), peak {:.3} GiB ({:.2}x)\n",
-        gib(g.bytes),
+        "  fs on disk            {} allocated at the end ({:.2}x the {} cap, whose hard ceiling is {}, {:.2}x; {} of it directories, {} dead: {:.1}% of the cap in blocks whose chain is broken before them), peak {} ({:.2}x)\n",
+        size(g.bytes, 3),
         g.bytes as f64 / g.cap_bytes as f64,
-        gib(g.cap_bytes),
-        gib(g.hard_ceiling_bytes),
+        size(g.cap_bytes, 2),
+        size(g.hard_ceiling_bytes, 3),
         g.hard_ceiling_bytes as f64 / g.cap_bytes.max(1) as f64,
-        gib(g.dir_bytes),
-        gib(g.dead_bytes),
+        size(g.dir_bytes, 3),
+        size(g.dead_bytes, 3),
         100.0 * g.dead_bytes as f64 / g.cap_bytes.max(1) as f64,
-        gib(g.peak_bytes),
+        size(g.peak_bytes, 3),
         g.peak_bytes as f64 / g.cap_bytes as f64
     );
     o
+}
+
+/// `b` bytes in a unit that shows them: GiB with `digits` decimals from a GiB up (as the
+/// sizes a run is configured in), else MiB or KiB with one (a cap of 0.005 GiB reads 5.1 MiB,
+/// not 0.01 GiB). Zero is `0 B`.
+fn size(b: u64, digits: usize) -> String {
+    let f = b as f64;
+    match b {
+        0 => "0 B".to_string(),
+        b if b >= 1 << 30 => format!("{:.*} GiB", digits, gib(b)),
+        b if b >= 1 << 20 => format!("{:.1} MiB", f / (1u64 << 20) as f64),
+        _ => format!("{:.1} KiB", f / 1024.0),
+    }
 }
 
 pub(super) fn gib(b: u64) -> f64 {

@@ -53,9 +53,10 @@ fn with_an_fs_tier_every_token_is_in_one_bucket() {
     }
     // the bound the tier keeps, and the rate the time saved is at
     let g = r.gc.as_ref().expect("a bounded fs tier");
+    // (a ceiling of 2.5 MiB, in MiB: in GiB it would read 0.002)
     let ceiling = format!(
-        "hard ceiling is {:.3} GiB",
-        g.hard_ceiling_bytes as f64 / (1u64 << 30) as f64
+        "hard ceiling is {:.1} MiB",
+        g.hard_ceiling_bytes as f64 / (1u64 << 20) as f64
     );
     assert!(g.hard_ceiling_bytes > g.cap_bytes, "{g:?}");
     let rate = format!("at {} tokens/s of prefill", cfg.prefill_tokens_per_s);
@@ -294,5 +295,17 @@ fn a_restart_is_reported_reached_or_not() {
     let r = run(&cfg).unwrap();
     assert!(r.restart.is_none());
     let text = kv_tier_examples::sim::render(&r);
-    assert!(text.contains("restart               not reached"), "{text}");
+    assert!(
+        text.contains("restart               not reached: the run admitted its last turn first"),
+        "{text}"
+    );
+    // cut by the duration instead: said so
+    cfg.duration = std::time::Duration::ZERO;
+    let r = run(&cfg).unwrap();
+    assert!(r.restart.is_none() && r.requests < r.requests_planned);
+    let text = kv_tier_examples::sim::render(&r);
+    assert!(
+        text.contains("restart               not reached: the run reached --duration first"),
+        "{text}"
+    );
 }

@@ -147,8 +147,8 @@ fn json_report_parses_and_agrees_with_the_text_and_itself() {
     assert!(peak >= gc["bytes"].as_u64().unwrap(), "peak < end: {gc}");
     assert!(
         t.contains(&format!(
-            "{:.3} GiB ({:.2}x)",
-            peak as f64 / (1u64 << 30) as f64,
+            "{:.1} MiB ({:.2}x)",
+            peak as f64 / (1u64 << 20) as f64,
             peak as f64 / cap as f64
         )),
         "the text's peak differs from the json's {peak}/{cap}:\n{t}"
