@@ -242,8 +242,7 @@ fn run_case(
     show("load", &r);
     let ratio = |a: &[f64], b: &[f64]| {
         let r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        let min = r.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = r.iter().copied().fold(0.0, f64::max);
+        let (min, max) = min_max(&r);
         format!("{:.2}[{min:.2}..{max:.2}]", median(r))
     };
     format!(
@@ -599,9 +598,15 @@ fn drop_caches() -> bool {
 }
 
 fn span(v: &[f64]) -> String {
+    let (min, max) = min_max(v);
+    format!("{:.2} [{min:.2}-{max:.2}]", median(v.to_vec()))
+}
+
+/// The least and the greatest of `v` (positive figures: GB/s and their ratios).
+fn min_max(v: &[f64]) -> (f64, f64) {
     let min = v.iter().copied().fold(f64::INFINITY, f64::min);
     let max = v.iter().copied().fold(0.0, f64::max);
-    format!("{:.2} [{min:.2}-{max:.2}]", median(v.to_vec()))
+    (min, max)
 }
 
 /// Where the syscall count's keys go.

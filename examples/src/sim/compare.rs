@@ -2,7 +2,7 @@
 //! admission rule, side by side.
 
 use super::config::SimConfig;
-use super::report::{Report, gib};
+use super::report::{Report, size};
 
 /// Two runs of one workload side by side, without and with the fs tier's admission rule:
 /// what each tier wrote and what the hit rate paid for it.
@@ -31,8 +31,8 @@ pub fn render_admission_comparison(without: &Report, with: &Report) -> String {
         o += &format!(
             "  {:<34} {:>14} | {:>14}\n",
             format!("tier {} written (device)", a.name),
-            human(a.blocks_written_new * block(without)),
-            human(b.blocks_written_new * block(with))
+            size(a.blocks_written_new * block(without), 2),
+            size(b.blocks_written_new * block(with), 2)
         );
         o += &format!(
             "  {:<34} {:>14} | {:>14}\n",
@@ -63,15 +63,6 @@ pub fn render_admission_comparison(without: &Report, with: &Report) -> String {
         );
     }
     o
-}
-
-/// Bytes in GiB, or MiB below one GiB.
-fn human(bytes: u64) -> String {
-    if bytes >= 1 << 30 {
-        format!("{:.2} GiB", gib(bytes))
-    } else {
-        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
-    }
 }
 
 fn admission_rule(c: &SimConfig) -> String {

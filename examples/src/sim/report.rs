@@ -1033,7 +1033,7 @@ fn render_gc(g: &GcReport) -> String {
 /// `b` bytes in a unit that shows them: GiB with `digits` decimals from a GiB up (as the
 /// sizes a run is configured in), else MiB or KiB with one (a cap of 0.005 GiB reads 5.1 MiB,
 /// not 0.01 GiB). Zero is `0 B`.
-fn size(b: u64, digits: usize) -> String {
+pub(super) fn size(b: u64, digits: usize) -> String {
     let f = b as f64;
     match b {
         0 => "0 B".to_string(),

@@ -181,15 +181,22 @@ async fn a_stamp_that_fails_keeps_its_file_in_the_index() {
     );
 }
 
+/// A hand-swept tier in `root` (stamp interval: a minute), its GC clock frozen, holding one
+/// block stored now: the block's key.
+async fn one_block_on_a_frozen_clock(root: &std::path::Path) -> (FsTier, BlockKey) {
+    let tier = open_hand_swept(root, 10, 0.8);
+    tier.freeze_gc_clock().unwrap();
+    let k = leaf_key(1);
+    assert!(fs_store(&tier, &[k], 0).await.is_success()); // its last use: now
+    (tier, k)
+}
+
 /// A key is stamped at most once per `gc_stamp_interval_s`, and again as soon as a whole
 /// interval has passed: a nanosecond before, a touch is dropped; at the boundary, it is queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stamp_interval_ends_to_the_nanosecond() {
     let root = temp_root();
-    let tier = open_hand_swept(root.path(), 10, 0.8); // stamp interval: a minute
-    tier.freeze_gc_clock().unwrap();
-    let k = leaf_key(1);
-    assert!(fs_store(&tier, &[k], 0).await.is_success()); // its last use: now
+    let (tier, k) = one_block_on_a_frozen_clock(root.path()).await;
     touch_at_the_stamp_interval_boundary(&tier, k);
 }
 
@@ -199,10 +206,7 @@ async fn the_stamp_interval_ends_to_the_nanosecond() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_touch_is_judged_at_the_clock_of_its_call() {
     let root = temp_root();
-    let tier = open_hand_swept(root.path(), 10, 0.8); // stamp interval: a minute
-    tier.freeze_gc_clock().unwrap();
-    let k = leaf_key(1);
-    assert!(fs_store(&tier, &[k], 0).await.is_success()); // its last use: now
+    let (tier, k) = one_block_on_a_frozen_clock(root.path()).await;
     tier.advance_gc_clock(Duration::from_secs(60) - Duration::from_nanos(1))
         .unwrap();
     tier.touch(&[k]);
