@@ -1,7 +1,9 @@
 //! The bound as stores meet it: room reserved under the hard ceiling before a block file is
-//! written, made by a sweep (or waited for) when the total would cross it. Eviction itself is
-//! the GC's (`gc/`).
+//! written, made by a sweep (or waited for) when the total would cross it. A store job
+//! reserves the room of all its blocks before any is written, in the job's order, on one
+//! thread ([`Shared::reserve_rooms`]). Eviction itself is the GC's (`gc/`).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -12,15 +14,15 @@ use crate::gc::{Gc, Goal};
 
 /// Bytes a store reserved under the hard ceiling for one key; released on drop unless taken
 /// over by the published file's entry (by the store, or by whoever indexed the file first).
-pub(crate) struct Room<'a> {
-    gc: &'a Gc,
+pub(crate) struct Room {
+    gc: Arc<Gc>,
     key: BlockKey,
     reservation: Option<u64>,
     /// It holds room for the growth of the key's leaf directory.
     grows: bool,
 }
 
-impl Room<'_> {
+impl Room {
     /// Whether it holds room for the growth of the key's leaf directory: the leaf is then
     /// measured after the publish and counted as the room is given up.
     pub(crate) fn grows(&self) -> bool {
@@ -33,7 +35,7 @@ impl Room<'_> {
     }
 }
 
-impl Drop for Room<'_> {
+impl Drop for Room {
     fn drop(&mut self) {
         if let Some(n) = self.reservation {
             self.gc.unreserve(&self.key, n);
@@ -42,11 +44,28 @@ impl Drop for Room<'_> {
 }
 
 impl Shared {
+    /// The room of a store job's blocks, reserved before any of them is written: key by key
+    /// in the job's order, each once any unlink of it that a sweep decided before the job
+    /// protected its keys has ended (the caller protects `keys` first; see
+    /// [`Gc::wait_not_deleting`]). So a job that meets the hard ceiling makes room at one
+    /// point of its order, and which files that sweep takes, and how many, does not depend
+    /// on how the job's writes interleave on the I/O threads.
+    pub(crate) fn reserve_rooms(&self, keys: &[BlockKey]) -> Vec<Result<Option<Room>>> {
+        keys.iter()
+            .map(|key| {
+                if let Some(gc) = &self.gc {
+                    gc.wait_not_deleting(key);
+                }
+                self.reserve_room(key)
+            })
+            .collect()
+    }
+
     /// Reserves room for a new block file under the hard ceiling (bounded mode): when the
     /// total would cross it, runs a sweep for room here, or, if another sweep runs, waits
     /// for it while it frees room (a second at most since it last freed any). Fails with `NoSpace` when no room can be made (everything
     /// left is protected or being written): the block is then not in this tier.
-    pub(crate) fn reserve_room(&self, key: &BlockKey) -> Result<Option<Room<'_>>> {
+    fn reserve_room(&self, key: &BlockKey) -> Result<Option<Room>> {
         let Some(gc) = &self.gc else { return Ok(None) };
         if self.coord.is_some() {
             // a shared root: the credit taken for the job stands for the room
@@ -58,7 +77,7 @@ impl Shared {
         loop {
             if let Some((n, grows)) = gc.try_reserve(key, file_bytes) {
                 return Ok(Some(Room {
-                    gc,
+                    gc: gc.clone(),
                     key: *key,
                     reservation: Some(n),
                     grows,

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use kv_tier_core::{AlignedBuf, BlockKey, BlockSource, Error, Result};
 
 use crate::block::{FsOp, Shared, bump};
+use crate::capacity::Room;
 use crate::config::Checksum;
 use crate::file;
 use crate::gc::Goal;
@@ -35,7 +36,14 @@ impl Shared {
     /// a regular block (with a checksum, when they are required) stands and the store is a
     /// skip; damage (a directory, a link, a file without the required checksum) is removed,
     /// reported, and the block written once more. `Ok(true)` when this call published it.
-    pub(crate) fn store_block(&self, key: &BlockKey, src: &BlockSource) -> Result<bool> {
+    /// `room`: what [`Shared::reserve_rooms`] reserved for it (bounded), released when this
+    /// returns unless the published file took it over.
+    pub(crate) fn store_block(
+        &self,
+        key: &BlockKey,
+        src: &BlockSource,
+        room: Option<Room>,
+    ) -> Result<bool> {
         if src.len() != self.block_size {
             return Err(Error::WrongSize {
                 key: *key,
@@ -44,12 +52,6 @@ impl Shared {
             });
         }
         let dest = self.ns.block_path(&self.root, key);
-        if let Some(gc) = &self.gc {
-            // the key is protected by this job: a sweep that decided on it before may still
-            // be unlinking it; publish only after that
-            gc.wait_not_deleting(key);
-        }
-        let room = self.reserve_room(key)?;
         let mut retried = false;
         loop {
             if self.write_block_making_room(key, &dest, src)? {

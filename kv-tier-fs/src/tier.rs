@@ -271,7 +271,9 @@ impl FsTier {
     }
 
     /// Runs `op` once per block on the I/O threads (one task per block, so a job spreads over
-    /// every idle thread), with the keys protected meanwhile. `None` after shutdown.
+    /// every idle thread), with the keys protected meanwhile (by `protect`, the caller's
+    /// guard of them, held by the tasks: if the caller drops this future, the keys stay
+    /// protected until the I/O on them has ended). `None` after shutdown.
     ///
     /// `op` records the keys a store published in the batch it is given, each logged as it
     /// is added, so a dropped job's work is still reported (removals are logged where they
@@ -280,7 +282,7 @@ impl FsTier {
         &self,
         class: Class,
         blocks: Vec<(BlockKey, B)>,
-        hold: Option<Arc<crate::shared::Finish>>,
+        (protect, hold): (Arc<ProtectGuard>, Option<Arc<crate::shared::Finish>>),
         op: fn(&Shared, &BlockKey, B, &EventBatch) -> R,
     ) -> Option<Vec<(BlockKey, R)>>
     where
@@ -290,10 +292,6 @@ impl FsTier {
         if blocks.is_empty() {
             return Some(Vec::new());
         }
-        let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
-        // Held by the tasks, not by this future: if the caller drops the future, the keys
-        // stay protected until the I/O on them has ended.
-        let protect = Arc::new(self.shared.protection.protect(&keys));
         let batch = Arc::new(EventBatch::new(self.shared.events.clone(), false));
         let (col, rx) = Collector::new(blocks.len());
         let tasks: Vec<Task> = blocks
@@ -321,6 +319,21 @@ impl FsTier {
             return None;
         }
         rx.await.ok()
+    }
+
+    /// Runs `f` once on an I/O thread of `class` and returns what it returned; `None` after
+    /// shutdown (then `f` is dropped unrun, or what it returned is dropped).
+    async fn on_io<T: Send + 'static>(
+        &self,
+        class: Class,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let (col, rx) = Collector::new(1);
+        let task = Box::new(move || col.push(f())) as Task;
+        if !self.engine.submit(class, vec![task]) {
+            return None;
+        }
+        rx.await.ok()?.pop()
     }
 
     /// Signals the I/O and GC threads to stop; returns them, to be joined.
@@ -437,17 +450,53 @@ impl SecondaryTier for FsTier {
             }
             None => (Vec::new(), None),
         };
-        let Some(results) = self
-            .run_blocks(Class::Store, blocks, hold, |files, key, src, batch| {
-                let r = files.store_block(key, &src);
-                drop(src); // unpin the DRAM slot as soon as the bytes are written
-                // written by this store (a block found present was reported when written:
-                // the fs tier reports a removal only once the file is gone)
-                if matches!(r, Ok(true)) {
-                    batch.add(*key);
+        let mut refused = refused;
+        let keys_written: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
+        let protect = Arc::new(self.shared.protection.protect(&keys_written));
+        let blocks: Vec<_> = if self.shared.gc.is_some() && !blocks.is_empty() {
+            // the room of every block, in the job's order, before any is written
+            let (files, guard) = (self.shared.clone(), protect.clone());
+            let Some(rooms) = self
+                .on_io(Class::Store, move || {
+                    let rooms = files.reserve_rooms(&keys_written);
+                    drop(guard);
+                    rooms
+                })
+                .await
+            else {
+                return JobResult::all_failed(keys, &self.closed());
+            };
+            let mut with_room = Vec::with_capacity(blocks.len());
+            for ((key, src), room) in blocks.into_iter().zip(rooms) {
+                match room {
+                    Ok(room) => with_room.push((key, (src, room))),
+                    // (its DRAM slot is unpinned here: it is not written)
+                    Err(e) => refused.push((key, e)),
                 }
-                r
-            })
+            }
+            with_room
+        } else {
+            blocks
+                .into_iter()
+                .map(|(k, src)| (k, (src, None)))
+                .collect()
+        };
+        let Some(results) = self
+            .run_blocks(
+                Class::Store,
+                blocks,
+                (protect, hold),
+                |files, key, (src, room), batch| {
+                    let r = files.store_block(key, &src, room);
+                    drop(src); // unpin the DRAM slot as soon as the bytes are written
+                    // written by this store (a block found present was reported when written:
+                    // the fs tier reports a removal only once the file is gone)
+                    if matches!(r, Ok(true)) {
+                        batch.add(*key);
+                    }
+                    r
+                },
+            )
             .await
         else {
             return JobResult::all_failed(keys, &self.closed());
@@ -487,7 +536,7 @@ impl SecondaryTier for FsTier {
             .run_blocks(
                 Class::Load,
                 blocks,
-                None,
+                (Arc::new(self.shared.protection.protect(&keys)), None),
                 // (a damaged file a load removes is reported removed by the removal)
                 |files, key, (mut sink, progress), _| {
                     let r = files.load_block(key, &mut sink);
