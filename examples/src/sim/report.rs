@@ -211,6 +211,11 @@ pub struct GcReport {
     pub skipped_in_grace: u64,
     /// Stamps applied.
     pub stamps: u64,
+    /// Stores that reached the hard ceiling and had to make room (a sweep of their own,
+    /// mid-step) or wait for it.
+    pub store_waits: u64,
+    /// Stores refused because no room could be made under the hard ceiling.
+    pub no_room: u64,
 }
 
 /// The report: printed at the end and written by `--json`.
@@ -626,6 +631,8 @@ fn gc_report(g: &GcStats, max_bytes_after_step_sweep: Option<u64>) -> GcReport {
         skipped_in_flight: g.skipped_in_flight,
         skipped_in_grace: g.skipped_in_grace,
         stamps: g.stamps,
+        store_waits: g.store_waits,
+        no_room: g.no_room,
     }
 }
 
@@ -1014,6 +1021,12 @@ fn render_gc(g: &GcReport) -> String {
         g.skipped_in_flight,
         g.skipped_in_grace
     );
+    if g.store_waits > 0 {
+        o += &format!(
+            "  fs hard ceiling       {} stores reached it and made room (or waited for it), {} refused for want of room\n",
+            g.store_waits, g.no_room
+        );
+    }
     o += &format!(
         "  fs on disk            {} allocated at the end ({:.2}x the {} cap, whose hard ceiling is {}, {:.2}x; {} of it directories, {} dead: {:.1}% of the cap in blocks whose chain is broken before them), peak {} ({:.2}x)\n",
         size(g.bytes, 3),

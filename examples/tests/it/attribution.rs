@@ -157,37 +157,19 @@ fn a_restart_splits_the_run_and_every_token_is_still_in_one_bucket() {
     assert!(text.contains("restart               after"), "{text}");
 }
 
-/// With `sync_steps` the attribution and the offline figures are the same for the same seed,
-/// over the fs tier's cap too (its GC runs on a clock of steps: which of a step's files a
-/// sweep takes does not depend on how fast the step ran), as long as no store reaches the
-/// hard ceiling within a step: such a store makes room at once, taking what is not in flight
-/// at that moment, which depends on the threads' timing (here the ceiling is 4x the cap,
-/// past what the run's steps store; at the default 1.05x a block moved between two buckets in
-/// about one run in seven).
+/// With `sync_steps` the attribution, the offline figures and the fs GC's counts are the
+/// same for the same seed, over the fs tier's cap and at its hard ceiling too: its GC runs on
+/// a clock of steps (which of a step's files a sweep takes does not depend on how fast the
+/// step ran), and a store job that meets the ceiling reserves its blocks' room in the job's
+/// order before any is written (which files the sweep for room takes, and how many, does not
+/// depend on how the job's writes interleave on the I/O threads).
 #[test]
 fn the_same_seed_gives_the_same_attribution() {
     let run_in = |dir: &std::path::Path| {
         let mut cfg = small(9);
-        let block = cfg.block_bytes() as u64;
-        cfg.config_json = Some(
-            serde_json::json!({
-                "cpu_bytes_to_use": cfg.dram_bytes,
-                "block_size_bytes": block,
-                "secondary_tiers": [{
-                    "type": "fs",
-                    "root_dir": dir,
-                    "n_read_threads": 8,
-                    "n_write_threads": 8,
-                    "checksum": "crc32c",
-                    "gc_max_size_gb": 200.0 * block as f64 / (1u64 << 30) as f64,
-                    "gc_hard_ceiling": 4.0,
-                    "gc_interval_s": 0.01,
-                    "gc_stamp_interval_s": 0.000_001,
-                    "gc_grace_s": 0.000_002,
-                }],
-            })
-            .to_string(),
-        );
+        cfg.root_dir = Some(dir.to_path_buf());
+        // 200 blocks of 8 KiB, under the default hard ceiling (1.05x)
+        cfg.fs_cap_gb = Some(200.0 * cfg.block_bytes() as f64 / (1u64 << 30) as f64);
         run(&cfg).unwrap()
     };
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -197,9 +179,12 @@ fn the_same_seed_gives_the_same_attribution() {
         "the run never went over the cap: {:?}",
         a.attribution
     );
+    let gc = a.gc.as_ref().expect("a bounded fs tier");
+    assert!(gc.store_waits > 0, "no store met the hard ceiling: {gc:?}");
     assert_eq!(a.attribution, b.attribution);
     assert_eq!(a.offline, b.offline);
     assert_eq!(a.trace, b.trace);
+    assert_eq!(a.gc, b.gc);
     assert_eq!(
         (a.per_request.requests_waited, a.promotions_unused),
         (b.per_request.requests_waited, b.promotions_unused)
