@@ -154,6 +154,10 @@ struct TierArgs {
     /// earlier ones (the tiers' `chain_eviction`)
     #[arg(long)]
     chain_eviction: bool,
+    /// No fs tier: DRAM, then the obj tier alone (the obj-only hierarchy; needs
+    /// --s3-endpoint or --s3-embedded)
+    #[arg(long, conflicts_with_all = ["root_dir", "fs_cap_gb", "fs_admit_after_lookups", "fs_write_budget_mb_per_s", "config_json", "instances"])]
+    no_fs: bool,
     /// Also an obj tier below fs, on this S3 endpoint
     #[arg(long, value_name = "URL")]
     s3_endpoint: Option<String>,
@@ -443,6 +447,7 @@ impl Cli {
             config_json: t.config_json,
             s3_endpoint: t.s3_endpoint,
             s3_embedded: t.s3_embedded,
+            no_fs: t.no_fs,
             s3_bucket: t.s3_bucket,
             s3_access_key: t.s3_access_key,
             s3_secret_key: t.s3_secret_key,

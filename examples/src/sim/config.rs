@@ -204,6 +204,9 @@ pub struct SimConfig {
     pub chain_eviction: bool,
     /// A tier config JSON (vLLM-shaped) replacing the built-in one.
     pub config_json: Option<String>,
+    /// No fs tier: DRAM, then the `obj` tier alone (the obj-only hierarchy; needs
+    /// `s3_endpoint` or `s3_embedded`).
+    pub no_fs: bool,
     /// An S3 endpoint: adds an `obj` tier below the fs tier.
     pub s3_endpoint: Option<String>,
     /// Start an S3 server in this process (objects in a temp dir) for the `obj` tier, in
@@ -283,6 +286,7 @@ impl Default for SimConfig {
             config_json: None,
             s3_endpoint: None,
             s3_embedded: false,
+            no_fs: false,
             // the bucket `kv-tier s3-server` makes (the README's recipe)
             s3_bucket: kv_tier_testkit::s3::BUCKET.into(),
             s3_access_key: String::new(),
@@ -380,7 +384,10 @@ impl SimConfig {
                 o.insert("instance_id".into(), id.clone().into());
             }
         }
-        let mut tiers = vec![fs];
+        let mut tiers = match self.no_fs {
+            true => Vec::new(),
+            false => vec![fs],
+        };
         if let Some(endpoint) = &self.s3_endpoint {
             let mut obj = serde_json::json!({
                 "type": "obj",

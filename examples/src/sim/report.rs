@@ -22,6 +22,8 @@ pub struct ModelReport {
     /// end of the run (its file, checksum and share of the directories) (`None`: no fs tier
     /// or no cap).
     pub fs_blocks: Option<u64>,
+    /// The obj tier's bound, in blocks (`None`: no obj tier or no bound).
+    pub obj_blocks: Option<u64>,
     /// A tier without a bound is below DRAM (an fs tier without a cap, an obj tier).
     pub unbounded_below: bool,
     /// The offline model's one level (`None`: unbounded).
@@ -440,7 +442,10 @@ pub(super) fn fill(
         fs_blocks: fs_blocks.max(obj_blocks),
         // an fs tier without a cap, or a tier below the bounded one without one
         unbounded_below: !s.tiers.is_empty()
-            && (gc.is_none() || (s.tiers.len() > 1 && obj_blocks.is_none())),
+            && match cfg.no_fs {
+                true => obj_blocks.is_none(),
+                false => gc.is_none() || (s.tiers.len() > 1 && obj_blocks.is_none()),
+            },
         gpu_blocks: cfg.gpu_cache_blocks as u64,
         tokens_per_block: cfg.tokens_per_block as u64,
     };
@@ -517,6 +522,7 @@ pub(super) fn fill(
         model: ModelReport {
             dram_blocks: header.dram_blocks,
             fs_blocks,
+            obj_blocks,
             unbounded_below: header.unbounded_below,
             model_blocks: header.model_blocks(),
             working_set_blocks: t.trace.blocks(),
@@ -824,6 +830,20 @@ fn render_yardstick(r: &Report) -> String {
     let pct = |x: f64| 100.0 * x;
     let m = &r.model;
     let blocks = |b: Option<u64>| b.map_or("unbounded".to_string(), |b| format!("{b} blocks"));
+    // each tier below DRAM with its bound (the model's level is the largest of them)
+    let below: Vec<String> = r
+        .tiers
+        .iter()
+        .map(|t| {
+            let bound = match t.name.as_str() {
+                "fs" => m.fs_blocks,
+                "obj" => m.obj_blocks,
+                _ => return t.name.clone(),
+            };
+            let bound = bound.map_or("no cap".to_string(), |b| format!("{b} blocks"));
+            format!("{} {bound}", t.name)
+        })
+        .collect();
     let mut o = format!(
         "  the same trace offline LRU {:.1}% | Belady {:.1}% | Belady pooled {:.1}% | unbounded {:.1}% (model: {}; DRAM {} blocks, below it {}, working set {} blocks)\n",
         pct(r.offline.lru),
@@ -832,8 +852,10 @@ fn render_yardstick(r: &Report) -> String {
         pct(r.offline.unbounded),
         blocks(m.model_blocks),
         m.dram_blocks,
-        m.fs_blocks
-            .map_or("no cap".to_string(), |b| format!("{b} blocks")),
+        match below.is_empty() {
+            true => "nothing".to_string(),
+            false => below.join(", "),
+        },
         m.working_set_blocks
     );
     o += &format!(

@@ -73,6 +73,11 @@ impl Setup {
         if cfg.streams == 0 || cfg.turns == 0 || cfg.tokens_per_block == 0 {
             return Err("--streams, --turns and --tokens-per-block must be positive".into());
         }
+        if cfg.no_fs && cfg.s3_endpoint.is_none() && !cfg.s3_embedded {
+            return Err(
+                "--no-fs leaves no tier below DRAM: give --s3-endpoint URL or --s3-embedded".into(),
+            );
+        }
         let mut cfg = cfg.clone();
         let s3 = if cfg.s3_embedded {
             let s = EmbeddedS3::start()?;
@@ -396,12 +401,14 @@ fn remove_stale_probes(dir: &Path) {
 }
 
 /// The fs tier's directory: `root_dir`, or a fresh temp dir (returned too, to be removed);
-/// with a config and no `root_dir`, none (the config's tiers have their own directories).
+/// with a config and no `root_dir`, none (the config's tiers have their own directories), and
+/// none without an fs tier.
 fn root_dir(cfg: &SimConfig) -> std::io::Result<(PathBuf, Option<TempDir>)> {
     Ok(match &cfg.root_dir {
         Some(r) => (r.clone(), None),
-        // the config's tiers have their own directories: nothing of ours to make or remove
-        None if cfg.config_json.is_some() => (PathBuf::new(), None),
+        // the config's tiers have their own directories, or there is no fs tier: nothing of
+        // ours to make or remove
+        None if cfg.config_json.is_some() || cfg.no_fs => (PathBuf::new(), None),
         None => {
             let t = tempfile::Builder::new().prefix("kv-tier-sim-").tempdir()?;
             (t.path().to_path_buf(), Some(t))

@@ -130,6 +130,31 @@ fn with_an_obj_tier_below_fs_every_token_is_in_one_bucket() {
     assert!(tokens(&r, "served/obj") > 0, "{:?}", r.attribution);
 }
 
+/// The obj-only hierarchy (`no_fs`): DRAM, then a bounded obj tier on an S3 server in this
+/// process. The buckets sum, obj serves some tokens and loses others to its bound, the report
+/// has no fs tier and no fs GC, and the offline model's level below DRAM is the obj bound.
+#[test]
+fn with_only_an_obj_tier_every_token_is_in_one_bucket() {
+    let mut cfg = small(13);
+    cfg.turns = 4;
+    cfg.no_fs = true;
+    cfg.s3_embedded = true;
+    let block = cfg.block_bytes() as f64;
+    cfg.obj_cap_gb = Some(150.0 * block / (1u64 << 30) as f64);
+    let r = run(&cfg).unwrap();
+    check_consistent(&r);
+    let names: Vec<&str> = r.tiers.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["obj"]);
+    assert!(r.gc.is_none());
+    assert!(!r.model.unbounded_below, "obj has a cap: {:?}", r.model);
+    assert_eq!(r.model.model_blocks, Some(150), "{:?}", r.model);
+    assert_eq!(r.model.obj_blocks, Some(150), "{:?}", r.model);
+    let text = kv_tier_examples::sim::render(&r);
+    assert!(text.contains("below it obj 150 blocks"), "{text}");
+    assert!(tokens(&r, "served/obj") > 0, "{:?}", r.attribution);
+    assert!(tokens(&r, "lost/evicted/obj") > 0, "{:?}", r.attribution);
+}
+
 /// `restart_after`: the manager is shut down and reopened on the same root midway; the
 /// report has hits before and after, their tokens sum to the run's, the tiers served after
 /// the reopen, and what only DRAM held is named as lost at the restart.

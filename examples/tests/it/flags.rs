@@ -164,11 +164,25 @@ fn conflicting_flags_are_refused() {
         vec!["--compare-admission", "--trace", "/tmp/t.jsonl"],
         vec!["--restart-at", "5", "--restart-after", "5"],
         vec!["--s3-embedded", "--s3-endpoint", "http://127.0.0.1:1"],
+        // no fs tier: none of its flags
+        vec!["--no-fs", "--s3-embedded", "--fs-cap-gb", "1"],
+        vec!["--no-fs", "--s3-embedded", "--root-dir", "/tmp"],
     ] {
         let out = sim(&args, 30);
         assert_eq!(out.code, Some(2), "{args:?}: {}", out.all());
         assert_clean_refusal(&out, &[args[0]]);
     }
+}
+
+/// `--no-fs` with no obj tier would leave nothing below DRAM: refused, naming the flags
+/// that give one.
+#[test]
+fn no_fs_tier_and_no_obj_tier_is_refused() {
+    let mut args = small_args();
+    args.push("--no-fs".into());
+    let out = sim(&args, 30);
+    assert_clean_refusal(&out, &["--no-fs"]);
+    assert!(out.stderr.contains("--s3-embedded"), "{}", out.all());
 }
 
 #[test]

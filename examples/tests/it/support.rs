@@ -71,6 +71,7 @@ pub(crate) fn small(seed: u64) -> SimConfig {
         restart_after: None,
         trace: None,
         s3_embedded: false,
+        no_fs: false,
     }
 }
 
