@@ -110,6 +110,13 @@ pub struct RunFields {
     /// A storage format, when one is used (vLLM hashes it when set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_format: Option<String>,
+    /// The KV cache's memory layout as vLLM names it (`"NHD"` or `"HND"`: which of the
+    /// token and head axes comes first in a block), when the engine states it: hashed when
+    /// set, as vLLM does, so blocks of two layouts never share a directory; absent from
+    /// `config.json` and the digest otherwise (a cache written before the field keeps its
+    /// directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_layout: Option<String>,
 }
 
 impl RunFields {
@@ -134,6 +141,7 @@ impl RunFields {
             replicated_layout: false,
             canonical_format: None,
             storage_format: None,
+            kv_cache_layout: None,
         }
     }
 
@@ -259,6 +267,9 @@ impl RunFields {
         if let Some(f) = &self.storage_format {
             m.insert("storage_format".into(), f.clone().into());
         }
+        if let Some(l) = &self.kv_cache_layout {
+            m.insert("kv_cache_layout".into(), l.clone().into());
+        }
         Value::Object(m)
     }
 
@@ -273,6 +284,12 @@ impl RunFields {
         }
         if self.dtype.is_empty() {
             return Err(Error::config(at("dtype"), "must not be empty"));
+        }
+        if self.kv_cache_layout.as_deref() == Some("") {
+            return Err(Error::config(
+                at("kv_cache_layout"),
+                "must not be empty when given (vLLM's layouts are \"NHD\" and \"HND\"); leave it out when the engine does not state one",
+            ));
         }
         if self.replicated_layout && !self.parallel_agnostic {
             return Err(Error::config(

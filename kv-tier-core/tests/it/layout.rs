@@ -82,6 +82,27 @@ fn a_replicated_layout_is_agnostic_so_tp2_and_tp4_writers_share_one_directory() 
     assert_eq!(rank_dirs, ["deepseek-ai_DeepSeek-V2-Lite_b641998705fd_r0"]);
 }
 
+/// vLLM's `kv_cache_layout` (PR #55907): hashed and written to `config.json` when set, so
+/// the two layouts' blocks never share a directory; absent otherwise (the directory of a
+/// cache written without it stays the same); an empty one is refused, naming the field.
+#[test]
+fn kv_cache_layout_is_hashed_only_when_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout =
+        |extra: &str| namespace_of(&layout_config(dir.path(), &model_layout(extra)).unwrap());
+    let (hnd, nhd) = (
+        layout(r#", "kv_cache_layout": "HND""#),
+        layout(r#", "kv_cache_layout": "NHD""#),
+    );
+    let without = layout("");
+    assert_ne!(hnd.digest(), nhd.digest());
+    assert_ne!(hnd.digest(), without.digest());
+    assert!(hnd.config_json().contains("\"kv_cache_layout\": \"HND\""));
+    assert!(!without.canonical_json().contains("kv_cache_layout"));
+    let err = layout_config(dir.path(), &model_layout(r#", "kv_cache_layout": """#)).unwrap_err();
+    assert!(err.to_string().contains("layout.kv_cache_layout"), "{err}");
+}
+
 #[test]
 fn canonical_format_is_hashed_only_when_set() {
     let dir = tempfile::tempdir().unwrap();
@@ -220,6 +241,10 @@ fn digests_match_python() {
         (
             json!({"storage_format": "fp8", "blocks_per_file": 4}),
             base(json!({"storage_format": "fp8", "blocks_per_file": 4})),
+        ),
+        (
+            json!({"kv_cache_layout": "HND"}),
+            base(json!({"kv_cache_layout": "HND"})),
         ),
     ];
     for (given, want) in cases {
