@@ -64,7 +64,8 @@ pub struct FsTierConfig {
     /// Default 600, range 0 to 31,536,000 (0 reaps every temp file at open: only when no other
     /// process writes to the root). A live writer's temp file exists for milliseconds.
     /// Rescans (bounded mode) reap with the same age, but never younger than 60 s: they run
-    /// while the tier's own stores are in flight.
+    /// while the tier's own stores are in flight. (Checksum sidecars whose block file is gone
+    /// are reaped by the open's walk and by rescans whatever their age.)
     pub tmp_reap_age_s: u64,
     /// Capacity bound in GiB (2^30 bytes) of what the tier holds on disk: the allocated bytes
     /// (`st_blocks`) of its block files and checksum sidecars and of the directories they keep

@@ -268,11 +268,16 @@ pub(crate) fn spawn_top_dirs(files: Arc<Shared>) -> Option<std::thread::JoinHand
     }
 }
 
-/// Deletes `*.tmp` files older than `age` below `dirs`, and checksum sidecars as old whose
-/// block file is gone (the walk of an unbounded tier's open; bounded tiers walk with
-/// [`crate::gc::walk`]). Returns (temp files, sidecars) deleted.
+/// Deletes `*.tmp` files older than `age` below `dirs`, and checksum sidecars whose block
+/// file is gone whatever their age, if they were last changed before this walk began (a
+/// store writes its sidecar after publishing the block, so no block of theirs is on its way;
+/// the rule of [`crate::gc::walk`], with which bounded tiers walk; this is the walk of an
+/// unbounded tier's open). Returns (temp files, sidecars) deleted.
 pub(crate) fn reap_tmp(dirs: &[PathBuf], age: Duration) -> (u64, u64) {
     let now = SystemTime::now();
+    let orphan_reapable = |p: &Path| {
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file() && file::changed_at(&m) < now)
+    };
     let (mut tmps, mut sidecars) = (0, 0);
     let mut stack: Vec<PathBuf> = dirs.to_vec();
     let old = |e: &std::fs::DirEntry| {
@@ -301,7 +306,7 @@ pub(crate) fn reap_tmp(dirs: &[PathBuf], age: Duration) -> (u64, u64) {
             } else if let Some(bin) = name.strip_suffix(file::CRC_SIDECAR_SUFFIX)
                 && bin.ends_with(".bin")
                 && std::fs::symlink_metadata(d.join(bin)).is_err()
-                && old(&e)
+                && orphan_reapable(&p)
                 && std::fs::remove_file(&p).is_ok()
             {
                 sidecars += 1;

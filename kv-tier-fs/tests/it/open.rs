@@ -131,6 +131,40 @@ async fn probe_temp_files_and_orphan_sidecars_are_reaped_by_walks() {
     assert_eq!(find_files(&m.dir, CRC_SIDECAR_SUFFIX).len(), 1);
 }
 
+/// An unbounded tier's open reaps sidecars whose block is gone whatever their age, as a
+/// bounded tier's walk does (it waited for `tmp_reap_age_s`, and an unbounded tier never
+/// rescans: a sidecar left by another reaper's deletion stayed until a reopen 10 minutes
+/// later); a live block's sidecar and a young temp file stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbounded_open_reaps_orphan_sidecars_whatever_their_age() {
+    let m = Mount::new("ramfs", ""); // sidecars
+    let mut c = cfg(&m.dir);
+    c.checksum = Checksum::Crc32c;
+    c.gc_max_size_gb = None;
+    c.tmp_reap_age_s = 100;
+    let tier = FsTier::open("fs", c.clone(), ns(), BS).unwrap();
+    let ks: Vec<_> = (0..2).map(test_key).collect();
+    assert!(fs_store(&tier, &ks, 0).await.is_success());
+    drop(tier);
+    let young = rank_dir(&m.dir).join(".kv-tier-probe-fedcba9876543210.tmp");
+    std::fs::write(&young, b"").unwrap();
+    let paths: Vec<_> = ks.iter().map(|k| ns().block_path(&m.dir, k)).collect();
+    // another reaper deleted a block just now and left its (young) sidecar behind
+    std::fs::remove_file(&paths[0]).unwrap();
+    let side = |p: &Path| {
+        let mut s = p.as_os_str().to_os_string();
+        s.push(CRC_SIDECAR_SUFFIX);
+        std::path::PathBuf::from(s)
+    };
+    assert!(side(&paths[0]).exists());
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    assert!(!side(&paths[0]).exists(), "a young orphan sidecar survived");
+    assert!(side(&paths[1]).exists(), "a live block's sidecar went");
+    assert!(young.exists(), "a young temp file was reaped");
+    assert_eq!(tier.stats().sidecars_reaped, 1);
+    assert!(load(&tier, &ks[1..]).await.0.is_success());
+}
+
 /// A bounded tier's opening walk reaps old temp files at every level of the tree (the rank
 /// directory, a top directory, a leaf directory) and counts them; a file that is not a block
 /// is left alone.
@@ -173,29 +207,6 @@ async fn the_opening_walk_reaps_old_temp_files_at_every_level_and_counts_them() 
     assert!(foreign.exists(), "a file that is not a block went");
     assert!(notes.exists(), "an old file that is not a temp file went");
     assert!(load(&tier, &[k]).await.0.is_success());
-}
-
-/// An unbounded tier's open reaps old sidecars whose block is gone, as a bounded one's does.
-#[test]
-fn an_unbounded_open_reaps_orphan_sidecars() {
-    let m = Mount::new("ramfs", "");
-    let k = test_key(1);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let tier = open_checksummed(&m.dir);
-    assert!(rt.block_on(fs_store(&tier, &[k], 0)).is_success());
-    drop(tier);
-    let p = ns().block_path(&m.dir, &k);
-    std::fs::remove_file(&p).unwrap();
-    let mut side = p.into_os_string();
-    side.push(CRC_SIDECAR_SUFFIX);
-    let side = std::path::PathBuf::from(side);
-    set_mtime(&side, 99_999);
-    let tier = open_checksummed(&m.dir);
-    assert!(
-        !side.exists(),
-        "an orphan sidecar survived an unbounded open"
-    );
-    assert_eq!(tier.stats().sidecars_reaped, 1);
 }
 
 /// A file with an mtime far in the future (or past) is adopted without overflow; a block
