@@ -182,8 +182,8 @@ impl ObjTier {
             reads_active: AtomicUsize::new(0),
             writes_active: AtomicUsize::new(0),
             budget_changed: tokio::sync::Notify::new(),
-            log_deadlines: kv_tier_core::stats::Throttle::new(LOG_INTERVAL),
-            log_probe_errors: kv_tier_core::stats::Throttle::new(LOG_INTERVAL),
+            log_deadlines: kv_tier_core::stats::Throttle::new(kv_tier_core::stats::LOG_INTERVAL),
+            log_probe_errors: kv_tier_core::stats::Throttle::new(kv_tier_core::stats::LOG_INTERVAL),
             exists: moka::sync::Cache::builder()
                 .max_capacity(1 << 20)
                 .time_to_live(exists_ttl(&cfg))
@@ -488,10 +488,6 @@ impl SecondaryTier for ObjTier {
         Ok(())
     }
 }
-
-/// At most one log line per this interval for each kind of repeated lookup trouble (each
-/// line says how many it stands for; the stats count every one).
-const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// How long a positive existence answer is cached: `exists_ttl_s`, and on a shared bucket
 /// at most a quarter lease (another instance's leader deletes objects this one cannot

@@ -343,6 +343,8 @@ impl TieringManagerBuilder {
             runtime: handle,
             _owned_runtime: owned,
             metrics: crate::metrics::MetricsPublisher::new(),
+            log_abandoned: crate::stats::Throttle::new(crate::stats::LOG_INTERVAL),
+            log_failed: crate::stats::Throttle::new(crate::stats::LOG_INTERVAL),
         })
     }
 }

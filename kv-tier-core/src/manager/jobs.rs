@@ -328,8 +328,10 @@ impl TieringManager {
                 Some(Error::Panicked { .. }) => st.stats.tiers[info.tier].jobs_panicked += 1,
                 _ => {}
             }
-            if let Some(e) = &abandoned {
-                tracing::warn!(tier = %self.names[info.tier], kind = ?info.kind, blocks = info.keys.len(), error = %e, "job abandoned");
+            if let Some(e) = &abandoned
+                && let Some(jobs) = self.log_abandoned.note()
+            {
+                tracing::warn!(tier = %self.names[info.tier], jobs, kind = ?info.kind, blocks = info.keys.len(), error = %e, "job abandoned (jobs abandoned since the last such line; counted in the tier's jobs_timed_out, jobs_panicked and failures)");
             }
             let errors: FxHashMap<BlockKey, &Error> =
                 result.failed.iter().map(|(k, e)| (*k, e)).collect();
@@ -353,8 +355,10 @@ impl TieringManager {
             } else {
                 info.bytes / info.keys.len() as u64
             };
-            for (k, e) in result.failed.iter().take(3) {
-                tracing::warn!(tier = %self.names[info.tier], key = %k, error = %e, kind = ?info.kind, "block transfer failed");
+            if let Some((k, e)) = result.failed.first()
+                && let Some(jobs) = self.log_failed.note()
+            {
+                tracing::warn!(tier = %self.names[info.tier], jobs, blocks = result.failed.len(), key = %k, error = %e, kind = ?info.kind, "block transfer failed (jobs with failed blocks since the last such line; the first failed block of this one; every block counted in the tier's store or load failures)");
             }
             match info.kind {
                 JobKind::Store => {

@@ -124,6 +124,11 @@ pub struct TieringManager {
     _owned_runtime: OwnedRuntime,
     /// What [`TieringManager::publish_metrics`] published of each counter.
     metrics: crate::metrics::MetricsPublisher,
+    /// The WARNs of abandoned jobs and of jobs with failed blocks: once per
+    /// [`crate::stats::LOG_INTERVAL`] each, with the count (every one is counted in the
+    /// tiers' stats).
+    log_abandoned: crate::stats::Throttle,
+    log_failed: crate::stats::Throttle,
 }
 
 impl fmt::Debug for TieringManager {

@@ -175,6 +175,10 @@ pub struct ProbeCache {
     stats: ProbeCacheStats,
     /// The tier's name (the metrics' label).
     name: String,
+    /// The WARN of probes past their deadline, and that of failed ones: once per
+    /// [`crate::stats::LOG_INTERVAL`] each, with the count (every one is counted in `stats`).
+    log_timeouts: crate::stats::Throttle,
+    log_failures: crate::stats::Throttle,
 }
 
 impl Drop for ProbeCache {
@@ -229,6 +233,8 @@ impl ProbeCache {
             reaper: None,
             applied_at: Instant::now(),
             stats: ProbeCacheStats::default(),
+            log_timeouts: crate::stats::Throttle::new(crate::stats::LOG_INTERVAL),
+            log_failures: crate::stats::Throttle::new(crate::stats::LOG_INTERVAL),
         }
     }
 
@@ -604,24 +610,33 @@ impl ProbeCache {
             }
             Outcome::Answered(a) => {
                 self.stats.probe_errors += 1;
-                tracing::warn!(tier = %name(), expected = n, got = a.len(), "existence probe returned the wrong number of answers; counting all as absent");
+                if let Some(probes) = self.log_failures.note() {
+                    tracing::warn!(tier = %name(), probes, expected = n, got = a.len(), "existence probe returned the wrong number of answers (failed probes since the last such line: probes, counted in probe_errors); counting all as absent");
+                }
             }
             Outcome::Failed(err) => {
                 self.stats.probe_errors += 1;
-                tracing::warn!(tier = %name(), keys = n, error = %err, "existence probe failed; counting its keys as absent");
+                if let Some(probes) = self.log_failures.note() {
+                    tracing::warn!(tier = %name(), probes, keys = n, error = %err, "existence probe failed (failed probes since the last such line: probes, counted in probe_errors); counting its keys as absent");
+                }
             }
             Outcome::Panicked => {
+                // a bug in the tier: said every time
                 self.stats.probe_panics += 1;
                 tracing::error!(tier = %name(), keys = n, "existence probe panicked; counting its keys as absent");
             }
             Outcome::TimedOut => {
                 self.stats.probe_timeouts += 1;
-                tracing::warn!(tier = %name(), keys = n, deadline = ?self.probe_timeout, "existence probe passed its deadline; counting its keys as absent");
+                if let Some(probes) = self.log_timeouts.note() {
+                    tracing::warn!(tier = %name(), probes, keys = n, deadline = ?self.probe_timeout, "existence probe passed its deadline (probes since the last such line, counted in probe_timeouts); counting its keys as absent");
+                }
                 return (vec![false; n], Absence::TimedOut);
             }
             Outcome::Dropped => {
                 self.stats.probe_errors += 1;
-                tracing::warn!(tier = %name(), keys = n, "existence probe was dropped (runtime shut down); counting its keys as absent");
+                if let Some(probes) = self.log_failures.note() {
+                    tracing::warn!(tier = %name(), probes, keys = n, "existence probe was dropped (runtime shut down) (failed probes since the last such line: probes, counted in probe_errors); counting its keys as absent");
+                }
             }
         }
         (vec![false; n], Absence::ProbeFailed)

@@ -5,7 +5,7 @@ use std::time::Duration;
 mod snapshot;
 mod throttle;
 pub use snapshot::{Figure, FigureKind, Figures, TierSnapshot, figure_name};
-pub use throttle::Throttle;
+pub use throttle::{LOG_INTERVAL, Throttle};
 
 /// A latency histogram with about 9% resolution (16 log-linear buckets per power of two),
 /// from 1 µs to about nine years. Fixed size, no allocation per sample. A quantile is the

@@ -2,7 +2,14 @@
 //! counter beside it tell the same story without a line per event.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the wall clock, or a test's paused one
+use tokio::time::Instant;
+
+/// How often a repeated WARN is said at most (with the count since the last one), in the
+/// manager and the tiers.
+pub const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Lets one in every `interval` of a repeated event through, with the count since the last
 /// one it let through (itself included). The first event always passes.

@@ -155,6 +155,81 @@ async fn a_panicking_probe_answers_absent_and_nothing_hangs() {
     bounded("shutdown", fx.m.shutdown()).await.unwrap();
 }
 
+/// Probes past their deadline again and again, and failing ones: each is counted
+/// (`probe_timeouts`, `probe_errors`), and the log says so once per interval
+/// (`stats::LOG_INTERVAL`) with how many its line stands for, not a line per probe.
+#[tokio::test(start_paused = true)]
+async fn repeated_probe_troubles_are_counted_each_and_logged_once_per_interval() {
+    let (warnings, _log) = kv_tier_testkit::fixtures::logs::Warnings::capture();
+    let inner = mem("fs");
+    let t = Arc::new(FaultyTier::new(inner.clone()));
+    let fx = manager(8, vec![t.clone()]).await;
+    let req = RequestContext::new(1);
+    let never = t.hold_lookups();
+    // five probes past their 1 s deadline, within 10 s
+    for i in 0..5 {
+        assert_eq!(step(&fx.m, &[test_key(i)], &req), vec![LookupResult::Retry]);
+        fx.m.wait_idle().await;
+    }
+    assert_eq!(fx.m.stats().tiers[0].probes.probe_timeouts, 5);
+    let said = |what: &str| -> Vec<String> {
+        warnings
+            .lines()
+            .into_iter()
+            .filter(|l| l.contains(what))
+            .collect()
+    };
+    let late = said("passed its deadline");
+    assert_eq!(late.len(), 1, "{:?}", warnings.lines());
+    assert!(late[0].contains("probes=1 "), "{late:?}");
+    // past the interval: one more line, standing for the four unsaid and itself
+    tokio::time::advance(kv_tier_core::stats::LOG_INTERVAL).await;
+    assert_eq!(step(&fx.m, &[test_key(5)], &req), vec![LookupResult::Retry]);
+    fx.m.wait_idle().await;
+    let late = said("passed its deadline");
+    assert_eq!(late.len(), 2, "{late:?}");
+    assert!(late[1].contains("probes=5 "), "{late:?}");
+    never.open();
+    // failing probes: the same, on their own line
+    t.fail_lookups(true);
+    for i in 10..14 {
+        assert_eq!(step(&fx.m, &[test_key(i)], &req), vec![LookupResult::Retry]);
+        fx.m.wait_idle().await;
+    }
+    assert_eq!(fx.m.stats().tiers[0].probes.probe_errors, 4);
+    let failed = said("existence probe failed");
+    assert_eq!(failed.len(), 1, "{:?}", warnings.lines());
+    assert!(failed[0].contains("probes=1 "), "{failed:?}");
+    bounded("shutdown", fx.m.shutdown()).await.unwrap();
+}
+
+/// Store jobs whose blocks fail, one after another: every block is counted
+/// (`store_failures`), and "block transfer failed" is said once per interval, with the
+/// jobs it stands for.
+#[tokio::test(start_paused = true)]
+async fn failed_transfers_are_counted_each_and_logged_once_per_interval() {
+    let (warnings, _log) = kv_tier_testkit::fixtures::logs::Warnings::capture();
+    let t = Arc::new(FaultyTier::new(mem("fs")));
+    let fx = manager(8, vec![t.clone()]).await;
+    let keys: Vec<_> = (0..4).map(test_key).collect();
+    t.fail_store(&keys);
+    for (i, k) in keys.iter().enumerate() {
+        engine_store(&fx.m, RequestId(i as u64), std::slice::from_ref(k));
+        fx.m.on_schedule_end();
+        fx.m.wait_idle().await;
+    }
+    let s = fx.m.stats();
+    assert_eq!((s.tiers[0].store_jobs, s.tiers[0].store_failures), (4, 4));
+    let failed: Vec<String> = warnings
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("block transfer failed"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{:?}", warnings.lines());
+    assert!(failed[0].contains("jobs=1 "), "{failed:?}");
+    bounded("shutdown", fx.m.shutdown()).await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_probe_that_never_answers_is_given_up_at_its_deadline() {
     let inner = mem("fs");

@@ -191,28 +191,7 @@ async fn a_lookup_answers_within_its_deadline_when_the_store_never_answers() {
 /// lookup.
 #[tokio::test(start_paused = true)]
 async fn lookups_past_their_deadline_are_counted_each_and_logged_once_per_interval() {
-    use tracing_subscriber::layer::SubscriberExt;
-    #[derive(Clone, Default)]
-    struct Warnings(Arc<std::sync::Mutex<Vec<String>>>);
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
-        fn on_event(&self, e: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-            if *e.metadata().level() == tracing::Level::WARN {
-                struct Fields(String);
-                impl tracing::field::Visit for Fields {
-                    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                        self.0 += &format!("{}={v:?} ", f.name());
-                    }
-                }
-                let mut f = Fields(String::new());
-                e.record(&mut f);
-                self.0.lock().unwrap().push(f.0);
-            }
-        }
-    }
-    let warnings = Warnings::default();
-    let _log = tracing::subscriber::set_default(
-        tracing_subscriber::Registry::default().with(warnings.clone()),
-    );
+    let (warnings, _log) = kv_tier_testkit::fixtures::logs::Warnings::capture();
     let s = Arc::new(ControlledStore::new());
     let mut c = one_second();
     c.lookup_timeout_s = 1.0;
@@ -225,7 +204,7 @@ async fn lookups_past_their_deadline_are_counted_each_and_logged_once_per_interv
         assert_eq!(tier.lookup(&keys).await.unwrap(), vec![false; 4]);
     }
     assert_eq!(tier.stats().lookup_timeouts, 5);
-    let lines = warnings.0.lock().unwrap().clone();
+    let lines = warnings.lines();
     let deadline: Vec<_> = lines.iter().filter(|l| l.contains("deadline")).collect();
     assert_eq!(deadline.len(), 1, "{lines:?}");
     assert!(deadline[0].contains("lookups=1 "), "{lines:?}");
