@@ -95,13 +95,24 @@ fn warnings(eff: &Value) -> Vec<String> {
     out
 }
 
-/// The effective config of the JSON text, secrets masked, with the tiers' options filled by
-/// default; or the error.
+/// The effective config of the JSON text, secrets masked, with what the file left out
+/// filled by default; or the error. The defaults listed: the top-level keys the file does not
+/// have, then the tiers' (as the tiers say).
 fn effective(text: &str) -> Result<(Value, Vec<String>), String> {
     let cfg = kv_tier::KvTierConfig::from_json_str(text).map_err(|e| e.to_string())?;
-    let (mut eff, defaults) = kv_tier::effective_config_and_defaults(&cfg, &kv_tier::registry())
-        .map_err(|e| e.to_string())?;
+    let (mut eff, tier_defaults) =
+        kv_tier::effective_config_and_defaults(&cfg, &kv_tier::registry())
+            .map_err(|e| e.to_string())?;
     kv_tier::redact_secrets(&mut eff);
+    let raw: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut defaults: Vec<String> = eff
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.keys())
+        .filter(|k| !matches!(k.as_str(), "secondary_tiers" | "layout") && raw.get(k).is_none())
+        .cloned()
+        .collect();
+    defaults.extend(tier_defaults);
     Ok((eff, defaults))
 }
 

@@ -70,6 +70,71 @@ impl BuildContext {
     }
 }
 
+/// A registered tier's options as the tier will use them: serialised, with the defaults it
+/// fills in for what a config leaves out (what `kv-tier config check` prints).
+///
+/// ```
+/// use kv_tier_core::registry::EffectiveOptions;
+/// #[derive(serde::Serialize)]
+/// struct Mine {
+///     depth: Option<u32>,
+/// }
+/// impl EffectiveOptions for Mine {
+///     fn effective_options(&self) -> (serde_json::Value, Vec<&'static str>) {
+///         let mut v = serde_json::to_value(self).expect("serialises");
+///         if self.depth.is_none() {
+///             v["depth"] = 4.into(); // the default the tier uses
+///             return (v, vec!["depth"]);
+///         }
+///         (v, Vec::new())
+///     }
+/// }
+/// let (v, filled) = Mine { depth: None }.effective_options();
+/// assert_eq!((v["depth"].as_u64(), filled), (Some(4), vec!["depth"]));
+/// ```
+pub trait EffectiveOptions: serde::Serialize {
+    /// Other names a tier entry may give an option by (`(alias, key)`: vLLM's spelling of
+    /// it), so that an option given by its alias is not taken for a default.
+    const ALIASES: &'static [(&'static str, &'static str)] = &[];
+
+    /// The options, defaults filled in, and the keys it filled. By default: as serialised,
+    /// none filled (a config type whose every field is its effective value).
+    fn effective_options(&self) -> (serde_json::Value, Vec<&'static str>) {
+        (
+            serde_json::to_value(self).unwrap_or(serde_json::Value::Null),
+            Vec::new(),
+        )
+    }
+}
+
+/// The options of `cfg` as its tier uses them, and which of them take their defaults: those
+/// it filled in, and every other one (not null) the entry `given` does not set, at its top
+/// level, in a nested object (vLLM's `store_config`) or by an alias.
+fn effective_of<C: EffectiveOptions>(
+    cfg: &C,
+    given: &serde_json::Map<String, serde_json::Value>,
+) -> (serde_json::Value, Vec<String>) {
+    let (v, filled) = cfg.effective_options();
+    let set = |key: &str| {
+        let here = |k: &str| {
+            given.contains_key(k)
+                || given
+                    .values()
+                    .any(|n| n.as_object().is_some_and(|n| n.contains_key(k)))
+        };
+        here(key) || C::ALIASES.iter().any(|(a, k)| *k == key && here(a))
+    };
+    let mut defaults: Vec<String> = filled.iter().map(|k| k.to_string()).collect();
+    if let Some(m) = v.as_object() {
+        for (k, x) in m {
+            if !x.is_null() && !set(k) && !filled.contains(&k.as_str()) {
+                defaults.push(k.clone());
+            }
+        }
+    }
+    (v, defaults)
+}
+
 /// Builds a tier from its spec. Implemented for plain closures
 /// `Fn(&TierSpec, &BuildContext) -> Result<Arc<dyn SecondaryTier>>`.
 #[async_trait]
@@ -78,9 +143,10 @@ pub trait TierBuilder: Send + Sync + 'static {
     async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>>;
 
     /// Checks the tier's options without building it, and returns them as the tier will use
-    /// them (defaults filled in). The default returns the options as written, unchecked.
-    fn effective_options(&self, spec: &TierSpec) -> Result<serde_json::Value> {
-        Ok(serde_json::Value::Object(spec.options.clone()))
+    /// them (defaults filled in), with the keys it filled. The default returns the options as
+    /// written, unchecked, none filled.
+    fn effective_options(&self, spec: &TierSpec) -> Result<(serde_json::Value, Vec<String>)> {
+        Ok((serde_json::Value::Object(spec.options.clone()), Vec::new()))
     }
 }
 
@@ -123,12 +189,11 @@ struct Typed<C, T> {
 #[async_trait]
 impl<C, T> TierBuilder for Typed<C, T>
 where
-    C: serde::Serialize + Send + 'static,
+    C: EffectiveOptions + Send + 'static,
     T: SecondaryTier + 'static,
 {
-    fn effective_options(&self, spec: &TierSpec) -> Result<serde_json::Value> {
-        let cfg = (self.parse)(spec)?;
-        serde_json::to_value(&cfg).map_err(|e| Error::config("options", e.to_string()))
+    fn effective_options(&self, spec: &TierSpec) -> Result<(serde_json::Value, Vec<String>)> {
+        Ok(effective_of(&(self.parse)(spec)?, &spec.options))
     }
 
     async fn build(&self, spec: &TierSpec, ctx: &BuildContext) -> Result<Arc<dyn SecondaryTier>> {
@@ -201,8 +266,9 @@ impl TierRegistry {
     }
 
     /// Registers `type_name` for a persistent tier (one that needs the namespace): its
-    /// options are parsed and validated by `parse` (errors name their field; the options
-    /// serialise, for [`TierRegistry::effective_options`]), then `open` makes it. A tier crate registers itself in one call (the fs tier:
+    /// options are parsed and validated by `parse` (errors name their field; the options say
+    /// what they fill in by default, [`EffectiveOptions`], for
+    /// [`TierRegistry::effective_options`]), then `open` makes it. A tier crate registers itself in one call (the fs tier:
     /// `registry.register_tier("fs", FsTierConfig::from_spec, Opener::Blocking(..))`):
     ///
     /// ```
@@ -211,6 +277,7 @@ impl TierRegistry {
     ///
     /// #[derive(serde::Serialize)]
     /// struct MyOptions;
+    /// impl kv_tier_core::registry::EffectiveOptions for MyOptions {}
     /// fn register<T: SecondaryTier>(
     ///     reg: &mut TierRegistry,
     ///     parse: fn(&TierSpec) -> Result<MyOptions>,
@@ -227,17 +294,21 @@ impl TierRegistry {
         open: Opener<C, T>,
     ) -> Result<&mut Self>
     where
-        C: serde::Serialize + Send + 'static,
+        C: EffectiveOptions + Send + 'static,
         T: SecondaryTier + 'static,
     {
         self.register(type_name, Typed { parse, open })
     }
 
     /// Checks the options of `spec` (the `index`-th entry of `secondary_tiers`) without
-    /// building the tier, and returns them as the tier will use them, defaults filled in (see
-    /// [`TierBuilder::effective_options`]); errors name the field under
-    /// `secondary_tiers[index]`.
-    pub fn effective_options(&self, index: usize, spec: &TierSpec) -> Result<serde_json::Value> {
+    /// building the tier, and returns them as the tier will use them, defaults filled in,
+    /// with the keys filled (see [`TierBuilder::effective_options`]); errors name the field
+    /// under `secondary_tiers[index]`.
+    pub fn effective_options(
+        &self,
+        index: usize,
+        spec: &TierSpec,
+    ) -> Result<(serde_json::Value, Vec<String>)> {
         let prefix = format!("secondary_tiers[{index}]");
         self.builder(&prefix, spec)?
             .effective_options(spec)

@@ -92,6 +92,24 @@ pub struct TierOptions {
     pub chain_eviction: Option<bool>,
 }
 
+impl TierOptions {
+    /// Each key of a tier entry's tiering options, with whether the entry gave it (the others
+    /// take their defaults).
+    pub fn given(&self) -> [(&'static str, bool); 8] {
+        let g = [
+            self.probe_budget_s.is_some(),
+            self.write_back_limit_mb.is_some(),
+            self.write_back_policy.is_some(),
+            self.enable_kv_events.is_some(),
+            self.locality.is_some(),
+            self.admit_after_lookups.is_some(),
+            self.write_budget_mb_per_s.is_some(),
+            self.chain_eviction.is_some(),
+        ];
+        std::array::from_fn(|i| (KEYS[i], g[i]))
+    }
+}
+
 /// The keys of [`TierOptions`] in a tier entry.
 pub(crate) const KEYS: [&str; 8] = [
     "probe_budget_s",

@@ -178,6 +178,15 @@ pub(crate) mod defaults {
     pub(crate) const SHARED_LEASE_S: f64 = 2.0;
 }
 
+impl kv_tier_core::registry::EffectiveOptions for FsTierConfig {
+    const ALIASES: &'static [(&'static str, &'static str)] =
+        &[("max_storage_size_gb", "gc_max_size_gb")];
+
+    fn effective_options(&self) -> (serde_json::Value, Vec<&'static str>) {
+        self.effective()
+    }
+}
+
 impl FsTierConfig {
     /// The options as the tier uses them, as JSON (the keys of the config), with the keys
     /// whose value is a default because the config left them out. An option that does not

@@ -213,6 +213,21 @@ impl Default for ObjTierConfig {
     }
 }
 
+/// The shared bucket's lease period when `shared_lease_s` is not given.
+const SHARED_LEASE_S: f64 = 10.0;
+
+impl kv_tier_core::registry::EffectiveOptions for ObjTierConfig {
+    /// As serialised, with the lease period a shared bucket uses when none is given.
+    fn effective_options(&self) -> (serde_json::Value, Vec<&'static str>) {
+        let mut v = serde_json::to_value(self).expect("a config serializes");
+        if self.shared && self.shared_lease_s.is_none() {
+            v["shared_lease_s"] = SHARED_LEASE_S.into();
+            return (v, vec!["shared_lease_s"]);
+        }
+        (v, Vec::new())
+    }
+}
+
 impl ObjTierConfig {
     /// A config for `bucket` with defaults.
     pub fn new(bucket: impl Into<String>) -> Self {
@@ -425,7 +440,7 @@ impl ObjTierConfig {
 
     /// The shared bucket's lease period (`shared_lease_s`, default 10 s).
     pub fn shared_lease(&self) -> Duration {
-        Duration::from_secs_f64(self.shared_lease_s.unwrap_or(10.0))
+        Duration::from_secs_f64(self.shared_lease_s.unwrap_or(SHARED_LEASE_S))
     }
 
     /// How long one request may take, retries and backoff included: `request_timeout_s x

@@ -491,23 +491,15 @@ pub fn effective_config_and_defaults(
         if let Some(m) = &spec.module_path {
             entry.insert("module_path".into(), Value::from(m.clone()));
         }
-        match registry.effective_options(i, spec)? {
+        // the tier's own options, with the defaults it fills in
+        let (options, filled) = registry.effective_options(i, spec)?;
+        match options {
             Value::Object(options) => entry.extend(options),
             other => {
                 entry.insert("options".into(), other);
             }
         }
-        // the built-in fs tier knows the defaults of the options it lets a config leave out
-        #[cfg(feature = "fs")]
-        if spec.kind == "fs"
-            && let Ok(c) = kv_tier_fs::FsTierConfig::from_spec(spec)
-        {
-            let (filled, keys) = c.effective();
-            if let Value::Object(options) = filled {
-                entry.extend(options);
-            }
-            defaults.extend(keys.iter().map(|k| format!("secondary_tiers[{i}].{k}")));
-        }
+        defaults.extend(filled.iter().map(|k| format!("secondary_tiers[{i}].{k}")));
         // the built-in remote tier; a custom tier's locality is known once it is built
         let remote = spec.kind == "obj";
         let s = spec
@@ -542,6 +534,11 @@ pub fn effective_config_and_defaults(
             ),
         );
         entry.insert("chain_eviction".into(), json!(s.chain_eviction));
+        for (key, given) in spec.tiering.given() {
+            if !given {
+                defaults.push(format!("secondary_tiers[{i}].{key}"));
+            }
+        }
         tiers.push(Value::Object(entry));
     }
     let layout = config.layout.as_ref().map(|l| {
@@ -571,6 +568,8 @@ pub fn effective_config_and_defaults(
         "lease_s": config.lease_s,
         "shutdown_timeout_s": config.shutdown_timeout_s,
         "write_back_max_dram_fraction": config.write_back_max_dram_fraction,
+        "prefill_tokens_per_s": config.prefill_tokens_per_s,
+        "promotion_cut_margin": config.promotion_cut_margin,
         "layout": layout,
         "secondary_tiers": tiers,
     });

@@ -336,6 +336,74 @@ fn config_check_fills_the_defaults_warns_and_refuses_what_the_builder_would() {
     assert!(out.stderr.contains("larger than"), "{out:?}");
 }
 
+/// "Every option's effective value, defaults marked": the manager's options and each tier's
+/// are listed as defaults exactly when the file leaves them out (an option given by its
+/// vLLM alias, or inside vLLM's nested `store_config`, is given), the load-or-recompute
+/// options included; a shared obj tier's lease period is filled in; a FIFO is refused
+/// unread.
+#[test]
+fn config_check_marks_every_default_and_nothing_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cache");
+    let cfg = write_config(
+        dir.path(),
+        "kv.json",
+        &format!(
+            r#"{{"cpu_bytes_to_use": 1073741824, "block_size_bytes": 65536, "lease_s": 12,
+            "secondary_tiers": [
+              {{"type": "fs", "root_dir": {root:?}, "max_storage_size_gb": 0.001,
+                "n_read_threads": 4, "probe_budget_s": 0.01}},
+              {{"type": "obj", "store_config": {{"bucket": "b",
+                "endpoint_override": "http://127.0.0.1:9"}}, "shared": true,
+                "max_size_gb": 1, "io_threads": 8}}]}}"#
+        ),
+    );
+    let out = run(&["config", "check", arg(&cfg), "--json"]);
+    assert!(out.success(), "{out:?}");
+    let v = json(&out);
+    let defaults: Vec<&str> = v["defaults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    let e = &v["effective"];
+    assert_eq!(e["promotion_cut_margin"], 2.0, "{e}");
+    assert!(e["prefill_tokens_per_s"].is_null(), "{e}");
+    assert_eq!(e["secondary_tiers"][1]["shared_lease_s"], 10.0, "{e}");
+    for d in [
+        "probe_timeout_s",
+        "promotion_cut_margin",
+        "prefill_tokens_per_s",
+        "secondary_tiers[0].n_write_threads",
+        "secondary_tiers[0].gc_grace_s",
+        "secondary_tiers[0].write_back_policy",
+        "secondary_tiers[1].shared_lease_s",
+        "secondary_tiers[1].request_timeout_s",
+        "secondary_tiers[1].probe_budget_s",
+    ] {
+        assert!(defaults.contains(&d), "{d} not listed: {defaults:?}");
+    }
+    for given in [
+        "cpu_bytes_to_use",
+        "lease_s",
+        "secondary_tiers[0].root_dir",
+        "secondary_tiers[0].gc_max_size_gb",
+        "secondary_tiers[0].n_read_threads",
+        "secondary_tiers[0].probe_budget_s",
+        "secondary_tiers[1].bucket",
+        "secondary_tiers[1].max_size_gb",
+        "secondary_tiers[1].io_threads",
+    ] {
+        assert!(!defaults.contains(&given), "{given} listed: {defaults:?}");
+    }
+    let fifo = dir.path().join("fifo.json");
+    kv_tier_testkit::fixtures::files::mkfifo(&fifo);
+    let out = run_os(&["config", "check", arg(&fifo)], 30);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("not a regular file"), "{out:?}");
+}
+
 /// A misspelled key in a tier entry lists the tier type's keys and the keys every tier takes
 /// (`probe_budget` is near `probe_budget_s`, which the fs type's own list does not hold); a
 /// file that is not JSON says so without naming an empty field.
