@@ -314,8 +314,8 @@ pub struct Report {
     pub restart: Option<RestartReport>,
     /// Event keys dropped (`event_buffer_keys`): the attribution's histories miss them.
     pub events_dropped: u64,
-    /// Block files a bounded fs tier found when it opened (a reused `--root-dir`): they
-    /// have no history in the attribution (a miss of one reads as first use).
+    /// Block files the fs tier found when it opened (a reused `--root-dir`; `None`: no fs
+    /// tier): they have no history in the attribution (a miss of one reads as first use).
     pub blocks_found_at_open: Option<u64>,
     /// The run's request trace (`--trace` writes it).
     #[serde(skip)]

@@ -99,7 +99,7 @@ impl Setup {
         let (root, scratch) = root_dir(&cfg)?;
         let manager = Arc::new(build_manager(&cfg, &root)?);
         let fs = first_fs_tier(&manager);
-        let found_at_open = fs.as_ref().and_then(|t| t.stats().gc).map(|g| g.files);
+        let found_at_open = fs.as_ref().map(|t| blocks_at_open(t));
         let disk = fs.as_ref().and_then(|t| {
             let c = t.config();
             probe_disk(
@@ -396,6 +396,19 @@ fn remove_stale_probes(dir: &Path) {
             .is_some_and(|age| age > std::time::Duration::from_secs(60));
         if name.starts_with(".kv-tier-disk-probe") && name.ends_with(".tmp") && old {
             let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The block files `fs` holds as it opens: a bounded tier's index counts them; an unbounded
+/// one keeps no index, so its rank directory is walked (0 if it cannot be read).
+fn blocks_at_open(fs: &FsTier) -> u64 {
+    match fs.stats().gc {
+        Some(g) => g.files,
+        None => {
+            let rank = fs.config().root_dir.join(fs.namespace().rank_dir_name());
+            kv_tier::fs::offline::scan_rank(&rank, Some(fs.namespace()))
+                .map_or(0, |s| s.blocks.len() as u64)
         }
     }
 }

@@ -155,6 +155,32 @@ fn with_only_an_obj_tier_every_token_is_in_one_bucket() {
     assert!(tokens(&r, "lost/evicted/obj") > 0, "{:?}", r.attribution);
 }
 
+/// A reused `--root-dir` says how many block files were there at open, for a bounded fs
+/// tier (its index counts them) and an unbounded one (its directory is walked): none on the
+/// first run, what the first left on the second.
+#[test]
+fn a_reused_root_reports_the_blocks_found_at_open() {
+    let block = small(5).block_bytes() as f64;
+    for cap in [None, Some(200.0 * block / (1u64 << 30) as f64)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small(5);
+        cfg.root_dir = Some(dir.path().to_path_buf());
+        cfg.fs_cap_gb = cap;
+        let first = run(&cfg).unwrap();
+        assert_eq!(first.blocks_found_at_open, Some(0), "cap {cap:?}");
+        let second = run(&cfg).unwrap();
+        let n = second.blocks_found_at_open.unwrap();
+        assert!(n > 0, "cap {cap:?}: nothing found at the second open");
+        let text = kv_tier_examples::sim::render(&second);
+        assert!(
+            text.contains(&format!(
+                "reused root           {n} block files were there at open"
+            )),
+            "cap {cap:?}: {text}"
+        );
+    }
+}
+
 /// `restart_after`: the manager is shut down and reopened on the same root midway; the
 /// report has hits before and after, their tokens sum to the run's, the tiers served after
 /// the reopen, and what only DRAM held is named as lost at the restart.
