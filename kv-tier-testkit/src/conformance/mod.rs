@@ -276,8 +276,9 @@ impl TierFixture {
 
 /// Calls `$callback!($($args)*; case, case, ...)` with every case of the suite: the one list
 /// [`run_all`] and [`crate::conformance_tests!`] both expand.
-/// Every case's rule, in words: what a tier that fails the case does wrong. A failing case
-/// prints its rule (see [`rule`]) before the assertion that broke.
+/// Every case's rule, in words (the secondary tiers' cases, then the primary tiers'): what a
+/// tier that fails the case does wrong. A failing case prints its rule (see [`rule`]) on
+/// stderr after the message of the assertion that broke.
 const RULES: &[(&str, &str)] = &[
     (
         "lookups_on_empty_tier_miss",
@@ -363,6 +364,30 @@ const RULES: &[(&str, &str)] = &[
         "manager_drives_the_tier_from_its_config",
         "under a manager the tier takes the cascade, is probed and promoted from, serves the same bytes, and holds no state once requests end",
     ),
+    (
+        "primary_round_trip_and_write_states",
+        "a stored block is Hit and reads back whole, a key being written is HitPending, an unknown key Miss, and storing a present key writes nothing",
+    ),
+    (
+        "primary_failed_write_frees_its_slots",
+        "a failed write frees its slots: its keys are a Miss and the room is there again",
+    ),
+    (
+        "primary_refuses_cleanly_when_everything_is_pinned",
+        "with every slot pinned by a live source, a store is refused with CapacityExhausted and changes nothing; once the sources drop it succeeds",
+    ),
+    (
+        "primary_evicts_only_what_nobody_holds",
+        "eviction never takes a pinned block, a block being written or a key of the same batch, and never goes past the capacity",
+    ),
+    (
+        "primary_eviction_follows_touch",
+        "a least-recently-used tier keeps the keys touched after others were stored longer than those others",
+    ),
+    (
+        "primary_events_and_reset",
+        "removal events come before the stores that caused them, and reset drops every block not pinned and says how many stay",
+    ),
 ];
 
 /// The rule conformance case `case` checks, in words (`None` for no such case).
@@ -375,8 +400,8 @@ pub fn rule(case: &str) -> Option<&'static str> {
     RULES.iter().find(|(c, _)| *c == case).map(|(_, r)| *r)
 }
 
-/// Prints the rule of its case if the case panics (held for the case's run by the generated
-/// tests and [`run_all`]).
+/// Prints the rule of its case if the case panics, after the panic's message (held for the
+/// case's run by the generated tests and [`run_all`]).
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct RuleOnFailure(pub &'static str);
@@ -484,14 +509,57 @@ mod rules {
         };
     }
     crate::__conformance_cases!(case_names;);
+    mod primary {
+        crate::__primary_conformance_cases!(case_names;);
+        pub(super) const PRIMARY_CASES: &[&str] = CASES;
+    }
 
-    /// Every case run by `conformance_tests!` has its rule in words, and every rule a case.
+    /// Every case run by `conformance_tests!` and `primary_conformance_tests!` has its rule
+    /// in words, and every rule a case.
     #[test]
     fn every_case_has_its_rule_in_words() {
-        for c in CASES {
+        for c in CASES.iter().chain(primary::PRIMARY_CASES) {
             let r = super::rule(c).unwrap_or_else(|| panic!("case {c} has no rule"));
             assert!(r.len() > 20, "{c}: {r:?}");
         }
-        assert_eq!(super::RULES.len(), CASES.len(), "a rule for no case");
+        assert_eq!(
+            super::RULES.len(),
+            CASES.len() + primary::PRIMARY_CASES.len(),
+            "a rule for no case"
+        );
+    }
+
+    /// A failing case says its rule in words on stderr, after the message of the assertion
+    /// that broke (run in a child of this test binary, where the case fails on purpose).
+    #[test]
+    fn a_failing_case_prints_its_rule() {
+        const CHILD: &str = "KV_TIER_TESTKIT_FAILING_CASE";
+        if std::env::var_os(CHILD).is_some() {
+            let _rule = super::RuleOnFailure("primary_eviction_follows_touch");
+            panic!("the case's assertion broke");
+        }
+        let out = crate::fixtures::process::run_with_deadline(
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "conformance::rules::a_failing_case_prints_its_rule",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, "1"),
+            std::time::Duration::from_secs(60),
+        );
+        assert!(!out.success(), "the failing case passed: {}", out.all());
+        let said = format!(
+            "conformance case `primary_eviction_follows_touch` failed: the rule it checks: {}",
+            super::rule("primary_eviction_follows_touch").unwrap()
+        );
+        let (Some(assertion), Some(rule)) = (
+            out.stderr.find("the case's assertion broke"),
+            out.stderr.find(&said),
+        ) else {
+            panic!("want the assertion, then {said:?}: {}", out.all());
+        };
+        assert!(assertion < rule, "{}", out.all());
     }
 }

@@ -211,6 +211,7 @@ macro_rules! __primary_conformance_test_fns {
             $(
                 #[test]
                 fn $case() {
+                    let _rule = $crate::conformance::RuleOnFailure(stringify!($case));
                     let fixture: $crate::conformance::PrimaryFixture = ($make)();
                     $crate::conformance::$case(&fixture);
                 }
