@@ -40,6 +40,12 @@ fn inspect_reports_namespaces_blocks_bytes_and_strays() {
             && text.contains("temp files 1, orphan sidecars 1, foreign files 1"),
         "{text}"
     );
+    // a config.json without groups reads as vLLM takes it, one group (0), not "0 groups"
+    assert!(
+        text.contains("kv_cache_groups: none listed (one group, 0)")
+            && !text.contains("kv_cache_groups: 0"),
+        "{text}"
+    );
     // not a directory: an error naming it, exit 1
     let out = run(&["inspect", "/nonexistent/kv"]);
     assert_eq!(out.code, Some(1));
