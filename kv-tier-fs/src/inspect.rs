@@ -116,7 +116,11 @@ impl FsTier {
             blocks: sh.counters.blocks.snapshot(),
             direct_io: sh.direct,
             tmpfile_publish: sh.tmpfile,
-            shared: sh.coord.as_ref().map(|c| c.stats()),
+            shared: sh.coord.as_ref().map(|c| {
+                let mut s = c.stats();
+                s.stores_under_way = sh.gc.as_ref().map_or(0, |g| g.announced_stores());
+                s
+            }),
             top_dirs_ready: sh.top_dirs_ready.load(Ordering::Acquire),
             gc: sh.gc.as_ref().map(|gc| {
                 let mut g = GcStats {

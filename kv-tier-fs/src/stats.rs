@@ -175,6 +175,9 @@ kv_tier_core::counters! {
         granted_bytes: u64,
         /// Credit this instance spent so far, in bytes.
         consumed_bytes: u64,
+        /// The leader: stores of every instance under way as it knows them (announced in
+        /// their journals, their jobs not ended; a sweep keeps their keys). 0 elsewhere.
+        stores_under_way: u64,
     }
     counted {
         /// Times this instance took the lease.

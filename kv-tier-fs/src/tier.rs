@@ -435,6 +435,11 @@ impl SecondaryTier for FsTier {
         let keys = job.keys();
         let links = job.links;
         let mut blocks = job.blocks;
+        // The job's keys are protected from here until their writes end (the guard goes to
+        // the tasks, see `run_blocks`): from before a shared root's credit announces them,
+        // so this process's own sweep never deletes the file of a key it is about to store
+        // (the store would find the path empty and publish a file no index counts).
+        let protect = Arc::new(self.shared.protection.protect(&keys));
         let (refused, hold) = match &self.shared.coord {
             Some(c) => {
                 // made before the wait for credit: if this future is dropped during it, the
@@ -452,7 +457,6 @@ impl SecondaryTier for FsTier {
         };
         let mut refused = refused;
         let keys_written: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
-        let protect = Arc::new(self.shared.protection.protect(&keys_written));
         let blocks: Vec<_> = if self.shared.gc.is_some() && !blocks.is_empty() {
             // the room of every block, in the job's order, before any is written
             let (files, guard) = (self.shared.clone(), protect.clone());

@@ -155,9 +155,10 @@ pub(crate) struct Gc {
     /// Shared root (leader): when each key was last read by any instance; a sweep never takes
     /// a key read within two stamp intervals (pruned past that).
     recent_reads: Mutex<rustc_hash::FxHashMap<BlockKey, i64>>,
-    /// Shared root (leader): keys announced for a store whose job has not ended (its file
-    /// may not be there yet: a sweep or rescan that finds it missing keeps it), with how many
-    /// announcements of each are open.
+    /// Shared root (leader): keys announced for a store whose job has not ended, with how
+    /// many announcements of each are open. A sweep keeps them, file or not (a store under
+    /// way may find the path empty and publish), and a rescan that finds one missing keeps
+    /// it.
     announced: Mutex<rustc_hash::FxHashMap<BlockKey, u32>>,
     /// Where the index is checkpointed (`None`: it is not), and what it held when last
     /// written (held while writing: one writer at a time).

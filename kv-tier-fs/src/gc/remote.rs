@@ -80,6 +80,12 @@ impl Gc {
         !a.is_empty() && a.contains_key(key)
     }
 
+    /// Stores under way on a shared root as the leader knows them (announced, not ended).
+    pub(crate) fn announced_stores(&self) -> u64 {
+        let a = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+        a.values().map(|n| *n as u64).sum()
+    }
+
     /// Forgets every announcement (a leader stepping down or taking over: the journals are
     /// the truth).
     pub(crate) fn clear_announced(&self) {

@@ -258,7 +258,10 @@ impl Gc {
                         decision = Some(Decision::Recent);
                         return;
                     }
-                    if is_protected(&key) {
+                    // a store of it in flight: this process's (protected), or on a shared
+                    // root another instance's (announced in its journal, not ended). Such
+                    // a store may find the path empty and publish a file nobody counts.
+                    if is_protected(&key) || self.announced(&key) {
                         decision = Some(Decision::InFlight);
                         return;
                     }
@@ -266,13 +269,6 @@ impl Gc {
                         Ok(fresh) if fresh > e.mtime => {
                             idx.set_mtime(&key, fresh);
                             decision = Some(Decision::Recent);
-                            return;
-                        }
-                        // announced by an instance of a shared root and not written yet
-                        Err(ref err)
-                            if err.kind() == io::ErrorKind::NotFound && self.announced(&key) =>
-                        {
-                            decision = Some(Decision::InFlight);
                             return;
                         }
                         Err(ref err) if err.kind() == io::ErrorKind::NotFound => {

@@ -444,6 +444,62 @@ async fn lease_garbled_after_epochs_climb_stores_get_credit_again() {
     lease_lost_after_epochs_climb(true).await;
 }
 
+/// The leader's sweep keeps the key of a store another instance announced and has not
+/// ended, even with the key's file on disk: a sweep that deleted it let that store find the
+/// path empty and publish a file no index counted (three instances storing the same keys
+/// reached 1.62x the cap). Here `b`'s store of a key `a` holds is stopped between its
+/// announcement and its write, and `a` sweeps for space meanwhile (grace ignored, `k` the
+/// only file): the file stays, `b`'s store is a skip, and the index counts what is on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_announced_by_another_instance_keeps_its_key_from_the_sweep() {
+    let dir = kv_tier_testkit::temp_root();
+    let root = dir.path().join("root");
+    let a = Arc::new(open_tight(&root, "a"));
+    wait_until("a leads", SETTLE_LIMIT, || a.stats().shared.unwrap().leader);
+    let b = Arc::new(open_tight(&root, "b"));
+    let k = tag_key(9, 0);
+    assert!(store_keys(&*a, &[k], 0, SHARED_BS).await.is_success());
+    let (reached_tx, reached) = std::sync::mpsc::channel::<()>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    b.set_fault_injector(Some(Arc::new(move |op, _: &std::path::Path| {
+        if op == kv_tier_fs::FsOp::CreateTmp {
+            let _ = reached_tx.send(());
+            let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(60));
+        }
+        None
+    })));
+    let store = tokio::spawn({
+        let b = b.clone();
+        async move { store_keys(&*b, &[k], 0, SHARED_BS).await }
+    });
+    tokio::task::spawn_blocking(move || reached.recv_timeout(SETTLE_LIMIT))
+        .await
+        .unwrap()
+        .expect("b's store never reached its write");
+    wait_until("the leader read b's announcement", SETTLE_LIMIT, || {
+        a.stats().shared.unwrap().stores_under_way == 1
+    });
+    a.gc_apply_stamps_now().unwrap();
+    a.gc_sweep_for_space_now().unwrap();
+    let path = a.block_path(&k);
+    assert!(
+        path.exists(),
+        "the sweep deleted a key whose store is under way"
+    );
+    assert!(a.stats().gc.unwrap().skipped_in_flight >= 1);
+    go.send(()).unwrap();
+    let r = store.await.unwrap();
+    assert!(r.is_success(), "{:?}", r.failed);
+    let bs = b.stats().blocks;
+    assert_eq!((bs.stores_skipped, bs.blocks_written), (1, 0), "{bs:?}");
+    wait_until("b's store ended at the leader", SETTLE_LIMIT, || {
+        a.stats().shared.unwrap().stores_under_way == 0
+    });
+    let on_disk = kv_tier_testkit::util::find_files(&rank_dir(&root), ".bin").len() as u64;
+    assert_eq!(a.stats().gc.unwrap().files, on_disk);
+}
+
 /// Three instances store the SAME keys at once, repeatedly, with a tiny cap; every block
 /// served verifies, no store hangs, the bound holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
