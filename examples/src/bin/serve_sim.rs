@@ -156,13 +156,13 @@ struct TierArgs {
     chain_eviction: bool,
     /// No fs tier: DRAM, then the obj tier alone (the obj-only hierarchy; needs
     /// --s3-endpoint or --s3-embedded)
-    #[arg(long, conflicts_with_all = ["root_dir", "fs_cap_gb", "fs_admit_after_lookups", "fs_write_budget_mb_per_s", "config_json", "instances"])]
+    #[arg(long, conflicts_with_all = ["root_dir", "fs_cap_gb", "fs_admit_after_lookups", "fs_write_budget_mb_per_s", "config_json", "instances", "compare_admission"])]
     no_fs: bool,
-    /// Also an obj tier below fs, on this S3 endpoint
+    /// Also an obj tier below fs (or alone, with --no-fs), on this S3 endpoint
     #[arg(long, value_name = "URL")]
     s3_endpoint: Option<String>,
-    /// Also an obj tier below fs, on an S3 server started in this process (objects in a
-    /// temp dir; its own bucket and keys)
+    /// Also an obj tier below fs (or alone, with --no-fs), on an S3 server started in this
+    /// process (objects in a temp dir; its own bucket and keys)
     #[arg(long, conflicts_with_all = ["s3_endpoint", "s3_bucket", "s3_access_key", "s3_secret_key"])]
     s3_embedded: bool,
     /// Its bucket
@@ -210,7 +210,8 @@ struct OutputArgs {
     #[arg(long, value_name = "FILE", value_parser = json_out)]
     trace: Option<PathBuf>,
     /// Wait for every transfer at each step and run the fs GC there, on a clock of steps
-    /// (same seed, same counts)
+    /// (same seed, same counts; not for a run cut by --duration, with an fs write budget or
+    /// with an obj tier: the report says so)
     #[arg(long)]
     sync_steps: bool,
     /// No progress line
@@ -410,7 +411,9 @@ impl Cli {
         } else {
             DEFAULT_DRAM_BLOCKS.saturating_mul(block_bytes)
         };
-        let fs_cap_gb = if given("fs_cap_gb") || t.config_json.is_some() {
+        let fs_cap_gb = if t.no_fs {
+            None
+        } else if given("fs_cap_gb") || t.config_json.is_some() {
             (t.fs_cap_gb > 0.0).then_some(t.fs_cap_gb)
         } else {
             Some(DEFAULT_FS_BLOCKS.saturating_mul(block_bytes) as f64 / (1u64 << 30) as f64)
@@ -549,7 +552,7 @@ fn replay_main(args: Vec<String>) -> ExitCode {
     };
     let h = &trace.header;
     println!(
-        "replay of {} ({} records; model: {} blocks, DRAM {}, fs {}, GPU cache {})",
+        "replay of {} ({} records; model: {} blocks, DRAM {}, below it {}, GPU cache {})",
         cli.file.display(),
         trace.records.len(),
         h.model_blocks()

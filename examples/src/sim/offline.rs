@@ -16,7 +16,7 @@
 //! - **Whole requests.** A request reads its prompt's hit prefix, then stores the rest of
 //!   its prompt and its output; evictions happen as it stores. No timing: a block stored is
 //!   there for the next request (no write-back delay, no probe budget, no give-up).
-//! - **Pooled** (`pooled`): Belady's rule on one level of DRAM + fs blocks, as if the two
+//! - **Pooled** (`pooled`): Belady's rule on one level of DRAM + `fs_blocks` blocks, as if the two
 //!   levels were one cache: what any placement of blocks across them could hold at most (the
 //!   real hierarchy keeps many blocks in both, so its content is at most this many blocks). A
 //!   bound on what a better placement, not only a better eviction order, could win.

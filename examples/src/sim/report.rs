@@ -108,7 +108,7 @@ pub struct RestartReport {
 }
 
 /// What the offline model assumes (the report prints it).
-pub(super) const MODEL_ASSUMES: &str = "one level of max(DRAM, the largest bounded tier below it) blocks (stores go to all, a hit in any serves; a tier without a bound keeps everything), the GPU cache in front as the engine's LRU, whole requests with no timing (no write-back delay, probe budget or give-up), a restart empties DRAM only; opt is Belady's rule per block; pooled is Belady's rule on DRAM + fs blocks as one level (any placement across the two)";
+pub(super) const MODEL_ASSUMES: &str = "one level of max(DRAM, the largest bounded tier below it) blocks (stores go to all, a hit in any serves; a tier without a bound keeps everything), the GPU cache in front as the engine's LRU, whole requests with no timing (no write-back delay, probe budget or give-up), a restart empties DRAM only; opt is Belady's rule per block; pooled is Belady's rule on DRAM + the largest bounded tier's blocks as one level (any placement across the two)";
 
 /// Per-tier figures of the report.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -955,8 +955,27 @@ fn render_yardstick(r: &Report) -> String {
             r.events_dropped
         );
     }
-    if !r.inputs.sim.sync_steps {
+    let sim = &r.inputs.sim;
+    if !sim.sync_steps {
         o += "  (to compare runs, use --sync-steps: the same seed gives the same counts while no obj tier answers late)\n";
+    } else {
+        // what --sync-steps cannot make the same from run to run
+        let mut wall = Vec::new();
+        if r.requests < r.requests_planned {
+            wall.push("the run was cut by --duration, a wall-clock point");
+        }
+        if sim.fs_write_budget_mb_per_s.is_some() {
+            wall.push("the fs write budget is a rate on the wall clock");
+        }
+        if sim.s3_endpoint.is_some() || sim.s3_embedded {
+            wall.push("the obj tier's probes answer at their own pace");
+        }
+        if !wall.is_empty() {
+            o += &format!(
+                "  (--sync-steps, but another run of the same seed may differ: {})\n",
+                wall.join("; ")
+            );
+        }
     }
     o
 }

@@ -354,6 +354,9 @@ impl<'a> Engine<'a> {
                 && let Some(tier) = self.manager.promotion_tier(k)
             {
                 a.promoted.insert(*k, tier.to_string());
+                // unused until a request is served it (this one or another: several may
+                // wait for one promotion; a key pending again later is a new promotion)
+                self.tally.promoted_unused.insert(*k);
             }
         }
         let c = count_prefix(verdicts.iter().copied());
@@ -465,8 +468,7 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        // a promoted block counts as used once any request is served it (here or later)
-        t.promoted_unused.extend(a.promoted.keys().copied());
+        // a promoted block counts as used once any request is served it
         for k in &keys[g..g + h] {
             t.promoted_unused.remove(k);
         }

@@ -155,6 +155,74 @@ fn with_only_an_obj_tier_every_token_is_in_one_bucket() {
     assert!(tokens(&r, "lost/evicted/obj") > 0, "{:?}", r.attribution);
 }
 
+/// With `sync_steps`, the report says when another run of the same seed may still differ:
+/// a run cut by its duration, an fs write budget (both on the wall clock); and not when
+/// neither is there.
+#[test]
+fn the_report_says_what_sync_steps_cannot_repeat() {
+    let says = |cfg: &kv_tier_examples::sim::SimConfig| {
+        let r = run(cfg).unwrap();
+        (
+            r.requests < r.requests_planned,
+            kv_tier_examples::sim::render(&r),
+        )
+    };
+    let (cut, text) = says(&small(2));
+    assert!(!cut && !text.contains("may differ"), "{text}");
+    let mut short = small(2);
+    short.duration = std::time::Duration::from_millis(1);
+    let (cut, text) = says(&short);
+    assert!(cut, "the run was not cut: {text}");
+    assert!(text.contains("the run was cut by --duration"), "{text}");
+    let mut budget = small(2);
+    budget.fs_write_budget_mb_per_s = Some(1000.0);
+    let (_, text) = says(&budget);
+    assert!(
+        text.contains("the fs write budget is a rate on the wall clock"),
+        "{text}"
+    );
+}
+
+/// A promoted block that some request was served counts as used, whichever of the
+/// requests that waited for it was served it. Here (the tiny model's default workload over
+/// DRAM and a small obj tier) requests wait for the same promotions and some of them are
+/// not served what they waited for: each such request counted the block unused again after
+/// another was served it, so the report said every promoted block went unused.
+#[test]
+fn a_promotion_served_to_any_request_is_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let args = [
+        "--model",
+        "tiny",
+        "--turns",
+        "4",
+        "--no-fs",
+        "--s3-embedded",
+        "--obj-cap-gb",
+        "0.002",
+        "--chain-eviction",
+        "--dram-mb",
+        "2",
+        "--sync-steps",
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    let out = sim(&args, 300);
+    assert_eq!(out.code, Some(0), "{}", out.all());
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let promoted = r["tiers"][0]["blocks_loaded"].as_u64().unwrap();
+    let served = r["attribution"]["served/obj"].as_u64().unwrap_or(0) / 16;
+    let unused = r["promotions_unused"].as_u64().unwrap();
+    assert!(served > 0, "nothing served from obj: {}", r["attribution"]);
+    assert!(
+        unused + served.min(promoted) <= promoted,
+        "{promoted} promoted, {served} served, {unused} unused"
+    );
+}
+
 /// A reused `--root-dir` says how many block files were there at open, for a bounded fs
 /// tier (its index counts them) and an unbounded one (its directory is walked): none on the
 /// first run, what the first left on the second.

@@ -167,6 +167,8 @@ fn conflicting_flags_are_refused() {
         // no fs tier: none of its flags
         vec!["--no-fs", "--s3-embedded", "--fs-cap-gb", "1"],
         vec!["--no-fs", "--s3-embedded", "--root-dir", "/tmp"],
+        // no fs admission to compare
+        vec!["--no-fs", "--s3-embedded", "--compare-admission"],
     ] {
         let out = sim(&args, 30);
         assert_eq!(out.code, Some(2), "{args:?}: {}", out.all());
