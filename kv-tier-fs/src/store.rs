@@ -245,6 +245,13 @@ impl Shared {
         self.fault(FsOp::Write, at)
             .and_then(|()| file::write_full(f, data))
             .map_err(|e| self.io_err("write", at, e))?;
+        if let Some(ns) = self.gc.as_ref().and_then(|g| g.frozen_now_ns()) {
+            // a frozen GC clock: the file's mtime is the clock's, as the index's entry is
+            let t = std::time::SystemTime::UNIX_EPOCH
+                + std::time::Duration::from_nanos(ns.max(0) as u64);
+            f.set_modified(t)
+                .map_err(|e| self.io_err("futimens", at, e))?;
+        }
         if self.vllm_crc {
             // vLLM's checksum, before the publish (as vLLM sets it)
             file::set_vllm_crc(f, data).map_err(|e| self.io_err("fsetxattr", at, e))?;

@@ -258,6 +258,13 @@ impl Gc {
         base + self.skew_ns.load(Ordering::Relaxed)
     }
 
+    /// The GC clock's time while it is frozen (a test's or a simulator's clock), else `None`.
+    /// A store then gives its file that mtime, as a stamp does, so what a reopen reads from
+    /// the disk is the recency the index held (not the wall time the file was written at).
+    pub(crate) fn frozen_now_ns(&self) -> Option<i64> {
+        (self.frozen_ns.load(Ordering::Relaxed) != RUNNING).then(|| self.now_ns())
+    }
+
     /// Stops the clock at the current wall time: from then on only
     /// [`advance_clock`](Self::advance_clock) moves it.
     pub(crate) fn freeze_clock(&self) {

@@ -191,6 +191,34 @@ async fn one_block_on_a_frozen_clock(root: &std::path::Path) -> (FsTier, BlockKe
     (tier, k)
 }
 
+/// On a frozen GC clock (a test's, the simulator's), a stored file's mtime is the clock's
+/// time, as its index entry's is, not the wall time it was written at: what a reopen reads
+/// from the disk is the recency the index held (the files of one step, equally recent on
+/// the clock, had their write order on the wall clock, and a reused root's sweeps followed
+/// it: `serve_sim --sync-steps` over a reused root differed from run to run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_frozen_clock_a_stored_file_has_the_clocks_time() {
+    let root = temp_root();
+    let tier = open_hand_swept(root.path(), 10, 0.8);
+    tier.freeze_gc_clock().unwrap();
+    tier.advance_gc_clock(Duration::from_secs(3600)).unwrap();
+    let (a, b) = (leaf_key(1), leaf_key(2));
+    assert!(fs_store(&tier, &[a], 0).await.is_success());
+    std::thread::sleep(Duration::from_millis(20)); // the wall clock moves; the GC clock not
+    assert!(fs_store(&tier, &[b], 0).await.is_success());
+    let mtime = |k: &BlockKey| {
+        std::fs::metadata(tier.block_path(k))
+            .unwrap()
+            .modified()
+            .unwrap()
+    };
+    assert_eq!(mtime(&a), mtime(&b), "one clock time, one mtime");
+    let ahead = mtime(&a)
+        .duration_since(std::time::SystemTime::now())
+        .expect("the mtime is the clock's, an hour ahead of the wall");
+    assert!(ahead > Duration::from_secs(3000), "{ahead:?}");
+}
+
 /// A key is stamped at most once per `gc_stamp_interval_s`, and again as soon as a whole
 /// interval has passed: a nanosecond before, a touch is dropped; at the boundary, it is queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
