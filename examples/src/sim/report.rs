@@ -178,6 +178,10 @@ pub struct TierReport {
     /// `lookup_timeouts`, below the manager's probe deadline: its unanswered keys were
     /// absent). The same events its log's deadline lines count.
     pub own_deadline_lookups: u64,
+    /// What the tier holds at the end by its own count, and its bound (a bounded obj tier's
+    /// capacity index; `None` where the tier does not say: the fs tier's are in `gc`).
+    pub held_bytes: Option<u64>,
+    pub bound_bytes: Option<u64>,
 }
 
 /// GC figures of the fs tier.
@@ -618,6 +622,8 @@ fn tier_report(t: &TierStats, secs: f64) -> TierReport {
             .iter()
             .find(|f| f.name == "lookup_timeouts")
             .map_or(0, |f| f.value),
+        held_bytes: t.own.used_bytes,
+        bound_bytes: t.own.capacity_bytes,
     }
 }
 
@@ -1040,6 +1046,15 @@ fn render_tier(t: &TierReport, disk: Option<&DiskProbe>, server: Option<&ServerP
         t.write_back_peak_bytes as f64 / (1u64 << 20) as f64,
         t.writes_dropped
     );
+    if let (Some(held), Some(bound)) = (t.held_bytes, t.bound_bytes) {
+        o += &format!(
+            "  {:<21} holds {} at the end by its own count, {:.2}x its {} bound\n",
+            "",
+            size(held, 3),
+            held as f64 / bound.max(1) as f64,
+            size(bound, 2)
+        );
+    }
     if t.not_admitted + t.over_write_budget > 0 {
         o += &format!(
             "  {:<21} admission: {} blocks not admitted (too few lookups), {} over the write budget\n",

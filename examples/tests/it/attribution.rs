@@ -153,6 +153,14 @@ fn with_only_an_obj_tier_every_token_is_in_one_bucket() {
     assert!(text.contains("below it obj 150 blocks"), "{text}");
     assert!(tokens(&r, "served/obj") > 0, "{:?}", r.attribution);
     assert!(tokens(&r, "lost/evicted/obj") > 0, "{:?}", r.attribution);
+    let obj = &r.tiers[0];
+    let bound = obj.bound_bytes.expect("a bounded obj tier says its bound");
+    assert_eq!(
+        bound,
+        (cfg.obj_cap_gb.unwrap() * (1u64 << 30) as f64) as u64
+    );
+    assert!(obj.held_bytes.is_some_and(|h| h > 0), "{obj:?}");
+    assert!(text.contains("at the end by its own count"), "{text}");
 }
 
 /// With `sync_steps`, the report says when another run of the same seed may still differ:
