@@ -178,9 +178,10 @@ pub struct TierReport {
     /// `lookup_timeouts`, below the manager's probe deadline: its unanswered keys were
     /// absent). The same events its log's deadline lines count.
     pub own_deadline_lookups: u64,
-    /// What the tier holds at the end by its own count, and its bound (a bounded obj tier's
-    /// capacity index; `None` where the tier does not say: the fs tier's are in `gc`).
+    /// What the tier holds at the end by its own count (a bounded obj tier's capacity
+    /// index; `None` where the tier does not say: the fs tier's figures are in `gc`).
     pub held_bytes: Option<u64>,
+    /// The bound on `held_bytes` (the obj tier's `max_size_gb`).
     pub bound_bytes: Option<u64>,
 }
 
