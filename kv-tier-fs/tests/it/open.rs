@@ -76,18 +76,33 @@ fn a_damaged_config_json_is_rewritten_and_a_foreign_one_refused_naming_fields() 
     assert!(err.to_string().contains("dtype"), "{err}");
 }
 
+/// A ramfs (no xattrs: checksums go to sidecar files) and an unbounded tier's config on it
+/// with CRC32C checksums and temp files reaped at 100 s.
+fn sidecars_on_ramfs() -> (Mount, kv_tier_fs::FsTierConfig) {
+    let m = Mount::new("ramfs", "");
+    let mut c = cfg(&m.dir);
+    c.checksum = Checksum::Crc32c;
+    c.gc_max_size_gb = None;
+    c.tmp_reap_age_s = 100;
+    (m, c)
+}
+
+/// The checksum sidecar's path of the block file at `p`.
+fn sidecar_of(p: &Path) -> std::path::PathBuf {
+    let mut s = p.as_os_str().to_os_string();
+    s.push(CRC_SIDECAR_SUFFIX);
+    std::path::PathBuf::from(s)
+}
+
 /// The rank directory's own temp files (an open's capability probe killed mid-way) and
 /// sidecars whose block is gone are reaped at open (bounded mode walks the tree) and by
 /// rescans: temp files past `tmp_reap_age_s`, orphan sidecars whatever their age (until
 /// then the index, which does not count them, was below `du` for up to `tmp_reap_age_s`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_temp_files_and_orphan_sidecars_are_reaped_by_walks() {
-    let m = Mount::new("ramfs", ""); // sidecars
-    let mut c = cfg(&m.dir);
-    c.checksum = Checksum::Crc32c;
+    let (m, mut c) = sidecars_on_ramfs();
     c.gc_max_size_gb = Some(1.0);
     c.gc_background = false;
-    c.tmp_reap_age_s = 100;
     let tier = FsTier::open("fs", c.clone(), ns(), BS).unwrap();
     let ks: Vec<_> = (0..3).map(test_key).collect();
     assert!(fs_store(&tier, &ks, 0).await.is_success());
@@ -103,20 +118,24 @@ async fn probe_temp_files_and_orphan_sidecars_are_reaped_by_walks() {
     for p in &paths[..2] {
         std::fs::remove_file(p).unwrap();
     }
-    let side = |p: &Path| {
-        let mut s = p.as_os_str().to_os_string();
-        s.push(CRC_SIDECAR_SUFFIX);
-        std::path::PathBuf::from(s)
-    };
-    set_mtime(&side(&paths[0]), 1000);
+    set_mtime(&sidecar_of(&paths[0]), 1000);
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
     assert!(!probe.exists(), "the probe's temp file survived a reopen");
     assert!(young.exists(), "a young temp file was reaped");
     // orphan sidecars go whatever their age (written before the walk: no block of theirs
     // is on its way)
-    assert!(!side(&paths[0]).exists(), "an orphan sidecar survived");
-    assert!(!side(&paths[1]).exists(), "a young orphan sidecar survived");
-    assert!(side(&paths[2]).exists(), "a live block's sidecar went");
+    assert!(
+        !sidecar_of(&paths[0]).exists(),
+        "an orphan sidecar survived"
+    );
+    assert!(
+        !sidecar_of(&paths[1]).exists(),
+        "a young orphan sidecar survived"
+    );
+    assert!(
+        sidecar_of(&paths[2]).exists(),
+        "a live block's sidecar went"
+    );
     assert_eq!(tier.stats().sidecars_reaped, 2);
     // a rescan reaps old temp files with the configured age, and orphan sidecars of any age
     set_mtime(&young, 1000);
@@ -125,7 +144,7 @@ async fn probe_temp_files_and_orphan_sidecars_are_reaped_by_walks() {
     let p3 = ns().block_path(&m.dir, &k3);
     std::fs::remove_file(&p3).unwrap();
     tier.gc_rescan_now().unwrap();
-    assert!(!young.exists() && !side(&p3).exists());
+    assert!(!young.exists() && !sidecar_of(&p3).exists());
     assert_eq!(tier.stats().sidecars_reaped, 3);
     assert!(load(&tier, &ks[2..]).await.0.is_success());
     assert_eq!(find_files(&m.dir, CRC_SIDECAR_SUFFIX).len(), 1);
@@ -137,11 +156,7 @@ async fn probe_temp_files_and_orphan_sidecars_are_reaped_by_walks() {
 /// later); a live block's sidecar and a young temp file stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unbounded_open_reaps_orphan_sidecars_whatever_their_age() {
-    let m = Mount::new("ramfs", ""); // sidecars
-    let mut c = cfg(&m.dir);
-    c.checksum = Checksum::Crc32c;
-    c.gc_max_size_gb = None;
-    c.tmp_reap_age_s = 100;
+    let (m, c) = sidecars_on_ramfs();
     let tier = FsTier::open("fs", c.clone(), ns(), BS).unwrap();
     let ks: Vec<_> = (0..2).map(test_key).collect();
     assert!(fs_store(&tier, &ks, 0).await.is_success());
@@ -151,15 +166,16 @@ async fn an_unbounded_open_reaps_orphan_sidecars_whatever_their_age() {
     let paths: Vec<_> = ks.iter().map(|k| ns().block_path(&m.dir, k)).collect();
     // another reaper deleted a block just now and left its (young) sidecar behind
     std::fs::remove_file(&paths[0]).unwrap();
-    let side = |p: &Path| {
-        let mut s = p.as_os_str().to_os_string();
-        s.push(CRC_SIDECAR_SUFFIX);
-        std::path::PathBuf::from(s)
-    };
-    assert!(side(&paths[0]).exists());
+    assert!(sidecar_of(&paths[0]).exists());
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
-    assert!(!side(&paths[0]).exists(), "a young orphan sidecar survived");
-    assert!(side(&paths[1]).exists(), "a live block's sidecar went");
+    assert!(
+        !sidecar_of(&paths[0]).exists(),
+        "a young orphan sidecar survived"
+    );
+    assert!(
+        sidecar_of(&paths[1]).exists(),
+        "a live block's sidecar went"
+    );
     assert!(young.exists(), "a young temp file was reaped");
     assert_eq!(tier.stats().sidecars_reaped, 1);
     assert!(load(&tier, &ks[1..]).await.0.is_success());
