@@ -321,6 +321,48 @@ impl FsTier {
         rx.await.ok()
     }
 
+    /// A store job's blocks with their room: bounded, reserved for every block in the job's
+    /// order before any is written, on one I/O thread (see `Shared::reserve_rooms`); a
+    /// block refused room goes to `refused`, unwritten (its DRAM slot unpinned here).
+    /// Unbounded: no room to reserve. `None` after shutdown. `protect` guards the keys.
+    async fn with_rooms(
+        &self,
+        blocks: Vec<(BlockKey, kv_tier_core::BlockSource)>,
+        protect: &Arc<ProtectGuard>,
+        refused: &mut Vec<(BlockKey, Error)>,
+    ) -> Option<
+        Vec<(
+            BlockKey,
+            (kv_tier_core::BlockSource, Option<crate::capacity::Room>),
+        )>,
+    > {
+        if self.shared.gc.is_none() || blocks.is_empty() {
+            return Some(
+                blocks
+                    .into_iter()
+                    .map(|(k, src)| (k, (src, None)))
+                    .collect(),
+            );
+        }
+        let keys: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
+        let (files, guard) = (self.shared.clone(), protect.clone());
+        let rooms = self
+            .on_io(Class::Store, move || {
+                let rooms = files.reserve_rooms(&keys);
+                drop(guard);
+                rooms
+            })
+            .await?;
+        let mut with_room = Vec::with_capacity(blocks.len());
+        for ((key, src), room) in blocks.into_iter().zip(rooms) {
+            match room {
+                Ok(room) => with_room.push((key, (src, room))),
+                Err(e) => refused.push((key, e)),
+            }
+        }
+        Some(with_room)
+    }
+
     /// Runs `f` once on an I/O thread of `class` and returns what it returned; `None` after
     /// shutdown (then `f` is dropped unrun, or what it returned is dropped).
     async fn on_io<T: Send + 'static>(
@@ -456,34 +498,8 @@ impl SecondaryTier for FsTier {
             None => (Vec::new(), None),
         };
         let mut refused = refused;
-        let keys_written: Vec<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
-        let blocks: Vec<_> = if self.shared.gc.is_some() && !blocks.is_empty() {
-            // the room of every block, in the job's order, before any is written
-            let (files, guard) = (self.shared.clone(), protect.clone());
-            let Some(rooms) = self
-                .on_io(Class::Store, move || {
-                    let rooms = files.reserve_rooms(&keys_written);
-                    drop(guard);
-                    rooms
-                })
-                .await
-            else {
-                return JobResult::all_failed(keys, &self.closed());
-            };
-            let mut with_room = Vec::with_capacity(blocks.len());
-            for ((key, src), room) in blocks.into_iter().zip(rooms) {
-                match room {
-                    Ok(room) => with_room.push((key, (src, room))),
-                    // (its DRAM slot is unpinned here: it is not written)
-                    Err(e) => refused.push((key, e)),
-                }
-            }
-            with_room
-        } else {
-            blocks
-                .into_iter()
-                .map(|(k, src)| (k, (src, None)))
-                .collect()
+        let Some(blocks) = self.with_rooms(blocks, &protect, &mut refused).await else {
+            return JobResult::all_failed(keys, &self.closed());
         };
         let Some(results) = self
             .run_blocks(
