@@ -96,17 +96,19 @@ impl TierOptions {
     /// Each key of a tier entry's tiering options, with whether the entry gave it (the others
     /// take their defaults).
     pub fn given(&self) -> [(&'static str, bool); 8] {
-        let g = [
-            self.probe_budget_s.is_some(),
-            self.write_back_limit_mb.is_some(),
-            self.write_back_policy.is_some(),
-            self.enable_kv_events.is_some(),
-            self.locality.is_some(),
-            self.admit_after_lookups.is_some(),
-            self.write_budget_mb_per_s.is_some(),
-            self.chain_eviction.is_some(),
-        ];
-        std::array::from_fn(|i| (KEYS[i], g[i]))
+        [
+            ("probe_budget_s", self.probe_budget_s.is_some()),
+            ("write_back_limit_mb", self.write_back_limit_mb.is_some()),
+            ("write_back_policy", self.write_back_policy.is_some()),
+            ("enable_kv_events", self.enable_kv_events.is_some()),
+            ("locality", self.locality.is_some()),
+            ("admit_after_lookups", self.admit_after_lookups.is_some()),
+            (
+                "write_budget_mb_per_s",
+                self.write_budget_mb_per_s.is_some(),
+            ),
+            ("chain_eviction", self.chain_eviction.is_some()),
+        ]
     }
 }
 
@@ -282,6 +284,13 @@ impl TierOptions {
 mod tests {
     use super::*;
     use crate::error::Error;
+
+    /// `given` names every key a tier entry's tiering options take, in `KEYS`' order.
+    #[test]
+    fn given_names_the_keys_an_entry_takes() {
+        let names: Vec<&str> = TierOptions::default().given().map(|(k, _)| k).to_vec();
+        assert_eq!(names, KEYS);
+    }
 
     #[test]
     fn bad_values_name_their_field() {
