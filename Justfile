@@ -10,7 +10,7 @@ test:
     cargo test --workspace --no-fail-fast
 
 # The multi-process soaks of shared roots and buckets at full length (60 s each; `just test`
-# runs them for 10 s and 15 s).
+# runs them for at least 10 s each, on until their bound was tested).
 soak:
     KV_TIER_SHARED_SECS=60 cargo test -p kv-tier-fs --test it shared::four_processes -- --nocapture
     KV_TIER_SHARED_SECS=60 cargo test -p kv-tier-obj --test it shared::processes -- --nocapture

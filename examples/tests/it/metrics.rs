@@ -32,7 +32,7 @@ fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
             "--prefill-tokens-per-s",
             "0",
             "--duration",
-            "8",
+            "5",
             "--no-progress",
             "--metrics-addr",
             "127.0.0.1:0",
@@ -65,7 +65,7 @@ fn the_metrics_endpoint_serves_prometheus_metrics_during_a_run() {
             assert!(status.contains("200"), "{status}");
             last = Some(body);
         }
-        // paces the scrapes (Prometheus's interval): a scrape every 200 ms for the run's 8 s
+        // paces the scrapes (Prometheus's interval): a scrape every 200 ms for the run's 5 s
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let status = child.wait().unwrap();

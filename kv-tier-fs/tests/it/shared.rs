@@ -5,7 +5,7 @@
 //! evicted; an instance that would bound the root differently, or reuse a live id, is refused.
 //!
 //! The multi-process soak (`four_processes_share_one_bound_and_survive_the_leaders_death`) runs
-//! at least `KV_TIER_SHARED_SECS` seconds, 20 by default (`KV_TIER_SHARED_SECS=60` is the full
+//! at least `KV_TIER_SHARED_SECS` seconds, 10 by default (`KV_TIER_SHARED_SECS=60` is the full
 //! soak), and on until twice the cap went through the root ([`give_up`] at the latest).
 
 use std::path::PathBuf;
@@ -69,7 +69,7 @@ fn shared_child() {
     std::fs::write(out, o.to_text()).unwrap();
 }
 
-/// 4 processes on one root for at least `KV_TIER_SHARED_SECS` seconds (20 by default;
+/// 4 processes on one root for at least `KV_TIER_SHARED_SECS` seconds (10 by default;
 /// `KV_TIER_SHARED_SECS=60` is the full soak, `just soak`), and on until twice the cap went
 /// through the root, of stores and loads as fast as they go: the directory never holds more than 1.10x the global cap, no wrong byte is
 /// served, no key read by any instance within a stamp interval is evicted (hot keys, read
@@ -78,12 +78,12 @@ fn shared_child() {
 /// a loaded machine).
 #[test]
 fn four_processes_share_one_bound_and_survive_the_leaders_death() {
-    // 20 s: alone, the instances write well past twice the cap (512 MiB) in that time; with
-    // the rest of the binary beside them they once wrote 462 MiB in 10 s
+    // 10 s at least: with the rest of the binary beside them the instances once wrote 462 MiB
+    // in 10 s, under the twice the cap (512 MiB) the run needs, so it goes on until they did
     let secs: f64 = std::env::var("KV_TIER_SHARED_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20.0);
+        .unwrap_or(10.0);
     let dir = kv_tier_testkit::temp_root();
     let fs = Ext4::new(dir.path());
     let root = match &fs {
