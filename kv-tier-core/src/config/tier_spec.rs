@@ -32,8 +32,8 @@ pub struct TierSpec {
 /// The keys every tier entry takes, whatever its type: its own and the manager's options.
 fn common_keys() -> String {
     ["type", "name", "module_path"]
-        .iter()
-        .chain(crate::tier_options::KEYS.iter())
+        .into_iter()
+        .chain(crate::tier_options::keys())
         .map(|k| format!("`{k}`"))
         .collect::<Vec<_>>()
         .join(", ")
