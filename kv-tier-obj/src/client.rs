@@ -18,9 +18,7 @@ const CREDENTIALS: &str =
     "the credentials were refused: check access_key, secret_key and session_token";
 const UNREACHABLE: &str =
     "the endpoint cannot be reached: check endpoint_override, scheme and region";
-const NO_CREDENTIALS: &str = "no credentials: access_key and secret_key are not set and the \
-     AWS credential chain found none (it tried the environment, a web identity and the \
-     instance metadata service at 169.254.169.254)";
+const NO_CREDENTIALS: &str = "no credentials: the store's credential provider found none";
 
 /// The S3 client's HTTP layer with its attempts counted: reqwest, as object_store sets it
 /// up, under a wrapper that counts every request sent (retries included) and every failure
@@ -73,11 +71,77 @@ fn retryable_status(status: u16) -> bool {
     status >= 500 || status == 429 || status == 408
 }
 
-/// The S3 client from the config, its HTTP attempts counted in `counters`.
+/// Where the S3 client takes its credentials from when neither the config nor the
+/// environment gives keys: the provider object_store chose (it picks one, as the AWS SDKs'
+/// chain would: a web identity, the ECS task endpoint, EKS pod identity, else the instance
+/// metadata service), and what it asks, to name in an error.
+pub(crate) struct Chain {
+    provider: object_store::aws::AwsCredentialProvider,
+    source: String,
+}
+
+/// The credential source the builder's settings make object_store use, if it is not keys
+/// (given in the config or the environment) and signing is not skipped. The same order as
+/// `AmazonS3Builder::build`'s.
+fn chain_source(b: &object_store::aws::AmazonS3Builder) -> Option<String> {
+    use object_store::aws::AmazonS3ConfigKey as K;
+    let get = |k: K| b.get_config_value(&k).filter(|v| !v.is_empty());
+    if get(K::AccessKeyId).is_some()
+        || get(K::SecretAccessKey).is_some()
+        || get(K::SkipSignature).is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    {
+        return None;
+    }
+    Some(
+        match (
+            get(K::WebIdentityTokenFile),
+            get(K::RoleArn),
+            get(K::ContainerCredentialsRelativeUri),
+            get(K::ContainerCredentialsFullUri),
+            get(K::ContainerAuthorizationTokenFile),
+        ) {
+            (Some(file), Some(role), ..) => format!(
+                "a web identity (AWS_WEB_IDENTITY_TOKEN_FILE {file}, AWS_ROLE_ARN {role}) at STS"
+            ),
+            (_, _, Some(uri), ..) => {
+                format!("the ECS task credentials endpoint http://169.254.170.2{uri}")
+            }
+            (_, _, None, Some(uri), Some(_)) => {
+                format!("EKS pod identity at {uri} (AWS_CONTAINER_CREDENTIALS_FULL_URI)")
+            }
+            _ => format!(
+                "the instance metadata service at {}",
+                get(K::MetadataEndpoint).unwrap_or_else(|| "http://169.254.169.254".into())
+            ),
+        },
+    )
+}
+
+/// Asks the credential chain for credentials within `deadline`, before any request is sent:
+/// a chain that finds none, or does not answer, fails the startup saying so and naming where
+/// it looked, rather than passing for an endpoint that cannot be reached.
+pub(crate) async fn check_credentials(name: &str, chain: &Chain, deadline: Duration) -> Result<()> {
+    let what = match tokio::time::timeout(deadline, chain.provider.get_credential()).await {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e)) => format!("{} gave none ({e})", chain.source),
+        Err(_) => format!("{} did not answer within {deadline:?}", chain.source),
+    };
+    Err(Error::Backend {
+        tier: name.to_string(),
+        message: format!(
+            "no credentials: access_key and secret_key are not set (neither in the config nor \
+             as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), and {what}"
+        ),
+        transient: false,
+    })
+}
+
+/// The S3 client from the config, its HTTP attempts counted in `counters`, and where its
+/// credentials come from when the config and the environment give no keys.
 pub(crate) fn build_s3(
     cfg: &ObjTierConfig,
     counters: Arc<Counters>,
-) -> Result<Arc<dyn ObjectStore>> {
+) -> Result<(Arc<dyn ObjectStore>, Option<Chain>)> {
     use object_store::aws::AmazonS3Builder;
     use object_store::{BackoffConfig, ClientOptions, RetryConfig};
     let mut b = AmazonS3Builder::from_env()
@@ -120,10 +184,15 @@ pub(crate) fn build_s3(
             max_retries: cfg.max_retries,
             retry_timeout: cfg.request_deadline(),
         });
+    let source = chain_source(&b);
     let store = b
         .build()
         .map_err(|e| Error::config("bucket", format!("cannot build the S3 client: {e}")))?;
-    Ok(Arc::new(store))
+    let chain = source.map(|source| Chain {
+        provider: store.credentials().clone(),
+        source,
+    });
+    Ok((Arc::new(store), chain))
 }
 
 /// The startup probe: a HEAD (reachability, credentials), and where it finds nothing a

@@ -52,7 +52,10 @@ impl std::fmt::Debug for ObjTier {
 impl ObjTier {
     /// Builds the object store from the config (S3 or S3-compatible), probes it, and opens
     /// the tier. Bad credentials, a missing bucket or an unreachable endpoint fail here,
-    /// saying which.
+    /// saying which. With no keys (in the config or the environment) the credential chain is
+    /// asked first, within the request deadline: if it finds none or does not answer, the
+    /// error says so and names the source it asked (the instance metadata service and its
+    /// address, a web identity, the ECS or EKS endpoint).
     pub async fn connect(
         name: &str,
         cfg: ObjTierConfig,
@@ -61,7 +64,10 @@ impl ObjTier {
     ) -> Result<Self> {
         cfg.validate()?;
         let counters = Arc::new(Counters::default());
-        let store = crate::client::build_s3(&cfg, counters.clone())?;
+        let (store, chain) = crate::client::build_s3(&cfg, counters.clone())?;
+        if let Some(chain) = &chain {
+            crate::client::check_credentials(name, chain, cfg.request_deadline()).await?;
+        }
         // the S3 client drops a request's body when the request ends: PUTs send views
         Self::open(name, store, cfg, ns, block_size, counters, PutBody::View).await
     }

@@ -367,6 +367,70 @@ async fn missing_credentials_fail_at_startup_saying_so() {
     );
 }
 
+/// Promise (`ObjTier::connect`): with no keys, the credential chain is asked before any
+/// request, and a chain that does not answer fails the startup as missing credentials naming
+/// the source it asked (here the instance metadata service, moved by
+/// `AWS_METADATA_ENDPOINT` to a socket that accepts connections and never answers), not as an
+/// endpoint that cannot be reached. In a process of its own: the child's environment holds
+/// the metadata address.
+#[test]
+fn a_credential_chain_that_does_not_answer_is_named_not_taken_for_the_endpoint() {
+    use kv_tier_testkit::fixtures::process::{
+        OWN_PROCESS_ENV, run_with_deadline, test_binary_child,
+    };
+    const TEST: &str =
+        "config::a_credential_chain_that_does_not_answer_is_named_not_taken_for_the_endpoint";
+    if std::env::var_os("AWS_ACCESS_KEY_ID").is_some() || std::env::var_os("AWS_PROFILE").is_some()
+    {
+        eprintln!("SKIPPED: AWS credentials in the environment");
+        return;
+    }
+    if std::env::var(OWN_PROCESS_ENV).as_deref() == Ok(TEST) {
+        let metadata = std::env::var("AWS_METADATA_ENDPOINT").expect("set by the parent");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt.block_on(async {
+            let server = S3Server::start().await;
+            let mut cfg = server.config();
+            cfg.access_key = None;
+            cfg.secret_key = None;
+            cfg.max_retries = 0;
+            cfg.request_timeout_s = 0.5;
+            ObjTier::connect("obj", cfg, ns(), BS)
+                .await
+                .unwrap_err()
+                .to_string()
+        });
+        assert!(
+            e.contains("no credentials")
+                && e.contains("access_key")
+                && e.contains(&format!("the instance metadata service at {metadata}"))
+                && !e.contains("cannot be reached"),
+            "{e}"
+        );
+        return;
+    }
+    // accepted by the kernel's backlog, never read: the chain's requests wait for an answer
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let metadata = format!("http://{}", silent.local_addr().unwrap());
+    let out = run_with_deadline(
+        test_binary_child(TEST)
+            .env(OWN_PROCESS_ENV, TEST)
+            .env("AWS_METADATA_ENDPOINT", &metadata),
+        Duration::from_secs(120),
+    );
+    assert!(out.success(), "{}", out.all());
+    assert!(
+        out.stdout.contains("test result: ok. 1 passed"),
+        "{}",
+        out.all()
+    );
+    drop(silent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_fails_at_startup_saying_so() {
     use crate::support::S3ServerExt as _;
