@@ -183,6 +183,13 @@ pub struct TierReport {
     pub held_bytes: Option<u64>,
     /// The bound on `held_bytes` (the obj tier's `max_size_gb`).
     pub bound_bytes: Option<u64>,
+    /// Blocks the tier holds at the end, by its events.
+    pub blocks_at_end: u64,
+    /// Those of them behind a block of their chain (by the workload's chains) that the
+    /// tier does not hold: dead there, a prefix lookup in the tier stops before them.
+    /// Whatever the eviction policy (the tier's own `dead_bytes` counts by the links it
+    /// was sent, so only with `chain_eviction`).
+    pub dead_blocks_at_end: u64,
 }
 
 /// GC figures of the fs tier.
@@ -199,6 +206,8 @@ pub struct GcReport {
     pub peak_bytes: u64,
     /// The part of `bytes` that is directories.
     pub dir_bytes: u64,
+    /// Block files in the tier's index at the end.
+    pub files: u64,
     /// The part of `bytes` in blocks whose chain is broken before them in the tier (dead
     /// bytes: a prefix lookup never reaches them there).
     pub dead_bytes: u64,
@@ -513,7 +522,17 @@ pub(super) fn fill(
         stores_refused: t.stores_refused,
         stores_refused_write_back: t.stores_refused_write_back,
         write_back_pinned_peak_bytes: s.write_back_pinned_peak_bytes,
-        tiers: s.tiers.iter().map(|ts| tier_report(ts, secs)).collect(),
+        tiers: s
+            .tiers
+            .iter()
+            .map(|ts| {
+                let mut r = tier_report(ts, secs);
+                if let Some(c) = t.chains_held.iter().find(|c| c.tier == r.name) {
+                    (r.blocks_at_end, r.dead_blocks_at_end) = (c.blocks, c.dead);
+                }
+                r
+            })
+            .collect(),
         gc: gc.map(|g| gc_report(&g, t.max_bytes_after_step_sweep)),
         shared: None,
         events: t.events,
@@ -625,6 +644,8 @@ fn tier_report(t: &TierStats, secs: f64) -> TierReport {
             .map_or(0, |f| f.value),
         held_bytes: t.own.used_bytes,
         bound_bytes: t.own.capacity_bytes,
+        blocks_at_end: 0,
+        dead_blocks_at_end: 0,
     }
 }
 
@@ -635,6 +656,7 @@ fn gc_report(g: &GcStats, max_bytes_after_step_sweep: Option<u64>) -> GcReport {
         bytes: g.bytes,
         peak_bytes: g.peak_bytes,
         dir_bytes: g.dir_bytes,
+        files: g.files,
         dead_bytes: g.dead_bytes,
         grace_overridden: g.grace_overridden,
         sweeps_over_cap: g.sweeps_over_cap,
@@ -1056,6 +1078,13 @@ fn render_tier(t: &TierReport, disk: Option<&DiskProbe>, server: Option<&ServerP
             size(bound, 2)
         );
     }
+    o += &format!(
+        "  {:<21} holds {} blocks at the end by its events, {} of them dead ({:.1}%: behind a block of their chain it does not hold)\n",
+        "",
+        t.blocks_at_end,
+        t.dead_blocks_at_end,
+        100.0 * t.dead_blocks_at_end as f64 / t.blocks_at_end.max(1) as f64
+    );
     if t.not_admitted + t.over_write_budget > 0 {
         o += &format!(
             "  {:<21} admission: {} blocks not admitted (too few lookups), {} over the write budget\n",
@@ -1085,7 +1114,7 @@ fn render_gc(g: &GcReport) -> String {
         );
     }
     o += &format!(
-        "  fs on disk            {} allocated at the end ({:.2}x the {} cap, whose hard ceiling is {}, {:.2}x; {} of it directories, {} dead: {:.1}% of the cap in blocks whose chain is broken before them), peak {} ({:.2}x)\n",
+        "  fs on disk            {} allocated at the end ({:.2}x the {} cap, whose hard ceiling is {}, {:.2}x; {} of it directories, {} dead by the chain links it was sent: {:.1}% of the cap), peak {} ({:.2}x)\n",
         size(g.bytes, 3),
         g.bytes as f64 / g.cap_bytes as f64,
         size(g.cap_bytes, 2),

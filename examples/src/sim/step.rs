@@ -10,7 +10,7 @@ use kv_tier::{BlockKey, LookupResult, MissCause, RequestContext, TieringManager,
 use kv_tier_testkit::{Turn, Workload, fill_block, verify_block};
 
 use super::SimConfig;
-use super::attribution::{Attribution, Ledger, Lost};
+use super::attribution::{Attribution, ChainsHeld, Ledger, Lost};
 use super::offline::{Lru, Recorder, TraceRecord};
 
 type BoxError = Box<dyn std::error::Error>;
@@ -40,6 +40,9 @@ pub(super) struct Tally {
     pub(super) max_bytes_after_step_sweep: Option<u64>,
     /// Every prompt token in its bucket (see `attribution`).
     pub(super) attribution: Attribution,
+    /// Per secondary tier at the end: its blocks and the dead ones among them, by the
+    /// workload's chains.
+    pub(super) chains_held: Vec<ChainsHeld>,
     /// Per request that waited at least one step: from its first lookup to its blocks.
     pub(super) waits: Vec<Duration>,
     /// Per request: the modelled time to first token (its wait plus the recompute of its
@@ -245,7 +248,10 @@ impl<'a> Engine<'a> {
         &self.tally
     }
 
-    pub(super) fn into_tally(self) -> Tally {
+    /// The tally, with what each tier holds at the end against the workload's chains.
+    pub(super) fn into_tally(mut self) -> Tally {
+        self.take_events();
+        self.tally.chains_held = self.ledger.chains_held();
         self.tally
     }
 
@@ -383,6 +389,8 @@ impl<'a> Engine<'a> {
             self.gpu.put(*k);
         }
         let recomputed = self.account(a, g, h, first, waited);
+        let chain: Vec<BlockKey> = keys.iter().chain(&a.turn.output).copied().collect();
+        self.ledger.chain(&chain);
         // prefill computes the rest; offload it with the output
         let mut new: Vec<BlockKey> = keys[g + h..].to_vec();
         new.extend(&a.turn.output);

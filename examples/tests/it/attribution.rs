@@ -231,6 +231,44 @@ fn a_promotion_served_to_any_request_is_used() {
     );
 }
 
+/// What the fs tier holds at the end, as the report counts it from the tier's events against
+/// the workload's chains, agrees with the tier's own index: its block files, and, with chain
+/// eviction (the tier then knows the chains), its dead bytes at a block file's allocated size.
+/// Under LRU the tier is sent no links and counts no dead bytes, while the report still finds
+/// the blocks its sweeps left behind a missing one.
+#[test]
+fn blocks_and_dead_blocks_at_the_end_agree_with_the_tiers_index() {
+    let block = small(5).block_bytes() as f64;
+    let mut dead = Vec::new();
+    for chain in [false, true] {
+        let mut cfg = small(5);
+        cfg.turns = 6;
+        cfg.fs_cap_gb = Some(60.0 * block / (1u64 << 30) as f64);
+        cfg.chain_eviction = chain;
+        let r = run(&cfg).unwrap();
+        let fs = r.tiers.iter().find(|t| t.name == "fs").unwrap();
+        let gc = r.gc.as_ref().unwrap();
+        assert!(gc.swept_files > 0, "chain {chain}: nothing swept");
+        assert_eq!(fs.blocks_at_end, gc.files, "chain {chain}");
+        let per_file = (gc.bytes - gc.dir_bytes) / gc.files.max(1);
+        if chain {
+            assert_eq!(fs.dead_blocks_at_end * per_file, gc.dead_bytes);
+        } else {
+            assert_eq!(gc.dead_bytes, 0, "no links were sent");
+        }
+        let text = kv_tier_examples::sim::render(&r);
+        assert!(
+            text.contains(&format!(
+                "holds {} blocks at the end by its events, {} of them dead",
+                fs.blocks_at_end, fs.dead_blocks_at_end
+            )),
+            "{text}"
+        );
+        dead.push(fs.dead_blocks_at_end);
+    }
+    assert!(dead[0] > 0, "LRU left no dead block: {dead:?}");
+}
+
 /// A reused `--root-dir` says how many block files were there at open, for a bounded fs
 /// tier (its index counts them) and an unbounded one (its directory is walked): none on the
 /// first run, what the first left on the second.
