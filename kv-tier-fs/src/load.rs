@@ -55,6 +55,24 @@ impl Shared {
             Ok(file::StoredCrc::Malformed(r)) => Some(r),
         }
     }
+    /// Deletes the sidecar of the block file `path` if the block is not there and the sidecar
+    /// was last changed before `before`: the block was deleted by someone else (vLLM's own
+    /// eviction, a reaper) and its sidecar, which the index stopped counting with the block,
+    /// would stay on disk until a walk. The rule of walks: a store publishes its block before
+    /// it writes the sidecar, so no sidecar of a store under way is taken.
+    fn reap_orphan_sidecar(&self, path: &Path, before: SystemTime) {
+        if self.xattrs || std::fs::symlink_metadata(path).is_ok() {
+            return;
+        }
+        let side = file::sidecar_path(path);
+        if std::fs::symlink_metadata(&side)
+            .is_ok_and(|m| m.is_file() && file::changed_at(&m) < before)
+            && std::fs::remove_file(&side).is_ok()
+        {
+            bump(&self.counters.own.sidecars_reaped, 1);
+        }
+    }
+
     /// Removes what stands at a block's path (a file, a link or a whole directory) and its
     /// sidecar, and reports the removal (`BlockRemoved`). With `opened`, only if the same
     /// file is still there (publishing never replaces, so it is ours to remove unless someone
@@ -120,6 +138,7 @@ impl Shared {
         let path = self.ns.block_path(&self.root, key);
         // the index entry this load may find gone (see `remove_damaged`)
         let seq = self.gc.as_ref().and_then(|gc| gc.seq_of(key));
+        let began = SystemTime::now();
         let f = match self
             .fault(FsOp::OpenRead, &path)
             .and_then(|()| file::open_read(&path, self.direct))
@@ -129,6 +148,7 @@ impl Shared {
                 if let (Some(gc), Some(seq)) = (&self.gc, seq) {
                     gc.forget(&[(*key, seq)]);
                 }
+                self.reap_orphan_sidecar(&path, began);
                 return Err(Error::NotFound {
                     key: *key,
                     tier: self.name.clone(),

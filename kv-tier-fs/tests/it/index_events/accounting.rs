@@ -72,6 +72,35 @@ async fn sidecars_count_toward_the_cap_and_go_with_their_blocks() {
     );
 }
 
+/// Where checksums live in sidecars, a block someone else deleted (vLLM's own eviction, a
+/// reaper) without its sidecar: the load that finds it gone forgets it and deletes the orphan
+/// sidecar, so the index and the disk agree at once, not at the next walk (`tmp_reap_age_s`
+/// or the hourly rescan).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_deleted_by_someone_else_takes_its_sidecar_at_the_load_that_finds_it_gone() {
+    let m = Mount::new("ramfs", "");
+    let mut c = hand_swept_cfg(&m.dir, 10, 0.8);
+    c.checksum = kv_tier_fs::Checksum::Crc32c;
+    let per_block = 2 * BS as u64; // ramfs: a page for the block, one for its sidecar
+    c.gc_max_size_gb = Some((10 * per_block) as f64 / (1u64 << 30) as f64);
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let ks = leaf_keys(0..3);
+    assert!(fs_store(&tier, &ks, 0).await.is_success());
+    std::fs::remove_file(tier.block_path(&ks[1])).unwrap();
+    let (res, _) = load(&tier, &[ks[1]]).await;
+    assert!(!res.is_success(), "a deleted block loaded");
+    let s = gc_stats(&tier);
+    assert_eq!((s.files, s.bytes), (2, 2 * per_block), "{s:?}");
+    assert_eq!(
+        find_files(&m.dir, kv_tier_fs::CRC_SIDECAR_SUFFIX).len(),
+        2,
+        "the orphan sidecar stayed"
+    );
+    assert_eq!(tier.stats().sidecars_reaped, 1);
+    let (res, _) = load(&tier, &[ks[0], ks[2]]).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+}
+
 /// Files someone else deleted between the sweep's decision and its unlinks are gone, as the
 /// sweep wanted: not errors, and not put back into the index.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
