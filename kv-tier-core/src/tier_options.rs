@@ -87,8 +87,8 @@ pub struct TierOptions {
     /// `chain_eviction`: whether the manager sends this tier each stored block's place in
     /// its request's chain ([`crate::StoreJob::links`]), so a bounded tier (fs, obj) evicts a
     /// chain's later blocks before its earlier ones, least recent chain tail first (see
-    /// [`crate::lru`]). Default false (plain LRU) until every serve_sim preset is measured with
-    /// it; the README's "The hit rate, measured" gives the figures so far.
+    /// [`crate::lru`]). Default true; false: plain LRU, no links sent. The README's "The hit
+    /// rate, measured" compares the two on every serve_sim scenario.
     pub chain_eviction: Option<bool>,
 }
 
@@ -262,7 +262,7 @@ impl TierOptions {
             write_budget_bytes_per_s: self
                 .write_budget_mb_per_s
                 .map(|mb| ((mb * (1u64 << 20) as f64) as u64).max(1)),
-            chain_eviction: self.chain_eviction.unwrap_or(false),
+            chain_eviction: self.chain_eviction.unwrap_or(true),
         }
     }
 
@@ -363,6 +363,12 @@ mod tests {
             }
         );
         assert!(!local.events, "events are off unless asked for, as in vLLM");
-        assert!(!local.chain_eviction, "plain LRU unless asked for");
+        assert!(local.chain_eviction, "chain eviction unless turned off");
+        let lru = TierOptions {
+            chain_eviction: Some(false),
+            ..TierOptions::default()
+        }
+        .resolve(true, budget, block);
+        assert!(!lru.chain_eviction, "turned off");
     }
 }

@@ -139,7 +139,8 @@
 //! - **Load to GPU**: [`prepare_load`](TieringManager::prepare_load) pins the `Hit` blocks;
 //!   copy DRAM -> GPU from the views, then drop them.
 //! - **Chains**: pass `lookup_prefix`/`lookup_many` and `prepare_store` a request's keys in
-//!   prefix order (as vLLM does). With `chain_eviction: true` in a tier's entry, the manager
+//!   prefix order (as vLLM does): one `prepare_store` call is taken for consecutive blocks of
+//!   one chain. For every tier whose entry does not say `chain_eviction: false`, the manager
 //!   learns from those lists which block follows which (per request, until it finishes; the
 //!   first key of a store is linked to the key its request's lookup put before it) and sends
 //!   the links with each store job ([`StoreJob::links`](kv_tier_core::StoreJob::links)); a

@@ -150,10 +150,11 @@ struct TierArgs {
     /// The fs tier's write budget in MiB/s (stores past it are dropped, counted)
     #[arg(long, value_name = "X", value_parser = budget_mb)]
     fs_write_budget_mb_per_s: Option<f64>,
-    /// Chain-aware eviction on the fs (and obj) tier: a chain's later blocks go before its
-    /// earlier ones (the tiers' `chain_eviction`)
-    #[arg(long)]
-    chain_eviction: bool,
+    /// Eviction on the bounded fs and obj tiers: chain (a chain's later blocks go before its
+    /// earlier ones, least recent chain tail first: the tiers' `chain_eviction`, the library's
+    /// default) or lru (plain LRU)
+    #[arg(long, value_name = "POLICY", value_parser = ["chain", "lru"], default_value = "chain")]
+    eviction: String,
     /// No fs tier: DRAM, then the obj tier alone (the obj-only hierarchy; needs
     /// --s3-endpoint or --s3-embedded)
     #[arg(long, conflicts_with_all = ["root_dir", "fs_cap_gb", "fs_admit_after_lookups", "fs_write_budget_mb_per_s", "config_json", "instances", "compare_admission"])]
@@ -446,7 +447,7 @@ impl Cli {
             fs_cap_gb,
             fs_admit_after_lookups: t.fs_admit_after_lookups,
             fs_write_budget_mb_per_s: t.fs_write_budget_mb_per_s,
-            chain_eviction: t.chain_eviction,
+            chain_eviction: t.eviction == "chain",
             config_json: t.config_json,
             s3_endpoint: t.s3_endpoint,
             s3_embedded: t.s3_embedded,
@@ -474,7 +475,7 @@ const TIER_FLAGS: [&str; 13] = [
     "fs_cap_gb",
     "fs_admit_after_lookups",
     "fs_write_budget_mb_per_s",
-    "chain_eviction",
+    "eviction",
     "s3_endpoint",
     "s3_bucket",
     "s3_access_key",

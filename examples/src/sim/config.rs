@@ -199,8 +199,8 @@ pub struct SimConfig {
     pub fs_admit_after_lookups: u64,
     /// The fs tier's `write_budget_mb_per_s` (`None`: no budget).
     pub fs_write_budget_mb_per_s: Option<f64>,
-    /// `chain_eviction` on the fs and obj tiers: a chain's later blocks are evicted before its
-    /// earlier ones.
+    /// `chain_eviction` on the fs and obj tiers (default true, as the library's): a chain's
+    /// later blocks are evicted before its earlier ones; false: plain LRU.
     pub chain_eviction: bool,
     /// A tier config JSON (vLLM-shaped) replacing the built-in one.
     pub config_json: Option<String>,
@@ -281,7 +281,7 @@ impl Default for SimConfig {
             root_dir: None,
             fs_cap_gb: Some(4.0),
             fs_admit_after_lookups: 0,
-            chain_eviction: false,
+            chain_eviction: true,
             fs_write_budget_mb_per_s: None,
             config_json: None,
             s3_endpoint: None,
@@ -376,9 +376,7 @@ impl SimConfig {
             if let Some(mb) = self.fs_write_budget_mb_per_s {
                 o.insert("write_budget_mb_per_s".into(), mb.into());
             }
-            if self.chain_eviction {
-                o.insert("chain_eviction".into(), true.into());
-            }
+            o.insert("chain_eviction".into(), self.chain_eviction.into());
             if let Some(id) = &self.fs_instance_id {
                 o.insert("shared".into(), true.into());
                 o.insert("instance_id".into(), id.clone().into());
