@@ -1,5 +1,6 @@
 //! Lookup verdicts and the request context.
 
+use crate::BlockKey;
 use std::sync::Arc;
 
 /// The answer to "do we have this block?".
@@ -101,10 +102,14 @@ impl TierFilter {
 /// What the manager needs to know about the request a call is made for.
 ///
 /// ```
-/// use kv_tier_core::{RequestContext, TierFilter};
+/// use kv_tier_core::{BlockKey, RequestContext, TierFilter};
 /// let ctx = RequestContext::new(7).only_tiers(["fs"]);
 /// assert!(ctx.filter.allows("fs"));
 /// assert!(!ctx.filter.allows("obj"));
+/// // the engine's GPU cache holds the prompt's first 12 blocks; it asks for the rest
+/// let held = BlockKey::from_hash32([11; 32], 0);
+/// let ctx = RequestContext::new(7).follows(held, 12);
+/// assert_eq!(ctx.follows.map(|l| (l.parent, l.depth)), Some((held, 12)));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestContext {
@@ -112,6 +117,10 @@ pub struct RequestContext {
     pub id: RequestId,
     /// The secondary tiers it may load from.
     pub filter: TierFilter,
+    /// Where the first key of a lookup made with this context sits in its chain, when the
+    /// blocks before it are not in the lookup (the engine holds them itself: its GPU prefix
+    /// cache): the block it follows and its position. See [`RequestContext::follows`].
+    pub follows: Option<crate::tier::ChainLink>,
 }
 
 impl RequestContext {
@@ -120,7 +129,23 @@ impl RequestContext {
         Self {
             id: id.into(),
             filter: TierFilter::All,
+            follows: None,
         }
+    }
+
+    /// The first key of the lookups made with this context follows `parent` in its chain and
+    /// is at `position` in it (the number of blocks before it, so at least 1): what an
+    /// engine that looks up only the blocks past its own prefix cache (as vLLM does) tells
+    /// the manager, so the chain links sent to the tiers (`chain_eviction`) join the blocks
+    /// it stores to the ones before them. Without it the lookup's first key starts a chain of
+    /// its own: a tier then may evict the block before it first, and count the blocks after
+    /// it live when they are not. A position of 0 is taken as 1.
+    pub fn follows(mut self, parent: BlockKey, position: u32) -> Self {
+        self.follows = Some(crate::tier::ChainLink {
+            parent,
+            depth: position.max(1),
+        });
+        self
     }
 
     /// Restricts loads to the named tiers.

@@ -354,7 +354,12 @@ impl<'a> Engine<'a> {
     fn serve(&mut self, a: &mut Active, waited: u32) -> Result<u64, kv_tier::Error> {
         let keys = &a.turn.keys;
         let g = keys.iter().take_while(|k| self.gpu.contains(k)).count();
-        let verdicts = self.manager.lookup_many(&keys[g..], &a.ctx);
+        // the lookup starts past the GPU cache's prefix: its first key follows that prefix
+        let ctx = match g.checked_sub(1) {
+            Some(last) => a.ctx.clone().follows(keys[last], g as u32),
+            None => a.ctx.clone(),
+        };
+        let verdicts = self.manager.lookup_many(&keys[g..], &ctx);
         for (k, v) in keys[g..].iter().zip(&verdicts) {
             if *v == LookupResult::HitPending
                 && let Some(tier) = self.manager.promotion_tier(k)

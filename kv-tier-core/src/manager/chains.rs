@@ -16,7 +16,29 @@ pub(super) struct Chains {
 
 impl Chains {
     /// `keys` are consecutive blocks of `req`'s chain (a lookup's list: the prompt's blocks
-    /// past what the engine holds itself). A block keeps the first link learned for it.
+    /// past what the engine holds itself), the first of them following `first` where the
+    /// engine says so ([`RequestContext::follows`](crate::RequestContext::follows)). A block
+    /// keeps the first link learned for it.
+    pub(super) fn learn_after(
+        &mut self,
+        req: RequestId,
+        first: Option<ChainLink>,
+        keys: &[BlockKey],
+    ) {
+        if let (Some(l), Some(k)) = (first, keys.first())
+            && l.parent != *k
+        {
+            self.per_request
+                .entry(req)
+                .or_default()
+                .entry(*k)
+                .or_insert(l);
+        }
+        self.learn(req, keys);
+    }
+
+    /// `keys` are consecutive blocks of `req`'s chain. A block keeps the first link learned
+    /// for it.
     pub(super) fn learn(&mut self, req: RequestId, keys: &[BlockKey]) {
         let [.., before, last] = keys else {
             return;
@@ -76,6 +98,44 @@ mod tests {
 
     fn k(i: u8) -> BlockKey {
         BlockKey::from_hash32([i; 32], 0)
+    }
+
+    /// A lookup whose first key follows a block the engine holds itself (its GPU cache) links
+    /// that key to it, at the position given, and the rest one deeper each: a later store of
+    /// the first key gets the link.
+    #[test]
+    fn a_lookup_after_the_engines_own_prefix_links_its_first_key_to_it() {
+        let mut c = Chains::default();
+        let r = RequestId(1);
+        let held = ChainLink {
+            parent: k(9),
+            depth: 12,
+        };
+        c.learn_after(r, Some(held), &[k(1), k(2)]);
+        let links = c.links(r, &[k(1), k(2)]);
+        assert_eq!(
+            links,
+            vec![
+                (k(1), held),
+                (
+                    k(2),
+                    ChainLink {
+                        parent: k(1),
+                        depth: 13
+                    }
+                ),
+            ]
+        );
+        // a key said to follow itself is no link
+        c.learn_after(
+            RequestId(2),
+            Some(ChainLink {
+                parent: k(5),
+                depth: 1,
+            }),
+            &[k(5)],
+        );
+        assert!(c.links(RequestId(2), &[k(5)]).is_empty());
     }
 
     /// A lookup's list links each block to the one before; a later store of the blocks past

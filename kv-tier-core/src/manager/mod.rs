@@ -331,7 +331,7 @@ impl TieringManager {
             st.admission.asked(k, req.id);
         }
         if self.wants_chains(&st) {
-            st.chains.learn(req.id, keys);
+            st.chains.learn_after(req.id, req.follows, keys);
         }
         st.retried.clear();
         let mut results = Vec::with_capacity(keys.len());

@@ -1,6 +1,7 @@
-//! Chain links: with `chain_eviction` on, the manager sends a tier each stored block's place
-//! in its request's chain, learned from the lookup's and the store's key lists (prefix order);
-//! off (the default), it sends none.
+//! Chain links: with `chain_eviction` on (the default), the manager sends a tier each stored
+//! block's place in its request's chain, learned from the lookup's and the store's key lists
+//! (prefix order) and from where the engine says a lookup starts (`RequestContext::follows`);
+//! off, it sends none.
 
 use kv_tier::RequestContext;
 use kv_tier_core::{RequestId, TieringManager};
@@ -40,6 +41,50 @@ fn a_store_is_linked_to_the_block_its_lookup_put_before_it() {
             assert_eq!(dead_bytes(&m), (0, 4), "the chain is whole");
         } else {
             assert_eq!(dead, 0, "no links sent");
+        }
+        m.on_request_finished(RequestId(1));
+        m.runtime().block_on(m.shutdown()).unwrap();
+    }
+}
+
+/// Promise (`RequestContext::follows`): an engine that looks up only the blocks past its own
+/// prefix cache says which block the lookup's first key follows, and the store of that key
+/// is linked to it. Blocks 0 and 1 are the engine's (never stored in the tier); the request
+/// looks up 2..4 following 1 and stores them: all three follow a block the tier lacks, so are
+/// dead bytes there; once 1 is stored, none is. Without `follows`, block 2 starts a chain of
+/// its own and none is dead.
+#[test]
+fn a_lookup_past_the_engines_prefix_links_its_first_key_to_the_block_before() {
+    for follows in [true, false] {
+        let root = temp_root();
+        let m = build(fs_manager_config(
+            root.path(),
+            16,
+            BS,
+            r#", "gc_max_size_gb": 1"#,
+        ));
+        let ks: Vec<_> = (0..5).map(|i| test_key(7_100 + i)).collect();
+        let req = match follows {
+            true => RequestContext::new(1).follows(ks[1], 2),
+            false => RequestContext::new(1),
+        };
+        m.lookup_prefix(&ks[2..], &req);
+        engine_store(&m, RequestId(1), &ks[2..]);
+        m.runtime().block_on(m.wait_idle());
+        let (dead, files) = dead_bytes(&m);
+        assert_eq!(files, 3);
+        if follows {
+            assert!(
+                dead > 0,
+                "the stored blocks follow block 1, which the tier lacks"
+            );
+            engine_store(&m, RequestId(1), &ks[1..2]);
+            m.runtime().block_on(m.wait_idle());
+            // block 1's own parent was never named: as far as the tier knows, it starts
+            // the chain, now whole
+            assert_eq!(dead_bytes(&m), (0, 4));
+        } else {
+            assert_eq!(dead, 0, "block 2 starts a chain of its own");
         }
         m.on_request_finished(RequestId(1));
         m.runtime().block_on(m.shutdown()).unwrap();
