@@ -144,8 +144,12 @@
 //!   learns from those lists which block follows which (per request, until it finishes; the
 //!   first key of a store is linked to the key its request's lookup put before it) and sends
 //!   the links with each store job ([`StoreJob::links`](kv_tier_core::StoreJob::links)); a
-//!   bounded fs or obj tier then evicts a chain's later blocks before its earlier ones. A
-//!   tier of your own reads them there, or ignores them.
+//!   bounded fs or obj tier then evicts a chain's later blocks before its earlier ones. An
+//!   engine that looks up only the blocks past its own prefix cache says which block the
+//!   first one follows ([`RequestContext::follows`](kv_tier_core::RequestContext::follows):
+//!   `RequestContext::new(id).follows(last_cached_key, cached_blocks)`),
+//!   so the chain does not start again there. A tier of your own reads the links in the
+//!   job, or ignores them.
 //! - **Request end**: [`on_request_finished`](TieringManager::on_request_finished) releases
 //!   what the request held.
 //! - **Shutdown**: [`shutdown`](TieringManager::shutdown) (or `shutdown_blocking`) stops
