@@ -99,6 +99,19 @@ impl TierFilter {
     }
 }
 
+/// Where a block sits in its request's chain of blocks: the block it follows (its parent:
+/// the block before it in the prompt) and its position (`depth`, at least 1; the chain's
+/// first block is at 0 and has no parent). The manager learns these from the key lists the
+/// engine passes to `lookup_prefix`/`lookup_many` and `prepare_store`, which are in prefix
+/// order, and from [`RequestContext::follows`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainLink {
+    /// The block before it in its chain.
+    pub parent: BlockKey,
+    /// Its position in the chain (its parent's is less).
+    pub depth: u32,
+}
+
 /// What the manager needs to know about the request a call is made for.
 ///
 /// ```
@@ -120,7 +133,7 @@ pub struct RequestContext {
     /// Where the first key of a lookup made with this context sits in its chain, when the
     /// blocks before it are not in the lookup (the engine holds them itself: its GPU prefix
     /// cache): the block it follows and its position. See [`RequestContext::follows`].
-    pub follows: Option<crate::tier::ChainLink>,
+    pub follows: Option<ChainLink>,
 }
 
 impl RequestContext {
@@ -141,7 +154,7 @@ impl RequestContext {
     /// its own: a tier then may evict the block before it first, and count the blocks after
     /// it live when they are not. A position of 0 is taken as 1.
     pub fn follows(mut self, parent: BlockKey, position: u32) -> Self {
-        self.follows = Some(crate::tier::ChainLink {
+        self.follows = Some(ChainLink {
             parent,
             depth: position.max(1),
         });

@@ -39,18 +39,7 @@ impl StoreJob {
     }
 }
 
-/// Where a block sits in its request's chain of blocks: the block it follows (its parent:
-/// the block before it in the prompt) and its position (`depth`, at least 1; the chain's
-/// first block is at 0 and has no parent). The manager learns these from the key lists the
-/// engine passes to `lookup_prefix`/`lookup_many` and `prepare_store`, which are in prefix
-/// order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChainLink {
-    /// The block before it in its chain.
-    pub parent: BlockKey,
-    /// Its position in the chain (its parent's is less).
-    pub depth: u32,
-}
+pub use crate::request::ChainLink;
 
 /// A batch of blocks to copy from a tier into reserved DRAM slots.
 #[derive(Debug, Default)]

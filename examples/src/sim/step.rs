@@ -399,7 +399,12 @@ impl<'a> Engine<'a> {
         // prefill computes the rest; offload it with the output
         let mut new: Vec<BlockKey> = keys[g + h..].to_vec();
         new.extend(&a.turn.output);
-        self.store(&new, &a.ctx);
+        self.store(
+            &new,
+            (g + h).checked_sub(1).map(|p| &keys[p]),
+            g + h,
+            &a.ctx,
+        );
         a.phase = Phase::Finish;
         Ok(recomputed + (a.turn.output.len() * self.cfg.tokens_per_block) as u64)
     }
@@ -495,13 +500,26 @@ impl<'a> Engine<'a> {
         recomputed
     }
 
-    /// Offloads computed blocks to kv-tier and puts them in the GPU cache.
-    fn store(&mut self, new: &[BlockKey], ctx: &RequestContext) {
-        for chunk in new.chunks(STORE_CHUNK) {
+    /// Offloads computed blocks to kv-tier and puts them in the GPU cache. `new[0]` is at
+    /// `position` in its request's chain, after `before` (if any): each batch says which
+    /// block it follows, the one before it whether or not that one was stored.
+    fn store(
+        &mut self,
+        new: &[BlockKey],
+        before: Option<&BlockKey>,
+        position: usize,
+        ctx: &RequestContext,
+    ) {
+        for (i, chunk) in new.chunks(STORE_CHUNK).enumerate() {
+            let at = i * STORE_CHUNK;
+            let parent = at.checked_sub(1).map_or(before, |p| new.get(p));
             match self.manager.prepare_store(chunk) {
                 Ok(mut p) => {
                     for (k, sink) in p.slots() {
                         fill_block(k, 0, sink.as_mut_slice());
+                    }
+                    if let Some(parent) = parent {
+                        p = p.follows(*parent, (position + at) as u32);
                     }
                     let receipt = p.commit(ctx.id);
                     self.ledger.offered(chunk);

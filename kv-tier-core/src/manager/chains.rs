@@ -62,10 +62,11 @@ impl Chains {
     }
 
     /// The links of a store's blocks (`chain`: the keys of one `prepare_store` call, in prefix
-    /// order), learned with them.
+    /// order, the first following `first` where the engine says so), learned with them.
     pub(super) fn links(
         &mut self,
         req: RequestId,
+        first: Option<ChainLink>,
         chain: &[BlockKey],
     ) -> Vec<(BlockKey, ChainLink)> {
         // a request nothing was learned of (finished, or never looked up) gets the links of
@@ -76,7 +77,7 @@ impl Chains {
         } else {
             &mut once
         };
-        from.learn(req, chain);
+        from.learn_after(req, first, chain);
         let Some(known) = from.per_request.get(&req) else {
             return Vec::new();
         };
@@ -112,7 +113,7 @@ mod tests {
             depth: 12,
         };
         c.learn_after(r, Some(held), &[k(1), k(2)]);
-        let links = c.links(r, &[k(1), k(2)]);
+        let links = c.links(r, None, &[k(1), k(2)]);
         assert_eq!(
             links,
             vec![
@@ -126,6 +127,12 @@ mod tests {
                 ),
             ]
         );
+        // a store whose first key continues neither: linked where the engine says
+        let after = ChainLink {
+            parent: k(7),
+            depth: 30,
+        };
+        assert_eq!(c.links(r, Some(after), &[k(20), k(21)])[0], (k(20), after));
         // a key said to follow itself is no link
         c.learn_after(
             RequestId(2),
@@ -135,7 +142,7 @@ mod tests {
             }),
             &[k(5)],
         );
-        assert!(c.links(RequestId(2), &[k(5)]).is_empty());
+        assert!(c.links(RequestId(2), None, &[k(5)]).is_empty());
     }
 
     /// A lookup's list links each block to the one before; a later store of the blocks past
@@ -146,7 +153,7 @@ mod tests {
         let r = RequestId(1);
         c.learn(r, &[k(1), k(2), k(3)]);
         c.learn(r, &[k(1), k(2), k(3)]);
-        let links = c.links(r, &[k(3), k(4)]);
+        let links = c.links(r, None, &[k(3), k(4)]);
         assert_eq!(
             links,
             vec![
@@ -167,11 +174,11 @@ mod tests {
             ]
         );
         assert!(
-            c.links(RequestId(2), &[k(9)]).is_empty(),
+            c.links(RequestId(2), None, &[k(9)]).is_empty(),
             "nothing known of it"
         );
         assert_eq!(
-            c.links(RequestId(3), &[k(8), k(9)]).len(),
+            c.links(RequestId(3), None, &[k(8), k(9)]).len(),
             1,
             "its own order"
         );
@@ -181,12 +188,12 @@ mod tests {
         );
         // a list that starts earlier than the one learned links its new front
         c.learn(r, &[k(0), k(1), k(2), k(3)]);
-        assert_eq!(c.links(r, &[k(1)])[0].1.parent, k(0));
+        assert_eq!(c.links(r, None, &[k(1)])[0].1.parent, k(0));
         c.forget(r);
         assert!(c.per_request.is_empty() || !c.per_request.contains_key(&r));
         // a block keeps its first link
         c.learn(r, &[k(5), k(6)]);
         c.learn(r, &[k(7), k(6)]);
-        assert_eq!(c.links(r, &[k(6)])[0].1.parent, k(5));
+        assert_eq!(c.links(r, None, &[k(6)])[0].1.parent, k(5));
     }
 }

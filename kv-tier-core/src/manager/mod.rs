@@ -795,7 +795,7 @@ impl TieringManager {
         &self,
         keys: &[BlockKey],
         present: &[BlockKey],
-        commit: Option<(RequestId, &[BlockKey])>,
+        commit: Option<(RequestId, Option<crate::tier::ChainLink>, &[BlockKey])>,
     ) -> StoreReceipt {
         let mut receipt = StoreReceipt::default();
         let mut st = self.begin();
@@ -804,7 +804,7 @@ impl TieringManager {
         st.write_back
             .unreserve(keys, self.primary.block_size() as u64);
         let stored = self.primary.complete_store(keys, commit.is_some());
-        let Some((req, chain)) = commit else {
+        let Some((req, first, chain)) = commit else {
             return receipt;
         };
         let request_level = st.request_level.get(&req).cloned().unwrap_or_default();
@@ -819,7 +819,7 @@ impl TieringManager {
         let sources = self.primary.sources(&stored);
         let present_sources = self.primary.sources(present);
         let links = if self.wants_chains(&st) {
-            st.chains.links(req, chain)
+            st.chains.links(req, first, chain)
         } else {
             Vec::new()
         };

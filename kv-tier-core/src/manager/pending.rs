@@ -7,7 +7,7 @@ use std::fmt;
 use super::TieringManager;
 use crate::buf::BlockSink;
 use crate::key::BlockKey;
-use crate::request::RequestId;
+use crate::request::{ChainLink, RequestId};
 use crate::tier::PreparedStore;
 
 /// DRAM slots reserved by [`TieringManager::prepare_store`], to fill with the engine's
@@ -35,6 +35,9 @@ pub struct PendingStore<'m> {
     prepared: PreparedStore,
     /// The keys of the `prepare_store` call, in the engine's (prefix) order.
     chain: Vec<BlockKey>,
+    /// Where its first key sits in its request's chain, if the engine said
+    /// ([`PendingStore::follows`]).
+    first: Option<ChainLink>,
 }
 
 impl<'m> PendingStore<'m> {
@@ -47,7 +50,31 @@ impl<'m> PendingStore<'m> {
             manager,
             prepared,
             chain,
+            first: None,
         }
+    }
+
+    /// The first key of this store follows `parent` in its request's chain and is at
+    /// `position` in it (the blocks before it; 0 is taken as 1), as
+    /// [`RequestContext::follows`](crate::RequestContext::follows) says of a lookup's: for a
+    /// store whose first block continues neither the request's lookup nor its last store (a
+    /// batch after one DRAM refused, or blocks the request computed past its prompt), so the
+    /// chain links sent to the tiers (`chain_eviction`) join it to the block before.
+    ///
+    /// ```
+    /// # fn demo(manager: &kv_tier_core::TieringManager) -> kv_tier_core::Result<()> {
+    /// use kv_tier_core::{BlockKey, RequestId};
+    /// let (before, next) = (BlockKey::from_hash32([7; 32], 0), BlockKey::from_hash32([8; 32], 0));
+    /// let pending = manager.prepare_store(&[next])?.follows(before, 40);
+    /// pending.commit(RequestId(1));
+    /// # Ok(()) }
+    /// ```
+    pub fn follows(mut self, parent: BlockKey, position: u32) -> Self {
+        self.first = Some(ChainLink {
+            parent,
+            depth: position.max(1),
+        });
+        self
     }
 
     /// The keys that need writing, each with its exclusive writable DRAM slot.
@@ -85,7 +112,7 @@ impl<'m> PendingStore<'m> {
         let present = std::mem::take(&mut self.prepared.present);
         let chain = std::mem::take(&mut self.chain);
         self.manager
-            .finish_store(&keys, &present, Some((req, &chain)))
+            .finish_store(&keys, &present, Some((req, self.first, &chain)))
     }
 
     /// Frees the slots; nothing is stored or cascaded. The same as dropping it.

@@ -90,3 +90,48 @@ fn a_lookup_past_the_engines_prefix_links_its_first_key_to_the_block_before() {
         m.runtime().block_on(m.shutdown()).unwrap();
     }
 }
+
+/// Promise (`PendingStore::follows`): a store whose first block continues neither the
+/// request's lookup nor its last store (here the batch after one DRAM refused: block 2 was
+/// never stored) says which block it follows, and is linked to it: blocks 3 and 4 are dead
+/// bytes in the tier until 2 is stored. Without `follows`, block 3 starts a chain of its own.
+#[test]
+fn a_store_says_which_block_its_first_one_follows() {
+    for follows in [true, false] {
+        let root = temp_root();
+        let m = build(fs_manager_config(
+            root.path(),
+            16,
+            BS,
+            r#", "gc_max_size_gb": 1"#,
+        ));
+        let ks: Vec<_> = (0..5).map(|i| test_key(7_200 + i)).collect();
+        let req = RequestContext::new(1);
+        m.lookup_prefix(&ks[..2], &req);
+        engine_store(&m, RequestId(1), &ks[..2]);
+        let mut p = m.prepare_store(&ks[3..]).unwrap();
+        for (k, sink) in p.slots() {
+            kv_tier_testkit::fill_block(k, 0, sink.as_mut_slice());
+        }
+        if follows {
+            p = p.follows(ks[2], 3);
+        }
+        p.commit(RequestId(1));
+        m.runtime().block_on(m.wait_idle());
+        let (dead, files) = dead_bytes(&m);
+        assert_eq!(files, 4);
+        if follows {
+            assert!(
+                dead > 0,
+                "blocks 3 and 4 follow block 2, which the tier lacks"
+            );
+            engine_store(&m, RequestId(1), &ks[2..3]);
+            m.runtime().block_on(m.wait_idle());
+            assert_eq!(dead_bytes(&m), (0, 5), "the chain is whole");
+        } else {
+            assert_eq!(dead, 0, "block 3 starts a chain of its own");
+        }
+        m.on_request_finished(RequestId(1));
+        m.runtime().block_on(m.shutdown()).unwrap();
+    }
+}
