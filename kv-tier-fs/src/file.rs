@@ -196,6 +196,46 @@ pub(crate) fn publish_noreplace(tmp: &Path, dest: &Path) -> io::Result<bool> {
     }
 }
 
+/// A temp name beside `path` for a file moved aside (unique in this process; `*.tmp`, so a
+/// crash that leaves it is reaped with the other temp files).
+pub(crate) fn aside_path(path: &Path) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut s = path.as_os_str().to_os_string();
+    s.push(format!("_aside{:x}_{n:x}.tmp", std::process::id()));
+    s.into()
+}
+
+/// Deletes the checksum sidecar of the block file `bin` if `bin` is not there and `reapable`
+/// says so of the sidecar, without ever deleting a sidecar a store writes meanwhile. A store
+/// publishes its block and only then renames its sidecar into place, so the sidecar is first
+/// moved aside and the block looked for after: still absent, what was moved is older than any
+/// store's sidecar, and goes; there, what was moved may be that store's, and is put back
+/// unless a sidecar stands at the path again (then that one is the store's, and the one aside
+/// goes). Returns whether a sidecar was deleted.
+pub(crate) fn reap_orphan_sidecar(
+    bin: &Path,
+    reapable: impl Fn(&std::fs::Metadata) -> bool,
+) -> bool {
+    let side = sidecar_path(bin);
+    if std::fs::symlink_metadata(bin).is_ok()
+        || !std::fs::symlink_metadata(&side).is_ok_and(|m| m.is_file() && reapable(&m))
+    {
+        return false;
+    }
+    let aside = aside_path(&side);
+    if std::fs::rename(&side, &aside).is_err() {
+        return false;
+    }
+    if std::fs::symlink_metadata(bin).is_err() {
+        return std::fs::remove_file(&aside).is_ok();
+    }
+    if !matches!(publish_noreplace(&aside, &side), Ok(true)) {
+        let _ = std::fs::remove_file(&aside);
+    }
+    false
+}
+
 /// [`publish_noreplace`] with link(2) and unlink(2), for filesystems without
 /// `RENAME_NOREPLACE`.
 fn link_noreplace(tmp: &Path, dest: &Path) -> io::Result<bool> {

@@ -58,17 +58,10 @@ impl Shared {
     /// Deletes the sidecar of the block file `path` if the block is not there and the sidecar
     /// was last changed before `before`: the block was deleted by someone else (vLLM's own
     /// eviction, a reaper) and its sidecar, which the index stopped counting with the block,
-    /// would stay on disk until a walk. The rule of walks: a store publishes its block before
-    /// it writes the sidecar, so no sidecar of a store under way is taken.
+    /// would stay on disk until a walk. A store of the key under way keeps its sidecar (see
+    /// `file::reap_orphan_sidecar`).
     fn reap_orphan_sidecar(&self, path: &Path, before: SystemTime) {
-        if self.xattrs || std::fs::symlink_metadata(path).is_ok() {
-            return;
-        }
-        let side = file::sidecar_path(path);
-        if std::fs::symlink_metadata(&side)
-            .is_ok_and(|m| m.is_file() && file::changed_at(&m) < before)
-            && std::fs::remove_file(&side).is_ok()
-        {
+        if !self.xattrs && file::reap_orphan_sidecar(path, |m| file::changed_at(m) < before) {
             bump(&self.counters.own.sidecars_reaped, 1);
         }
     }

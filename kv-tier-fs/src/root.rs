@@ -275,9 +275,6 @@ pub(crate) fn spawn_top_dirs(files: Arc<Shared>) -> Option<std::thread::JoinHand
 /// unbounded tier's open). Returns (temp files, sidecars) deleted.
 pub(crate) fn reap_tmp(dirs: &[PathBuf], age: Duration) -> (u64, u64) {
     let now = SystemTime::now();
-    let orphan_reapable = |p: &Path| {
-        std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file() && file::changed_at(&m) < now)
-    };
     let (mut tmps, mut sidecars) = (0, 0);
     let mut stack: Vec<PathBuf> = dirs.to_vec();
     let old = |e: &std::fs::DirEntry| {
@@ -305,9 +302,7 @@ pub(crate) fn reap_tmp(dirs: &[PathBuf], age: Duration) -> (u64, u64) {
                 }
             } else if let Some(bin) = name.strip_suffix(file::CRC_SIDECAR_SUFFIX)
                 && bin.ends_with(".bin")
-                && std::fs::symlink_metadata(d.join(bin)).is_err()
-                && orphan_reapable(&p)
-                && std::fs::remove_file(&p).is_ok()
+                && file::reap_orphan_sidecar(&d.join(bin), |m| file::changed_at(m) < now)
             {
                 sidecars += 1;
             }

@@ -209,11 +209,7 @@ fn walk_leaf(ns: &Namespace, top: &str, leaf: &str, dir: &Path, reap: Reap<'_>, 
     // what is left has no block file: reaped if still so, and written before the walk
     // (stat again: a sidecar renamed into place since is another file)
     for (bin, _) in sidecars {
-        let path = dir.join(format!("{bin}{}", crate::file::CRC_SIDECAR_SUFFIX));
-        if !dir.join(&bin).exists()
-            && std::fs::symlink_metadata(&path).is_ok_and(|m| orphan_reapable(&m))
-            && std::fs::remove_file(&path).is_ok()
-        {
+        if crate::file::reap_orphan_sidecar(&dir.join(&bin), orphan_reapable) {
             local.sidecars_reaped += 1;
             kept -= 1;
         }

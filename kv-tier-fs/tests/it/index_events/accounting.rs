@@ -101,6 +101,53 @@ async fn a_block_deleted_by_someone_else_takes_its_sidecar_at_the_load_that_find
     assert!(res.is_success(), "{:?}", res.failed);
 }
 
+/// Where checksums live in sidecars, a load that finds a block gone races a store of the same
+/// key, a thousand times (each key stored, its block file deleted by someone else, then the
+/// load and the store started together, in either order): the load may delete the orphan
+/// sidecar, never the store's fresh one, and the index ends equal to the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_that_finds_a_block_gone_never_takes_the_sidecar_of_a_store_racing_it() {
+    let m = Mount::new("ramfs", "");
+    let n = 1000;
+    let per_block = 2 * BS as u64; // ramfs: a page for the block, one for its sidecar
+    let mut c = hand_swept_cfg(&m.dir, 2 * n + 64, 0.8);
+    c.checksum = kv_tier_fs::Checksum::Crc32c;
+    c.gc_max_size_gb = Some(((2 * n + 64) * per_block) as f64 / (1u64 << 30) as f64);
+    let tier = Arc::new(FsTier::open("fs", c, ns(), BS).unwrap());
+    let ks = leaf_keys(0..n);
+    let mut lost = Vec::new();
+    for (i, k) in ks.iter().enumerate() {
+        assert!(fs_store(&*tier, &[*k], 0).await.is_success());
+        std::fs::remove_file(tier.block_path(k)).unwrap();
+        let (t1, t2, one) = (tier.clone(), tier.clone(), [*k]);
+        let loading = async move { load(&t1, &one).await };
+        let storing = async move { fs_store(&*t2, &one, 0).await };
+        let (l, s) = if i % 2 == 0 {
+            let l = tokio::spawn(loading);
+            (l, tokio::spawn(storing))
+        } else {
+            let s = tokio::spawn(storing);
+            (tokio::spawn(loading), s)
+        };
+        l.await.unwrap();
+        assert!(s.await.unwrap().is_success());
+        let block = tier.block_path(k);
+        let mut side = block.clone().into_os_string();
+        side.push(kv_tier_fs::CRC_SIDECAR_SUFFIX);
+        if block.exists() && !std::path::Path::new(&side).exists() {
+            lost.push(i);
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "stores whose sidecar a load deleted: {lost:?}"
+    );
+    let s = gc_stats(&tier);
+    assert_eq!((s.files, s.bytes), (n, allocated_bytes(&rank_dir(&m.dir))));
+    let (res, _) = load(&tier, &ks).await;
+    assert!(res.is_success(), "{:?}", res.failed);
+}
+
 /// Files someone else deleted between the sweep's decision and its unlinks are gone, as the
 /// sweep wanted: not errors, and not put back into the index.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
