@@ -10,10 +10,28 @@ use kv_tier_testkit::{temp_root, test_key};
 
 use crate::support::*;
 
+/// The fs tier's dead bytes and block files, once the manager's jobs are done.
 fn dead_bytes(m: &TieringManager) -> (u64, u64) {
+    m.runtime().block_on(m.wait_idle());
     let s = m.tier::<kv_tier::fs::FsTier>("fs").unwrap().stats();
     let g = s.gc.unwrap();
     (g.dead_bytes, g.files)
+}
+
+/// A manager over a bounded fs tier in `root` (`extra`: more of its entry's keys).
+fn bounded(root: &std::path::Path, extra: &str) -> TieringManager {
+    build(fs_manager_config(
+        root,
+        16,
+        BS,
+        &format!(r#", "gc_max_size_gb": 1{extra}"#),
+    ))
+}
+
+/// Ends request 1 and shuts the manager down.
+fn end(m: TieringManager) {
+    m.on_request_finished(RequestId(1));
+    m.runtime().block_on(m.shutdown()).unwrap();
 }
 
 /// Promise (`TierOptions::chain_eviction`, `StoreJob::links`): the links are learned from
@@ -25,25 +43,21 @@ fn dead_bytes(m: &TieringManager) -> (u64, u64) {
 fn a_store_is_linked_to_the_block_its_lookup_put_before_it() {
     for on in [true, false] {
         let root = temp_root();
-        let extra = format!(r#", "gc_max_size_gb": 1, "chain_eviction": {on}"#);
-        let m = build(fs_manager_config(root.path(), 16, BS, &extra));
+        let m = bounded(root.path(), &format!(r#", "chain_eviction": {on}"#));
         let ks: Vec<_> = (0..4).map(|i| test_key(7_000 + i)).collect();
         let req = RequestContext::new(1);
         m.lookup_prefix(&ks, &req);
         engine_store(&m, RequestId(1), &ks[1..]);
-        m.runtime().block_on(m.wait_idle());
         let (dead, files) = dead_bytes(&m);
         assert_eq!(files, 3);
         if on {
             assert!(dead > 0, "three blocks follow a missing one");
             engine_store(&m, RequestId(1), &ks[..1]);
-            m.runtime().block_on(m.wait_idle());
             assert_eq!(dead_bytes(&m), (0, 4), "the chain is whole");
         } else {
             assert_eq!(dead, 0, "no links sent");
         }
-        m.on_request_finished(RequestId(1));
-        m.runtime().block_on(m.shutdown()).unwrap();
+        end(m);
     }
 }
 
@@ -57,12 +71,7 @@ fn a_store_is_linked_to_the_block_its_lookup_put_before_it() {
 fn a_lookup_past_the_engines_prefix_links_its_first_key_to_the_block_before() {
     for follows in [true, false] {
         let root = temp_root();
-        let m = build(fs_manager_config(
-            root.path(),
-            16,
-            BS,
-            r#", "gc_max_size_gb": 1"#,
-        ));
+        let m = bounded(root.path(), "");
         let ks: Vec<_> = (0..5).map(|i| test_key(7_100 + i)).collect();
         let req = match follows {
             true => RequestContext::new(1).follows(ks[1], 2),
@@ -70,7 +79,6 @@ fn a_lookup_past_the_engines_prefix_links_its_first_key_to_the_block_before() {
         };
         m.lookup_prefix(&ks[2..], &req);
         engine_store(&m, RequestId(1), &ks[2..]);
-        m.runtime().block_on(m.wait_idle());
         let (dead, files) = dead_bytes(&m);
         assert_eq!(files, 3);
         if follows {
@@ -79,15 +87,13 @@ fn a_lookup_past_the_engines_prefix_links_its_first_key_to_the_block_before() {
                 "the stored blocks follow block 1, which the tier lacks"
             );
             engine_store(&m, RequestId(1), &ks[1..2]);
-            m.runtime().block_on(m.wait_idle());
             // block 1's own parent was never named: as far as the tier knows, it starts
             // the chain, now whole
             assert_eq!(dead_bytes(&m), (0, 4));
         } else {
             assert_eq!(dead, 0, "block 2 starts a chain of its own");
         }
-        m.on_request_finished(RequestId(1));
-        m.runtime().block_on(m.shutdown()).unwrap();
+        end(m);
     }
 }
 
@@ -99,12 +105,7 @@ fn a_lookup_past_the_engines_prefix_links_its_first_key_to_the_block_before() {
 fn a_store_says_which_block_its_first_one_follows() {
     for follows in [true, false] {
         let root = temp_root();
-        let m = build(fs_manager_config(
-            root.path(),
-            16,
-            BS,
-            r#", "gc_max_size_gb": 1"#,
-        ));
+        let m = bounded(root.path(), "");
         let ks: Vec<_> = (0..5).map(|i| test_key(7_200 + i)).collect();
         let req = RequestContext::new(1);
         m.lookup_prefix(&ks[..2], &req);
@@ -117,7 +118,6 @@ fn a_store_says_which_block_its_first_one_follows() {
             p = p.follows(ks[2], 3);
         }
         p.commit(RequestId(1));
-        m.runtime().block_on(m.wait_idle());
         let (dead, files) = dead_bytes(&m);
         assert_eq!(files, 4);
         if follows {
@@ -126,12 +126,10 @@ fn a_store_says_which_block_its_first_one_follows() {
                 "blocks 3 and 4 follow block 2, which the tier lacks"
             );
             engine_store(&m, RequestId(1), &ks[2..3]);
-            m.runtime().block_on(m.wait_idle());
             assert_eq!(dead_bytes(&m), (0, 5), "the chain is whole");
         } else {
             assert_eq!(dead, 0, "block 3 starts a chain of its own");
         }
-        m.on_request_finished(RequestId(1));
-        m.runtime().block_on(m.shutdown()).unwrap();
+        end(m);
     }
 }

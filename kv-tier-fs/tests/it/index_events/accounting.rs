@@ -45,16 +45,27 @@ async fn a_vanished_or_damaged_file_leaves_the_index_whichever_it_is() {
     );
 }
 
+/// What a block takes on ramfs where its checksum lives in a sidecar: a page for the block,
+/// one for its sidecar.
+const SIDECAR_BLOCK: u64 = 2 * BS as u64;
+
+/// A fresh ramfs (no user xattrs: checksums in sidecars) and a hand-swept bounded config of
+/// its root with CRC32C checksums, capped at `blocks` blocks with their sidecars.
+fn sidecars_on_ramfs(blocks: u64) -> (Mount, kv_tier_fs::FsTierConfig) {
+    let m = Mount::new("ramfs", "");
+    let mut c = hand_swept_cfg(&m.dir, blocks, 0.8);
+    c.checksum = kv_tier_fs::Checksum::Crc32c;
+    c.gc_max_size_gb = Some((blocks * SIDECAR_BLOCK) as f64 / (1u64 << 30) as f64);
+    (m, c)
+}
+
 /// Where checksums live in sidecars (no user xattrs: ramfs), each block counts with its
 /// sidecar, and a sweep takes the sidecar with its block.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sidecars_count_toward_the_cap_and_go_with_their_blocks() {
-    let m = Mount::new("ramfs", "");
-    let mut c = hand_swept_cfg(&m.dir, 10, 0.8);
-    c.checksum = kv_tier_fs::Checksum::Crc32c;
     // ramfs keeps no blocks for directories; a block and its sidecar take a page each
-    let per_block = 2 * BS as u64;
-    c.gc_max_size_gb = Some((10 * per_block) as f64 / (1u64 << 30) as f64);
+    let (m, mut c) = sidecars_on_ramfs(10);
+    let per_block = SIDECAR_BLOCK;
     c.gc_low_watermark = Some(0.8);
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
     let ks = leaf_keys(0..15);
@@ -78,11 +89,8 @@ async fn sidecars_count_toward_the_cap_and_go_with_their_blocks() {
 /// or the hourly rescan).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_deleted_by_someone_else_takes_its_sidecar_at_the_load_that_finds_it_gone() {
-    let m = Mount::new("ramfs", "");
-    let mut c = hand_swept_cfg(&m.dir, 10, 0.8);
-    c.checksum = kv_tier_fs::Checksum::Crc32c;
-    let per_block = 2 * BS as u64; // ramfs: a page for the block, one for its sidecar
-    c.gc_max_size_gb = Some((10 * per_block) as f64 / (1u64 << 30) as f64);
+    let (m, c) = sidecars_on_ramfs(10);
+    let per_block = SIDECAR_BLOCK;
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
     let ks = leaf_keys(0..3);
     assert!(fs_store(&tier, &ks, 0).await.is_success());
@@ -107,12 +115,8 @@ async fn a_block_deleted_by_someone_else_takes_its_sidecar_at_the_load_that_find
 /// sidecar, never the store's fresh one, and the index ends equal to the disk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_that_finds_a_block_gone_never_takes_the_sidecar_of_a_store_racing_it() {
-    let m = Mount::new("ramfs", "");
     let n = 1000;
-    let per_block = 2 * BS as u64; // ramfs: a page for the block, one for its sidecar
-    let mut c = hand_swept_cfg(&m.dir, 2 * n + 64, 0.8);
-    c.checksum = kv_tier_fs::Checksum::Crc32c;
-    c.gc_max_size_gb = Some(((2 * n + 64) * per_block) as f64 / (1u64 << 30) as f64);
+    let (m, c) = sidecars_on_ramfs(2 * n + 64);
     let tier = Arc::new(FsTier::open("fs", c, ns(), BS).unwrap());
     let ks = leaf_keys(0..n);
     let mut lost = Vec::new();
@@ -174,11 +178,8 @@ async fn victims_deleted_by_someone_else_before_the_unlink_count_as_gone() {
 /// wrote it) counts with its sidecar, as one the tier stored itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learned_block_counts_with_its_sidecar() {
-    let m = Mount::new("ramfs", "");
-    let mut c = hand_swept_cfg(&m.dir, 10, 0.8);
-    c.checksum = kv_tier_fs::Checksum::Crc32c;
-    let per_block = 2 * BS as u64; // ramfs: a page for the block, one for its sidecar
-    c.gc_max_size_gb = Some((10 * per_block) as f64 / (1u64 << 30) as f64);
+    let (m, c) = sidecars_on_ramfs(10);
+    let per_block = SIDECAR_BLOCK;
     let tier = FsTier::open("fs", c, ns(), BS).unwrap();
     let mut oc = cfg(&m.dir);
     oc.checksum = kv_tier_fs::Checksum::Crc32c;
