@@ -75,7 +75,7 @@ fn retryable_status(status: u16) -> bool {
 /// environment gives keys: the provider object_store chose (it picks one, as the AWS SDKs'
 /// chain would: a web identity, the ECS task endpoint, EKS pod identity, else the instance
 /// metadata service), and what it asks, to name in an error.
-pub(crate) struct Chain {
+pub(crate) struct CredentialSource {
     provider: object_store::aws::AwsCredentialProvider,
     source: String,
 }
@@ -83,7 +83,7 @@ pub(crate) struct Chain {
 /// The credential source the builder's settings make object_store use, if it is not keys
 /// (given in the config or the environment) and signing is not skipped. The same order as
 /// `AmazonS3Builder::build`'s.
-fn chain_source(b: &object_store::aws::AmazonS3Builder) -> Option<String> {
+fn credential_source(b: &object_store::aws::AmazonS3Builder) -> Option<String> {
     use object_store::aws::AmazonS3ConfigKey as K;
     let get = |k: K| b.get_config_value(&k).filter(|v| !v.is_empty());
     if get(K::AccessKeyId).is_some()
@@ -120,11 +120,15 @@ fn chain_source(b: &object_store::aws::AmazonS3Builder) -> Option<String> {
 /// Asks the credential chain for credentials within `deadline`, before any request is sent:
 /// a chain that finds none, or does not answer, fails the startup saying so and naming where
 /// it looked, rather than passing for an endpoint that cannot be reached.
-pub(crate) async fn check_credentials(name: &str, chain: &Chain, deadline: Duration) -> Result<()> {
-    let what = match tokio::time::timeout(deadline, chain.provider.get_credential()).await {
+pub(crate) async fn check_credentials(
+    name: &str,
+    from: &CredentialSource,
+    deadline: Duration,
+) -> Result<()> {
+    let what = match tokio::time::timeout(deadline, from.provider.get_credential()).await {
         Ok(Ok(_)) => return Ok(()),
-        Ok(Err(e)) => format!("{} gave none ({e})", chain.source),
-        Err(_) => format!("{} did not answer within {deadline:?}", chain.source),
+        Ok(Err(e)) => format!("{} gave none ({e})", from.source),
+        Err(_) => format!("{} did not answer within {deadline:?}", from.source),
     };
     Err(Error::Backend {
         tier: name.to_string(),
@@ -141,7 +145,7 @@ pub(crate) async fn check_credentials(name: &str, chain: &Chain, deadline: Durat
 pub(crate) fn build_s3(
     cfg: &ObjTierConfig,
     counters: Arc<Counters>,
-) -> Result<(Arc<dyn ObjectStore>, Option<Chain>)> {
+) -> Result<(Arc<dyn ObjectStore>, Option<CredentialSource>)> {
     use object_store::aws::AmazonS3Builder;
     use object_store::{BackoffConfig, ClientOptions, RetryConfig};
     let mut b = AmazonS3Builder::from_env()
@@ -184,15 +188,15 @@ pub(crate) fn build_s3(
             max_retries: cfg.max_retries,
             retry_timeout: cfg.request_deadline(),
         });
-    let source = chain_source(&b);
+    let source = credential_source(&b);
     let store = b
         .build()
         .map_err(|e| Error::config("bucket", format!("cannot build the S3 client: {e}")))?;
-    let chain = source.map(|source| Chain {
+    let credentials = source.map(|source| CredentialSource {
         provider: store.credentials().clone(),
         source,
     });
-    Ok((Arc::new(store), chain))
+    Ok((Arc::new(store), credentials))
 }
 
 /// The startup probe: a HEAD (reachability, credentials), and where it finds nothing a

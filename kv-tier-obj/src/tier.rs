@@ -64,9 +64,9 @@ impl ObjTier {
     ) -> Result<Self> {
         cfg.validate()?;
         let counters = Arc::new(Counters::default());
-        let (store, chain) = crate::client::build_s3(&cfg, counters.clone())?;
-        if let Some(chain) = &chain {
-            crate::client::check_credentials(name, chain, cfg.request_deadline()).await?;
+        let (store, credentials) = crate::client::build_s3(&cfg, counters.clone())?;
+        if let Some(from) = &credentials {
+            crate::client::check_credentials(name, from, cfg.request_deadline()).await?;
         }
         // the S3 client drops a request's body when the request ends: PUTs send views
         Self::open(name, store, cfg, ns, block_size, counters, PutBody::View).await
