@@ -112,6 +112,18 @@ pub struct ChainLink {
     pub depth: u32,
 }
 
+impl ChainLink {
+    /// The link of a block at `position` in its chain (the blocks before it; 0 is taken as
+    /// 1: a block with a parent is not a chain's first), following `parent`: what an engine
+    /// says with [`RequestContext::follows`] or `PendingStore::follows`.
+    pub(crate) fn after(parent: BlockKey, position: u32) -> Self {
+        Self {
+            parent,
+            depth: position.max(1),
+        }
+    }
+}
+
 /// What the manager needs to know about the request a call is made for.
 ///
 /// ```
@@ -154,10 +166,7 @@ impl RequestContext {
     /// its own: a tier then may evict the block before it first, and count the blocks after
     /// it live when they are not. A position of 0 is taken as 1.
     pub fn follows(mut self, parent: BlockKey, position: u32) -> Self {
-        self.follows = Some(ChainLink {
-            parent,
-            depth: position.max(1),
-        });
+        self.follows = Some(ChainLink::after(parent, position));
         self
     }
 

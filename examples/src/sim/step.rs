@@ -397,14 +397,7 @@ impl<'a> Engine<'a> {
         let chain: Vec<BlockKey> = keys.iter().chain(&a.turn.output).copied().collect();
         self.ledger.chain(&chain);
         // prefill computes the rest; offload it with the output
-        let mut new: Vec<BlockKey> = keys[g + h..].to_vec();
-        new.extend(&a.turn.output);
-        self.store(
-            &new,
-            (g + h).checked_sub(1).map(|p| &keys[p]),
-            g + h,
-            &a.ctx,
-        );
+        self.store(&chain, g + h, &a.ctx);
         a.phase = Phase::Finish;
         Ok(recomputed + (a.turn.output.len() * self.cfg.tokens_per_block) as u64)
     }
@@ -500,26 +493,19 @@ impl<'a> Engine<'a> {
         recomputed
     }
 
-    /// Offloads computed blocks to kv-tier and puts them in the GPU cache. `new[0]` is at
-    /// `position` in its request's chain, after `before` (if any): each batch says which
-    /// block it follows, the one before it whether or not that one was stored.
-    fn store(
-        &mut self,
-        new: &[BlockKey],
-        before: Option<&BlockKey>,
-        position: usize,
-        ctx: &RequestContext,
-    ) {
-        for (i, chunk) in new.chunks(STORE_CHUNK).enumerate() {
-            let at = i * STORE_CHUNK;
-            let parent = at.checked_sub(1).map_or(before, |p| new.get(p));
+    /// Offloads the computed blocks of a request's `chain` (its blocks from `from` on) to
+    /// kv-tier and puts them in the GPU cache. Each batch says which block it follows: the
+    /// one before it in the chain, whether or not that one was stored.
+    fn store(&mut self, chain: &[BlockKey], from: usize, ctx: &RequestContext) {
+        for (i, chunk) in chain[from..].chunks(STORE_CHUNK).enumerate() {
+            let at = from + i * STORE_CHUNK;
             match self.manager.prepare_store(chunk) {
                 Ok(mut p) => {
                     for (k, sink) in p.slots() {
                         fill_block(k, 0, sink.as_mut_slice());
                     }
-                    if let Some(parent) = parent {
-                        p = p.follows(*parent, (position + at) as u32);
+                    if let Some(parent) = at.checked_sub(1).map(|p| chain[p]) {
+                        p = p.follows(parent, at as u32);
                     }
                     let receipt = p.commit(ctx.id);
                     self.ledger.offered(chunk);

@@ -19,12 +19,7 @@ impl Chains {
     /// past what the engine holds itself), the first of them following `first` where the
     /// engine says so ([`RequestContext::follows`](crate::RequestContext::follows)). A block
     /// keeps the first link learned for it.
-    pub(super) fn learn_after(
-        &mut self,
-        req: RequestId,
-        first: Option<ChainLink>,
-        keys: &[BlockKey],
-    ) {
+    pub(super) fn learn(&mut self, req: RequestId, first: Option<ChainLink>, keys: &[BlockKey]) {
         if let (Some(l), Some(k)) = (first, keys.first())
             && l.parent != *k
         {
@@ -34,12 +29,6 @@ impl Chains {
                 .entry(*k)
                 .or_insert(l);
         }
-        self.learn(req, keys);
-    }
-
-    /// `keys` are consecutive blocks of `req`'s chain. A block keeps the first link learned
-    /// for it.
-    pub(super) fn learn(&mut self, req: RequestId, keys: &[BlockKey]) {
         let [.., before, last] = keys else {
             return;
         };
@@ -77,7 +66,7 @@ impl Chains {
         } else {
             &mut once
         };
-        from.learn_after(req, first, chain);
+        from.learn(req, first, chain);
         let Some(known) = from.per_request.get(&req) else {
             return Vec::new();
         };
@@ -112,7 +101,7 @@ mod tests {
             parent: k(9),
             depth: 12,
         };
-        c.learn_after(r, Some(held), &[k(1), k(2)]);
+        c.learn(r, Some(held), &[k(1), k(2)]);
         let links = c.links(r, None, &[k(1), k(2)]);
         assert_eq!(
             links,
@@ -134,7 +123,7 @@ mod tests {
         };
         assert_eq!(c.links(r, Some(after), &[k(20), k(21)])[0], (k(20), after));
         // a key said to follow itself is no link
-        c.learn_after(
+        c.learn(
             RequestId(2),
             Some(ChainLink {
                 parent: k(5),
@@ -151,8 +140,8 @@ mod tests {
     fn a_store_after_a_lookup_links_across_the_hit_prefix() {
         let mut c = Chains::default();
         let r = RequestId(1);
-        c.learn(r, &[k(1), k(2), k(3)]);
-        c.learn(r, &[k(1), k(2), k(3)]);
+        c.learn(r, None, &[k(1), k(2), k(3)]);
+        c.learn(r, None, &[k(1), k(2), k(3)]);
         let links = c.links(r, None, &[k(3), k(4)]);
         assert_eq!(
             links,
@@ -187,13 +176,13 @@ mod tests {
             "nothing kept of it"
         );
         // a list that starts earlier than the one learned links its new front
-        c.learn(r, &[k(0), k(1), k(2), k(3)]);
+        c.learn(r, None, &[k(0), k(1), k(2), k(3)]);
         assert_eq!(c.links(r, None, &[k(1)])[0].1.parent, k(0));
         c.forget(r);
         assert!(c.per_request.is_empty() || !c.per_request.contains_key(&r));
         // a block keeps its first link
-        c.learn(r, &[k(5), k(6)]);
-        c.learn(r, &[k(7), k(6)]);
+        c.learn(r, None, &[k(5), k(6)]);
+        c.learn(r, None, &[k(7), k(6)]);
         assert_eq!(c.links(r, None, &[k(6)])[0].1.parent, k(5));
     }
 }

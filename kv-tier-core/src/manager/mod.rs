@@ -331,7 +331,7 @@ impl TieringManager {
             st.admission.asked(k, req.id);
         }
         if self.wants_chains(&st) {
-            st.chains.learn_after(req.id, req.follows, keys);
+            st.chains.learn(req.id, req.follows, keys);
         }
         st.retried.clear();
         let mut results = Vec::with_capacity(keys.len());
@@ -795,7 +795,7 @@ impl TieringManager {
         &self,
         keys: &[BlockKey],
         present: &[BlockKey],
-        commit: Option<(RequestId, Option<crate::tier::ChainLink>, &[BlockKey])>,
+        commit: Option<(RequestId, Option<crate::request::ChainLink>, &[BlockKey])>,
     ) -> StoreReceipt {
         let mut receipt = StoreReceipt::default();
         let mut st = self.begin();

@@ -70,10 +70,7 @@ impl<'m> PendingStore<'m> {
     /// # Ok(()) }
     /// ```
     pub fn follows(mut self, parent: BlockKey, position: u32) -> Self {
-        self.first = Some(ChainLink {
-            parent,
-            depth: position.max(1),
-        });
+        self.first = Some(ChainLink::after(parent, position));
         self
     }
 
