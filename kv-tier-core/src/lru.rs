@@ -83,10 +83,10 @@ impl<A: Ord + Copy + Debug> LruEntry for Slot<A> {
 }
 
 /// A candidate's place in the eviction order: least recent first, then deepest first (a
-/// chain's later block before its earlier one at equal recency), then by the key's 64-bit
-/// digest (so ties go the same way whatever order the blocks were indexed in), then where
-/// the index keeps the block (`pos`). A rank is a position: one kept after its block left
-/// the index still says where a batch read on from.
+/// chain's later block before its earlier one at equal recency), then where the index keeps
+/// the block (`pos`: the earlier indexed first, for blocks indexed into an empty index in
+/// order, as a checkpoint's are). A rank is a position: one kept after its block left the
+/// index still says where a batch read on from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rank<A> {
     /// Its recency: its own, or that of the later block of its chain that left last, if
@@ -105,7 +105,6 @@ impl<A: Ord> Ord for Rank<A> {
         self.at
             .cmp(&o.at)
             .then(o.depth.cmp(&self.depth))
-            .then(self.key.mix().cmp(&o.key.mix()))
             .then(self.pos.cmp(&o.pos))
             .then(self.key.cmp(&o.key))
     }
@@ -117,12 +116,11 @@ impl<A: Ord> PartialOrd for Rank<A> {
     }
 }
 
-/// A tail's place in the order as the index keeps it (24 bytes for an `i64` recency, where
+/// A tail's place in the order as the index keeps it (16 bytes for an `i64` recency, where
 /// a [`Rank`] carries the whole key): ordered as [`Rank`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Pos<A> {
     at: A,
-    mix: u64,
     depth: u32,
     slot: u32,
 }
@@ -132,7 +130,6 @@ impl<A: Ord> Ord for Pos<A> {
         self.at
             .cmp(&o.at)
             .then(o.depth.cmp(&self.depth))
-            .then(self.mix.cmp(&o.mix))
             .then(self.slot.cmp(&o.slot))
     }
 }
@@ -147,7 +144,6 @@ impl<A: Copy> Pos<A> {
     fn of(r: &Rank<A>) -> Self {
         Pos {
             at: r.at,
-            mix: r.key.mix(),
             depth: r.depth,
             slot: r.pos,
         }
@@ -160,7 +156,7 @@ const NONE: u32 = u32::MAX;
 const INLINE: usize = 32;
 /// The node is an indexed block (not a placeholder for a missing parent).
 const PRESENT: u8 = 1;
-/// `inherited` holds a recency.
+/// [`LruIndex::inherited`] holds a recency for the node.
 const INHERITED: u8 = 2;
 
 /// One slot of the index: an indexed block, or a placeholder for a block that indexed
@@ -176,9 +172,6 @@ struct Node<E: LruEntry> {
     len: u8,
     flags: u8,
     e: E,
-    /// Recency inherited from the later block of its chain that left last (if newer; valid
-    /// with [`INHERITED`]).
-    inherited: E::At,
     /// The slot of the block it follows ([`NONE`]: none).
     parent: u32,
     depth: u32,
@@ -189,34 +182,85 @@ struct Node<E: LruEntry> {
 }
 
 impl<E: LruEntry> Node<E> {
-    fn at(&self) -> E::At {
-        if self.flags & INHERITED != 0 && self.inherited > self.e.at() {
-            self.inherited
-        } else {
-            self.e.at()
-        }
-    }
-
     fn present(&self) -> bool {
         self.flags & PRESENT != 0
+    }
+}
+
+/// Nodes by number, in chunks of [`CHUNK`]: growing never copies the nodes or holds twice
+/// their room, as a doubling vector does (at most one chunk is not full).
+#[derive(Debug)]
+struct Nodes<T> {
+    chunks: Vec<Vec<T>>,
+    len: u32,
+}
+
+/// Nodes a chunk holds.
+const CHUNK: u32 = 1 << 12;
+
+impl<T> Default for Nodes<T> {
+    fn default() -> Self {
+        Self {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Nodes<T> {
+    fn len(&self) -> u32 {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn get(&self, s: u32) -> &T {
+        &self.chunks[(s / CHUNK) as usize][(s % CHUNK) as usize]
+    }
+
+    fn get_mut(&mut self, s: u32) -> &mut T {
+        &mut self.chunks[(s / CHUNK) as usize][(s % CHUNK) as usize]
+    }
+
+    /// Adds `n` as the next node; returns its number.
+    fn push(&mut self, n: T) -> u32 {
+        if self.len.is_multiple_of(CHUNK) {
+            self.chunks.push(Vec::with_capacity(CHUNK as usize));
+        }
+        self.chunks.last_mut().expect("a chunk").push(n);
+        self.len += 1;
+        self.len - 1
+    }
+
+    /// Room for the list of chunks that `n` more nodes fill (the chunks come as they fill).
+    fn reserve(&mut self, n: u32) {
+        let want = (u64::from(self.len) + u64::from(n)).div_ceil(u64::from(CHUNK));
+        self.chunks
+            .reserve((want as usize).saturating_sub(self.chunks.len()));
     }
 }
 
 /// Blocks in recency order with their summed sizes, their chains, and the keys being
 /// deleted. See the [module docs](self).
 ///
-/// Its blocks live in one vector of nodes of 64 bytes plus the entry (the key's first 32
+/// Its blocks live in chunks of nodes of 56 bytes plus the entry (the key's first 32
 /// hash bytes inline, chain links as node numbers), found through a table of 4-byte node
-/// numbers, with the eviction order a set of 24-byte positions (for an `i64` recency).
+/// numbers, with the eviction order a set of 16-byte positions (for an `i64` recency).
 #[derive(Debug)]
 pub struct LruIndex<E: LruEntry> {
-    nodes: Vec<Node<E>>,
+    nodes: Nodes<Node<E>>,
     /// Free node numbers, reused first.
     free: Vec<u32>,
     /// Node numbers of the indexed blocks and placeholders, by key.
     table: HashTable<u32>,
     /// Bytes 32.. of hashes longer than [`INLINE`], per node.
     long: FxHashMap<u32, [u8; INLINE]>,
+    /// Recency a tail inherited from the later block of its chain that left last, where
+    /// newer than its own, per node (flagged [`INHERITED`]): one node a chain at most is a
+    /// tail, so this stays small beside the nodes.
+    inherited: FxHashMap<u32, E::At>,
     /// The tails (blocks no indexed block follows), in eviction order.
     order: BTreeSet<Pos<E::At>>,
     len: usize,
@@ -227,10 +271,11 @@ pub struct LruIndex<E: LruEntry> {
 impl<E: LruEntry> Default for LruIndex<E> {
     fn default() -> Self {
         Self {
-            nodes: Vec::new(),
+            nodes: Nodes::default(),
             free: Vec::new(),
             table: HashTable::new(),
             long: FxHashMap::default(),
+            inherited: FxHashMap::default(),
             order: BTreeSet::new(),
             len: 0,
             bytes: 0,
@@ -246,22 +291,43 @@ impl<E: LruEntry> LruIndex<E> {
     }
 
     fn node(&self, s: u32) -> &Node<E> {
-        &self.nodes[s as usize]
+        self.nodes.get(s)
     }
 
     fn node_mut(&mut self, s: u32) -> &mut Node<E> {
-        &mut self.nodes[s as usize]
+        self.nodes.get_mut(s)
+    }
+
+    /// Node `s`'s place in recency: its entry's, or what it inherited where newer.
+    fn at_of(&self, s: u32) -> E::At {
+        let n = self.node(s);
+        let own = n.e.at();
+        if n.flags & INHERITED == 0 {
+            return own;
+        }
+        match self.inherited.get(&s) {
+            Some(&i) if i > own => i,
+            _ => own,
+        }
+    }
+
+    /// Node `s` inherits no recency (any more).
+    fn clear_inherited(&mut self, s: u32) {
+        if self.node(s).flags & INHERITED != 0 {
+            self.inherited.remove(&s);
+            self.node_mut(s).flags &= !INHERITED;
+        }
     }
 
     /// What `f` makes of node `s`'s whole hash bytes and group (the part past [`INLINE`]
     /// joined back from [`LruIndex::long`]).
     fn with_hash<T>(
-        nodes: &[Node<E>],
+        nodes: &Nodes<Node<E>>,
         long: &FxHashMap<u32, [u8; INLINE]>,
         s: u32,
         f: impl FnOnce(&[u8], u32) -> T,
     ) -> T {
-        let n = &nodes[s as usize];
+        let n = nodes.get(s);
         let len = n.len as usize;
         if len <= INLINE {
             return f(&n.hash[..len], n.group);
@@ -280,22 +346,22 @@ impl<E: LruEntry> LruIndex<E> {
     }
 
     /// The hash the table files node `s` under: the key's own digest.
-    fn mix_of_node(nodes: &[Node<E>], long: &FxHashMap<u32, [u8; INLINE]>, s: u32) -> u64 {
+    fn mix_of_node(nodes: &Nodes<Node<E>>, long: &FxHashMap<u32, [u8; INLINE]>, s: u32) -> u64 {
         Self::with_hash(nodes, long, s, mix_of)
     }
 
     /// The nodes of indexed blocks (not placeholders, not free), in node order.
     fn present_slots(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.nodes.len() as u32).filter(|&s| self.node(s).present())
+        (0..self.nodes.len()).filter(|&s| self.node(s).present())
     }
 
     fn is_key_in(
-        nodes: &[Node<E>],
+        nodes: &Nodes<Node<E>>,
         long: &FxHashMap<u32, [u8; INLINE]>,
         s: u32,
         key: &BlockKey,
     ) -> bool {
-        let n = &nodes[s as usize];
+        let n = nodes.get(s);
         let h = key.hash_bytes();
         if n.group != key.group() || n.len as usize != h.len() {
             return false;
@@ -337,7 +403,6 @@ impl<E: LruEntry> LruIndex<E> {
         hash[..inline].copy_from_slice(&h[..inline]);
         let n = Node {
             e,
-            inherited: e.at(),
             hash,
             group: key.group(),
             parent: NONE,
@@ -349,16 +414,12 @@ impl<E: LruEntry> LruIndex<E> {
         };
         let s = match self.free.pop() {
             Some(s) => {
-                self.nodes[s as usize] = n;
+                *self.nodes.get_mut(s) = n;
                 s
             }
             None => {
-                assert!(
-                    self.nodes.len() < NONE as usize,
-                    "an index of 2^32 - 1 blocks"
-                );
-                self.nodes.push(n);
-                (self.nodes.len() - 1) as u32
+                assert!(self.nodes.len() < NONE, "an index of 2^32 - 1 blocks");
+                self.nodes.push(n)
             }
         };
         if h.len() > INLINE {
@@ -376,6 +437,7 @@ impl<E: LruEntry> LruIndex<E> {
             entry.remove();
         }
         self.long.remove(&s);
+        self.clear_inherited(s);
         self.node_mut(s).flags = 0;
         self.free.push(s);
     }
@@ -383,8 +445,7 @@ impl<E: LruEntry> LruIndex<E> {
     fn pos_of(&self, s: u32) -> Pos<E::At> {
         let n = self.node(s);
         Pos {
-            at: n.at(),
-            mix: Self::mix_of_node(&self.nodes, &self.long, s),
+            at: self.at_of(s),
             depth: n.depth,
             slot: s,
         }
@@ -417,9 +478,9 @@ impl<E: LruEntry> LruIndex<E> {
             }
             Some(s) => {
                 // a placeholder: the blocks waiting on it follow it now
+                self.clear_inherited(s);
                 let n = self.node_mut(s);
                 n.e = e;
-                n.inherited = e.at();
                 n.flags = PRESENT;
                 n.parent = NONE;
                 n.depth = 0;
@@ -442,63 +503,60 @@ impl<E: LruEntry> LruIndex<E> {
     /// them, in the order given): the order is built once at the end, in full nodes.
     /// Into an index that is not empty, it inserts and links one by one.
     pub fn load(&mut self, entries: &[(BlockKey, E)], links: &[(u32, u32, u32)]) {
-        if !self.is_empty() || !self.order.is_empty() || !self.nodes.is_empty() {
-            for (k, e) in entries {
-                self.insert(*k, *e);
-            }
-            for &(c, p, d) in links {
-                if let (Some(c), Some(p)) = (entries.get(c as usize), entries.get(p as usize)) {
-                    self.link(&c.0, p.0, d);
-                }
-            }
-            return;
-        }
-        self.reserve(entries.len());
-        // the same key twice: the later entry replaces the earlier, as insert would
-        let mut slots = Vec::with_capacity(entries.len());
+        let mut l = self.loader(entries.len());
         for (k, e) in entries {
-            // one probe of the table per key: found, or its place taken for the new node
-            let (nodes, long) = (&self.nodes, &self.long);
-            let next = nodes.len() as u32;
-            let found = match self.table.entry(
-                k.mix(),
-                |&s| Self::is_key_in(nodes, long, s, k),
-                |&t| Self::mix_of_node(nodes, long, t),
-            ) {
-                hashbrown::hash_table::Entry::Occupied(o) => Some(*o.get()),
-                hashbrown::hash_table::Entry::Vacant(v) => {
-                    v.insert(next);
-                    None
-                }
-            };
-            let s = match found {
-                Some(s) => {
-                    let old = self.node(s).e.size();
-                    self.node_mut(s).e = *e;
-                    self.bytes = self.bytes - old + e.size();
-                    s
-                }
-                None => {
-                    self.len += 1;
-                    self.bytes += e.size();
-                    let s = self.new_node(k, *e, PRESENT);
-                    debug_assert_eq!(s, next, "an empty index has no free node");
-                    s
-                }
-            };
-            slots.push(s);
+            l.add(*k, *e);
         }
         for &(c, p, d) in links {
-            if let (Some(&c), Some(&p)) = (slots.get(c as usize), slots.get(p as usize)) {
-                self.link_slots(c, p, d, false);
+            l.link(c, p, d);
+        }
+    }
+
+    /// A [`Loader`] of blocks into this index, for `n` of them (a hint: room is made for
+    /// that many).
+    pub fn loader(&mut self, n: usize) -> Loader<'_, E> {
+        let bulk = self.is_empty() && self.order.is_empty() && self.nodes.is_empty();
+        if bulk {
+            self.reserve(n);
+        }
+        Loader {
+            idx: self,
+            bulk,
+            slots: Vec::with_capacity(n),
+            links: Vec::new(),
+        }
+    }
+
+    /// [`Loader::add`] into an empty index: one probe of the table, no order yet.
+    fn bulk_add(&mut self, k: BlockKey, e: E) -> (u32, bool) {
+        let (nodes, long) = (&self.nodes, &self.long);
+        let next = nodes.len();
+        let found = match self.table.entry(
+            k.mix(),
+            |&s| Self::is_key_in(nodes, long, s, &k),
+            |&t| Self::mix_of_node(nodes, long, t),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(o) => Some(*o.get()),
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert(next);
+                None
+            }
+        };
+        match found {
+            Some(s) => {
+                let old = self.node(s).e.size();
+                self.node_mut(s).e = e;
+                self.bytes = self.bytes - old + e.size();
+                (s, false)
+            }
+            None => {
+                self.len += 1;
+                self.bytes += e.size();
+                let s = self.new_node(&k, e, PRESENT);
+                debug_assert_eq!(s, next, "an empty index has no free node");
+                (s, true)
             }
         }
-        let tails: Vec<Pos<E::At>> = self
-            .present_slots()
-            .filter(|&s| self.node(s).followers == 0)
-            .map(|s| self.pos_of(s))
-            .collect();
-        self.order = tails.into_iter().collect();
     }
 
     /// Links indexed block `key` to the block it follows in its chain, at `depth` (its
@@ -575,6 +633,7 @@ impl<E: LruEntry> LruIndex<E> {
     pub fn remove(&mut self, key: &BlockKey) -> Option<E> {
         let s = self.find_present(key)?;
         let n = *self.node(s);
+        let at = self.at_of(s);
         self.bytes -= n.e.size();
         self.len -= 1;
         if n.followers == 0 {
@@ -583,20 +642,20 @@ impl<E: LruEntry> LruIndex<E> {
         } else {
             // a placeholder now: its followers wait for it again (their chain is broken
             // until it is back)
+            self.clear_inherited(s);
             let m = self.node_mut(s);
             m.flags = 0;
             m.parent = NONE;
         }
         if n.parent != NONE {
             let p = n.parent;
-            let at = n.at();
             let pn = self.node_mut(p);
             pn.followers -= 1;
             if pn.followers == 0 {
                 if pn.present() {
-                    if pn.flags & INHERITED == 0 || pn.inherited < at {
-                        pn.inherited = at;
-                        pn.flags |= INHERITED;
+                    if at > self.at_of(p) {
+                        self.node_mut(p).flags |= INHERITED;
+                        self.inherited.insert(p, at);
                     }
                     self.order.insert(self.pos_of(p));
                 } else {
@@ -621,15 +680,16 @@ impl<E: LruEntry> LruIndex<E> {
     /// total follow); returns what `f` returned, or `None` when `key` is not indexed.
     pub fn update<T>(&mut self, key: &BlockKey, f: impl FnOnce(&mut E) -> T) -> Option<T> {
         let s = self.find_present(key)?;
+        let at0 = self.at_of(s);
         let n = self.node_mut(s);
-        let (tail, at0, size0) = (n.followers == 0, n.at(), n.e.size());
+        let (tail, size0) = (n.followers == 0, n.e.size());
         let out = f(&mut n.e);
-        let (at1, size1) = (n.at(), n.e.size());
+        let (depth, size1) = (n.depth, n.e.size());
+        let at1 = self.at_of(s);
         if tail && at0 != at1 {
             let was = Pos {
                 at: at0,
-                mix: key.mix(),
-                depth: n.depth,
+                depth,
                 slot: s,
             };
             self.order.remove(&was);
@@ -641,7 +701,8 @@ impl<E: LruEntry> LruIndex<E> {
 
     /// Makes room for `n` more entries (before a bulk insert).
     pub fn reserve(&mut self, n: usize) {
-        self.nodes.reserve(n.saturating_sub(self.free.len()));
+        self.nodes
+            .reserve(n.saturating_sub(self.free.len()).min(u32::MAX as usize) as u32);
         let (nodes, long) = (&self.nodes, &self.long);
         self.table
             .reserve(n, |&t| Self::mix_of_node(nodes, long, t));
@@ -702,7 +763,7 @@ impl<E: LruEntry> LruIndex<E> {
     pub fn rank(&self, key: &BlockKey) -> Option<Rank<E::At>> {
         let s = self.find_present(key)?;
         (self.node(s).followers == 0).then(|| Rank {
-            at: self.node(s).at(),
+            at: self.at_of(s),
             depth: self.node(s).depth,
             key: *key,
             pos: s,
@@ -737,7 +798,7 @@ impl<E: LruEntry> LruIndex<E> {
     /// index. One pass over the index (memoized per chain).
     pub fn dead_bytes(&self) -> u64 {
         // per node: 0 not known yet, 1 its chain is whole, 2 broken
-        let mut verdict = vec![0u8; self.nodes.len()];
+        let mut verdict = vec![0u8; self.nodes.len() as usize];
         let mut total = 0;
         let mut path = Vec::new();
         for s in self.present_slots() {
@@ -789,6 +850,79 @@ impl<E: LruEntry> LruIndex<E> {
     /// Whether a sweep has taken `key` out and is deleting it.
     pub fn is_deleting(&self, key: &BlockKey) -> bool {
         self.deleting.contains(key)
+    }
+}
+
+/// Blocks given one by one to an index, least recent first (as a checkpoint holds them),
+/// with their chain links by position: into an empty index the order is built once, when the
+/// loader drops, in full nodes, and links to blocks given later are fine; into an index that
+/// holds blocks each is an insert, and the links are applied at the drop too. Nothing is held
+/// per block but its node number (and a link's three numbers) until then.
+#[derive(Debug)]
+pub struct Loader<'a, E: LruEntry> {
+    idx: &'a mut LruIndex<E>,
+    bulk: bool,
+    /// The node of each block given, by position.
+    slots: Vec<u32>,
+    links: Vec<(u32, u32, u32)>,
+}
+
+impl<E: LruEntry> Loader<'_, E> {
+    /// Indexes `key` (the same key again replaces its entry, as [`LruIndex::insert`] does);
+    /// returns whether it was not indexed before.
+    pub fn add(&mut self, key: BlockKey, e: E) -> bool {
+        let (s, new) = if self.bulk {
+            self.idx.bulk_add(key, e)
+        } else {
+            let new = self.idx.insert(key, e).is_none();
+            (self.idx.find_present(&key).expect("inserted"), new)
+        };
+        self.slots.push(s);
+        new
+    }
+
+    /// The block given at position `follower` follows the one at `parent`, at `depth` (as
+    /// [`LruIndex::link`]); either may be given later. Positions never given are ignored.
+    pub fn link(&mut self, follower: u32, parent: u32, depth: u32) {
+        self.links.push((follower, parent, depth));
+    }
+
+    /// Makes room for `n` more blocks (when the count was not known at
+    /// [`LruIndex::loader`]).
+    pub fn reserve(&mut self, n: usize) {
+        if self.bulk {
+            self.idx.reserve(n);
+        }
+        self.slots.reserve(n);
+    }
+
+    /// How many blocks were given.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether none was given.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
+impl<E: LruEntry> Drop for Loader<'_, E> {
+    fn drop(&mut self) {
+        let idx = &mut *self.idx;
+        for &(c, p, d) in &self.links {
+            if let (Some(&c), Some(&p)) = (self.slots.get(c as usize), self.slots.get(p as usize)) {
+                idx.link_slots(c, p, d, !self.bulk);
+            }
+        }
+        if self.bulk {
+            let tails: Vec<Pos<E::At>> = idx
+                .present_slots()
+                .filter(|&s| idx.node(s).followers == 0)
+                .map(|s| idx.pos_of(s))
+                .collect();
+            idx.order = tails.into_iter().collect();
+        }
     }
 }
 
@@ -922,15 +1056,54 @@ mod tests {
         assert_eq!(got.iter().filter(|x| x.2.is_some()).count(), 3);
     }
 
-    /// A node is 64 bytes plus its entry, and a place in the order 24 bytes (the type's
+    /// A node is 56 bytes plus its entry, and a place in the order 16 bytes (the type's
     /// doc says so).
     #[test]
-    fn a_node_is_64_bytes_plus_its_entry() {
+    fn a_node_is_56_bytes_plus_its_entry() {
         assert_eq!(
             std::mem::size_of::<Node<E>>(),
-            64 + std::mem::size_of::<E>()
+            56 + std::mem::size_of::<E>()
         );
-        assert_eq!(std::mem::size_of::<Pos<i64>>(), 24);
+        assert_eq!(std::mem::size_of::<Pos<i64>>(), 16);
+    }
+
+    /// A tail that inherited a newer recency from its chain keeps it (its place in the order)
+    /// while it stays, and the index forgets it with the node: once the chain is gone, nothing
+    /// of it is held.
+    #[test]
+    fn inherited_recency_lives_as_long_as_its_node() {
+        let mut idx = LruIndex::new();
+        for (i, at) in [(1u8, 1i64), (2, 5), (3, 9)] {
+            idx.insert(k(i), Slot { size: 1, at });
+        }
+        idx.insert(k(4), Slot { size: 1, at: 3 });
+        assert!(idx.link(&k(2), k(1), 1) && idx.link(&k(3), k(2), 2));
+        idx.remove(&k(3)); // k(2) is the tail now, as recent as k(3) was
+        assert_eq!(idx.rank(&k(2)).map(|r| r.at), Some(9));
+        assert_eq!(ranks(idx.oldest(None, 9)), vec![(3, k(4)), (9, k(2))]);
+        assert_eq!(idx.inherited.len(), 1);
+        // a stamp older than what it inherited does not age it
+        idx.update(&k(2), |e| e.at = 7);
+        assert_eq!(idx.rank(&k(2)).map(|r| r.at), Some(9));
+        idx.remove(&k(2));
+        assert_eq!(idx.rank(&k(1)).map(|r| r.at), Some(9));
+        idx.remove(&k(1));
+        assert!(idx.inherited.is_empty(), "{:?}", idx.inherited);
+        // a block with followers that leaves is a placeholder: it holds no inherited time
+        for (i, at) in [(1u8, 1i64), (2, 5), (3, 9)] {
+            idx.insert(k(i), Slot { size: 1, at });
+        }
+        assert!(idx.link(&k(2), k(1), 1) && idx.link(&k(3), k(2), 2));
+        idx.remove(&k(3)); // k(2) inherits
+        idx.insert(k(5), Slot { size: 1, at: 10 });
+        assert!(idx.link(&k(5), k(2), 2));
+        idx.remove(&k(2)); // a placeholder k(5) waits on; k(1) a tail that inherits
+        assert_eq!(idx.rank(&k(1)).map(|r| r.at), Some(9));
+        assert_eq!(idx.inherited.len(), 1, "{:?}", idx.inherited);
+        idx.remove(&k(5));
+        idx.remove(&k(1));
+        assert!(idx.inherited.is_empty());
+        assert_eq!(idx.len(), 1); // k(4)
     }
 
     /// Keys of three hash lengths: inline (32 bytes), shorter, and longer than a node holds
@@ -951,7 +1124,7 @@ mod tests {
     /// Nodes that stand for a missing parent.
     fn placeholders(idx: &LruIndex<E>) -> usize {
         let free: FxHashSet<u32> = idx.free.iter().copied().collect();
-        (0..idx.nodes.len() as u32)
+        (0..idx.nodes.len())
             .filter(|s| !free.contains(s) && !idx.node(*s).present())
             .count()
     }
@@ -963,9 +1136,7 @@ mod tests {
     fn check_counts(idx: &LruIndex<E>) {
         let free: FxHashSet<u32> = idx.free.iter().copied().collect();
         assert_eq!(free.len(), idx.free.len(), "a node freed twice");
-        let live: Vec<u32> = (0..idx.nodes.len() as u32)
-            .filter(|s| !free.contains(s))
-            .collect();
+        let live: Vec<u32> = (0..idx.nodes.len()).filter(|s| !free.contains(s)).collect();
         let mut followers: FxHashMap<u32, u32> = FxHashMap::default();
         for &s in &live {
             let n = idx.node(s);
