@@ -357,6 +357,26 @@ pub(crate) fn read_regular(path: &Path) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(v))
 }
 
+/// Reads a large regular file whole (`Ok(None)`: something else is at the path): the buffer
+/// sized from `fstat` once (no copy as it grows) and the whole file asked of the disk at once
+/// (`POSIX_FADV_WILLNEED`: read ahead in large requests, where a cold read otherwise goes a
+/// readahead window at a time).
+pub(crate) fn read_regular_whole(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    let Some(mut f) = open_regular(path)? else {
+        return Ok(None);
+    };
+    let len = f.metadata()?.len();
+    // SAFETY: the descriptor is open for the call; advice changes no memory of this process.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL);
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED);
+    }
+    // (bounded: a sparse file can claim any length; one past it sees the end without a grow)
+    let mut v = Vec::with_capacity(len.min(1 << 32) as usize + 1);
+    std::io::Read::read_to_end(&mut f, &mut v)?;
+    Ok(Some(v))
+}
+
 pub(crate) use kv_tier_core::checksum::{StoredCrc, block_crc};
 
 /// The checksum in the file's xattr (`fgetxattr`, no extra path lookup).

@@ -349,39 +349,35 @@ impl Gc {
         let t = Instant::now();
         // non-blocking, regular files only, no symlink followed: a FIFO or a device at the
         // path must not hang the open
-        let bytes = match crate::file::read_regular(path) {
+        let bytes = match crate::file::read_regular_whole(path) {
             Ok(Some(b)) => b,
             Ok(None) => return self.refuse(path, "not a regular file"),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
             Err(e) => return self.refuse(path, &e.to_string()),
         };
-        // the records straight into what the index loads: no copy of the whole in between
-        let (mut files, mut links) = (Vec::new(), Vec::new());
-        let decoded = decode_with(&self.identity(), &bytes, |n, r| {
-            files.reserve_exact(n - files.len());
-            if let Some((p, d)) = r.link {
-                links.push((files.len() as u32, p, d));
-            }
-            files.push((r.key, super::index::Entry::new(r.size, r.mtime, 0)));
+        // the records straight into the index as they are read: no copy of them in between
+        let id = self.identity();
+        let mut idx = self.lock();
+        let (decoded, leaf_of_record) = idx.load_with(|add| {
+            decode_with(&id, &bytes, |n, r| add(n, r.key, r.size, r.mtime, r.link))
         });
-        drop(bytes);
         let (leaves, written_ns) = match decoded {
             Ok(d) => d,
-            Err(why) => return self.refuse(path, &why),
-        };
-        let n = files.len();
-        self.reconciled.store(false, Ordering::SeqCst);
-        {
-            let mut idx = self.lock();
-            let leaf_keys: Vec<BlockKey> = leaves
-                .iter()
-                .map(|(rec, _)| files[*rec as usize].0)
-                .collect();
-            idx.load(files, &links);
-            for (key, (_, bytes)) in leaf_keys.iter().zip(&leaves) {
-                idx.set_leaf_bytes(key, *bytes);
+            Err(why) => {
+                // what was read of it is not a checkpoint: the index starts empty again
+                let (dir_unit, base_bytes, count_tops) = idx.units();
+                *idx = super::index::Index::new(dir_unit, base_bytes, count_tops);
+                drop(idx);
+                return self.refuse(path, &why);
             }
+        };
+        for (rec, bytes) in leaves {
+            idx.set_bytes_of(leaf_of_record[rec as usize], bytes);
         }
+        let n = leaf_of_record.len();
+        self.reconciled.store(false, Ordering::SeqCst);
+        drop(idx);
+        drop(bytes);
         let c = &self.counters;
         c.checkpoint_files.store(n as u64, Ordering::Relaxed);
         c.checkpoint_read_ms
@@ -551,24 +547,8 @@ mod tests {
     /// only when the index changed.
     #[test]
     fn a_checkpointed_index_answers_for_what_it_holds_until_reconciled() {
-        use kv_tier_core::{EventLog, Locality, Medium, Namespace, ProtectionSet, RunFields};
         let dir = tempfile::tempdir().unwrap();
-        let ns = Namespace::new(RunFields::new("m", "torch.bfloat16", 16), 0).unwrap();
-        std::fs::create_dir_all(dir.path().join(ns.rank_dir_name())).unwrap();
-        let mut c = crate::FsTierConfig::new(dir.path());
-        c.gc_max_size_gb = Some(1.0);
-        let file = path(&ns.namespace_dir(dir.path()), &ns.rank_dir_name());
-        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-        let gc = || {
-            let at = super::super::Place {
-                name: "fs".into(),
-                root: dir.path().to_path_buf(),
-                ns: ns.clone(),
-                protection: ProtectionSet::new(),
-                events: std::sync::Arc::new(EventLog::new("fs", Medium::Storage, Locality::Local)),
-            };
-            Gc::new(c.gc().unwrap(), at, 4096, 0, true).with_checkpoint(file.clone())
-        };
+        let gc = opened(dir.path());
         let k = |i: u8| BlockKey::from_hash32([i; 32], 0);
         let a = gc();
         a.lock().insert(k(1), 4096, 5); // indexed, no file on disk
@@ -587,6 +567,58 @@ mod tests {
             (b.indexed(&k(1)), b.indexed(&k(2))),
             (Some(false), Some(false))
         );
+    }
+
+    /// A checkpoint whose checksum holds but whose third record cannot be a block file (as
+    /// one written by another build might be) is refused after two records went into the
+    /// index: the index is empty again, as it was before the read, and counts nothing.
+    #[test]
+    fn a_checkpoint_refused_midway_leaves_the_index_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let gc = opened(dir.path());
+        let a = gc();
+        let k = |i: u8| BlockKey::from_hash32([i; 32], 0);
+        for i in 1..=3 {
+            a.lock().insert(k(i), 4096, i64::from(i));
+        }
+        let base = a.total_bytes();
+        let (mut snap, _) = a.snapshot();
+        snap.records[2].size = u64::MAX;
+        write_atomically(
+            a.checkpoint.as_ref().unwrap(),
+            &encode(&a.identity(), &snap),
+        )
+        .unwrap();
+        let b = gc();
+        let empty = b.total_bytes();
+        assert_eq!(b.read_checkpoint(), None);
+        assert_eq!(
+            (b.files(), b.total_bytes(), b.reconciled()),
+            (0, empty, true)
+        );
+        assert!(base > empty);
+        assert_eq!(b.counters.checkpoints_refused.load(Ordering::Relaxed), 1);
+    }
+
+    /// A bounded GC for a root at `dir` with a checkpoint file, made anew by each call.
+    fn opened(dir: &Path) -> impl Fn() -> Gc + '_ {
+        use kv_tier_core::{EventLog, Locality, Medium, Namespace, ProtectionSet, RunFields};
+        let ns = Namespace::new(RunFields::new("m", "torch.bfloat16", 16), 0).unwrap();
+        std::fs::create_dir_all(dir.join(ns.rank_dir_name())).unwrap();
+        let mut c = crate::FsTierConfig::new(dir);
+        c.gc_max_size_gb = Some(1.0);
+        let file = path(&ns.namespace_dir(dir), &ns.rank_dir_name());
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        move || {
+            let at = super::super::Place {
+                name: "fs".into(),
+                root: dir.to_path_buf(),
+                ns: ns.clone(),
+                protection: ProtectionSet::new(),
+                events: std::sync::Arc::new(EventLog::new("fs", Medium::Storage, Locality::Local)),
+            };
+            Gc::new(c.gc().unwrap(), at, 4096, 0, true).with_checkpoint(file.clone())
+        }
     }
 
     #[test]

@@ -10,13 +10,12 @@ use rustc_hash::FxHashMap;
 pub(super) struct Entry {
     /// Allocated bytes of the block file and its checksum sidecar (if any).
     pub(super) size: u64,
-    /// mtime, ns since the epoch.
+    /// mtime, ns since the epoch: also what rate-limits stamps (a file stored or stamped
+    /// within the stamp interval is not stamped again).
     pub(super) mtime: i64,
-    /// When the last stamp was queued (ns), for the rate limit.
-    pub(super) last_stamp: i64,
     /// When the entry was (re)inserted, from the index's counter (later walks and stamps do
     /// not undo what happened after they started), and in the top bit whether a stamp of it
-    /// is queued: 32 bytes an entry.
+    /// is queued: 24 bytes an entry.
     seq_pending: u64,
 }
 
@@ -27,7 +26,6 @@ impl Entry {
         Self {
             size,
             mtime,
-            last_stamp: mtime,
             seq_pending: seq & !PENDING,
         }
     }
@@ -62,12 +60,18 @@ impl LruEntry for Entry {
 }
 
 /// A block's leaf directory (`<hex[0..3]>/<hex[3..5]>_g<group>`) and its top directory
-/// (`<hex[0..3]>`), as numbers.
+/// (`<hex[0..3]>`, bits 8.. of `leaf`), as numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Leaf {
-    pub(crate) top: u32,
     pub(crate) leaf: u32,
     pub(crate) group: u32,
+}
+
+impl Leaf {
+    /// Its top directory.
+    pub(crate) fn top(&self) -> u32 {
+        self.leaf >> 8 & 0xffff
+    }
 }
 
 /// The directories of `key`'s path, as numbers. Hashes shorter than 3 bytes are sliced as
@@ -84,7 +88,6 @@ pub(crate) fn leaf_of(key: &BlockKey) -> Leaf {
     let top = top_digits << 12 | b(0) << 4 | b(1) >> 4;
     let leaf = leaf_digits << 24 | top << 8 | (b(1) & 0xf) << 4 | b(2) >> 4;
     Leaf {
-        top,
         leaf,
         group: key.group(),
     }
@@ -95,10 +98,13 @@ pub(super) struct Index {
     /// Every indexed file in mtime order (oldest first), their summed bytes, and the keys a
     /// sweep is deleting.
     pub(super) lru: LruIndex<Entry>,
-    /// Indexed files per leaf directory, and the directory's allocated bytes (a directory
-    /// grows with its entries and does not shrink: measured by walks and, once it holds
-    /// [`LEAF_GROWS_FROM`] files, by every store into it).
+    /// Indexed files per leaf directory in use (17 bytes a leaf, with the table's control
+    /// byte: at a million random keys most blocks have a leaf of their own).
     leaves: FxHashMap<Leaf, LeafUse>,
+    /// The allocated bytes of leaf directories in use that were measured at other than one
+    /// directory unit (a directory grows with its entries and does not shrink: measured by
+    /// walks and, once it holds [`LEAF_GROWS_FROM`] files, by every store into it).
+    grown: FxHashMap<Leaf, u64>,
     /// Leaf directories in use per top directory.
     tops: FxHashMap<u32, u32>,
     dir_bytes: u64,
@@ -134,13 +140,16 @@ pub(super) struct Index {
     pub(super) foreign_pending: Vec<BlockKey>,
 }
 
+/// What [`Index::load_with`] hands each file to: how many files there are, the key, size,
+/// mtime, and the position of the file it follows with its depth.
+pub(super) type Feed<'a> = dyn FnMut(usize, BlockKey, u64, i64, Option<(u32, u32)>) + 'a;
+
 /// How a leaf directory is used: by indexed files and by reservations of stores that will
 /// publish there (so its directories count, and no sweep removes them, until both are gone).
 #[derive(Debug, Clone, Copy)]
 struct LeafUse {
     files: u32,
     reservations: u32,
-    bytes: u64,
 }
 
 /// Which reservation a file being indexed replaces ([`Index::insert_claiming`]).
@@ -235,45 +244,60 @@ impl Index {
         self.note_peak();
     }
 
-    /// Indexes many files into an empty index at once (what a checkpoint held: each file's
-    /// size and mtime, its `seq` set here), least recent first, with their chain links as
-    /// positions in `files` (follower, parent, depth): as [`Index::insert`] of each and a
-    /// link of each, the recency order built once.
-    pub(super) fn load(&mut self, mut files: Vec<(BlockKey, Entry)>, links: &[(u32, u32, u32)]) {
+    /// Indexes the files `feed` hands over, least recent first (what a checkpoint holds:
+    /// with how many there are, each file's key, size and mtime, and the position of the file
+    /// it follows with its depth): as [`Index::insert`] of each and a link of each, with
+    /// nothing held per file but a few numbers until the recency order is built, once, at the
+    /// end (into an empty index; into one that holds files, one by one). Returns what `feed`
+    /// returned, and each file's leaf directory by position.
+    pub(super) fn load_with<T>(&mut self, feed: impl FnOnce(&mut Feed<'_>) -> T) -> (T, Vec<Leaf>) {
+        let mut leaves = Vec::new();
         if !self.lru.is_empty() {
             // into an index that holds files: each as an insert (a file already indexed keeps
             // its leaf held once and its queued stamp)
-            for (key, e) in &files {
-                self.insert(*key, e.size, e.mtime);
-            }
-            for &(c, p, d) in links {
-                if let (Some(c), Some(p)) = (files.get(c as usize), files.get(p as usize)) {
-                    self.lru.link(&c.0, p.0, d);
+            let (mut keys, mut links) = (Vec::new(), Vec::new());
+            let out = feed(&mut |_, key, size, mtime, link| {
+                if let Some((p, d)) = link {
+                    links.push((keys.len(), p as usize, d));
+                }
+                keys.push(key);
+                leaves.push(leaf_of(&key));
+                self.insert(key, size, mtime);
+            });
+            for (c, p, d) in links {
+                if let Some(&p) = keys.get(p) {
+                    self.lru.link(&keys[c], p, d);
                 }
             }
-            return;
+            return (out, leaves);
         }
-        let n = files.len();
-        for (_, e) in files.iter_mut() {
-            self.seq += 1;
-            *e = Entry::new(e.size, e.mtime, self.seq);
-        }
-        let entries = files;
-        self.lru.load(&entries, links);
-        if self.lru.len() == n {
-            for (key, _) in &entries {
-                self.hold_leaf(leaf_of(key), true);
-            }
-        } else {
-            // a key given twice is one file: its leaf is held once
-            let mut held = rustc_hash::FxHashSet::default();
-            for (key, _) in &entries {
-                if held.insert(*key) {
-                    self.hold_leaf(leaf_of(key), true);
+        let mut seq = self.seq;
+        let mut new = Vec::new();
+        let out = {
+            let mut l = self.lru.loader(0);
+            feed(&mut |n, key, size, mtime, link| {
+                if l.is_empty() {
+                    l.reserve(n);
+                    leaves.reserve_exact(n);
                 }
-            }
+                if let Some((p, d)) = link {
+                    l.link(l.len() as u32, p, d);
+                }
+                seq += 1;
+                let leaf = leaf_of(&key);
+                leaves.push(leaf);
+                // a key given twice is one file: its leaf is held once
+                if l.add(key, Entry::new(size, mtime, seq)) {
+                    new.push(leaf);
+                }
+            })
+        };
+        self.seq = seq;
+        for leaf in new {
+            self.hold_leaf(leaf, true);
         }
         self.note_peak();
+        (out, leaves)
     }
 
     pub(super) fn remove(&mut self, key: &BlockKey) -> Option<Removed> {
@@ -285,15 +309,14 @@ impl Index {
     /// One more user of leaf `l` (a file, or a reservation for one): its directories count
     /// from the first.
     fn hold_leaf(&mut self, l: Leaf, file: bool) {
-        let unit = self.dir_unit;
         let n = self.leaves.entry(l).or_insert(LeafUse {
             files: 0,
             reservations: 0,
-            bytes: unit,
         });
         if n.files + n.reservations == 0 {
-            self.dir_bytes += n.bytes;
-            let t = self.tops.entry(l.top).or_insert(0);
+            // (a leaf out of use is measured anew: one unit until then)
+            self.dir_bytes += self.dir_unit;
+            let t = self.tops.entry(l.top()).or_insert(0);
             *t += 1;
             if *t == 1 && self.count_tops {
                 self.dir_bytes += self.dir_unit;
@@ -325,14 +348,14 @@ impl Index {
         if n.files + n.reservations > 0 {
             return r;
         }
-        let bytes = n.bytes;
         self.leaves.remove(&l);
+        let bytes = self.grown.remove(&l).unwrap_or(self.dir_unit);
         self.dir_bytes -= bytes;
         r.leaf_empty = true;
-        if let Some(t) = self.tops.get_mut(&l.top) {
+        if let Some(t) = self.tops.get_mut(&l.top()) {
             *t -= 1;
             if *t == 0 {
-                self.tops.remove(&l.top);
+                self.tops.remove(&l.top());
                 if self.count_tops {
                     self.dir_bytes -= self.dir_unit;
                     r.top_empty = true;
@@ -375,11 +398,7 @@ impl Index {
 
     /// Leaf directories whose measured size is not one directory unit, with their bytes.
     pub(super) fn measured_leaves(&self) -> FxHashMap<Leaf, u64> {
-        self.leaves
-            .iter()
-            .filter(|(_, u)| u.bytes != self.dir_unit)
-            .map(|(l, u)| (*l, u.bytes))
-            .collect()
+        self.grown.clone()
     }
 
     /// What a checkpoint must match to be read into this index (with the rank directory).
@@ -394,11 +413,21 @@ impl Index {
 
     /// Sets the measured allocated bytes of `key`'s leaf directory (if it is in use).
     pub(super) fn set_leaf_bytes(&mut self, key: &BlockKey, bytes: u64) {
-        if let Some(l) = self.leaves.get_mut(&leaf_of(key)) {
-            self.dir_bytes = self.dir_bytes - l.bytes + bytes;
-            l.bytes = bytes;
-            self.note_peak();
+        self.set_bytes_of(leaf_of(key), bytes);
+    }
+
+    /// Sets the measured allocated bytes of leaf directory `l` (if it is in use).
+    pub(super) fn set_bytes_of(&mut self, l: Leaf, bytes: u64) {
+        if !self.leaves.contains_key(&l) {
+            return;
         }
+        let was = if bytes == self.dir_unit {
+            self.grown.remove(&l)
+        } else {
+            self.grown.insert(l, bytes)
+        };
+        self.dir_bytes = self.dir_bytes - was.unwrap_or(self.dir_unit) + bytes;
+        self.note_peak();
     }
 
     /// Moves `key` to a new mtime (a stamp, or a fresher mtime seen on disk).
@@ -486,7 +515,7 @@ impl Index {
         let l = leaf_of(key);
         if self.leaves.contains_key(&l) {
             0
-        } else if self.tops.contains_key(&l.top) || !self.count_tops {
+        } else if self.tops.contains_key(&l.top()) || !self.count_tops {
             self.dir_unit
         } else {
             2 * self.dir_unit
@@ -511,13 +540,13 @@ mod tests {
     fn directory_numbers_pack_digits_and_their_count() {
         let l = leaf_of(&key([0xab, 0xcd, 0xef], 7));
         assert_eq!(
-            (l.top, l.leaf, l.group),
+            (l.top(), l.leaf, l.group),
             (0x3abc, 2 << 24 | 0x3abc << 8 | 0xde, 7)
         );
         let l = leaf_of(&BlockKey::new(&[0x0a, 0x00], 0).unwrap());
-        assert_eq!((l.top, l.leaf), (0x30a0, 1 << 24 | 0x30a0 << 8));
+        assert_eq!((l.top(), l.leaf), (0x30a0, 1 << 24 | 0x30a0 << 8));
         let l = leaf_of(&BlockKey::new(&[0x0a], 0).unwrap());
-        assert_eq!((l.top, l.leaf), (0x20a0, 0x20a0 << 8));
+        assert_eq!((l.top(), l.leaf), (0x20a0, 0x20a0 << 8));
     }
 
     #[test]
@@ -546,7 +575,7 @@ mod tests {
                 let top = |k: &BlockKey| dir(k)[..dir(k).rfind('/').unwrap()].to_string();
                 assert_eq!(leaf_of(a) == leaf_of(b), dir(a) == dir(b), "{a} {b}");
                 assert_eq!(
-                    leaf_of(a).top == leaf_of(b).top,
+                    leaf_of(a).top() == leaf_of(b).top(),
                     top(a) == top(b),
                     "{a} {b}"
                 );

@@ -4,8 +4,10 @@
 //! that deletes least-recently-used files down to a low watermark.
 //!
 //! Recency is the file's mtime: a store sets it, `touch` queues a stamp (`utimensat`) at most
-//! once per key per stamp interval, applied by the GC thread (`touch` itself only appends its
-//! keys; whoever takes the index next applies them, see `stamps::Touched`). So recency
+//! once per key per stamp interval (a file stored or touched within the interval is not
+//! stamped again), applied by the GC thread with the touch's time, which the index holds from
+//! the touch on (`touch` itself only appends its keys; whoever takes the index next applies
+//! them, see `stamps::Touched`). So recency
 //! survives restarts and is what `du`, `find`, external reapers and other kv-tier processes
 //! on the same root see.
 //!

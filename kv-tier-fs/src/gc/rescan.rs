@@ -148,6 +148,8 @@ impl Gc {
                 // newer than what the walk saw
                 Some(e) if e.seq() > seq0 => {}
                 Some(e) if e.size == f.size && e.mtime == f.mtime => {}
+                // touched: its queued stamp writes the newer time the index holds
+                Some(e) if e.size == f.size && e.pending() && e.mtime > f.mtime => {}
                 // the disk is the truth for what predates the walk (a queued stamp stays)
                 Some(_) => idx.insert(f.key, f.size, f.mtime),
                 // new to the index: a store of this process may have just published it (its

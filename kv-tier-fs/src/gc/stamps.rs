@@ -30,7 +30,9 @@ pub(crate) fn stamp(path: &Path, ns: i64) -> io::Result<()> {
 
 /// One stamp to apply: a key, and the entry's `seq` when it was queued (`None`: a key of
 /// another process that the index does not hold).
-type Queued = (BlockKey, Option<u64>);
+/// A stamp to apply: the key, its index entry's `seq` (`None`: another process's file), and
+/// the time to stamp (the touch's, for an indexed key).
+type Queued = (BlockKey, Option<u64>, i64);
 
 /// Touches the index has not seen yet. `touch` only appends here (no index lock, no lookup
 /// of 1M-entry maps on the engine's thread); whoever takes the index lock next applies them
@@ -110,6 +112,7 @@ impl Gc {
             pending,
             foreign,
             foreign_pending,
+            seq,
             ..
         } = idx;
         for k in keys {
@@ -118,11 +121,17 @@ impl Gc {
                 continue;
             }
             let due = lru.update(k, |e| {
-                if e.pending() || now - e.last_stamp < self.cfg.stamp_interval_ns {
+                // stored or touched within the interval: recent enough
+                if e.pending() || now - e.mtime < self.cfg.stamp_interval_ns {
                     return false;
                 }
+                // the touch is its recency from now on, in the index at once and on disk
+                // when the stamp is applied; a change, like an insert: newer than a walk
+                // that started before it
                 e.set_pending(true);
-                e.last_stamp = now;
+                e.mtime = now;
+                *seq += 1;
+                e.set_seq(*seq);
                 true
             });
             match due {
@@ -165,19 +174,19 @@ impl Gc {
             let foreign = std::mem::take(&mut idx.foreign_pending);
             let mut q: Vec<Queued> = own
                 .into_iter()
-                .map(|k| (k, idx.lru.get(&k).map(|e| e.seq())))
-                .filter(|(_, s)| s.is_some())
+                .filter_map(|k| idx.lru.get(&k).map(|e| (k, Some(e.seq()), e.mtime)))
                 .collect();
-            q.extend(foreign.into_iter().map(|k| (k, None)));
+            let now = self.now_ns();
+            q.extend(foreign.into_iter().map(|k| (k, None, now)));
             q
         };
         if queued.is_empty() {
             return;
         }
-        let now = self.now_ns();
         let threads = if queued.len() >= 512 { 4 } else { 1 };
         let per = queued.len().div_ceil(threads);
-        type Outcome = (Vec<Queued>, Vec<Queued>, Vec<(BlockKey, std::fs::Metadata)>);
+        type Done = Vec<(BlockKey, Option<u64>)>;
+        type Outcome = (Done, Done, Vec<(BlockKey, std::fs::Metadata)>);
         let results: Vec<Outcome> = std::thread::scope(|s| {
             let handles: Vec<_> = queued
                 .chunks(per)
@@ -185,9 +194,9 @@ impl Gc {
                     s.spawn(move || {
                         let (mut done, mut gone, mut learned) =
                             (Vec::new(), Vec::new(), Vec::new());
-                        for &(k, seq) in chunk {
+                        for &(k, seq, at) in chunk {
                             let path = ns.block_path(root, &k);
-                            match stamp(&path, now) {
+                            match stamp(&path, at) {
                                 Ok(()) if seq.is_none() => {
                                     if let Ok(m) = std::fs::symlink_metadata(&path)
                                         && m.is_file()
@@ -226,13 +235,8 @@ impl Gc {
             let mut idx = self.lock();
             for (done, gone, _) in &results {
                 for (k, _) in done {
-                    let stamped = idx.lru.update(k, |e| {
-                        e.set_pending(false);
-                        e.mtime.max(now)
-                    });
-                    if let Some(m) = stamped {
-                        idx.set_mtime(k, m);
-                    }
+                    // (its index entry holds the touch's time already)
+                    idx.lru.update(k, |e| e.set_pending(false));
                 }
                 n_done += done.len() as u64;
                 for (k, seq) in gone {

@@ -281,6 +281,55 @@ async fn a_rescan_keeps_when_a_key_was_last_touched() {
     assert_eq!((s.stamps, s.pending_stamps), (1, 1), "{s:?}");
 }
 
+/// A stamp writes the time of the touch that queued it, not the time the GC thread got to
+/// apply it: the file's recency on disk is when the block was used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stamp_writes_the_time_of_the_touch() {
+    let root = temp_root();
+    let tier = open_hand_swept(root.path(), 10, 0.8); // stamp interval: a minute
+    tier.freeze_gc_clock().unwrap();
+    let k = leaf_key(1);
+    assert!(fs_store(&tier, &[k], 0).await.is_success());
+    let mtime = || {
+        std::fs::metadata(tier.block_path(&k))
+            .unwrap()
+            .modified()
+            .unwrap()
+    };
+    let stored = mtime(); // the frozen clock's time
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    tier.touch(&[k]); // t = 61 s
+    tier.advance_gc_clock(Duration::from_secs(50)).unwrap();
+    tier.gc_apply_stamps_now().unwrap(); // t = 111 s
+    assert_eq!(mtime(), stored + Duration::from_secs(61));
+}
+
+/// A rescan that runs between a touch and its stamp finds the file's older mtime on disk: the
+/// touch's time stands, and the stamp writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_before_a_stamp_keeps_the_touch() {
+    let root = temp_root();
+    let tier = open_hand_swept(root.path(), 10, 0.8);
+    tier.freeze_gc_clock().unwrap();
+    let k = leaf_key(1);
+    assert!(fs_store(&tier, &[k], 0).await.is_success());
+    let stored = std::fs::metadata(tier.block_path(&k))
+        .unwrap()
+        .modified()
+        .unwrap();
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    tier.touch(&[k]);
+    assert_eq!(gc_stats(&tier).pending_stamps, 1);
+    tier.gc_rescan_now().unwrap(); // sees the store's mtime on disk
+    tier.advance_gc_clock(Duration::from_secs(50)).unwrap();
+    tier.gc_apply_stamps_now().unwrap();
+    let on_disk = std::fs::metadata(tier.block_path(&k))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(on_disk, stored + Duration::from_secs(61));
+}
+
 /// Two tier instances on one root: B reads a key A wrote, and touches it; A's sweep does not
 /// evict it as least recently used. B stamps it although B never wrote it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
