@@ -371,8 +371,10 @@ pub(crate) fn read_regular_whole(path: &Path) -> io::Result<Option<Vec<u8>>> {
         libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL);
         libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED);
     }
-    // (bounded: a sparse file can claim any length; one past it sees the end without a grow)
-    let mut v = Vec::with_capacity(len.min(1 << 32) as usize + 1);
+    // one past its length sees the end without a grow; a length no allocation can hold (a
+    // sparse file can claim any) is read as it comes
+    let mut v = Vec::new();
+    let _ = v.try_reserve_exact(usize::try_from(len).unwrap_or(usize::MAX).saturating_add(1));
     std::io::Read::read_to_end(&mut f, &mut v)?;
     Ok(Some(v))
 }

@@ -234,9 +234,16 @@ impl Gc {
         {
             let mut idx = self.lock();
             for (done, gone, _) in &results {
+                let Index { lru, seq, .. } = &mut *idx;
                 for (k, _) in done {
-                    // (its index entry holds the touch's time already)
-                    idx.lru.update(k, |e| e.set_pending(false));
+                    // its entry holds the touch's time already; the file has it now: a
+                    // change, newer than a walk that started before it (which may have seen
+                    // the file's older time)
+                    lru.update(k, |e| {
+                        e.set_pending(false);
+                        *seq += 1;
+                        e.set_seq(*seq);
+                    });
                 }
                 n_done += done.len() as u64;
                 for (k, seq) in gone {

@@ -330,6 +330,70 @@ async fn a_rescan_before_a_stamp_keeps_the_touch() {
     assert_eq!(on_disk, stored + Duration::from_secs(61));
 }
 
+/// A rescan that finds a touched file changed in size takes its size from the disk and keeps
+/// the touch, whose stamp then writes the touch's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_that_finds_a_touched_file_resized_keeps_the_touch() {
+    let root = temp_root();
+    let tier = open_hand_swept(root.path(), 10, 0.8);
+    tier.freeze_gc_clock().unwrap();
+    let k = leaf_key(1);
+    assert!(fs_store(&tier, &[k], 0).await.is_success());
+    let path = tier.block_path(&k);
+    let stored = std::fs::metadata(&path).unwrap().modified().unwrap();
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    tier.touch(&[k]);
+    assert_eq!(gc_stats(&tier).pending_stamps, 1);
+    // grown behind the tier's back (its mtime is the wall clock's now)
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    std::io::Write::write_all(&mut &f, &vec![0u8; 64 << 10]).unwrap();
+    drop(f);
+    tier.gc_rescan_now().unwrap();
+    tier.gc_apply_stamps_now().unwrap();
+    let on_disk = std::fs::metadata(&path).unwrap().modified().unwrap();
+    assert_eq!(on_disk, stored + Duration::from_secs(61));
+}
+
+/// A touch the index took before a rescan began, stamped while the rescan walked (the walk
+/// may have read the file's older time): the merge keeps the touch's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_keeps_a_touch_taken_before_it_and_stamped_while_it_walked() {
+    let root = temp_root();
+    let tier = Arc::new(
+        FsTier::open("fs", hand_swept_low_blocks_cfg(root.path(), 3, 2), ns(), BS).unwrap(),
+    );
+    let ks: Vec<BlockKey> = (0..4).map(leaf_key).collect();
+    assert!(fs_store(&*tier, &ks, 0).await.is_success());
+    age(&tier, &ks, |i| 4000 - 1000 * i as u64); // ks[0] is the oldest
+    tier.touch(&ks[..1]);
+    assert_eq!(gc_stats(&tier).pending_stamps, 1); // in the index, not on disk yet
+    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::RescanWalked);
+    let t = tier.clone();
+    let rescan = std::thread::spawn(move || t.gc_rescan_now().unwrap());
+    at_rx
+        .recv_timeout(HOOK_DEADLINE)
+        .expect("the rescan never walked");
+    tier.gc_apply_stamps_now().unwrap();
+    go_tx.send(()).unwrap();
+    rescan.join().unwrap();
+    tier.set_sweep_hook(None).unwrap();
+    assert_eq!(tier.gc_sweep_now().unwrap(), 2);
+    let present: Vec<bool> = ks.iter().map(|k| tier.block_path(k).exists()).collect();
+    assert_eq!(
+        present,
+        [true, false, false, true],
+        "the touched key was swept"
+    );
+    assert_eq!(
+        gc_stats(&tier).skipped_recent,
+        0,
+        "the rescan put the file's older mtime back"
+    );
+}
+
 /// Two tier instances on one root: B reads a key A wrote, and touches it; A's sweep does not
 /// evict it as least recently used. B stamps it although B never wrote it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
