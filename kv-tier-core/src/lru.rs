@@ -83,10 +83,10 @@ impl<A: Ord + Copy + Debug> LruEntry for Slot<A> {
 }
 
 /// A candidate's place in the eviction order: least recent first, then deepest first (a
-/// chain's later block before its earlier one at equal recency), then where the index keeps
-/// the block (`pos`: the earlier indexed first, for blocks indexed into an empty index in
-/// order, as a checkpoint's are). A rank is a position: one kept after its block left the
-/// index still says where a batch read on from.
+/// chain's later block before its earlier one at equal recency), then by the key's 64-bit
+/// digest (so ties go the same way whatever order the blocks were indexed in), then where
+/// the index keeps the block (`pos`). A rank is a position: one kept after its block left
+/// the index still says where a batch read on from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Rank<A> {
     /// Its recency: its own, or that of the later block of its chain that left last, if
@@ -105,6 +105,7 @@ impl<A: Ord> Ord for Rank<A> {
         self.at
             .cmp(&o.at)
             .then(o.depth.cmp(&self.depth))
+            .then(self.key.mix().cmp(&o.key.mix()))
             .then(self.pos.cmp(&o.pos))
             .then(self.key.cmp(&o.key))
     }
@@ -116,11 +117,14 @@ impl<A: Ord> PartialOrd for Rank<A> {
     }
 }
 
-/// A tail's place in the order as the index keeps it (16 bytes for an `i64` recency, where
-/// a [`Rank`] carries the whole key): ordered as [`Rank`] is.
+/// A tail's place in the order as the index keeps it (24 bytes for an `i64` recency, where
+/// a [`Rank`] carries the whole key): ordered as [`Rank`] is. The digest is what keeps ties
+/// independent of the order blocks were indexed in (a simulation with a frozen clock has
+/// many, and its runs must repeat).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Pos<A> {
     at: A,
+    mix: u64,
     depth: u32,
     slot: u32,
 }
@@ -130,6 +134,7 @@ impl<A: Ord> Ord for Pos<A> {
         self.at
             .cmp(&o.at)
             .then(o.depth.cmp(&self.depth))
+            .then(self.mix.cmp(&o.mix))
             .then(self.slot.cmp(&o.slot))
     }
 }
@@ -144,6 +149,7 @@ impl<A: Copy> Pos<A> {
     fn of(r: &Rank<A>) -> Self {
         Pos {
             at: r.at,
+            mix: r.key.mix(),
             depth: r.depth,
             slot: r.pos,
         }
@@ -247,7 +253,7 @@ impl<T> Nodes<T> {
 ///
 /// Its blocks live in chunks of nodes of 56 bytes plus the entry (the key's first 32
 /// hash bytes inline, chain links as node numbers), found through a table of 4-byte node
-/// numbers, with the eviction order a set of 16-byte positions (for an `i64` recency).
+/// numbers, with the eviction order a set of 24-byte positions (for an `i64` recency).
 #[derive(Debug)]
 pub struct LruIndex<E: LruEntry> {
     nodes: Nodes<Node<E>>,
@@ -446,6 +452,7 @@ impl<E: LruEntry> LruIndex<E> {
         let n = self.node(s);
         Pos {
             at: self.at_of(s),
+            mix: Self::mix_of_node(&self.nodes, &self.long, s),
             depth: n.depth,
             slot: s,
         }
@@ -689,6 +696,7 @@ impl<E: LruEntry> LruIndex<E> {
         if tail && at0 != at1 {
             let was = Pos {
                 at: at0,
+                mix: key.mix(),
                 depth,
                 slot: s,
             };
@@ -1056,7 +1064,7 @@ mod tests {
         assert_eq!(got.iter().filter(|x| x.2.is_some()).count(), 3);
     }
 
-    /// A node is 56 bytes plus its entry, and a place in the order 16 bytes (the type's
+    /// A node is 56 bytes plus its entry, and a place in the order 24 bytes (the type's
     /// doc says so).
     #[test]
     fn a_node_is_56_bytes_plus_its_entry() {
@@ -1064,7 +1072,7 @@ mod tests {
             std::mem::size_of::<Node<E>>(),
             56 + std::mem::size_of::<E>()
         );
-        assert_eq!(std::mem::size_of::<Pos<i64>>(), 16);
+        assert_eq!(std::mem::size_of::<Pos<i64>>(), 24);
     }
 
     /// A tail that inherited a newer recency from its chain keeps it (its place in the order)
