@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 pub(super) struct Entry {
     /// Allocated bytes of the block file and its checksum sidecar (if any).
     pub(super) size: u64,
-    /// mtime, ns since the epoch: also what rate-limits stamps (a file stored or stamped
+    /// mtime, ns since the epoch: also what rate-limits stamps (a file stored or touched
     /// within the stamp interval is not stamped again).
     pub(super) mtime: i64,
     /// When the entry was (re)inserted, from the index's counter (later walks and stamps do

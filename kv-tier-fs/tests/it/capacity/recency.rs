@@ -362,33 +362,49 @@ async fn a_rescan_that_finds_a_touched_file_resized_keeps_the_touch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescan_keeps_a_touch_taken_before_it_and_stamped_while_it_walked() {
     let root = temp_root();
-    let tier = Arc::new(
-        FsTier::open("fs", hand_swept_low_blocks_cfg(root.path(), 3, 2), ns(), BS).unwrap(),
-    );
-    let ks: Vec<BlockKey> = (0..4).map(leaf_key).collect();
-    assert!(fs_store(&*tier, &ks, 0).await.is_success());
-    age(&tier, &ks, |i| 4000 - 1000 * i as u64); // ks[0] is the oldest
+    let (tier, ks) = four_aged_keys(root.path()).await;
     tier.touch(&ks[..1]);
     assert_eq!(gc_stats(&tier).pending_stamps, 1); // in the index, not on disk yet
-    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::RescanWalked);
+    while_a_rescan_walked(&tier, || tier.gc_apply_stamps_now().unwrap());
+    the_sweep_keeps_the_touched_oldest(&tier, &ks);
+}
+
+/// Four files stored and aged, `ks[0]` the oldest, on a tier that sweeps down to two.
+async fn four_aged_keys(root: &std::path::Path) -> (Arc<FsTier>, Vec<BlockKey>) {
+    let tier =
+        Arc::new(FsTier::open("fs", hand_swept_low_blocks_cfg(root, 3, 2), ns(), BS).unwrap());
+    let ks: Vec<BlockKey> = (0..4).map(leaf_key).collect();
+    assert!(fs_store(&*tier, &ks, 0).await.is_success());
+    age(&tier, &ks, |i| 4000 - 1000 * i as u64);
+    (tier, ks)
+}
+
+/// Runs `during` while a rescan is held between its walk and its merge.
+fn while_a_rescan_walked(tier: &Arc<FsTier>, during: impl FnOnce()) {
+    let (at_rx, go_tx) = hook_at(tier, SweepPoint::RescanWalked);
     let t = tier.clone();
     let rescan = std::thread::spawn(move || t.gc_rescan_now().unwrap());
     at_rx
         .recv_timeout(HOOK_DEADLINE)
         .expect("the rescan never walked");
-    tier.gc_apply_stamps_now().unwrap();
+    during();
     go_tx.send(()).unwrap();
     rescan.join().unwrap();
     tier.set_sweep_hook(None).unwrap();
+}
+
+/// A sweep down to two takes the two middle keys: the oldest was touched, and the index
+/// held its touch (the sweep never had to find the key fresh on disk).
+fn the_sweep_keeps_the_touched_oldest(tier: &FsTier, ks: &[BlockKey]) {
     assert_eq!(tier.gc_sweep_now().unwrap(), 2);
     let present: Vec<bool> = ks.iter().map(|k| tier.block_path(k).exists()).collect();
     assert_eq!(
         present,
         [true, false, false, true],
-        "the touched key was swept"
+        "the touched key was swept as old"
     );
     assert_eq!(
-        gc_stats(&tier).skipped_recent,
+        gc_stats(tier).skipped_recent,
         0,
         "the rescan put the file's older mtime back"
     );
@@ -471,42 +487,18 @@ async fn an_unbounded_instances_reads_are_recency_for_a_bounded_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescan_keeps_a_stamp_applied_while_it_walked() {
     let root = temp_root();
-    let tier = Arc::new(
-        FsTier::open("fs", hand_swept_low_blocks_cfg(root.path(), 3, 2), ns(), BS).unwrap(),
-    );
-    let ks: Vec<BlockKey> = (0..4).map(leaf_key).collect();
-    assert!(fs_store(&*tier, &ks, 0).await.is_success());
-    age(&tier, &ks, |i| 4000 - 1000 * i as u64); // ks[0] is the oldest
-    let (at_rx, go_tx) = hook_at(&tier, SweepPoint::RescanWalked);
-    let t = tier.clone();
-    let rescan = std::thread::spawn(move || t.gc_rescan_now().unwrap());
-    at_rx
-        .recv_timeout(HOOK_DEADLINE)
-        .expect("the rescan never walked");
-    let stamps = gc_stats(&tier).stamps;
-    tier.touch(&ks[..1]); // the oldest is read now
-    tier.gc_apply_stamps_now().unwrap();
-    assert_eq!(
-        gc_stats(&tier).stamps,
-        stamps + 1,
-        "the touch was not stamped"
-    );
-    go_tx.send(()).unwrap();
-    rescan.join().unwrap();
-    tier.set_sweep_hook(None).unwrap();
-    assert_eq!(tier.gc_sweep_now().unwrap(), 2);
-    let present: Vec<bool> = ks.iter().map(|k| tier.block_path(k).exists()).collect();
-    assert_eq!(
-        present,
-        [true, false, false, true],
-        "the stamped key was swept as old"
-    );
-    // and the index held the stamp: the sweep never had to find the key fresh on disk
-    assert_eq!(
-        gc_stats(&tier).skipped_recent,
-        0,
-        "the rescan put the old mtime back"
-    );
+    let (tier, ks) = four_aged_keys(root.path()).await;
+    while_a_rescan_walked(&tier, || {
+        let stamps = gc_stats(&tier).stamps;
+        tier.touch(&ks[..1]); // the oldest is read now
+        tier.gc_apply_stamps_now().unwrap();
+        assert_eq!(
+            gc_stats(&tier).stamps,
+            stamps + 1,
+            "the touch was not stamped"
+        );
+    });
+    the_sweep_keeps_the_touched_oldest(&tier, &ks);
 }
 
 /// README: "`touch(keys)` queues a stamp"; ARCHITECTURE.md: "`touch`, skipped stores and loads
