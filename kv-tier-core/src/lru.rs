@@ -264,8 +264,9 @@ pub struct LruIndex<E: LruEntry> {
     /// Bytes 32.. of hashes longer than [`INLINE`], per node.
     long: FxHashMap<u32, [u8; INLINE]>,
     /// Recency a tail inherited from the later block of its chain that left last, where
-    /// newer than its own, per node (flagged [`INHERITED`]): one node a chain at most is a
-    /// tail, so this stays small beside the nodes.
+    /// newer than its own, per node (flagged [`INHERITED`]): only nodes that were a chain's
+    /// tail when its later block left hold one (a node linked again since keeps it), so this
+    /// stays small beside the nodes.
     inherited: FxHashMap<u32, E::At>,
     /// The tails (blocks no indexed block follows), in eviction order.
     order: BTreeSet<Pos<E::At>>,
