@@ -162,8 +162,6 @@ const NONE: u32 = u32::MAX;
 const INLINE: usize = 32;
 /// The node is an indexed block (not a placeholder for a missing parent).
 const PRESENT: u8 = 1;
-/// [`LruIndex::inherited`] holds a recency for the node.
-const INHERITED: u8 = 2;
 
 /// One slot of the index: an indexed block, or a placeholder for a block that indexed
 /// blocks are linked to and that is not indexed (it counts their waiting, and goes with the
@@ -264,7 +262,7 @@ pub struct LruIndex<E: LruEntry> {
     /// Bytes 32.. of hashes longer than [`INLINE`], per node.
     long: FxHashMap<u32, [u8; INLINE]>,
     /// Recency a tail inherited from the later block of its chain that left last, where
-    /// newer than its own, per node (flagged [`INHERITED`]): only nodes that were a chain's
+    /// newer than its own, per node: only nodes that were a chain's
     /// tail when its later block left hold one (a node linked again since keeps it), so this
     /// stays small beside the nodes.
     inherited: FxHashMap<u32, E::At>,
@@ -307,9 +305,8 @@ impl<E: LruEntry> LruIndex<E> {
 
     /// Node `s`'s place in recency: its entry's, or what it inherited where newer.
     fn at_of(&self, s: u32) -> E::At {
-        let n = self.node(s);
-        let own = n.e.at();
-        if n.flags & INHERITED == 0 {
+        let own = self.node(s).e.at();
+        if self.inherited.is_empty() {
             return own;
         }
         match self.inherited.get(&s) {
@@ -320,10 +317,7 @@ impl<E: LruEntry> LruIndex<E> {
 
     /// Node `s` inherits no recency (any more).
     fn clear_inherited(&mut self, s: u32) {
-        if self.node(s).flags & INHERITED != 0 {
-            self.inherited.remove(&s);
-            self.node_mut(s).flags &= !INHERITED;
-        }
+        self.inherited.remove(&s);
     }
 
     /// What `f` makes of node `s`'s whole hash bytes and group (the part past [`INLINE`]
@@ -662,7 +656,6 @@ impl<E: LruEntry> LruIndex<E> {
             if pn.followers == 0 {
                 if pn.present() {
                     if at > self.at_of(p) {
-                        self.node_mut(p).flags |= INHERITED;
                         self.inherited.insert(p, at);
                     }
                     self.order.insert(self.pos_of(p));

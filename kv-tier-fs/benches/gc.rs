@@ -75,12 +75,7 @@ fn main() {
     let base = std::env::var("KV_TIER_BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| std::env::temp_dir());
-    let counts: Vec<usize> = std::env::var("KV_TIER_GC_BENCH_FILES")
-        .unwrap_or_else(|_| "20000,1000000".into())
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| s.trim().parse().expect("file counts"))
-        .collect();
+    let files = counts("KV_TIER_GC_BENCH_FILES", "20000,1000000");
     println!(
         "{:>9} {:>11} {:>12} {:>12} {:>12} {:>14} {:>12} {:>12} {:>12} {:>12}",
         "files",
@@ -94,26 +89,17 @@ fn main() {
         "holds us",
         "lookup us"
     );
-    for n in counts {
-        let dir = tempfile::Builder::new()
+    let dir = || {
+        tempfile::Builder::new()
             .prefix("kv-tier-gc-bench-")
             .tempdir_in(&base)
-            .unwrap();
-        run(dir.path(), n);
+            .unwrap()
+    };
+    for n in files {
+        run(dir().path(), n);
     }
-    let records: Vec<usize> = std::env::var("KV_TIER_GC_BENCH_CHECKPOINT")
-        .unwrap_or_else(|_| "10000000".into())
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| s.trim().parse().expect("checkpoint record counts"))
-        .filter(|&n| n > 0)
-        .collect();
-    for n in records {
-        let dir = tempfile::Builder::new()
-            .prefix("kv-tier-gc-bench-")
-            .tempdir_in(&base)
-            .unwrap();
-        checkpoint_only(dir.path(), n);
+    for n in counts("KV_TIER_GC_BENCH_CHECKPOINT", "10000000") {
+        checkpoint_only(dir().path(), n);
     }
     println!(
         "targets: 20k: decide <= 20 ms, interval under the cap walks no directory; 1M: adopt <= 10 s, decide <= 1 s; touch(2,000) <= 20 us; holds(2,000) in microseconds; open from a checkpoint <= 0.3 s per 1M cold, <= 3 s at 10M"
@@ -202,6 +188,18 @@ fn checkpoint_only(root: &Path, n: usize) {
             grew as f64 / n as f64
         );
     }
+}
+
+/// The counts in environment variable `var` (comma-separated; `default` when unset; empty
+/// and 0 entries skipped).
+fn counts(var: &str, default: &str) -> Vec<usize> {
+    std::env::var(var)
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().unwrap_or_else(|_| panic!("{var}: counts")))
+        .filter(|&n| n > 0)
+        .collect()
 }
 
 fn ns() -> Namespace {

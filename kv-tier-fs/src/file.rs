@@ -347,33 +347,16 @@ pub(crate) fn open_regular(path: &Path) -> io::Result<Option<File>> {
     Ok(f.metadata()?.is_file().then_some(f))
 }
 
-/// Reads a small regular file whole (`Ok(None)`: something else is at the path).
+/// Reads a regular file whole (`Ok(None)`: something else is at the path), into a buffer
+/// sized from `fstat` once (no copy as it grows: a checkpoint is hundreds of MB); a length no
+/// allocation can hold (a sparse file can claim any) is read as it comes.
 pub(crate) fn read_regular(path: &Path) -> io::Result<Option<Vec<u8>>> {
     let Some(mut f) = open_regular(path)? else {
         return Ok(None);
     };
-    let mut v = Vec::new();
-    std::io::Read::read_to_end(&mut f, &mut v)?;
-    Ok(Some(v))
-}
-
-/// Reads a large regular file whole (`Ok(None)`: something else is at the path): the buffer
-/// sized from `fstat` once (no copy as it grows) and the whole file asked of the disk at once
-/// (`POSIX_FADV_WILLNEED`: read ahead in large requests, where a cold read otherwise goes a
-/// readahead window at a time).
-pub(crate) fn read_regular_whole(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    let Some(mut f) = open_regular(path)? else {
-        return Ok(None);
-    };
     let len = f.metadata()?.len();
-    // SAFETY: the descriptor is open for the call; advice changes no memory of this process.
-    unsafe {
-        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL);
-        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED);
-    }
-    // one past its length sees the end without a grow; a length no allocation can hold (a
-    // sparse file can claim any) is read as it comes
     let mut v = Vec::new();
+    // one past its length sees the end without a grow
     let _ = v.try_reserve_exact(usize::try_from(len).unwrap_or(usize::MAX).saturating_add(1));
     std::io::Read::read_to_end(&mut f, &mut v)?;
     Ok(Some(v))

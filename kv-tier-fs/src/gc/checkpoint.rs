@@ -349,7 +349,7 @@ impl Gc {
         let t = Instant::now();
         // non-blocking, regular files only, no symlink followed: a FIFO or a device at the
         // path must not hang the open
-        let bytes = match crate::file::read_regular_whole(path) {
+        let bytes = match crate::file::read_regular(path) {
             Ok(Some(b)) => b,
             Ok(None) => return self.refuse(path, "not a regular file"),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return None,

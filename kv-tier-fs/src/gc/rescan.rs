@@ -147,18 +147,17 @@ impl Gc {
                 None if idx.removed_since(&f.key, seq0) => {}
                 // newer than what the walk saw
                 Some(e) if e.seq() > seq0 => {}
-                Some(e) if e.size == f.size && e.mtime == f.mtime => {}
-                // touched: its queued stamp writes the newer time the index holds
-                Some(e) if e.size == f.size && e.pending() && e.mtime > f.mtime => {}
-                // the disk is the truth for what predates the walk (a queued stamp stays, and
-                // with it the touch's time, which the stamp writes)
+                // the disk is the truth for what predates the walk, but a queued stamp stays,
+                // and with it the touch's newer time, which the stamp writes
                 Some(e) => {
                     let mtime = if e.pending() {
                         e.mtime.max(f.mtime)
                     } else {
                         f.mtime
                     };
-                    idx.insert(f.key, f.size, mtime)
+                    if (e.size, e.mtime) != (f.size, mtime) {
+                        idx.insert(f.key, f.size, mtime);
+                    }
                 }
                 // new to the index: a store of this process may have just published it (its
                 // reservation is this entry now)

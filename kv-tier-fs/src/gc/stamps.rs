@@ -28,8 +28,6 @@ pub(crate) fn stamp(path: &Path, ns: i64) -> io::Result<()> {
     }
 }
 
-/// One stamp to apply: a key, and the entry's `seq` when it was queued (`None`: a key of
-/// another process that the index does not hold).
 /// A stamp to apply: the key, its index entry's `seq` (`None`: another process's file), and
 /// the time to stamp (the touch's, for an indexed key).
 type Queued = (BlockKey, Option<u64>, i64);
