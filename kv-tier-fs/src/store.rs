@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use kv_tier_core::{AlignedBuf, BlockKey, BlockSource, Error, Result};
+use kv_tier_core::{AlignedBuf, BlockKey, BlockSource, Error, EventBatch, Result};
 
 use crate::block::{FsOp, Shared, bump};
 use crate::capacity::Room;
@@ -37,12 +37,15 @@ impl Shared {
     /// skip; damage (a directory, a link, a file without the required checksum) is removed,
     /// reported, and the block written once more. `Ok(true)` when this call published it.
     /// `room`: what [`Shared::reserve_rooms`] reserved for it (bounded), released when this
-    /// returns unless the published file took it over.
+    /// returns unless the published file took it over. A block this call published is added
+    /// to `stored` (`BlockStored`); bounded, in the step that indexes it, so a removal that
+    /// finds the file gone afterwards is reported after it.
     pub(crate) fn store_block(
         &self,
         key: &BlockKey,
         src: &BlockSource,
         room: Option<Room>,
+        stored: &EventBatch,
     ) -> Result<bool> {
         if src.len() != self.block_size {
             return Err(Error::WrongSize {
@@ -57,19 +60,23 @@ impl Shared {
             if self.write_block_making_room(key, &dest, src)? {
                 bump(&self.counters.blocks.blocks_written, 1);
                 bump(&self.counters.blocks.bytes_written, self.block_size as u64);
-                if let (Some(gc), Some(mut room)) = (&self.gc, room) {
-                    let leaf = || {
-                        let m = std::fs::symlink_metadata(dest.parent()?).ok()?;
-                        Some(crate::gc::allocated(&m))
-                    };
-                    // measured before the room for its growth is given up (see `on_published`)
-                    let grown = if room.grows() { leaf() } else { None };
-                    let file_bytes = gc.file_bytes(self.alloc_block);
-                    if gc.on_published(*key, file_bytes, room.take(), grown)
-                        && let Some(bytes) = leaf()
-                    {
-                        gc.set_leaf_bytes(key, bytes);
+                match (&self.gc, room) {
+                    (Some(gc), Some(mut room)) => {
+                        let leaf = || {
+                            let m = std::fs::symlink_metadata(dest.parent()?).ok()?;
+                            Some(crate::gc::allocated(&m))
+                        };
+                        // measured before the room for its growth is given up (see
+                        // `on_published`)
+                        let grown = if room.grows() { leaf() } else { None };
+                        let file_bytes = gc.file_bytes(self.alloc_block);
+                        if gc.on_published(*key, file_bytes, room.take(), grown, stored)
+                            && let Some(bytes) = leaf()
+                        {
+                            gc.set_leaf_bytes(key, bytes);
+                        }
                     }
+                    _ => stored.add(*key),
                 }
                 return Ok(true);
             }

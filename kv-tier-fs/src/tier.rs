@@ -507,13 +507,11 @@ impl SecondaryTier for FsTier {
                 blocks,
                 (protect, hold),
                 |files, key, (src, room), batch| {
-                    let r = files.store_block(key, &src, room);
+                    // reports the block stored if this store wrote it (a block found present
+                    // was reported when written: the fs tier reports a removal only once the
+                    // file is gone)
+                    let r = files.store_block(key, &src, room, batch);
                     drop(src); // unpin the DRAM slot as soon as the bytes are written
-                    // written by this store (a block found present was reported when written:
-                    // the fs tier reports a removal only once the file is gone)
-                    if matches!(r, Ok(true)) {
-                        batch.add(*key);
-                    }
                     r
                 },
             )

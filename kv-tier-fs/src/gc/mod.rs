@@ -437,19 +437,24 @@ impl Gc {
     /// the growth is counted in the same step as that room is given up, so no other store can
     /// take the room meanwhile. Returns whether the leaf directory is due for a measurement
     /// ([`Gc::set_leaf_bytes`]) still: directories grow with their entries, and a leaf of
-    /// [`index::LEAF_GROWS_FROM`] files or more is measured after every store.
+    /// [`index::LEAF_GROWS_FROM`] files or more is measured after every store. The block is
+    /// added to `stored` (`BlockStored`) under the index lock.
     pub(crate) fn on_published(
         &self,
         key: BlockKey,
         file_bytes: u64,
         reservation: Option<u64>,
         leaf_bytes: Option<u64>,
+        stored: &kv_tier_core::EventBatch,
     ) -> bool {
         let now = self.now_ns();
         let (over, measure) = {
             let mut idx = self.lock();
             let claim = reservation.map_or(index::Claim::Nothing, index::Claim::Number);
             idx.insert_claiming(key, file_bytes, now, claim);
+            // reported in the step that indexes it: whoever finds the file gone later takes
+            // the entry out after this and reports the removal after this `BlockStored`
+            stored.add(key);
             if let Some(b) = leaf_bytes {
                 idx.set_leaf_bytes(&key, b);
             }

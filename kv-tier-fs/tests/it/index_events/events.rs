@@ -1328,3 +1328,77 @@ async fn a_store_while_a_rescan_walked_past_a_deleted_file_ends_stored() {
     settle(&tier);
     check_stats(&tier, _r.path(), "h");
 }
+
+/// A block's bytes whose last reference is dropped only when the test says so: the store
+/// that wrote them is held there, after it published and indexed the block.
+struct HeldBytes {
+    buf: kv_tier_core::AlignedBuf,
+    at: std::sync::mpsc::Sender<()>,
+    go: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl AsRef<[u8]> for HeldBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+}
+
+impl Drop for HeldBytes {
+    fn drop(&mut self) {
+        let _ = self.at.send(());
+        let _ = self.go.lock().unwrap().recv_timeout(HOOK_DEADLINE);
+    }
+}
+
+/// A store reports its block stored in the step that indexes it: a load that finds the file
+/// gone right after (deleted behind the tier's back before the store's job even ended) takes
+/// the entry out after that, so its removal comes after the `BlockStored`, and the key's last
+/// event says what the disk says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_found_gone_just_after_its_store_indexed_it_ends_removed() {
+    let root = temp_root();
+    let tier = Arc::new(open_hand_swept(root.path(), 10, 0.8));
+    let k = test_key(7);
+    let (at_tx, at_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel();
+    let mut buf = kv_tier_core::AlignedBuf::zeroed(BS);
+    kv_tier_testkit::fill_block(&k, 0, buf.as_mut_slice());
+    let src = kv_tier_core::BlockSource::from_owner(HeldBytes {
+        buf,
+        at: at_tx,
+        go: Mutex::new(go_rx),
+    });
+    let store = {
+        let t = tier.clone();
+        tokio::spawn(async move {
+            let job = kv_tier_core::StoreJob {
+                links: Vec::new(),
+                requests: Vec::new(),
+                blocks: vec![(k, src)],
+            };
+            t.store(job).await
+        })
+    };
+    // the store's I/O thread drops the bytes once they are written and published
+    tokio::task::spawn_blocking(move || at_rx.recv_timeout(HOOK_DEADLINE))
+        .await
+        .unwrap()
+        .expect("the store never dropped its bytes");
+    assert!(
+        is_regular(&tier.block_path(&k)),
+        "published before the drop"
+    );
+    std::fs::remove_file(tier.block_path(&k)).unwrap();
+    let (r, _) = load(&*tier, &[k]).await;
+    assert!(!r.is_success());
+    go_tx.send(()).unwrap();
+    assert!(within_limit("the store", store).await.unwrap().is_success());
+    settle(&tier);
+    let ev = tier.take_events();
+    let seq: Vec<bool> = ev
+        .iter()
+        .filter(|e| e.keys.contains(&k))
+        .map(|e| e.removed)
+        .collect();
+    assert_eq!(seq, vec![false, true], "stored, then removed: {ev:?}");
+}
