@@ -16,11 +16,15 @@ use kv_tier_testkit::bench::median;
 use kv_tier_testkit::{MemoryTier, fill_block, test_key};
 
 fn cpu(slots: usize, block: usize) -> Arc<CpuTier> {
+    cpu_with(slots, block, EvictionPolicy::Lru)
+}
+
+fn cpu_with(slots: usize, block: usize, policy: EvictionPolicy) -> Arc<CpuTier> {
     Arc::new(
         CpuTier::new(CpuTierConfig {
             capacity_bytes: (slots * block.div_ceil(4096) * 4096) as u64,
             block_size: block,
-            policy: EvictionPolicy::Lru,
+            policy,
             prefault: true,
         })
         .unwrap(),
@@ -123,25 +127,49 @@ async fn lookup_bench() {
     );
 }
 
+/// Stores of 1,000 blocks into a full pool (each evicts the last 1,000): under LRU, and under
+/// chain eviction with each store's blocks linked as one chain.
 fn cpu_store_bench() {
-    let c = cpu(1000, 4096);
-    let mut samples = Vec::new();
-    for round in 0..50u64 {
-        let keys: Vec<_> = (0..1000).map(|i| test_key(round << 32 | i)).collect();
-        let t = Instant::now();
-        let p = c.prepare_store(&keys).unwrap();
-        drop(p);
-        c.complete_store(&keys, true);
-        samples.push(t.elapsed());
-        c.take_events();
+    for policy in [EvictionPolicy::Lru, EvictionPolicy::Chain] {
+        let c = cpu_with(1000, 4096, policy);
+        let mut samples = Vec::new();
+        for round in 0..50u64 {
+            let keys: Vec<_> = (0..1000).map(|i| test_key(round << 32 | i)).collect();
+            let t = Instant::now();
+            let p = c.prepare_store(&keys).unwrap();
+            drop(p);
+            c.complete_store(&keys, true);
+            if policy == EvictionPolicy::Chain {
+                let links: Vec<_> = keys
+                    .windows(2)
+                    .zip(1..)
+                    .map(|(w, depth)| {
+                        (
+                            w[1],
+                            kv_tier_core::ChainLink {
+                                parent: w[0],
+                                depth,
+                            },
+                        )
+                    })
+                    .collect();
+                c.link(&links);
+            }
+            samples.push(t.elapsed());
+            c.take_events();
+        }
+        let med = median(samples);
+        let what = match policy {
+            EvictionPolicy::Chain => "chain, linked",
+            _ => "lru",
+        };
+        println!(
+            "{:<58} {:>11.1} us {:>14}",
+            format!("CpuTier prepare_store + complete_store, 1,000 ({what})"),
+            med.as_secs_f64() * 1e6,
+            format!("{:.0} ns/block", med.as_nanos() as f64 / 1000.0)
+        );
     }
-    let med = median(samples);
-    println!(
-        "{:<58} {:>11.1} us {:>14}",
-        "CpuTier prepare_store + complete_store of 1,000 blocks",
-        med.as_secs_f64() * 1e6,
-        format!("{:.0} ns/block", med.as_nanos() as f64 / 1000.0)
-    );
 }
 
 /// Store and load of 2 MiB blocks through the manager into the in-memory tier, against a

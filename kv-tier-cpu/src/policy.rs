@@ -1,9 +1,12 @@
-//! Eviction policies over resident (Ready) slots: LRU and ARC. Both keep intrusive
-//! doubly-linked lists over slot indices, so touch, insert and remove are O(1).
+//! The eviction order over resident (Ready) blocks. LRU and ARC keep intrusive
+//! doubly-linked lists over slot indices, so touch, insert and remove are O(1); chain
+//! eviction keeps core's [`LruIndex`] (the order the fs and obj tiers evict in), whose
+//! operations are O(log n).
 
 use std::collections::VecDeque;
 
-use kv_tier_core::BlockKey;
+use kv_tier_core::lru::{LruIndex, Slot};
+use kv_tier_core::{BlockKey, EvictionPolicy};
 use rustc_hash::FxHashMap;
 
 const NIL: u32 = u32::MAX;
@@ -116,6 +119,170 @@ impl Ghost {
     fn clear(&mut self) {
         self.order.clear();
         self.member.clear();
+    }
+}
+
+/// A block taken out of a [`LruIndex`] with its entry and its link, to put back as it was.
+type Taken = (BlockKey, Slot<u64>, Option<(BlockKey, u32)>);
+
+/// Candidates read from the chain order at a time.
+const BATCH: usize = 32;
+
+/// The eviction order of a DRAM tier's readable blocks.
+pub(crate) enum Order {
+    /// LRU or ARC over slot numbers.
+    Lists(Policy),
+    /// Least recent chain tail first: a block goes once no later block of its chain is
+    /// readable here. Recency is a tick of this tier's, one per insert and per touch, so no
+    /// two blocks tie.
+    Chain { idx: LruIndex<Slot<u64>>, tick: u64 },
+}
+
+impl Order {
+    pub(crate) fn new(n_slots: usize, policy: EvictionPolicy) -> Self {
+        match policy {
+            EvictionPolicy::Lru => Order::Lists(Policy::new(n_slots, false)),
+            EvictionPolicy::Arc => Order::Lists(Policy::new(n_slots, true)),
+            EvictionPolicy::Chain => Order::Chain {
+                idx: LruIndex::new(),
+                tick: 0,
+            },
+        }
+    }
+
+    /// `key` became readable in `slot`: the most recent.
+    pub(crate) fn insert(&mut self, slot: usize, key: &BlockKey) {
+        match self {
+            Order::Lists(p) => p.insert(slot, key),
+            Order::Chain { idx, tick } => {
+                *tick += 1;
+                idx.insert(*key, Slot { size: 1, at: *tick });
+            }
+        }
+    }
+
+    /// `key` (in `slot`) was used: the most recent (ARC: promoted to the frequent list).
+    pub(crate) fn touch(&mut self, slot: usize, key: &BlockKey) {
+        match self {
+            Order::Lists(p) => p.touch(slot),
+            Order::Chain { idx, tick } => {
+                *tick += 1;
+                let t = *tick;
+                idx.update(key, |e| e.at = t);
+            }
+        }
+    }
+
+    /// Readable `key` follows `parent` in its chain, at `depth`: it goes before `parent`.
+    /// Ignored by LRU and ARC (see [`LruIndex::link`] for the links refused).
+    pub(crate) fn link(&mut self, key: &BlockKey, parent: BlockKey, depth: u32) {
+        if let Order::Chain { idx, .. } = self {
+            idx.link(key, parent, depth);
+        }
+    }
+
+    /// `key` (in `slot`) leaves without being evicted (a reset).
+    pub(crate) fn remove(&mut self, slot: usize, key: &BlockKey) {
+        match self {
+            Order::Lists(p) => p.remove(slot, key, false),
+            Order::Chain { idx, .. } => {
+                idx.remove(key);
+            }
+        }
+    }
+
+    /// Takes `n` victims out of the order, first to go first, among the blocks that may go
+    /// (`evictable(slot)`: the key in the slot, if it may; `slot_of` says where a key is), and
+    /// returns their slots; with fewer than `n` evictable, takes none and returns `None`.
+    ///
+    /// Over chains, a block goes once the later blocks of its chain have gone (taking a tail
+    /// makes its parent a tail, which may go next). Only when no evictable tail is left does
+    /// an earlier block go before a later one that cannot (pinned, or of the store making
+    /// the room), least recent by its own use first.
+    pub(crate) fn take_victims(
+        &mut self,
+        n: usize,
+        slot_of: impl Fn(&BlockKey) -> usize,
+        evictable: impl Fn(usize) -> Option<BlockKey>,
+    ) -> Option<Vec<usize>> {
+        let mut out = Vec::with_capacity(n);
+        if n == 0 {
+            return Some(out);
+        }
+        let idx = match self {
+            Order::Lists(p) => {
+                let v = p.victims(n, |s| evictable(s).is_some())?;
+                for &s in &v {
+                    if let Some(k) = evictable(s) {
+                        p.remove(s, &k, true);
+                    }
+                }
+                return Some(v);
+            }
+            Order::Chain { idx, .. } => idx,
+        };
+        // what went, to put back as it was if the room cannot be made
+        let mut taken: Vec<Taken> = Vec::new();
+        let mut take = |idx: &mut LruIndex<Slot<u64>>, key: BlockKey, out: &mut Vec<usize>| {
+            let link = idx.chain_link(&key);
+            if let Some(e) = idx.remove(&key) {
+                taken.push((key, e, link));
+                out.push(slot_of(&key));
+            }
+        };
+        // tails, a batch at a time from where the last one ended: a parent made a tail by its
+        // last follower's going ranks after that follower (as recent at least, shallower),
+        // so what was passed over stays passed over, and the batch is read again from there
+        let mut after = None;
+        'tails: while out.len() < n {
+            let batch = idx.oldest(after, BATCH);
+            let Some(last) = batch.last().copied() else {
+                break;
+            };
+            for r in batch {
+                if evictable(slot_of(&r.key)).is_none() {
+                    continue;
+                }
+                let parent = idx.parent(&r.key);
+                take(idx, r.key, &mut out);
+                if out.len() == n {
+                    break 'tails;
+                }
+                if parent.is_some_and(|p| idx.rank(&p).is_some()) {
+                    after = Some(r);
+                    continue 'tails;
+                }
+            }
+            after = Some(last);
+        }
+        if out.len() < n {
+            for key in idx.keys_by_recency() {
+                if evictable(slot_of(&key)).is_some() {
+                    take(idx, key, &mut out);
+                    if out.len() == n {
+                        break;
+                    }
+                }
+            }
+        }
+        if out.len() < n {
+            for (key, e, link) in taken.into_iter().rev() {
+                idx.insert(key, e);
+                if let Some((parent, depth)) = link {
+                    idx.link(&key, parent, depth);
+                }
+            }
+            return None;
+        }
+        Some(out)
+    }
+
+    /// Forgets everything (ARC's ghosts included).
+    pub(crate) fn clear(&mut self) {
+        match self {
+            Order::Lists(p) => p.clear(),
+            Order::Chain { idx, .. } => *idx = LruIndex::new(),
+        }
     }
 }
 
@@ -308,34 +475,116 @@ mod tests {
         BlockKey::new(&[i], 0).unwrap()
     }
 
-    #[test]
-    fn lru_order_and_touch() {
-        let mut p = Policy::new(4, false);
-        for s in 0..4 {
-            p.insert(s, &key(s as u8));
+    /// Slots 0..n hold keys 0..n, inserted in order; `taken` says which slots left.
+    struct Pool {
+        order: Order,
+        gone: Vec<bool>,
+    }
+
+    impl Pool {
+        fn new(n: usize, policy: EvictionPolicy) -> Self {
+            let mut order = Order::new(n, policy);
+            for s in 0..n {
+                order.insert(s, &key(s as u8));
+            }
+            Self {
+                order,
+                gone: vec![false; n],
+            }
         }
-        assert_eq!(p.victims(2, |_| true).unwrap(), vec![0, 1]);
-        p.touch(0);
-        assert_eq!(p.victims(2, |_| true).unwrap(), vec![1, 2]);
-        assert_eq!(p.victims(2, |s| s != 1).unwrap(), vec![2, 3]);
-        assert!(p.victims(4, |s| s != 1).is_none());
-        p.remove(2, &key(2), true);
-        assert_eq!(p.victims(3, |_| true).unwrap(), vec![1, 3, 0]);
+
+        /// Takes `n` victims among the slots `may` allows.
+        fn take(&mut self, n: usize, may: impl Fn(usize) -> bool) -> Option<Vec<usize>> {
+            let gone = &self.gone;
+            let v = self.order.take_victims(
+                n,
+                |k| k.hash_bytes()[0] as usize,
+                |s| (!gone[s] && may(s)).then(|| key(s as u8)),
+            )?;
+            for &s in &v {
+                self.gone[s] = true;
+            }
+            Some(v)
+        }
+
+        fn link(&mut self, s: usize, parent: usize, depth: u32) {
+            self.order.link(&key(s as u8), key(parent as u8), depth);
+        }
+    }
+
+    #[test]
+    fn lru_takes_the_least_recent_that_may_go() {
+        let mut p = Pool::new(5, EvictionPolicy::Lru);
+        p.order.touch(0, &key(0));
+        assert_eq!(p.take(2, |s| s != 1), Some(vec![2, 3]));
+        assert_eq!(p.take(4, |_| true), None, "three are left: none taken");
+        assert_eq!(
+            p.take(2, |_| true),
+            Some(vec![1, 4]),
+            "nothing was taken above"
+        );
+        assert_eq!(p.take(1, |_| true), Some(vec![0]));
+    }
+
+    /// Plain LRU takes no links: a chain's head goes first when it is the least recent.
+    #[test]
+    fn lru_ignores_links() {
+        let mut p = Pool::new(3, EvictionPolicy::Lru);
+        p.link(1, 0, 1);
+        p.link(2, 1, 2);
+        assert_eq!(p.take(1, |_| true), Some(vec![0]));
+    }
+
+    /// A chain 0 <- 1 <- 2 and a block 3 used after it: the chain goes tail first, and the
+    /// head is as recent as its tail was (touching only the tail keeps the head).
+    #[test]
+    fn chain_takes_tails_first_with_the_chains_recency() {
+        let mut p = Pool::new(4, EvictionPolicy::Chain);
+        p.link(1, 0, 1);
+        p.link(2, 1, 2);
+        // only the trailing window is used again: the head stays older by its own use
+        p.order.touch(2, &key(2));
+        // 3 is now the least recent tail; then the chain, from its tail
+        assert_eq!(p.take(1, |_| true), Some(vec![3]));
+        assert_eq!(p.take(3, |_| true), Some(vec![2, 1, 0]));
+    }
+
+    /// The parent a taken tail leaves behind may go in the same call, before a tail used
+    /// later than the chain.
+    #[test]
+    fn chain_takes_a_parent_made_a_tail_in_the_same_call() {
+        let mut p = Pool::new(3, EvictionPolicy::Chain);
+        p.link(1, 0, 1);
+        assert_eq!(p.take(2, |_| true), Some(vec![1, 0]));
+        assert_eq!(p.take(1, |_| true), Some(vec![2]));
+    }
+
+    /// A tail that may not go (pinned) keeps its chain while another tail can go; with none
+    /// left, an earlier block goes before it, and a call that cannot be met takes nothing.
+    #[test]
+    fn chain_takes_an_earlier_block_only_when_no_tail_may_go() {
+        let mut p = Pool::new(4, EvictionPolicy::Chain);
+        p.link(1, 0, 1);
+        p.link(2, 1, 2);
+        assert_eq!(p.take(1, |s| s != 2), Some(vec![3]));
+        assert_eq!(p.take(3, |s| s != 2), None);
+        assert_eq!(
+            p.take(1, |s| s != 2),
+            Some(vec![0]),
+            "the least recent by its own use; the failed call put back what it took"
+        );
+        assert_eq!(p.take(2, |_| true), Some(vec![2, 1]));
     }
 
     #[test]
     fn arc_keeps_frequent_blocks_over_a_scan() {
-        let mut p = Policy::new(4, true);
+        let mut p = Pool::new(4, EvictionPolicy::Arc);
         // slots 0,1 used twice (frequent), 2,3 once.
-        for s in 0..4 {
-            p.insert(s, &key(s as u8));
-        }
-        p.touch(0);
-        p.touch(1);
-        // victims come from the recent list first.
-        assert_eq!(p.victims(2, |_| true).unwrap(), vec![2, 3]);
-        // when T1 is unevictable, T2 is used.
-        assert_eq!(p.victims(2, |s| s < 2).unwrap(), vec![0, 1]);
+        p.order.touch(0, &key(0));
+        p.order.touch(1, &key(1));
+        // when T1 is unevictable, T2 is used; victims come from the recent list first
+        assert_eq!(p.take(2, |s| s < 2), Some(vec![0, 1]));
+        assert_eq!(p.take(2, |_| true), Some(vec![2, 3]));
     }
 
     #[test]

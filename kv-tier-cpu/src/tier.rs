@@ -4,12 +4,12 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use kv_tier_core::{
-    BlockKey, BlockSource, Error, EvictionPolicy, KvTierConfig, Locality, LookupResult, Medium,
-    PreparedStore, PrimaryStats, PrimaryTier, Result, TierEvent,
+    BlockKey, BlockSource, ChainLink, Error, EvictionPolicy, KvTierConfig, Locality, LookupResult,
+    Medium, PreparedStore, PrimaryStats, PrimaryTier, Result, TierEvent,
 };
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::policy::Policy;
+use crate::policy::Order;
 use crate::region::Region;
 
 /// The name used in events and statistics.
@@ -53,7 +53,7 @@ struct State {
     map: FxHashMap<BlockKey, usize>,
     status: Vec<Status>,
     free: Vec<usize>,
-    policy: Policy,
+    order: Order,
     events: kv_tier_core::BoundedEvents,
     ready: usize,
     writing: usize,
@@ -61,8 +61,8 @@ struct State {
     refused: u64,
 }
 
-/// The DRAM primary: one page-aligned, pre-faulted region cut into slots, with LRU or ARC
-/// eviction over unpinned blocks.
+/// The DRAM primary: one page-aligned, pre-faulted region cut into slots, with LRU, chain or
+/// ARC eviction over unpinned blocks (see [`kv_tier_core::EvictionPolicy`]).
 ///
 /// Slots reach I/O code as owned, `Send` handles ([`kv_tier_core::BlockSource`] to read,
 /// [`kv_tier_core::BlockSink`] to write) that keep the slot pinned until dropped: a pinned
@@ -136,7 +136,7 @@ impl CpuTier {
                 map: FxHashMap::with_capacity_and_hasher(n_slots, Default::default()),
                 status: vec![Status::Free; n_slots],
                 free: (0..n_slots).rev().collect(),
-                policy: Policy::new(n_slots, cfg.policy == EvictionPolicy::Arc),
+                order: Order::new(n_slots, cfg.policy),
                 events: kv_tier_core::BoundedEvents::new(1_000_000),
                 ready: 0,
                 writing: 0,
@@ -233,11 +233,15 @@ impl PrimaryTier for CpuTier {
             .count();
         let need = new.len().saturating_sub(usable_free);
         let region = &self.region;
-        let status = &st.status;
-        let victims = st.policy.victims(need, |s| match status[s] {
-            Status::Ready(k) => region.pins(s) == 0 && !batch.contains(&k),
-            _ => false,
-        });
+        let (status, map) = (&st.status, &st.map);
+        let victims = st.order.take_victims(
+            need,
+            |k| map[k],
+            |s| match status[s] {
+                Status::Ready(k) if region.pins(s) == 0 && !batch.contains(&k) => Some(k),
+                _ => None,
+            },
+        );
         let Some(victims) = victims else {
             st.refused += 1;
             let evictable = usable_free
@@ -253,7 +257,6 @@ impl PrimaryTier for CpuTier {
         let mut evicted = Vec::with_capacity(victims.len());
         for s in victims {
             if let Status::Ready(k) = st.status[s] {
-                st.policy.remove(s, &k, true);
                 st.map.remove(&k);
                 st.status[s] = Status::Free;
                 st.free.push(s);
@@ -303,7 +306,7 @@ impl PrimaryTier for CpuTier {
                 };
             if ok {
                 st.status[s] = Status::Ready(*k);
-                st.policy.insert(s, k);
+                st.order.insert(s, k);
                 st.ready += 1;
                 done.push(*k);
             } else {
@@ -334,7 +337,19 @@ impl PrimaryTier for CpuTier {
             if let Some(&s) = st.map.get(k)
                 && matches!(st.status[s], Status::Ready(_))
             {
-                st.policy.touch(s);
+                st.order.touch(s, k);
+            }
+        }
+    }
+
+    fn link(&self, links: &[(BlockKey, ChainLink)]) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        for (k, l) in links {
+            if let Some(&s) = st.map.get(k)
+                && matches!(st.status[s], Status::Ready(_))
+            {
+                st.order.link(k, l.parent, l.depth);
             }
         }
     }
@@ -359,7 +374,7 @@ impl PrimaryTier for CpuTier {
         for s in 0..self.n_slots {
             if let Status::Ready(k) = st.status[s] {
                 if self.region.pins(s) == 0 {
-                    st.policy.remove(s, &k, false);
+                    st.order.remove(s, &k);
                     st.map.remove(&k);
                     st.status[s] = Status::Free;
                     st.free.push(s);
@@ -371,7 +386,7 @@ impl PrimaryTier for CpuTier {
             }
         }
         if kept == 0 {
-            st.policy.clear();
+            st.order.clear();
         }
         Self::event(st, removed, true);
         kept

@@ -149,7 +149,9 @@
 //!   first one follows ([`RequestContext::follows`](kv_tier_core::RequestContext::follows):
 //!   `RequestContext::new(id).follows(last_cached_key, cached_blocks)`),
 //!   so the chain does not start again there. A tier of your own reads the links in the
-//!   job, or ignores them.
+//!   job, or ignores them. With `"eviction_policy": "chain"` DRAM gets the links too (of the
+//!   blocks each store and promotion makes readable: `PrimaryTier::link`) and evicts the same
+//!   way; it is not the default (see the README's figures).
 //! - **Request end**: [`on_request_finished`](TieringManager::on_request_finished) releases
 //!   what the request held.
 //! - **Shutdown**: [`shutdown`](TieringManager::shutdown) (or `shutdown_blocking`) stops
@@ -560,6 +562,7 @@ pub fn effective_config_and_defaults(
         "block_size": config.block_size_tokens,
         "blocks_per_chunk": config.blocks_per_chunk,
         "eviction_policy": match config.eviction_policy {
+            EvictionPolicy::Chain => "chain",
             EvictionPolicy::Lru => "lru",
             EvictionPolicy::Arc => "arc",
         },

@@ -135,6 +135,10 @@ struct TierArgs {
     #[arg(long, value_name = "N", value_parser = bounded_u64::<1, 16_777_216>, allow_negative_numbers = true,
           default_value_t = SimConfig::default().dram_bytes >> 20)]
     dram_mb: u64,
+    /// DRAM's eviction (the config's `eviction_policy`): lru (the library's default), chain (a
+    /// chain's later blocks go before its earlier ones, least recent chain tail first) or arc
+    #[arg(long, value_name = "POLICY", value_parser = ["lru", "chain", "arc"], default_value = "lru")]
+    dram_eviction: String,
     /// The fs tier's directory [default: a fresh temp dir, removed at the end of the run
     /// (a run killed or interrupted leaves it, a valid cache directory)]
     #[arg(long, value_name = "DIR")]
@@ -448,6 +452,7 @@ impl Cli {
             fs_admit_after_lookups: t.fs_admit_after_lookups,
             fs_write_budget_mb_per_s: t.fs_write_budget_mb_per_s,
             chain_eviction: t.eviction == "chain",
+            dram_eviction: t.dram_eviction,
             config_json: t.config_json,
             s3_endpoint: t.s3_endpoint,
             s3_embedded: t.s3_embedded,
@@ -469,8 +474,9 @@ impl Cli {
 }
 
 /// The tier flags `--config` replaces, by argument id.
-const TIER_FLAGS: [&str; 13] = [
+const TIER_FLAGS: [&str; 14] = [
     "dram_mb",
+    "dram_eviction",
     "root_dir",
     "fs_cap_gb",
     "fs_admit_after_lookups",

@@ -202,6 +202,8 @@ pub struct SimConfig {
     /// `chain_eviction` on the fs and obj tiers (default true, as the library's): a chain's
     /// later blocks are evicted before its earlier ones; false: plain LRU.
     pub chain_eviction: bool,
+    /// DRAM's `eviction_policy`: `lru` (the default, as the library's), `chain` or `arc`.
+    pub dram_eviction: String,
     /// A tier config JSON (vLLM-shaped) replacing the built-in one.
     pub config_json: Option<String>,
     /// No fs tier: DRAM, then the `obj` tier alone (the obj-only hierarchy; needs
@@ -282,6 +284,7 @@ impl Default for SimConfig {
             fs_cap_gb: Some(4.0),
             fs_admit_after_lookups: 0,
             chain_eviction: true,
+            dram_eviction: "lru".into(),
             fs_write_budget_mb_per_s: None,
             config_json: None,
             s3_endpoint: None,
@@ -409,7 +412,7 @@ impl SimConfig {
         let v = serde_json::json!({
             "cpu_bytes_to_use": self.dram_bytes,
             "block_size_bytes": self.block_bytes(),
-            "eviction_policy": "lru",
+            "eviction_policy": self.dram_eviction,
             "secondary_tiers": tiers,
         });
         KvTierConfig::from_value(v)

@@ -51,6 +51,7 @@ pub(crate) fn small(seed: u64) -> SimConfig {
         fs_admit_after_lookups: 0,
         fs_write_budget_mb_per_s: None,
         chain_eviction: false,
+        dram_eviction: "lru".into(),
         config_json: None,
         s3_endpoint: None,
         s3_bucket: String::new(),

@@ -76,6 +76,17 @@ impl Chains {
             .collect()
     }
 
+    /// The links learned so far of those of `keys` that `req`'s lookups and stores showed
+    /// (learning nothing new): a promotion's blocks, as they land in DRAM.
+    pub(super) fn known(&self, req: RequestId, keys: &[BlockKey]) -> Vec<(BlockKey, ChainLink)> {
+        let Some(known) = self.per_request.get(&req) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .filter_map(|k| known.get(k).map(|l| (*k, *l)))
+            .collect()
+    }
+
     /// `req` finished: its links are forgotten (the tiers keep those of what they store).
     pub(super) fn forget(&mut self, req: RequestId) {
         self.per_request.remove(&req);

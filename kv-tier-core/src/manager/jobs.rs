@@ -435,6 +435,9 @@ impl TieringManager {
                     ts.load_latency.record(elapsed);
                     crate::metrics::record_job(&self.names[info.tier], "load", elapsed);
                     let landed = self.primary.complete_store(&ok_keys, true);
+                    if self.primary_chains() && !landed.is_empty() {
+                        self.primary.link(&st.chains.known(info.req, &landed));
+                    }
                     // held for the requests promised them (readable views pin them)
                     for (k, pin) in landed.iter().zip(self.primary.sources(&landed)) {
                         st.holds.landed(*k, pin);

@@ -813,16 +813,19 @@ impl TieringManager {
         } else {
             present
         };
+        let links = if self.wants_chains(&st) && !(stored.is_empty() && present.is_empty()) {
+            st.chains.links(req, first, chain)
+        } else {
+            Vec::new()
+        };
+        if self.primary_chains() && !stored.is_empty() {
+            self.primary.link(&links_of(&links, &stored));
+        }
         if (stored.is_empty() && present.is_empty()) || self.tiers.is_empty() || st.shut_down {
             return receipt;
         }
         let sources = self.primary.sources(&stored);
         let present_sources = self.primary.sources(present);
-        let links = if self.wants_chains(&st) {
-            st.chains.links(req, first, chain)
-        } else {
-            Vec::new()
-        };
         st.stats.cascades += 1;
         for i in 0..self.tiers.len() {
             let mut blocks: Vec<_> = stored
@@ -868,7 +871,7 @@ impl TieringManager {
                 continue;
             }
             let job_links = if st.write_back.settings(i).chain_eviction {
-                links_of(&links, &a.blocks)
+                links_of(&links, a.blocks.iter().map(|(k, _)| k))
             } else {
                 Vec::new()
             };
@@ -885,10 +888,17 @@ impl TieringManager {
         }
         receipt
     }
-    /// Whether a tier takes its blocks' chain links (`chain_eviction`): only then are the
-    /// requests' chains learned.
+
+    /// Whether DRAM (`eviction_policy` `"chain"`) or a tier (`chain_eviction`) takes its
+    /// blocks' chain links: only then are the requests' chains learned.
     fn wants_chains(&self, st: &State) -> bool {
-        (0..self.tiers.len()).any(|i| st.write_back.settings(i).chain_eviction)
+        self.primary_chains()
+            || (0..self.tiers.len()).any(|i| st.write_back.settings(i).chain_eviction)
+    }
+
+    /// Whether DRAM takes its blocks' chain links (`eviction_policy` `"chain"`).
+    pub(super) fn primary_chains(&self) -> bool {
+        self.config.eviction_policy == crate::config::EvictionPolicy::Chain
     }
 
     /// Ends the scheduling step: applies what has completed, then sends the queued promotions
@@ -993,15 +1003,15 @@ fn miss(st: &mut State, req: RequestId, cause: MissCause) -> LookupResult {
     LookupResult::Miss
 }
 
-/// The links of `blocks` among `links`.
-fn links_of<T>(
+/// The links of `keys` among `links`.
+fn links_of<'a>(
     links: &[(BlockKey, crate::tier::ChainLink)],
-    blocks: &[(BlockKey, T)],
+    keys: impl IntoIterator<Item = &'a BlockKey>,
 ) -> Vec<(BlockKey, crate::tier::ChainLink)> {
     if links.is_empty() {
         return Vec::new();
     }
-    let keys: FxHashSet<&BlockKey> = blocks.iter().map(|(k, _)| k).collect();
+    let keys: FxHashSet<&BlockKey> = keys.into_iter().collect();
     links
         .iter()
         .filter(|(k, _)| keys.contains(k))

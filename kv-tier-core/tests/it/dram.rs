@@ -22,6 +22,67 @@ async fn touch_refreshes_dram_recency_through_the_manager() {
     assert_eq!(p.evicted(), [b]);
 }
 
+/// Promise (`EvictionPolicy::Chain`; `PrimaryTier::link`): the manager tells
+/// DRAM where its blocks sit in their chains, and DRAM evicts a chain's later blocks before
+/// its earlier ones. A 4-block pool holds a request's chain 0 <- 1 <- 2 and a block 3 stored
+/// after it; two new blocks evict 2, then 1, and the chain's head stays. Under `"lru"` they
+/// evict 0 and 1, the oldest, and block 2 is left behind a hole; so is it when the manager
+/// sends no links.
+#[test]
+fn dram_evicts_a_chain_from_its_tail() {
+    for (policy, evicted) in [("chain", [2, 1]), ("lru", [0, 1])] {
+        let m = build(dram_cfg(
+            4,
+            BS,
+            &format!(r#", "eviction_policy": "{policy}""#),
+        ));
+        let ks: Vec<_> = (0..6).map(|i| test_key(8_000 + i)).collect();
+        engine_store(&m, RequestId(1), &ks[..3]);
+        engine_store(&m, RequestId(2), &ks[3..4]);
+        let p = m.prepare_store(&ks[4..]).unwrap();
+        assert_eq!(
+            p.evicted(),
+            evicted.map(|i| ks[i]),
+            "{policy}: evicted in this order"
+        );
+    }
+}
+
+/// Promise (`PrimaryTier::link`: "the blocks a store or a promotion has just made readable
+/// whose links it knows"): blocks promoted from a tier are linked as the request's lookup
+/// listed them. A tier holds a chain 0 <- 1 <- 2 that a request promotes into a 4-block pool;
+/// a store of three new blocks takes the free slot and evicts 2, then 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_promoted_into_dram_are_evicted_from_their_chains_tail() {
+    let t = mem("fs");
+    let ks: Vec<_> = (0..3).map(|i| test_key(8_100 + i)).collect();
+    seed(&*t, &ks).await;
+    // the DRAM policy "chain", for the manager and the DRAM tier
+    let mut cfg = kv_tier_core::KvTierConfig::new((4 * BS) as u64, BS as u64);
+    cfg.eviction_policy = kv_tier_core::EvictionPolicy::Chain;
+    let cpu = std::sync::Arc::new(kv_tier_cpu::CpuTier::from_config(&cfg).unwrap());
+    let m = kv_tier_core::TieringManager::builder(cfg)
+        .primary(cpu)
+        .tier(t.clone())
+        .build()
+        .await
+        .unwrap();
+    let req = kv_tier_core::RequestContext::new(1);
+    for _ in 0..3 {
+        // a probe, then the promotion
+        m.lookup_many(&ks, &req);
+        m.on_schedule_end();
+        m.wait_idle().await;
+    }
+    assert_eq!(m.lookup_prefix(&ks, &req).hit, 3, "promoted");
+    m.on_request_finished(req.id);
+    let fresh: Vec<_> = (0..3).map(|i| test_key(8_200 + i)).collect();
+    let p = m.prepare_store(&fresh).unwrap();
+    assert_eq!(p.evicted(), [ks[2], ks[1]]);
+    drop(p);
+    m.shutdown().await.unwrap();
+}
+
 /// Promise (kv-tier-cpu/README.md): "`prepare_store` never evicts a key of its own batch and
 /// refuses cleanly, changing nothing, when it cannot make room"; kv-tier-core/src/tier.rs:
 /// "Refuses with [`Error::CapacityExhausted`] and changes nothing when it cannot make room";

@@ -219,6 +219,16 @@ fn spec_name_policy_module_and_module_path_keep_vllms_meaning() {
     ok(r#", "spec_name": "TieringOffloadingSpec""#);
     let c = ok(r#", "eviction_policy": "lru", "cache_policy_module_path": "my.policies""#);
     assert_eq!(c.eviction_policy, kv_tier::EvictionPolicy::Lru);
+    assert_eq!(
+        ok("").eviction_policy,
+        kv_tier::EvictionPolicy::Lru,
+        "the default"
+    );
+    // kv-tier's own policy beside vLLM's two, named as given in the effective config
+    let c = ok(r#", "eviction_policy": "Chain""#);
+    assert_eq!(c.eviction_policy, kv_tier::EvictionPolicy::Chain);
+    let eff = kv_tier::effective_config(&c, &kv_tier::registry()).unwrap();
+    assert_eq!(eff["eviction_policy"], "chain");
     let e = err_of(&format!(
         r#"{{{base}, "eviction_policy": "lfu_custom", "cache_policy_module_path": "my.policies"}}"#
     ));
