@@ -772,6 +772,12 @@ impl<E: LruEntry> LruIndex<E> {
         })
     }
 
+    /// `key`'s recency, if indexed: its entry's, or what it inherited from a later block of
+    /// its chain where that is newer (what it ranks by while it is a tail).
+    pub fn recency(&self, key: &BlockKey) -> Option<E::At> {
+        self.find_present(key).map(|s| self.at_of(s))
+    }
+
     /// The block `key` follows, if linked.
     pub fn parent(&self, key: &BlockKey) -> Option<BlockKey> {
         self.chain_link(key).map(|(p, _)| p)

@@ -224,8 +224,10 @@ impl Order {
         // what went, to put back as it was if the room cannot be made
         let mut taken: Vec<Taken> = Vec::new();
         let mut take = |idx: &mut LruIndex<Slot<u64>>, key: BlockKey, out: &mut Vec<usize>| {
-            let link = idx.chain_link(&key);
-            if let Some(e) = idx.remove(&key) {
+            let (link, at) = (idx.chain_link(&key), idx.recency(&key));
+            if let Some(mut e) = idx.remove(&key) {
+                // put back with what it inherited too (the removal forgets that)
+                e.at = at.unwrap_or(e.at);
                 taken.push((key, e, link));
                 out.push(slot_of(&key));
             }
@@ -574,6 +576,19 @@ mod tests {
             "the least recent by its own use; the failed call put back what it took"
         );
         assert_eq!(p.take(2, |_| true), Some(vec![2, 1]));
+    }
+
+    /// A call that cannot be met puts back the recency a block inherited from its chain's
+    /// tail: 0 <- 1, with 1 used after 2; once 1 has gone, 0 is as recent as 1 was and still
+    /// goes after 2 when a call that took it (and 2) failed.
+    #[test]
+    fn a_failed_call_keeps_the_recency_a_block_inherited() {
+        let mut p = Pool::new(3, EvictionPolicy::Chain);
+        p.link(1, 0, 1);
+        p.order.touch(1, &key(1));
+        assert_eq!(p.take(1, |s| s == 1), Some(vec![1]));
+        assert_eq!(p.take(3, |_| true), None);
+        assert_eq!(p.take(1, |_| true), Some(vec![2]));
     }
 
     #[test]
