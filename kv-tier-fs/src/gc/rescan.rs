@@ -160,8 +160,12 @@ impl Gc {
                     }
                 }
                 // new to the index: a store of this process may have just published it (its
-                // reservation is this entry now)
-                None => idx.insert_claiming(f.key, f.size, f.mtime, super::index::Claim::Any),
+                // reservation is this entry now, and this merge reports it stored)
+                None => {
+                    if idx.insert_claiming(f.key, f.size, f.mtime, super::index::Claim::Any) {
+                        self.at.events.push(vec![f.key], false);
+                    }
+                }
             }
         }
         for (k, bytes) in leaves {
