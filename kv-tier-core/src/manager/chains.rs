@@ -77,7 +77,7 @@ impl Chains {
     }
 
     /// The links learned so far of those of `keys` that `req`'s lookups and stores showed
-    /// (learning nothing new): a promotion's blocks, as they land in DRAM.
+    /// (learning nothing new): a promotion's blocks, as their DRAM slots are reserved.
     pub(super) fn known(&self, req: RequestId, keys: &[BlockKey]) -> Vec<(BlockKey, ChainLink)> {
         let Some(known) = self.per_request.get(&req) else {
             return Vec::new();

@@ -409,14 +409,16 @@ impl TieringManager {
                         st.stats.tiers[info.tier].load_busy +=
                             now.saturating_duration_since(*since);
                     }
+                    let mut links = Vec::new();
                     for k in &info.keys {
-                        if let Some((since, _)) = st.promoting.remove(k)
+                        if let Some((since, _, link)) = st.promoting.remove(k)
                             && ok.contains(k)
                         {
                             crate::metrics::record_promotion_wait(
                                 &self.names[info.tier],
                                 now.saturating_duration_since(since),
                             );
+                            links.extend(link.map(|l| (*k, l)));
                         }
                     }
                     let ts = &mut st.stats.tiers[info.tier];
@@ -435,8 +437,9 @@ impl TieringManager {
                     ts.load_latency.record(elapsed);
                     crate::metrics::record_job(&self.names[info.tier], "load", elapsed);
                     let landed = self.primary.complete_store(&ok_keys, true);
-                    if self.primary_chains() && !landed.is_empty() {
-                        self.primary.link(&st.chains.known(info.req, &landed));
+                    if !links.is_empty() {
+                        // (the links of what did not land are ignored: those slots are free)
+                        self.primary.link(&links);
                     }
                     // held for the requests promised them (readable views pin them)
                     for (k, pin) in landed.iter().zip(self.primary.sources(&landed)) {

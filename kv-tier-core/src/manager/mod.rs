@@ -50,8 +50,9 @@ struct State {
     /// Keys whose DRAM slot is reserved by a promotion (queued or in flight). Only the
     /// promotion completes them: an engine's `complete_store` of the same key must not mark a
     /// slot readable before (or although) its load ended.
-    /// With when the first ask for it came and the tier it comes from.
-    promoting: FxHashMap<BlockKey, (Instant, usize)>,
+    /// With when the first ask for it came, the tier it comes from, and its chain link as
+    /// the request's lookups showed it (for DRAM's chain order, kept past the request's end).
+    promoting: FxHashMap<BlockKey, (Instant, usize, Option<crate::tier::ChainLink>)>,
     /// Promoted blocks held for the requests promised them (see `holds`).
     holds: holds::Holds,
     jobs: FxHashMap<u64, JobInfo>,
@@ -240,7 +241,7 @@ impl TieringManager {
         let mut ready = Some(Duration::ZERO);
         let mut tiers = FxHashSet::default();
         for k in &keys[..count.present] {
-            if let Some((_, i)) = st.promoting.get(k) {
+            if let Some((_, i, _)) = st.promoting.get(k) {
                 tiers.insert(*i);
             }
         }
@@ -394,7 +395,7 @@ impl TieringManager {
             .collect();
         let from: Vec<Option<usize>> = keys[..asked]
             .iter()
-            .map(|k| st.promoting.get(k).map(|(_, i)| *i))
+            .map(|k| st.promoting.get(k).map(|(_, i, _)| *i))
             .collect();
         // this request's blocks queued in the run, per tier, in prefix order: they count
         // ahead of a prefix only as far as it reaches (a key twice in it is one block queued)
@@ -598,7 +599,7 @@ impl TieringManager {
                 return LookupResult::Hit;
             }
             LookupResult::HitPending => {
-                if let Some(&(_, i)) = st.promoting.get(key) {
+                if let Some(&(_, i, _)) = st.promoting.get(key) {
                     // declined for this request (in any tier: a tier keeps the first reason a
                     // key is absent): it recomputes the block, whoever promotes it
                     if st
@@ -699,7 +700,11 @@ impl TieringManager {
                     st.holds.wait(req, block.0);
                     // the wait is counted from the request's first ask (the probe's time too)
                     let since = st.lookups[i].asked_since(key).unwrap_or_else(Instant::now);
-                    st.promoting.insert(block.0, (since, i));
+                    let link = match self.primary_chains() {
+                        true => st.chains.known(req, &[block.0]).pop().map(|(_, l)| l),
+                        false => None,
+                    };
+                    st.promoting.insert(block.0, (since, i, link));
                     st.promotions.entry((i, req)).or_default().push(block);
                     st.stats.tiers[i].hits += 1;
                 }

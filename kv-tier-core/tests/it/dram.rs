@@ -50,37 +50,63 @@ fn dram_evicts_a_chain_from_its_tail() {
 
 /// Promise (`PrimaryTier::link`: "the blocks a store or a promotion has just made readable
 /// whose links it knows"): blocks promoted from a tier are linked as the request's lookup
-/// listed them. A tier holds a chain 0 <- 1 <- 2 that a request promotes into a 4-block pool;
-/// a store of three new blocks takes the free slot and evicts 2, then 1.
+/// listed them, also when the request finished while its promotion was on its way (the
+/// blocks land for the requests after it). A tier holds a chain 0 <- 1 <- 2 that a request
+/// promotes into a 4-block pool; blocks 1 and 2 are used again; a store of three new blocks
+/// takes the free slot and evicts 2, then 1 (LRU would take 0, then 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_promoted_into_dram_are_evicted_from_their_chains_tail() {
-    let t = mem("fs");
-    let ks: Vec<_> = (0..3).map(|i| test_key(8_100 + i)).collect();
-    seed(&*t, &ks).await;
-    // the DRAM policy "chain", for the manager and the DRAM tier
-    let mut cfg = kv_tier_core::KvTierConfig::new((4 * BS) as u64, BS as u64);
-    cfg.eviction_policy = kv_tier_core::EvictionPolicy::Chain;
-    let cpu = std::sync::Arc::new(kv_tier_cpu::CpuTier::from_config(&cfg).unwrap());
-    let m = kv_tier_core::TieringManager::builder(cfg)
-        .primary(cpu)
-        .tier(t.clone())
-        .build()
-        .await
-        .unwrap();
-    let req = kv_tier_core::RequestContext::new(1);
-    for _ in 0..3 {
+    for finish_first in [false, true] {
+        let inner = mem("fs");
+        let ks: Vec<_> = (0..3).map(|i| test_key(8_100 + i)).collect();
+        seed(&*inner, &ks).await;
+        let t = std::sync::Arc::new(kv_tier_testkit::FaultyTier::new(inner));
+        // the DRAM policy "chain", for the manager and the DRAM tier
+        let mut cfg = kv_tier_core::KvTierConfig::new((4 * BS) as u64, BS as u64);
+        cfg.eviction_policy = kv_tier_core::EvictionPolicy::Chain;
+        let cpu = std::sync::Arc::new(kv_tier_cpu::CpuTier::from_config(&cfg).unwrap());
+        let m = kv_tier_core::TieringManager::builder(cfg)
+            .primary(cpu)
+            .tier(t.clone())
+            .build()
+            .await
+            .unwrap();
+        let req = kv_tier_core::RequestContext::new(1);
         // a probe, then the promotion
         m.lookup_many(&ks, &req);
         m.on_schedule_end();
         m.wait_idle().await;
+        let loads = t.hold_loads();
+        m.lookup_many(&ks, &req);
+        m.on_schedule_end();
+        if finish_first {
+            loads.wait_arrived(1).await; // the promotion is in flight
+            m.on_request_finished(req.id);
+        }
+        loads.open();
+        m.wait_idle().await;
+        let after = kv_tier_core::RequestContext::new(2);
+        m.on_schedule_end();
+        assert_eq!(
+            m.lookup_prefix(&ks, &after).hit,
+            3,
+            "promoted ({finish_first})"
+        );
+        m.on_request_finished(req.id);
+        m.on_request_finished(after.id);
+        // the trailing window used again (a sliding-window group's): by its own use the
+        // chain's head is now the least recent
+        m.touch(&ks[1..]);
+        let fresh: Vec<_> = (0..3).map(|i| test_key(8_200 + i)).collect();
+        let p = m.prepare_store(&fresh).unwrap();
+        assert_eq!(
+            p.evicted(),
+            [ks[2], ks[1]],
+            "finished first: {finish_first}"
+        );
+        drop(p);
+        m.shutdown().await.unwrap();
     }
-    assert_eq!(m.lookup_prefix(&ks, &req).hit, 3, "promoted");
-    m.on_request_finished(req.id);
-    let fresh: Vec<_> = (0..3).map(|i| test_key(8_200 + i)).collect();
-    let p = m.prepare_store(&fresh).unwrap();
-    assert_eq!(p.evicted(), [ks[2], ks[1]]);
-    drop(p);
-    m.shutdown().await.unwrap();
 }
 
 /// Promise (kv-tier-cpu/README.md): "`prepare_store` never evicts a key of its own batch and
