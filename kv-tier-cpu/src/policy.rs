@@ -512,6 +512,13 @@ mod tests {
         fn link(&mut self, s: usize, parent: usize, depth: u32) {
             self.order.link(&key(s as u8), key(parent as u8), depth);
         }
+
+        /// Links blocks 0..len as one chain, 0 its head.
+        fn chain(&mut self, len: usize) {
+            for s in 1..len {
+                self.link(s, s - 1, s as u32);
+            }
+        }
     }
 
     #[test]
@@ -532,8 +539,7 @@ mod tests {
     #[test]
     fn lru_ignores_links() {
         let mut p = Pool::new(3, EvictionPolicy::Lru);
-        p.link(1, 0, 1);
-        p.link(2, 1, 2);
+        p.chain(3);
         assert_eq!(p.take(1, |_| true), Some(vec![0]));
     }
 
@@ -542,8 +548,7 @@ mod tests {
     #[test]
     fn chain_takes_tails_first_with_the_chains_recency() {
         let mut p = Pool::new(4, EvictionPolicy::Chain);
-        p.link(1, 0, 1);
-        p.link(2, 1, 2);
+        p.chain(3);
         // only the trailing window is used again: the head stays older by its own use
         p.order.touch(2, &key(2));
         // 3 is now the least recent tail; then the chain, from its tail
@@ -556,7 +561,7 @@ mod tests {
     #[test]
     fn chain_takes_a_parent_made_a_tail_in_the_same_call() {
         let mut p = Pool::new(3, EvictionPolicy::Chain);
-        p.link(1, 0, 1);
+        p.chain(2);
         assert_eq!(p.take(2, |_| true), Some(vec![1, 0]));
         assert_eq!(p.take(1, |_| true), Some(vec![2]));
     }
@@ -566,8 +571,7 @@ mod tests {
     #[test]
     fn chain_takes_an_earlier_block_only_when_no_tail_may_go() {
         let mut p = Pool::new(4, EvictionPolicy::Chain);
-        p.link(1, 0, 1);
-        p.link(2, 1, 2);
+        p.chain(3);
         assert_eq!(p.take(1, |s| s != 2), Some(vec![3]));
         assert_eq!(p.take(3, |s| s != 2), None);
         assert_eq!(
@@ -584,7 +588,7 @@ mod tests {
     #[test]
     fn a_failed_call_keeps_the_recency_a_block_inherited() {
         let mut p = Pool::new(3, EvictionPolicy::Chain);
-        p.link(1, 0, 1);
+        p.chain(2);
         p.order.touch(1, &key(1));
         assert_eq!(p.take(1, |s| s == 1), Some(vec![1]));
         assert_eq!(p.take(3, |_| true), None);
