@@ -224,14 +224,7 @@ impl Index {
 
     /// [`Index::insert`] of a file that replaces a reservation made for it: counted once, in
     /// one step, so no total in between holds the block twice, or its directories none.
-    /// Returns whether it ended a reservation (a store's file, indexed by this step).
-    pub(super) fn insert_claiming(
-        &mut self,
-        key: BlockKey,
-        size: u64,
-        mtime: i64,
-        claim: Claim,
-    ) -> bool {
+    pub(super) fn insert_claiming(&mut self, key: BlockKey, size: u64, mtime: i64, claim: Claim) {
         self.seq += 1;
         let e = Entry::new(size, mtime, self.seq);
         match self.lru.insert(key, e) {
@@ -243,21 +236,12 @@ impl Index {
             None => self.hold_leaf(leaf_of(&key), true),
         }
         // (after the file holds its directories: the reservation's hold on them passes on)
-        let ended = match claim {
-            Claim::Nothing => false,
+        match claim {
+            Claim::Nothing => {}
             Claim::Number(n) => self.release(&key, n),
             Claim::Any => self.take_over(&key),
-        };
+        }
         self.note_peak();
-        ended
-    }
-
-    /// Whether reservation `n` of `key` is still outstanding (no file indexed since took it
-    /// over).
-    pub(super) fn holds_reservation(&self, key: &BlockKey, n: u64) -> bool {
-        self.by_key
-            .get(key)
-            .is_some_and(|list| list.iter().any(|(m, _)| *m == n))
     }
 
     /// Indexes the files `feed` hands over, least recent first (what a checkpoint holds:
@@ -476,35 +460,33 @@ impl Index {
     }
 
     /// Ends reservation `n` of `key`, unless a file of the key took it over.
-    pub(super) fn release(&mut self, key: &BlockKey, n: u64) -> bool {
+    pub(super) fn release(&mut self, key: &BlockKey, n: u64) {
         let Some(list) = self.by_key.get_mut(key) else {
-            return false;
+            return;
         };
         let Some(i) = list.iter().position(|(m, _)| *m == n) else {
-            return false;
+            return;
         };
         let (_, bytes) = list.swap_remove(i);
         if list.is_empty() {
             self.by_key.remove(key);
         }
         self.end_reservation(key, bytes);
-        true
     }
 
     /// A file of `key` is indexed: one reservation made for the key (if any) is now that
     /// file's entry.
-    fn take_over(&mut self, key: &BlockKey) -> bool {
+    fn take_over(&mut self, key: &BlockKey) {
         let Some(list) = self.by_key.get_mut(key) else {
-            return false;
+            return;
         };
         let Some((_, bytes)) = list.pop() else {
-            return false;
+            return;
         };
         if list.is_empty() {
             self.by_key.remove(key);
         }
         self.end_reservation(key, bytes);
-        true
     }
 
     fn end_reservation(&mut self, key: &BlockKey, bytes: u64) {
@@ -669,23 +651,19 @@ mod tests {
         let ra = idx.reserve_for(a, 8192, u64::MAX).unwrap();
         let rb = idx.reserve_for(b, 8192, u64::MAX).unwrap();
         assert_eq!(idx.total(), 2 * 8192 + dirs);
-        // a load sees a's file first: it took a store's reservation over (so it reports the
-        // block stored), and a's store knows its publish was indexed already
-        assert!(idx.insert_claiming(a, 8192, 10, Claim::Any));
+        // a load sees a's file first
+        idx.insert_claiming(a, 8192, 10, Claim::Any);
         assert_eq!(idx.total(), 2 * 8192 + dirs, "a counted once");
-        assert!(!idx.holds_reservation(&a, ra));
-        assert!(idx.holds_reservation(&b, rb));
-        // had a's store published now, its reservation would have been gone already
-        assert!(!idx.insert_claiming(a, 8192, 11, Claim::Number(ra)));
+        // then a's store publishes: its reservation is gone already
+        idx.insert_claiming(a, 8192, 11, Claim::Number(ra));
         assert_eq!(idx.total(), 2 * 8192 + dirs);
         assert_eq!(idx.peak, 2 * 8192 + dirs, "never counted twice");
         // b's store skips (dropped room): its reservation ends, once
         idx.release(&b, rb);
         idx.release(&b, rb);
         assert_eq!((idx.total(), idx.reserved), (8192 + dirs, 0));
-        // nothing to take over: a file of b indexed with no store in flight (not this
-        // process's store: nothing to report)
-        assert!(!idx.insert_claiming(b, 8192, 12, Claim::Any));
+        // nothing to take over: a file of b indexed with no store in flight
+        idx.insert_claiming(b, 8192, 12, Claim::Any);
         assert_eq!((idx.total(), idx.reserved), (2 * 8192 + dirs, 0));
     }
 

@@ -450,18 +450,11 @@ impl Gc {
         let now = self.now_ns();
         let (over, measure) = {
             let mut idx = self.lock();
-            match reservation {
-                // a walk, a load or another store indexed the file first, and reported it;
-                // if it has left the index since, that removal was the file's last word
-                Some(n) if !idx.holds_reservation(&key, n) => {}
-                _ => {
-                    let claim = reservation.map_or(index::Claim::Nothing, index::Claim::Number);
-                    idx.insert_claiming(key, file_bytes, now, claim);
-                    // reported in the step that indexes it: whoever finds the file gone later
-                    // takes the entry out after this and reports the removal after it
-                    stored.add(key);
-                }
-            }
+            let claim = reservation.map_or(index::Claim::Nothing, index::Claim::Number);
+            idx.insert_claiming(key, file_bytes, now, claim);
+            // reported in the step that indexes it: whoever finds the file gone later takes
+            // the entry out after this and reports the removal after this `BlockStored`
+            stored.add(key);
             if let Some(b) = leaf_bytes {
                 idx.set_leaf_bytes(&key, b);
             }
@@ -558,10 +551,8 @@ impl Gc {
             }
             idx.foreign.remove(&key);
             // a store of this process may have just published it: its reservation is this
-            // entry now (counted once), and this step reports it stored (see `on_published`)
-            if idx.insert_claiming(key, size, mtime_ns(m), index::Claim::Any) {
-                self.at.events.push(vec![key], false);
-            }
+            // entry now (counted once)
+            idx.insert_claiming(key, size, mtime_ns(m), index::Claim::Any);
             self.is_over(&idx)
         };
         if over {

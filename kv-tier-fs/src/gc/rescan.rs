@@ -160,12 +160,8 @@ impl Gc {
                     }
                 }
                 // new to the index: a store of this process may have just published it (its
-                // reservation is this entry now, and this merge reports it stored)
-                None => {
-                    if idx.insert_claiming(f.key, f.size, f.mtime, super::index::Claim::Any) {
-                        self.at.events.push(vec![f.key], false);
-                    }
-                }
+                // reservation is this entry now)
+                None => idx.insert_claiming(f.key, f.size, f.mtime, super::index::Claim::Any),
             }
         }
         for (k, bytes) in leaves {
