@@ -309,11 +309,6 @@ fn publish(book: &Book, s: &ManagerStats, block_size: usize) {
             t.over_write_budget,
         );
         c(
-            "kv_tier_unreachable_total",
-            "Blocks not written to the tier: they follow a block it neither holds nor is being sent.",
-            t.unreachable,
-        );
-        c(
             "kv_tier_store_jobs_total",
             "Store jobs finished.",
             t.store_jobs,

@@ -144,9 +144,7 @@
 //!   learns from those lists which block follows which (per request, until it finishes; the
 //!   first key of a store is linked to the key its request's lookup put before it) and sends
 //!   the links with each store job ([`StoreJob::links`](kv_tier_core::StoreJob::links)); a
-//!   bounded fs or obj tier then evicts a chain's later blocks before its earlier ones, and
-//!   is not sent a block that follows one it neither holds nor is being sent (no prefix
-//!   lookup could reach it there: `NotWritten::Unreachable` in the receipt). An
+//!   bounded fs or obj tier then evicts a chain's later blocks before its earlier ones. An
 //!   engine that looks up only the blocks past its own prefix cache says which block the
 //!   first one follows ([`RequestContext::follows`](kv_tier_core::RequestContext::follows):
 //!   `RequestContext::new(id).follows(last_cached_key, cached_blocks)`),

@@ -104,7 +104,6 @@ fn not_written(w: NotWritten) -> &'static str {
         NotWritten::NotAdmitted => "not_admitted",
         NotWritten::OverWriteBudget => "over_write_budget",
         NotWritten::WriteBackFull => "write_back_full",
-        NotWritten::Unreachable => "follows_a_block_it_lacks",
         _ => "other",
     }
 }

@@ -849,15 +849,8 @@ impl TieringManager {
             if blocks.is_empty() {
                 continue;
             }
-            // what a prefix lookup could not reach in the tier is not sent (a dead block
-            // there), then the tier's admission rule and write budget, then its write-back
-            // bound (its policy decides past it)
-            let (blocks, unreachable) = self.reachable(&st, i, &links, blocks);
-            st.stats.tiers[i].unreachable += unreachable.len() as u64;
-            receipt.note(&self.names[i], &unreachable, NotWritten::Unreachable);
-            if blocks.is_empty() {
-                continue;
-            }
+            // the tier's admission rule and write budget, then its write-back bound (its
+            // policy decides past it)
             let adm = st
                 .admission
                 .for_tier(i, blocks, self.primary.block_size() as u64);
@@ -899,57 +892,6 @@ impl TieringManager {
             );
         }
         receipt
-    }
-
-    /// Of a store job's `blocks` for tier `i`, those a prefix lookup could reach there, and
-    /// the keys of the others: a block whose chain link (`links`) names a block that is not in
-    /// the job, not queued for the tier and not held by it (its index says so: `holds`) is
-    /// left out, and so is every block of the job after it. All are kept for a tier that
-    /// takes no links or cannot tell what it holds.
-    fn reachable(
-        &self,
-        st: &State,
-        i: usize,
-        links: &[(BlockKey, crate::tier::ChainLink)],
-        blocks: Vec<(BlockKey, BlockSource)>,
-    ) -> (Vec<(BlockKey, BlockSource)>, Vec<BlockKey>) {
-        if links.is_empty() || !st.write_back.settings(i).chain_eviction {
-            return (blocks, Vec::new());
-        }
-        let parent: FxHashMap<BlockKey, BlockKey> =
-            links.iter().map(|(k, l)| (*k, l.parent)).collect();
-        let in_job: FxHashSet<BlockKey> = blocks.iter().map(|(k, _)| *k).collect();
-        let mut memo: FxHashMap<BlockKey, bool> = FxHashMap::default();
-        let (mut kept, mut left) = (Vec::with_capacity(blocks.len()), Vec::new());
-        for (k, src) in blocks {
-            let mut up = Vec::new();
-            let mut cur = k;
-            let ok = loop {
-                if let Some(&v) = memo.get(&cur) {
-                    break v;
-                }
-                up.push(cur);
-                match parent.get(&cur) {
-                    None => break true,
-                    // (links never form a cycle; this bounds the walk whatever they say)
-                    Some(p) if in_job.contains(p) && up.len() <= in_job.len() => cur = *p,
-                    Some(p) => {
-                        break in_job.contains(p)
-                            || st.write_back.is_queued(i, p)
-                            || crate::tier::holds_caught(&*self.tiers[i], p) != Some(false);
-                    }
-                }
-            };
-            for u in up {
-                memo.insert(u, ok);
-            }
-            if ok {
-                kept.push((k, src));
-            } else {
-                left.push(k);
-            }
-        }
-        (kept, left)
     }
 
     /// Whether DRAM (`eviction_policy` `"chain"`) or a tier (`chain_eviction`) takes its

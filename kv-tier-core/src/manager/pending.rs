@@ -136,11 +136,6 @@ pub enum NotWritten {
     /// The tier's write-back (or the DRAM it may pin) was at its limit and its policy is
     /// `drop`.
     WriteBackFull,
-    /// A prefix lookup could not reach it in the tier: it follows (by its chain link) a block
-    /// the tier neither holds nor is being sent, so it would only take room there as a dead
-    /// block. Only for a tier that takes chain links (`chain_eviction`) and knows what it
-    /// holds ([`SecondaryTier::holds`](crate::SecondaryTier::holds)).
-    Unreachable,
 }
 
 /// What [`PendingStore::commit`] left out of the cascade: per tier, the blocks that tier

@@ -103,11 +103,6 @@ impl WriteBack {
         a
     }
 
-    /// Whether `key` is in a store job queued or in flight to `tier`.
-    pub(super) fn is_queued(&self, tier: usize, key: &BlockKey) -> bool {
-        self.queues[tier].keys.contains(key)
-    }
-
     /// A store job of `keys` (of `per_block` bytes each) to `tier` ended.
     pub(super) fn release(&mut self, tier: usize, keys: &[BlockKey], per_block: u64) {
         let q = &mut self.queues[tier];

@@ -159,10 +159,6 @@ pub struct TierStats {
     pub not_admitted: u64,
     /// Blocks not written to this tier because its `write_budget_mb_per_s` was spent.
     pub over_write_budget: u64,
-    /// Blocks not written to this tier because they follow a block it neither holds nor is
-    /// being sent: a prefix lookup could not reach them there
-    /// ([`NotWritten::Unreachable`](crate::NotWritten::Unreachable)).
-    pub unreachable: u64,
     /// Store jobs finished.
     pub store_jobs: u64,
     /// Blocks stored (including already-present ones).
