@@ -569,10 +569,10 @@ pub trait PrimaryTier: Send + Sync + fmt::Debug + 'static {
     fn touch(&self, keys: &[BlockKey]);
 
     /// Where readable blocks sit in their requests' chains (see [`ChainLink`]), for an
-    /// eviction that takes a chain's later blocks before its earlier ones. The manager calls it
-    /// when the config's `eviction_policy` is `"chain"` (not the default), with the blocks a store or a
-    /// promotion has just made readable whose links it knows. Keys not readable are ignored;
-    /// so are links the tier cannot use. The default ignores them all.
+    /// eviction that takes a chain's later blocks before its earlier ones. The manager calls
+    /// it when the config's `eviction_policy` is `"chain"` (not the default), with the blocks
+    /// a store or a promotion has just made readable whose links it knows. Keys not readable
+    /// are ignored; so are links the tier cannot use. The default ignores them all.
     fn link(&self, _links: &[(BlockKey, ChainLink)]) {}
 
     /// Takes the events since the last call (removals before the stores that caused them).

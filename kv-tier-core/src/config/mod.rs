@@ -47,10 +47,10 @@ pub enum EvictionPolicy {
     /// chain is in DRAM, and a chain's recency is that of its most recently used block (see
     /// [`crate::lru`]). The manager passes each block's place in its chain
     /// ([`crate::PrimaryTier::link`]); a block with no link is a chain of one. Not the
-    /// default: in front of a bounded fs tier that holds what DRAM evicts, it kept more
-    /// chain heads in DRAM and served fewer prompt tokens on serve_sim's default workload
-    /// (30.8% against 34.4% and 31.4% against 32.7% on two seeds, the same on a third) and
-    /// more on its long-context one (13.2% against 11.4%); see the README.
+    /// default: in front of a bounded fs tier that holds what DRAM evicts, it served fewer
+    /// prompt tokens than LRU on serve_sim's default workload (30.8% against 34.4% and
+    /// 31.4% against 32.7% on two seeds, the same on a third) and more on its long-context
+    /// one (13.2% against 11.4%); see the README.
     Chain,
     /// Adaptive replacement cache (recency + frequency).
     Arc,
