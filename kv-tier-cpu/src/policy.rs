@@ -582,6 +582,53 @@ mod tests {
         assert_eq!(p.take(2, |_| true), Some(vec![2, 1]));
     }
 
+    /// ARC's ghosts: the newest `cap` keys evicted, a key pushed again counted once and as
+    /// the newest, and the FIFO behind them compacted, so it stays within a bound.
+    #[test]
+    fn ghosts_keep_the_newest_keys_within_their_cap() {
+        let mut g = Ghost::default();
+        for i in 0..5 {
+            g.push(key(i), 3);
+        }
+        assert_eq!(g.len(), 3);
+        assert!(!g.remove(&key(0)) && !g.remove(&key(1)), "the oldest went");
+        assert!(g.remove(&key(2)));
+        assert_eq!(g.len(), 2);
+        g.push(key(3), 3); // again: the newest now
+        assert_eq!(g.len(), 2);
+        g.push(key(7), 3);
+        g.push(key(8), 3);
+        assert_eq!(g.len(), 3);
+        assert!(!g.remove(&key(4)), "4 was the oldest");
+        assert!(g.remove(&key(3)));
+        for i in 0..1_000u32 {
+            g.push(BlockKey::new(&i.to_le_bytes(), 0).unwrap(), 3);
+        }
+        assert_eq!(g.len(), 3);
+        assert!(g.order.len() <= 2 * 3 + 64 + 1, "{} queued", g.order.len());
+        g.clear();
+        assert_eq!((g.len(), g.order.len()), (0, 0));
+    }
+
+    /// A block that leaves without being evicted (a reset) is no victim afterwards, in every
+    /// order.
+    #[test]
+    fn a_removed_block_is_no_victim() {
+        for policy in [
+            EvictionPolicy::Lru,
+            EvictionPolicy::Chain,
+            EvictionPolicy::Arc,
+        ] {
+            let mut p = Pool::new(3, policy);
+            p.chain(3);
+            p.order.remove(2, &key(2));
+            assert_eq!(p.take(3, |_| true), None, "{policy:?}: two are left");
+            let mut v = p.take(2, |_| true).unwrap();
+            v.sort();
+            assert_eq!(v, vec![0, 1], "{policy:?}");
+        }
+    }
+
     /// A call that cannot be met puts back the recency a block inherited from its chain's
     /// tail: 0 <- 1, with 1 used after 2; once 1 has gone, 0 is as recent as 1 was and still
     /// goes after 2 when a call that took it (and 2) failed.
