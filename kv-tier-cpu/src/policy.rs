@@ -604,10 +604,37 @@ mod tests {
         for i in 0..1_000u32 {
             g.push(BlockKey::new(&i.to_le_bytes(), 0).unwrap(), 3);
         }
+        // the same three again and again: each push leaves a stale entry behind
+        for i in 0..1_000u32 {
+            g.push(key((i % 3) as u8), 3);
+        }
         assert_eq!(g.len(), 3);
+        // and the oldest of them still goes first (the compaction kept the live entries)
+        g.push(key(9), 3);
+        assert_eq!(g.len(), 3);
+        assert!(
+            !g.remove(&key(1)),
+            "1 was the oldest of the three (pushed at 997)"
+        );
         assert!(g.order.len() <= 2 * 3 + 64 + 1, "{} queued", g.order.len());
         g.clear();
         assert_eq!((g.len(), g.order.len()), (0, 0));
+    }
+
+    /// A reset's `clear` forgets ARC's ghosts and its target: a key evicted before it is new
+    /// afterwards, and the recent list's target is 0 again.
+    #[test]
+    fn clear_forgets_arcs_ghosts() {
+        let mut p = Pool::new(2, EvictionPolicy::Arc);
+        assert_eq!(p.take(1, |_| true), Some(vec![0]));
+        p.order.insert(0, &key(0)); // a ghost hit: the target grows
+        p.order.clear();
+        let Order::Lists(pol) = &p.order else {
+            unreachable!("ARC keeps lists")
+        };
+        let a = pol.arc.as_ref().unwrap();
+        assert_eq!((a.b1.len(), a.b2.len(), a.p), (0, 0, 0));
+        assert!(pol.place.iter().all(|w| *w == Where::None));
     }
 
     /// A block that leaves without being evicted (a reset) is no victim afterwards, in every
