@@ -246,31 +246,18 @@ impl Index {
 
     /// Indexes the files `feed` hands over, least recent first (what a checkpoint holds:
     /// with how many there are, each file's key, size and mtime, and the position of the file
-    /// it follows with its depth): as [`Index::insert`] of each and a link of each, with
-    /// nothing held per file but a few numbers until the recency order is built, once, at the
-    /// end (into an empty index; into one that holds files, one by one). Returns what `feed`
-    /// returned, and each file's leaf directory by position.
+    /// it follows with its depth), into the empty index of an open: as [`Index::insert`] of
+    /// each and a link of each, with nothing held per file but a few numbers until the
+    /// recency order is built, once, at the end. Returns what `feed` returned, and each
+    /// file's leaf directory by position.
     pub(super) fn load_with<T>(&mut self, feed: impl FnOnce(&mut Feed<'_>) -> T) -> (T, Vec<Leaf>) {
+        // (the open reads a checkpoint before anything else touches the index; a refused one
+        // leaves a new, empty index)
+        debug_assert!(
+            self.lru.is_empty(),
+            "a checkpoint is read into an empty index"
+        );
         let mut leaves = Vec::new();
-        if !self.lru.is_empty() {
-            // into an index that holds files: each as an insert (a file already indexed keeps
-            // its leaf held once and its queued stamp)
-            let (mut keys, mut links) = (Vec::new(), Vec::new());
-            let out = feed(&mut |_, key, size, mtime, link| {
-                if let Some((p, d)) = link {
-                    links.push((keys.len(), p as usize, d));
-                }
-                keys.push(key);
-                leaves.push(leaf_of(&key));
-                self.insert(key, size, mtime);
-            });
-            for (c, p, d) in links {
-                if let Some(&p) = keys.get(p) {
-                    self.lru.link(&keys[c], p, d);
-                }
-            }
-            return (out, leaves);
-        }
         let mut seq = self.seq;
         let mut new = Vec::new();
         let out = {

@@ -191,6 +191,23 @@ async fn one_block_on_a_frozen_clock(root: &std::path::Path) -> (FsTier, BlockKe
     (tier, k)
 }
 
+/// The mtime of `k`'s block file.
+fn mtime_of(tier: &FsTier, k: &BlockKey) -> std::time::SystemTime {
+    std::fs::metadata(tier.block_path(k))
+        .unwrap()
+        .modified()
+        .unwrap()
+}
+
+/// Touches `k` a minute and a second after its store (past the stamp interval: a stamp is
+/// queued); returns the file's mtime from before (the store's).
+fn touched_past_the_interval(tier: &FsTier, k: BlockKey) -> std::time::SystemTime {
+    let stored = mtime_of(tier, &k);
+    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
+    tier.touch(&[k]);
+    stored
+}
+
 /// On a frozen GC clock (a test's, the simulator's), a stored file's mtime is the clock's
 /// time, as its index entry's is, not the wall time it was written at: what a reopen reads
 /// from the disk is the recency the index held (the files of one step, equally recent on
@@ -206,14 +223,12 @@ async fn on_a_frozen_clock_a_stored_file_has_the_clocks_time() {
     assert!(fs_store(&tier, &[a], 0).await.is_success());
     std::thread::sleep(Duration::from_millis(20)); // the wall clock moves; the GC clock not
     assert!(fs_store(&tier, &[b], 0).await.is_success());
-    let mtime = |k: &BlockKey| {
-        std::fs::metadata(tier.block_path(k))
-            .unwrap()
-            .modified()
-            .unwrap()
-    };
-    assert_eq!(mtime(&a), mtime(&b), "one clock time, one mtime");
-    let ahead = mtime(&a)
+    assert_eq!(
+        mtime_of(&tier, &a),
+        mtime_of(&tier, &b),
+        "one clock time, one mtime"
+    );
+    let ahead = mtime_of(&tier, &a)
         .duration_since(std::time::SystemTime::now())
         .expect("the mtime is the clock's, an hour ahead of the wall");
     assert!(ahead > Duration::from_secs(3000), "{ahead:?}");
@@ -266,10 +281,7 @@ async fn a_foreign_keys_stamp_interval_ends_to_the_nanosecond() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescan_keeps_when_a_key_was_last_touched() {
     let root = temp_root();
-    let tier = open_hand_swept(root.path(), 10, 0.8); // stamp interval: a minute
-    tier.freeze_gc_clock().unwrap();
-    let k = leaf_key(1);
-    assert!(fs_store(&tier, &[k], 0).await.is_success());
+    let (tier, k) = one_block_on_a_frozen_clock(root.path()).await;
     tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
     tier.touch(&[k]); // queued at t = 61 s
     tier.advance_gc_clock(Duration::from_secs(50)).unwrap();
@@ -286,22 +298,11 @@ async fn a_rescan_keeps_when_a_key_was_last_touched() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stamp_writes_the_time_of_the_touch() {
     let root = temp_root();
-    let tier = open_hand_swept(root.path(), 10, 0.8); // stamp interval: a minute
-    tier.freeze_gc_clock().unwrap();
-    let k = leaf_key(1);
-    assert!(fs_store(&tier, &[k], 0).await.is_success());
-    let mtime = || {
-        std::fs::metadata(tier.block_path(&k))
-            .unwrap()
-            .modified()
-            .unwrap()
-    };
-    let stored = mtime(); // the frozen clock's time
-    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
-    tier.touch(&[k]); // t = 61 s
+    let (tier, k) = one_block_on_a_frozen_clock(root.path()).await;
+    let stored = touched_past_the_interval(&tier, k); // at t = 61 s, stored at t = 0
     tier.advance_gc_clock(Duration::from_secs(50)).unwrap();
     tier.gc_apply_stamps_now().unwrap(); // t = 111 s
-    assert_eq!(mtime(), stored + Duration::from_secs(61));
+    assert_eq!(mtime_of(&tier, &k), stored + Duration::from_secs(61));
 }
 
 /// A rescan that runs between a touch and its stamp finds the file's older mtime on disk: the
@@ -309,25 +310,13 @@ async fn a_stamp_writes_the_time_of_the_touch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescan_before_a_stamp_keeps_the_touch() {
     let root = temp_root();
-    let tier = open_hand_swept(root.path(), 10, 0.8);
-    tier.freeze_gc_clock().unwrap();
-    let k = leaf_key(1);
-    assert!(fs_store(&tier, &[k], 0).await.is_success());
-    let stored = std::fs::metadata(tier.block_path(&k))
-        .unwrap()
-        .modified()
-        .unwrap();
-    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
-    tier.touch(&[k]);
+    let (tier, k) = one_block_on_a_frozen_clock(root.path()).await;
+    let stored = touched_past_the_interval(&tier, k);
     assert_eq!(gc_stats(&tier).pending_stamps, 1);
     tier.gc_rescan_now().unwrap(); // sees the store's mtime on disk
     tier.advance_gc_clock(Duration::from_secs(50)).unwrap();
     tier.gc_apply_stamps_now().unwrap();
-    let on_disk = std::fs::metadata(tier.block_path(&k))
-        .unwrap()
-        .modified()
-        .unwrap();
-    assert_eq!(on_disk, stored + Duration::from_secs(61));
+    assert_eq!(mtime_of(&tier, &k), stored + Duration::from_secs(61));
 }
 
 /// A rescan that finds a touched file changed in size takes its size from the disk and keeps
@@ -335,14 +324,9 @@ async fn a_rescan_before_a_stamp_keeps_the_touch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescan_that_finds_a_touched_file_resized_keeps_the_touch() {
     let root = temp_root();
-    let tier = open_hand_swept(root.path(), 10, 0.8);
-    tier.freeze_gc_clock().unwrap();
-    let k = leaf_key(1);
-    assert!(fs_store(&tier, &[k], 0).await.is_success());
+    let (tier, k) = one_block_on_a_frozen_clock(root.path()).await;
     let path = tier.block_path(&k);
-    let stored = std::fs::metadata(&path).unwrap().modified().unwrap();
-    tier.advance_gc_clock(Duration::from_secs(61)).unwrap();
-    tier.touch(&[k]);
+    let stored = touched_past_the_interval(&tier, k);
     assert_eq!(gc_stats(&tier).pending_stamps, 1);
     // grown behind the tier's back (its mtime is the wall clock's now)
     let f = std::fs::OpenOptions::new()
@@ -353,8 +337,7 @@ async fn a_rescan_that_finds_a_touched_file_resized_keeps_the_touch() {
     drop(f);
     tier.gc_rescan_now().unwrap();
     tier.gc_apply_stamps_now().unwrap();
-    let on_disk = std::fs::metadata(&path).unwrap().modified().unwrap();
-    assert_eq!(on_disk, stored + Duration::from_secs(61));
+    assert_eq!(mtime_of(&tier, &k), stored + Duration::from_secs(61));
 }
 
 /// A touch the index took before a rescan began, stamped while the rescan walked (the walk
