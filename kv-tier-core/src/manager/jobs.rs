@@ -34,7 +34,9 @@ pub(super) enum JobKind {
 pub(super) struct JobInfo {
     kind: JobKind,
     tier: usize,
-    req: RequestId,
+    /// The request the job is for (`None`: the manager's own, a promotion that measures a
+    /// tier).
+    req: Option<RequestId>,
     keys: Vec<BlockKey>,
     bytes: u64,
     /// A load job's: bytes of the tier's load jobs in flight (and promotions queued) when it
@@ -129,7 +131,7 @@ impl Drop for JobReport {
 
 impl TieringManager {
     /// Queues one job on the runtime: the tier protects its keys until the job is applied.
-    pub(super) fn submit(&self, st: &mut State, tier: usize, req: RequestId, job: Job) {
+    pub(super) fn submit(&self, st: &mut State, tier: usize, req: Option<RequestId>, job: Job) {
         let (kind, keys, bytes, progress) = match &job {
             Job::Store(j) => (
                 JobKind::Store,
@@ -173,7 +175,9 @@ impl TieringManager {
         // first, so a panic of the tier cannot leave half-made bookkeeping behind
         let protect = protect_caught(&*t, &keys);
         if kind == JobKind::Store {
-            *st.pending_stores.entry(req).or_default() += 1;
+            if let Some(req) = req {
+                *st.pending_stores.entry(req).or_default() += 1;
+            }
         } else {
             let (n, since) = &mut st.loading[tier];
             if *n == 0 {
@@ -374,14 +378,16 @@ impl TieringManager {
                     ts.store_latency.record(elapsed);
                     crate::metrics::record_job(&self.names[info.tier], "store", elapsed);
                     st.lookups[info.tier].mark_stored(&ok_keys);
-                    let left = st.pending_stores.get_mut(&info.req).map(|n| {
-                        *n -= 1;
-                        *n
-                    });
-                    if left == Some(0) {
-                        st.pending_stores.remove(&info.req);
-                        if st.finishing.remove(&info.req) {
-                            self.request_done(st, info.req);
+                    if let Some(req) = info.req {
+                        let left = st.pending_stores.get_mut(&req).map(|n| {
+                            *n -= 1;
+                            *n
+                        });
+                        if left == Some(0) {
+                            st.pending_stores.remove(&req);
+                            if st.finishing.remove(&req) {
+                                self.request_done(st, req);
+                            }
                         }
                     }
                 }
@@ -463,13 +469,18 @@ impl TieringManager {
                             // the tier has them: a miss for this request only, as declined
                             // (by every tier: another one does not serve them instead),
                             // while the request lives (its tier tracks it until it ends)
-                            if st.lookups[info.tier].tracks(info.req) {
+                            if let Some(req) = info.req
+                                && st.lookups[info.tier].tracks(req)
+                            {
                                 for l in &mut st.lookups {
-                                    l.mark_declined(&failed, info.req);
+                                    l.mark_declined(&failed, req);
                                 }
                             }
                         } else {
-                            st.lookups[info.tier].mark_miss(&failed, info.req);
+                            match info.req {
+                                Some(req) => st.lookups[info.tier].mark_miss(&failed, req),
+                                None => st.lookups[info.tier].mark_load_failed(&failed),
+                            }
                         }
                     }
                 }
@@ -486,7 +497,7 @@ impl TieringManager {
                 tier,
                 req,
                 Job::Load(LoadJob {
-                    requests: vec![req],
+                    requests: req.into_iter().collect(),
                     blocks,
                     progress: LoadProgress::default(),
                 }),

@@ -42,11 +42,14 @@ use crate::tier::{
     PreparedStore, PrimaryTier, SecondaryTier, StoreJob, stats_caught, take_events_caught,
     touch_caught,
 };
+/// Whom a promotion is for: a request, or (`None`) the manager itself, measuring a tier.
+type Promoter = Option<RequestId>;
+
 struct State {
     in_step: bool,
     lookups: Vec<ProbeCache>,
     /// Promotions queued this step: one load job per (tier, request) at schedule end.
-    promotions: BTreeMap<(usize, RequestId), Vec<(BlockKey, BlockSink)>>,
+    promotions: BTreeMap<(usize, Promoter), Vec<(BlockKey, BlockSink)>>,
     /// Keys whose DRAM slot is reserved by a promotion (queued or in flight). Only the
     /// promotion completes them: an engine's `complete_store` of the same key must not mark a
     /// slot readable before (or although) its load ended.
@@ -322,7 +325,7 @@ impl TieringManager {
     /// yet. That tier's promotion is still sent if it has no other load (counted declined:
     /// it is held for no request); it lands in DRAM for the requests after, and its time
     /// measures the tier. It is sent at the end of the step, as the request's own promotions
-    /// are: a request that finishes before then takes it with them (counted cancelled).
+    /// are, but it is the manager's: the request finishing before then does not cancel it.
     ///
     /// A single-key [`TieringManager::lookup`] is not judged: a prefix is.
     pub fn lookup_many(&self, keys: &[BlockKey], req: &RequestContext) -> Vec<LookupResult> {
@@ -390,7 +393,7 @@ impl TieringManager {
         let queued: FxHashSet<BlockKey> = st
             .promotions
             .iter()
-            .filter(|((_, r), _)| *r == req)
+            .filter(|((_, r), _)| *r == Some(req))
             .flat_map(|(_, blocks)| blocks.iter().map(|(k, _)| *k))
             .collect();
         let from: Vec<Option<usize>> = keys[..asked]
@@ -469,7 +472,7 @@ impl TieringManager {
             .filter(|&i| {
                 !estimates.contains_key(&i)
                     && st.loading[i].0 == 0
-                    && !st.promotions.keys().any(|&(t, r)| t == i && r != req)
+                    && !st.promotions.keys().any(|&(t, r)| t == i && r != Some(req))
             });
         // the tier it would have waited for: the first a declined block loads from, or whose
         // probe this lookup waited for
@@ -499,7 +502,7 @@ impl TieringManager {
     /// their promotions queued by it are dropped (DRAM slots and leases released), its holds
     /// on them end, every tier that knows the request answers them absent for it from now on,
     /// and the answers given for them are taken back from the counts.
-    /// A promotion of `measure`'s stays queued, no longer for `req` (see [`Declined`]).
+    /// A promotion of `measure`'s stays queued, for no request now (see [`Declined`]).
     fn decline(
         &self,
         st: &mut State,
@@ -533,17 +536,20 @@ impl TieringManager {
         }
         for (i, ks) in declined {
             let set: FxHashSet<BlockKey> = ks.iter().copied().collect();
-            if measure == Some(i) {
-                // sent as it is, held for nobody
-            } else if let Some(blocks) = st.promotions.get_mut(&(i, req)) {
+            if let Some(blocks) = st.promotions.get_mut(&(i, Some(req))) {
                 let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(blocks)
                     .into_iter()
                     .partition(|(k, _)| set.contains(k));
                 *blocks = kept;
                 if blocks.is_empty() {
-                    st.promotions.remove(&(i, req));
+                    st.promotions.remove(&(i, Some(req)));
                 }
-                self.cancel(st, i, gone);
+                if measure == Some(i) {
+                    // sent for no request: the request's end does not take it along
+                    st.promotions.entry((i, None)).or_default().extend(gone);
+                } else {
+                    self.cancel(st, i, gone);
+                }
             }
             let ts = &mut st.stats.tiers[i];
             ts.hits = ts.hits.saturating_sub(ks.len() as u64);
@@ -705,7 +711,7 @@ impl TieringManager {
                         false => None,
                     };
                     st.promoting.insert(block.0, (since, i, link));
-                    st.promotions.entry((i, req)).or_default().push(block);
+                    st.promotions.entry((i, Some(req))).or_default().push(block);
                     st.stats.tiers[i].hits += 1;
                 }
                 st.stats.hits_pending += 1;
@@ -883,7 +889,7 @@ impl TieringManager {
             self.submit(
                 &mut st,
                 i,
-                req,
+                Some(req),
                 Job::Store(StoreJob {
                     requests: vec![req],
                     links: job_links,

@@ -17,10 +17,10 @@ impl TieringManager {
         let mut st = self.begin();
         st.holds.finish(req);
         st.last_miss.remove(&req);
-        let queued: Vec<(usize, RequestId)> = st
+        let queued: Vec<(usize, Option<RequestId>)> = st
             .promotions
             .keys()
-            .filter(|(_, r)| *r == req)
+            .filter(|(_, r)| *r == Some(req))
             .copied()
             .collect();
         for at in queued {

@@ -437,22 +437,26 @@ impl ProbeCache {
     /// For a request this lookup does not know (it finished), nothing is created: the keys'
     /// shared state is updated and the answer is otherwise ignored.
     pub fn mark_miss(&mut self, keys: &[BlockKey], req: RequestId) {
-        let known = self.requests.contains_key(&req);
-        if !known {
-            self.stats.ignored_answers += 1;
-        }
-        for k in keys {
-            if known {
-                let fresh = self
-                    .requests
-                    .get_mut(&req)
-                    .is_some_and(|set| set.insert(*k));
-                let e = self.keys.entry(*k).or_default();
-                if fresh {
-                    e.refs += 1;
+        match self.requests.get_mut(&req) {
+            Some(set) => {
+                for k in keys {
+                    let fresh = set.insert(*k);
+                    let e = self.keys.entry(*k).or_default();
+                    if fresh {
+                        e.refs += 1;
+                    }
+                    miss_for(&mut e.missed_by, req, Absence::LoadFailed);
                 }
-                miss_for(&mut e.missed_by, req, Absence::LoadFailed);
             }
+            None => self.stats.ignored_answers += 1,
+        }
+        self.mark_load_failed(keys);
+    }
+
+    /// A failed load for no request (the manager's own, measuring the tier): the keys are no
+    /// longer known present for anyone, and a probe in flight for them is stale.
+    pub fn mark_load_failed(&mut self, keys: &[BlockKey]) {
+        for k in keys {
             let Some(e) = self.keys.get_mut(k) else {
                 continue;
             };

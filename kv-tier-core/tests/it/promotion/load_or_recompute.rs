@@ -563,3 +563,110 @@ async fn a_declined_block_is_not_served_by_another_tier() {
     fx.m.on_request_finished(r.id);
     fx.assert_clean("after a decline over two tiers").await;
 }
+
+/// The promotion that measures a tier is the manager's, not the request's: the request whose
+/// lookup found the blocks finishing before the step ends does not cancel it (else a tier
+/// whose requests all end within their step would never be measured, and never served).
+#[tokio::test(start_paused = true)]
+async fn a_measurement_outlives_the_request_that_found_its_blocks() {
+    let fx = with_recompute(Duration::from_millis(1), &keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    steps_of(&fx, Duration::from_micros(100)).await;
+    let r = RequestContext::new(1);
+    let ks = keys(1, 4);
+    assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4]);
+    assert_eq!(fx.m.lookup_many(&ks, &r), vec![Miss]);
+    fx.m.on_request_finished(r.id);
+    fx.m.on_schedule_end();
+    fx.m.wait_idle().await;
+    fx.m.on_schedule_end();
+    assert_eq!(fx.m.load_estimate("fs").map(|e| e.jobs), Some(1));
+    for k in &ks {
+        assert_eq!(fx.cpu.lookup(k), Hit, "{k} landed");
+    }
+    let s = fx.m.stats();
+    let t = &s.tiers[0];
+    assert_eq!(
+        (t.promotions_declined, t.promotions_cancelled, t.load_jobs),
+        (4, 0, 1),
+        "{s:?}"
+    );
+    assert_counts_agree(&s);
+    fx.assert_clean("after a measurement its request did not wait for")
+        .await;
+}
+
+/// A key twice in a prefix, once in the part served and once past the cut: its promotion,
+/// hold and answer stay with the part served. Steps of 50 ms, 20 ms of recompute a block,
+/// loads at 15 ms a block: of `[k5, k6, k7, k8, k5]` the first three pay most (10 ms saved),
+/// and only `k8` is declined.
+#[tokio::test(start_paused = true)]
+async fn a_key_repeated_past_the_cut_keeps_its_promotion_in_the_part_served() {
+    let fx = with_recompute(Duration::from_millis(20), &keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(60)));
+    measure(&fx, &keys(1, 4), 1).await;
+    steps_of(&fx, Duration::from_millis(50)).await;
+    let r = RequestContext::new(2);
+    let mut ks = keys(5, 4);
+    ks.push(ks[0]);
+    assert_eq!(fx.step(&ks, &r).await, vec![Retry; 5]);
+    assert_eq!(
+        fx.m.lookup_many(&ks, &r),
+        vec![HitPending, HitPending, HitPending, Miss]
+    );
+    fx.m.on_schedule_end();
+    fx.m.wait_idle().await;
+    fx.m.on_schedule_end();
+    assert_eq!(fx.m.stats().held_blocks, 3);
+    assert_eq!(fx.m.lookup_many(&ks, &r), vec![Hit, Hit, Hit, Miss]);
+    assert_recomputed(&fx, &r);
+    let s = fx.m.stats();
+    // the measurement's 4 and k8
+    assert_eq!(s.tiers[0].promotions_declined, 5, "{s:?}");
+    assert_counts_agree(&s);
+    fx.m.on_request_finished(r.id);
+    fx.assert_clean("after a repeated key past the cut").await;
+}
+
+/// The tier measured is the one the judged run stops at, not the first a declined block
+/// loads from: with fs measured (slow) and obj not, a prefix `[fs block, obj block]` declines
+/// both for the request, and obj's promotion is still sent, and measures obj.
+#[tokio::test(start_paused = true)]
+async fn the_tier_measured_is_the_first_unmeasured_one_past_a_cut_before_it() {
+    let mem = seeded("fs", &keys(1, 8)).await;
+    let ft = std::sync::Arc::new(kv_tier_testkit::FaultyTier::new(mem.clone()));
+    ft.delay(Some(Duration::from_millis(100)));
+    let cpu = dram();
+    let mut c = KvTierConfig::new((SLOTS * BS) as u64, BS as u64);
+    c.block_size_tokens = Some(16);
+    // a block recomputes in 1 ms
+    c.prefill_tokens_per_s = Some(16_000.0);
+    let k20 = test_key(20);
+    let m = kv_tier_core::TieringManager::builder(c)
+        .primary(cpu.clone())
+        .tier(ft.clone())
+        .tier(seeded("obj", &[k20]).await)
+        .build()
+        .await
+        .unwrap();
+    let fx = HoldFx { m, cpu, ft, mem };
+    measure(&fx, &keys(1, 2), 1).await;
+    assert!(fx.m.load_estimate("obj").is_none());
+    let r = RequestContext::new(2);
+    let ks = vec![test_key(5), k20];
+    assert_eq!(fx.step(&ks, &r).await, vec![Retry; 2]);
+    assert_eq!(fx.step(&ks, &r).await, vec![Miss]);
+    fx.m.on_schedule_end();
+    assert_eq!(fx.m.load_estimate("obj").map(|e| e.jobs), Some(1));
+    assert_eq!(fx.cpu.lookup(&k20), Hit, "obj's block landed");
+    assert_eq!(fx.cpu.lookup(&test_key(5)), Miss, "fs's block was declined");
+    let s = fx.m.stats();
+    assert_eq!(
+        (s.tiers[0].load_jobs, s.tiers[1].load_jobs),
+        (1, 1),
+        "{s:?}"
+    );
+    assert_counts_agree(&s);
+    fx.m.on_request_finished(r.id);
+    fx.assert_clean("after a measurement past a cut").await;
+}
