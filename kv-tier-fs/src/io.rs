@@ -225,6 +225,13 @@ impl<T: Send + 'static> Collector<T> {
         )
     }
 
+    /// Whether nobody waits for the results any more (the job's future was dropped: cut,
+    /// past its deadline, or cancelled).
+    pub(crate) fn abandoned(&self) -> bool {
+        let g = self.inner.lock().expect("collector");
+        g.1.as_ref().is_none_or(|tx| tx.is_closed())
+    }
+
     pub(crate) fn push(&self, item: T) {
         let mut g = self.inner.lock().expect("collector");
         g.0.push(item);

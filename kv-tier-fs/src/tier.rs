@@ -275,6 +275,8 @@ impl FsTier {
     /// guard of them, held by the tasks: if the caller drops this future, the keys stay
     /// protected until the I/O on them has ended). `None` after shutdown.
     ///
+    /// A load's block not started when the job's future is dropped is not read.
+    ///
     /// `op` records the keys a store published in the batch it is given, each logged as it
     /// is added, so a dropped job's work is still reported (removals are logged where they
     /// happen: a load's removal of a damaged file by that removal).
@@ -300,6 +302,11 @@ impl FsTier {
                 let (files, col, protect) = (self.shared.clone(), col.clone(), protect.clone());
                 let (batch, hold) = (batch.clone(), hold.clone());
                 Box::new(move || {
+                    if class == Class::Load && col.abandoned() {
+                        // a load nobody waits for (its job was cut or dropped) reads nothing:
+                        // its DRAM slot and its key's protection go now
+                        return;
+                    }
                     let r = op(&files, &key, buf, &batch);
                     drop(batch);
                     // (a shared root's store: the last task closes the job's announcements)

@@ -52,6 +52,44 @@ async fn a_dropped_call_keeps_its_keys_protected_exactly_while_its_io_runs() {
     assert!(verify_block(&k, 0, &data[0].1));
 }
 
+/// A load of 8 blocks dropped while its first block is on an I/O thread: the blocks it had
+/// not started are not read (a cut promotion costs the tier no more reads), and their keys'
+/// protection ends without them. Two I/O threads (a write thread takes loads when idle), so
+/// at most two opens begin before the drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_load_reads_none_of_the_blocks_it_had_not_started() {
+    let root = temp_root();
+    let mut c = cfg(root.path());
+    (c.n_read_threads, c.n_write_threads) = (1, 1);
+    let tier = FsTier::open("fs", c, ns(), BS).unwrap();
+    let keys: Vec<BlockKey> = (0..8).map(test_key).collect();
+    assert!(fs_store(&tier, &keys, 0).await.is_success());
+    // the first open is held until the load is dropped; every open is counted
+    let opens = Arc::new(AtomicUsize::new(0));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let (release, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    let (o, e) = (opens.clone(), entered.clone());
+    tier.set_fault_injector(Some(Arc::new(move |op, _: &std::path::Path| {
+        if op == FsOp::OpenRead && o.fetch_add(1, Ordering::SeqCst) == 0 {
+            e.notify_one();
+            let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+        }
+        None
+    })));
+    let mut call = Box::pin(async { drop(load(&tier, &keys).await) });
+    assert!(futures::poll!(&mut call).is_pending());
+    entered.notified().await;
+    drop(call);
+    release.send(()).unwrap();
+    wait_until_async("the protection to end", SETTLE_LIMIT, || {
+        keys.iter().all(|k| !tier.is_protected(k))
+    })
+    .await;
+    let n = opens.load(Ordering::SeqCst);
+    assert!(n <= 2, "{n} blocks of a dropped load were opened");
+}
+
 /// A store dropped while its block is on an I/O thread: the block the thread then publishes
 /// is still reported (`BlockStored`), so the event log matches the disk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
