@@ -318,7 +318,7 @@ impl TieringManagerBuilder {
                 last_miss: FxHashMap::default(),
                 holds: Default::default(),
                 jobs: FxHashMap::default(),
-                loading: vec![(0, tokio::time::Instant::now()); tiers.len()],
+                loading: vec![super::jobs::Loading::default(); tiers.len()],
                 load_models: tiers.iter().map(|_| Default::default()).collect(),
                 steps: Default::default(),
                 retried: Vec::new(),

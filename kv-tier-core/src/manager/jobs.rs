@@ -68,8 +68,30 @@ impl JobInfo {
     }
 }
 
+/// A tier's load jobs in flight, for its `load_busy`: how many, since when it has had one,
+/// and when the last of them applied so far ended.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Loading {
+    pub(super) jobs: usize,
+    since: Instant,
+    last_end: Instant,
+}
+
+impl Default for Loading {
+    fn default() -> Self {
+        let now = Instant::now();
+        Self {
+            jobs: 0,
+            since: now,
+            last_end: now,
+        }
+    }
+}
+
 pub(super) struct Completion {
     pub(super) job: u64,
+    /// When the job's task ended (its result is applied later, at a drain).
+    ended: Instant,
     result: JobResult,
     /// The job passed its deadline (`Timeout`) or panicked (`Panicked`): every key failed.
     abandoned: Option<Error>,
@@ -109,6 +131,7 @@ impl JobReport {
         if self.keys.take().is_some() {
             lock(&self.inbox).push(Completion {
                 job: self.job,
+                ended: Instant::now(),
                 result,
                 abandoned,
                 cut,
@@ -179,11 +202,11 @@ impl TieringManager {
                 *st.pending_stores.entry(req).or_default() += 1;
             }
         } else {
-            let (n, since) = &mut st.loading[tier];
-            if *n == 0 {
-                *since = Instant::now();
+            let l = &mut st.loading[tier];
+            if l.jobs == 0 {
+                (l.since, l.last_end) = (Instant::now(), Instant::now());
             }
-            *n += 1;
+            l.jobs += 1;
         }
         let id = st.next_job;
         st.next_job += 1;
@@ -319,6 +342,7 @@ impl TieringManager {
         done.sort_by_key(|c| c.job);
         for Completion {
             job,
+            ended,
             result,
             abandoned,
             cut,
@@ -339,7 +363,9 @@ impl TieringManager {
             }
             let errors: FxHashMap<BlockKey, &Error> =
                 result.failed.iter().map(|(k, e)| (*k, e)).collect();
-            let elapsed = info.started.elapsed();
+            // the job's own time: from its submission to its end, not to this drain (a step
+            // later, perhaps), or a tier would be measured at the engine's step
+            let elapsed = ended.saturating_duration_since(info.started);
             let ok: FxHashSet<BlockKey> = result.ok.iter().copied().collect();
             // Keys a tier forgot to report count as failed.
             let failed: Vec<BlockKey> = info
@@ -409,11 +435,12 @@ impl TieringManager {
                         };
                         st.load_models[info.tier].record(info.ahead, info.bytes, took);
                     }
-                    let (n, since) = &mut st.loading[info.tier];
-                    *n -= 1;
-                    if *n == 0 {
+                    let l = &mut st.loading[info.tier];
+                    l.jobs -= 1;
+                    l.last_end = l.last_end.max(ended);
+                    if l.jobs == 0 {
                         st.stats.tiers[info.tier].load_busy +=
-                            now.saturating_duration_since(*since);
+                            l.last_end.saturating_duration_since(l.since);
                     }
                     let mut links = Vec::new();
                     for k in &info.keys {

@@ -59,8 +59,8 @@ struct State {
     /// Promoted blocks held for the requests promised them (see `holds`).
     holds: holds::Holds,
     jobs: FxHashMap<u64, JobInfo>,
-    /// Per tier, its load jobs in `jobs` and since when it has had one (for `load_busy`).
-    loading: Vec<(usize, Instant)>,
+    /// Per tier, its load jobs in `jobs` (for `load_busy`).
+    loading: Vec<jobs::Loading>,
     /// Per tier, its recent load jobs, for [`TieringManager::load_estimate`].
     load_models: Vec<estimate::LoadModel>,
     /// The engine's scheduling steps, for the whole steps a wait spans.
@@ -471,7 +471,7 @@ impl TieringManager {
             .flatten()
             .filter(|&i| {
                 !estimates.contains_key(&i)
-                    && st.loading[i].0 == 0
+                    && st.loading[i].jobs == 0
                     && !st.promotions.keys().any(|&(t, r)| t == i && r != Some(req))
             });
         // the tier it would have waited for: the first a declined block loads from, or whose

@@ -169,8 +169,8 @@ pub struct TierStats {
     pub store_failures: u64,
     /// Load (promotion) jobs finished.
     pub load_jobs: u64,
-    /// Time with at least one load job of this tier in flight (from its submission until
-    /// its result is applied): `bytes_loaded` over it is the rate the tier read at while it
+    /// Time with at least one load job of this tier in flight (from its submission until it
+    /// ended, not until its result was applied): `bytes_loaded` over it is the rate the tier read at while it
     /// read, where the run's average also counts the time nothing asked for its blocks.
     pub load_busy: Duration,
     /// Blocks this tier had whose promotion the load-or-recompute policy declined (their load
@@ -214,9 +214,10 @@ pub struct TierStats {
     pub writes_deduplicated: u64,
     /// Latency of this tier's probe batches.
     pub probe_latency: LatencyHistogram,
-    /// Store job latencies.
+    /// Store job latencies (from submission to the job's end).
     pub store_latency: LatencyHistogram,
-    /// Load job latencies.
+    /// Load job latencies (from submission to the job's end, not to when the manager applied
+    /// its result).
     pub load_latency: LatencyHistogram,
     /// Probe counters of the tier's probe cache.
     pub probes: ProbeCacheStats,

@@ -153,6 +153,44 @@ async fn estimates_follow_the_jobs_measured() {
     );
 }
 
+/// A load job is measured to its end, not to the step that applies its result: with steps
+/// of 1 s and loads of 100 ms, the estimate, the load latency and the time the tier was busy
+/// loading all say 100 ms (measured to the drain, they said 1 s: the engine's step, and a
+/// policy would decline loads that pay).
+#[tokio::test(start_paused = true)]
+async fn a_load_is_measured_to_its_end_not_to_the_step_that_applies_it() {
+    let fx = hold_fx(&keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    let r = RequestContext::new(1);
+    let ks = keys(1, 4);
+    assert_eq!(fx.step(&ks, &r).await, vec![Retry; 4]);
+    assert_eq!(fx.m.lookup_many(&ks, &r), vec![HitPending; 4]);
+    fx.m.on_schedule_end();
+    // the engine's step runs on for a second; the job ends 100 ms into it
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    fx.m.on_schedule_end();
+    assert_eq!(fx.m.lookup_many(&ks, &r), vec![Hit; 4]);
+    let e = fx.m.load_estimate("fs").unwrap();
+    let t = e.ready_in(4 * BS as u64);
+    assert!(
+        t >= Duration::from_millis(100) && t <= Duration::from_millis(101),
+        "{e:?}: {t:?}"
+    );
+    let s = fx.m.stats();
+    let busy = s.tiers[0].load_busy;
+    assert!(
+        busy >= Duration::from_millis(100) && busy <= Duration::from_millis(101),
+        "{busy:?}"
+    );
+    assert!(
+        s.tiers[0].load_latency.max() <= Duration::from_millis(101),
+        "{s:?}"
+    );
+    fx.m.on_request_finished(r.id);
+    fx.assert_clean("after a load applied a step after it ended")
+        .await;
+}
+
 /// `lookup_prefix` says when its present run is in DRAM: `None` while the tier it waits for
 /// has no estimate, the tier's estimate once it has one, zero when the run is all in DRAM.
 #[tokio::test(start_paused = true)]
