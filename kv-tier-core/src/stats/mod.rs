@@ -170,8 +170,9 @@ pub struct TierStats {
     /// Load (promotion) jobs finished.
     pub load_jobs: u64,
     /// Time with at least one load job of this tier in flight (from its submission until it
-    /// ended, not until its result was applied): `bytes_loaded` over it is the rate the tier read at while it
-    /// read, where the run's average also counts the time nothing asked for its blocks.
+    /// ended, not until its result was applied): `bytes_loaded` over it is the rate the tier
+    /// read at while it read, where the run's average also counts the time nothing asked for
+    /// its blocks.
     pub load_busy: Duration,
     /// Blocks this tier had whose promotion the load-or-recompute policy declined (their load
     /// would have ended later than recomputing them); not in `hits`.
