@@ -562,27 +562,31 @@ async fn seeded(name: &str, keys: &[BlockKey]) -> std::sync::Arc<kv_tier_testkit
     mem
 }
 
-/// Two tiers hold the blocks: those the slow first one's load is declined for are a miss for
-/// the request in the second tier too (it recomputes them), and nothing is left held.
-#[tokio::test(start_paused = true)]
-async fn a_declined_block_is_not_served_by_another_tier() {
-    let all = keys(1, 8);
-    let mem = seeded("fs", &all).await;
+/// A manager whose engine recomputes a block in 1 ms over two tiers: "fs", holding keys
+/// `1..=8` behind 100 ms loads, then "obj" (a memory tier) holding `obj_keys`.
+async fn fs_then_obj(obj_keys: &[BlockKey]) -> HoldFx {
+    let mem = seeded("fs", &keys(1, 8)).await;
     let ft = std::sync::Arc::new(kv_tier_testkit::FaultyTier::new(mem.clone()));
     ft.delay(Some(Duration::from_millis(100)));
     let cpu = dram();
     let mut c = KvTierConfig::new((SLOTS * BS) as u64, BS as u64);
     c.block_size_tokens = Some(16);
-    // a block recomputes in 1 ms
     c.prefill_tokens_per_s = Some(16_000.0);
     let m = kv_tier_core::TieringManager::builder(c)
         .primary(cpu.clone())
         .tier(ft.clone())
-        .tier(seeded("obj", &all).await)
+        .tier(seeded("obj", obj_keys).await)
         .build()
         .await
         .unwrap();
-    let fx = HoldFx { m, cpu, ft, mem };
+    HoldFx { m, cpu, ft, mem }
+}
+
+/// Two tiers hold the blocks: those the slow first one's load is declined for are a miss for
+/// the request in the second tier too (it recomputes them), and nothing is left held.
+#[tokio::test(start_paused = true)]
+async fn a_declined_block_is_not_served_by_another_tier() {
+    let fx = fs_then_obj(&keys(1, 8)).await;
     measure(&fx, &keys(1, 2), 1).await;
     let r = RequestContext::new(2);
     let ks = keys(5, 4);
@@ -671,23 +675,8 @@ async fn a_key_repeated_past_the_cut_keeps_its_promotion_in_the_part_served() {
 /// both for the request, and obj's promotion is still sent, and measures obj.
 #[tokio::test(start_paused = true)]
 async fn the_tier_measured_is_the_first_unmeasured_one_past_a_cut_before_it() {
-    let mem = seeded("fs", &keys(1, 8)).await;
-    let ft = std::sync::Arc::new(kv_tier_testkit::FaultyTier::new(mem.clone()));
-    ft.delay(Some(Duration::from_millis(100)));
-    let cpu = dram();
-    let mut c = KvTierConfig::new((SLOTS * BS) as u64, BS as u64);
-    c.block_size_tokens = Some(16);
-    // a block recomputes in 1 ms
-    c.prefill_tokens_per_s = Some(16_000.0);
     let k20 = test_key(20);
-    let m = kv_tier_core::TieringManager::builder(c)
-        .primary(cpu.clone())
-        .tier(ft.clone())
-        .tier(seeded("obj", &[k20]).await)
-        .build()
-        .await
-        .unwrap();
-    let fx = HoldFx { m, cpu, ft, mem };
+    let fx = fs_then_obj(&[k20]).await;
     measure(&fx, &keys(1, 2), 1).await;
     assert!(fx.m.load_estimate("obj").is_none());
     let r = RequestContext::new(2);
