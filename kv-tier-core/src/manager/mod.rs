@@ -281,9 +281,18 @@ impl TieringManager {
         st.load_models[i].estimate(self.bytes_ahead(st, i))
     }
 
-    /// Bytes of tier `i`'s load jobs in flight and of its promotions queued this step.
+    /// Bytes of tier `i`'s load jobs in flight (not yet ended) and of its promotions queued
+    /// this step.
     fn bytes_ahead(&self, st: &State, i: usize) -> u64 {
-        let in_flight: u64 = st.jobs.values().map(|j| j.load_bytes_of(i)).sum();
+        // a job that ended is not ahead, though its result waits for the next drain (a step
+        // applies what ended once, at its start)
+        let ended: FxHashSet<u64> = lock(&self.inbox).iter().map(|c| c.job).collect();
+        let in_flight: u64 = st
+            .jobs
+            .iter()
+            .filter(|(id, _)| !ended.contains(id))
+            .map(|(_, j)| j.load_bytes_of(i))
+            .sum();
         let queued: u64 = st
             .promotions
             .iter()

@@ -697,3 +697,74 @@ async fn the_tier_measured_is_the_first_unmeasured_one_past_a_cut_before_it() {
     fx.m.on_request_finished(r.id);
     fx.assert_clean("after a measurement past a cut").await;
 }
+
+/// A job that ended is not ahead of a new one, though no drain has applied its result yet:
+/// half a second after a 100 ms load ended, the estimate counts nothing ahead.
+#[tokio::test(start_paused = true)]
+async fn a_job_that_ended_is_not_counted_ahead_before_it_is_applied() {
+    let fx = hold_fx(&keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    promote_all(&fx, &keys(1, 2), 1).await;
+    let r = RequestContext::new(2);
+    assert_eq!(fx.step(&keys(3, 2), &r).await, vec![Retry; 2]);
+    assert_eq!(fx.m.lookup_many(&keys(3, 2), &r), vec![HitPending; 2]);
+    fx.m.on_schedule_end();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fx.m.load_estimate("fs").unwrap().bytes_ahead, 0);
+    fx.m.on_request_finished(r.id);
+    fx.assert_clean("after an ended job").await;
+}
+
+/// Within a step, a load that pays is taken although another request's job ended during the
+/// step, unapplied: the tier is idle (100 ms a 2-block load against 150 ms of recompute).
+#[tokio::test(start_paused = true)]
+async fn a_job_that_ended_within_the_step_does_not_make_a_paying_load_wait_longer() {
+    let fx = with_recompute(Duration::from_millis(75), &keys(1, 16)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    measure(&fx, &keys(1, 2), 1).await;
+    steps_of(&fx, Duration::from_millis(1)).await;
+    let (r2, r3) = (RequestContext::new(2), RequestContext::new(3));
+    assert_eq!(fx.m.lookup_many(&keys(5, 2), &r2), vec![Retry; 2]);
+    assert_eq!(fx.m.lookup_many(&keys(9, 2), &r3), vec![Retry; 2]);
+    fx.m.on_schedule_end();
+    fx.m.wait_idle().await;
+    assert_eq!(fx.m.lookup_many(&keys(5, 2), &r2), vec![HitPending; 2]);
+    fx.m.on_schedule_end();
+    // the next step begins, and runs 300 ms; request 2's job ends 100 ms into it
+    fx.m.touch(&[]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(fx.m.lookup_many(&keys(9, 2), &r3), vec![HitPending; 2]);
+    fx.m.on_schedule_end();
+    fx.m.wait_idle().await;
+    fx.m.on_request_finished(r2.id);
+    fx.m.on_request_finished(r3.id);
+    fx.assert_clean("after a paying load within a step").await;
+}
+
+/// `load_busy` counts each job to its end: two 100 ms jobs 400 ms apart are 200 ms busy,
+/// also when `wait_idle` sends the second (it applies what ended first, as a step does).
+#[tokio::test(start_paused = true)]
+async fn load_busy_does_not_count_the_gap_before_a_wait_sends_the_next_job() {
+    let fx = hold_fx(&keys(1, 8)).await;
+    fx.ft.delay(Some(Duration::from_millis(100)));
+    let (r1, r2) = (RequestContext::new(1), RequestContext::new(2));
+    assert_eq!(fx.m.lookup_many(&keys(1, 2), &r1), vec![Retry; 2]);
+    assert_eq!(fx.m.lookup_many(&keys(3, 2), &r2), vec![Retry; 2]);
+    fx.m.on_schedule_end();
+    fx.m.wait_idle().await;
+    assert_eq!(fx.m.lookup_many(&keys(1, 2), &r1), vec![HitPending; 2]);
+    fx.m.on_schedule_end();
+    assert_eq!(fx.m.lookup_many(&keys(3, 2), &r2), vec![HitPending; 2]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    fx.m.wait_idle().await;
+    let t = &fx.m.stats().tiers[0];
+    assert_eq!(t.load_jobs, 2);
+    assert!(
+        t.load_busy >= Duration::from_millis(200) && t.load_busy <= Duration::from_millis(201),
+        "{:?}",
+        t.load_busy
+    );
+    fx.m.on_request_finished(r1.id);
+    fx.m.on_request_finished(r2.id);
+    fx.assert_clean("after two loads apart").await;
+}
