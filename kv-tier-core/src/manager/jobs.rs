@@ -517,7 +517,11 @@ impl TieringManager {
             l.apply_results();
         }
     }
+    /// Sends the queued promotions and probes, after applying what has ended: a job sent
+    /// follows every job that ended before it (its `ahead` and the tier's busy time count
+    /// only jobs still running).
     pub(super) fn flush(&self, st: &mut State) {
+        self.drain(st);
         for ((tier, req), blocks) in std::mem::take(&mut st.promotions) {
             self.submit(
                 st,

@@ -54,8 +54,6 @@ impl TieringManager {
         let (jobs_mark, probe_marks) = {
             let mut st = lock(&self.state);
             if flush {
-                // what ended first, as a step does: the jobs sent now follow it
-                self.drain(&mut st);
                 self.flush(&mut st);
             }
             let probes: Vec<u64> = st.lookups.iter().map(|l| l.batches_sent()).collect();

@@ -286,13 +286,14 @@ impl TieringManager {
     fn bytes_ahead(&self, st: &State, i: usize) -> u64 {
         // a job that ended is not ahead, though its result waits for the next drain (a step
         // applies what ended once, at its start)
-        let ended: FxHashSet<u64> = lock(&self.inbox).iter().map(|c| c.job).collect();
+        let ended = lock(&self.inbox);
         let in_flight: u64 = st
             .jobs
             .iter()
-            .filter(|(id, _)| !ended.contains(id))
+            .filter(|(id, _)| !ended.iter().any(|c| c.job == **id))
             .map(|(_, j)| j.load_bytes_of(i))
             .sum();
+        drop(ended);
         let queued: u64 = st
             .promotions
             .iter()
@@ -926,8 +927,7 @@ impl TieringManager {
     pub fn on_schedule_end(&self) {
         let mut st = lock(&self.state);
         // Apply what completed during the step, then send the new work (whose results the
-        // next step applies, all together).
-        self.drain(&mut st);
+        // next step applies, all together): `flush` does both.
         self.flush(&mut st);
         st.holds.end_step();
         st.in_step = false;
