@@ -1,12 +1,14 @@
 //! Probe latency while write-back saturates the server: `ObjTier::lookup` of 32 keys (half
 //! held, among 10,000 objects) again and again while a store job of 256 blocks of 2 MiB
 //! runs, against the in-process S3 server (s3s + s3s-fs on 127.0.0.1), `io_threads` 16. The
-//! tier is probed two ways: asking the server for every key (its existence cache and listing
-//! cleared before each lookup: the HEAD path), and as deployed (an unbounded tier answering
-//! from its existence listing and cache). In the same run, interleaved round by round, the
-//! fairest competitor: plain `object_store`, 32 HEADs at 16 in flight while 256 PUTs run at 16
-//! in flight, on the same server. Each side also alone (no writes), and each side's write
-//! GB/s under the probes.
+//! tier is probed two ways, by two tiers on the same bucket: one asking the server for every
+//! key (`absent_ttl_s` 0, so no listing, and its existence cache cleared before each lookup:
+//! the HEAD path), and one as deployed (an unbounded tier answering from its existence
+//! listing and cache; nothing clears them, and the bench waits for its first LIST). In the
+//! same run, interleaved round by round, the fairest competitor: plain `object_store`, 32
+//! HEADs at 16 in flight while 256 PUTs run at 16 in flight, on the same server. Each side
+//! also alone (no writes), and each side's write GB/s under the probes; for the tiers, where
+//! their answers came from (HEADs sent, listing, cache).
 //!
 //! `cargo bench -p kv-tier-obj --bench obj_probes` (rounds: `KV_TIER_BENCH_ROUNDS`, default
 //! 3; objects held: `KV_TIER_BENCH_HELD`, default 10,000)
@@ -94,12 +96,20 @@ fn main() {
         cfg.lookup_timeout_s = 60.0;
         // (as a deployment would: a pooled connection the server closed is retried)
         cfg.max_retries = 2;
-        let tier = Arc::new(
-            ObjTier::connect("obj", cfg, support::ns(), BLOCK)
-                .await
-                .unwrap(),
-        );
-        let store: Arc<dyn ObjectStore> = tier.object_store().clone();
+        // two tiers on one bucket: one asking the server for every key (no listing, its
+        // existence cache cleared before each lookup), one as deployed (its listing and
+        // existence cache, which nothing clears)
+        let connect = |cfg: kv_tier_obj::ObjTierConfig| async move {
+            Arc::new(
+                ObjTier::connect("obj", cfg, support::ns(), BLOCK)
+                    .await
+                    .unwrap(),
+            )
+        };
+        let mut asking_cfg = cfg.clone();
+        asking_cfg.absent_ttl_s = 0.0;
+        let asking = connect(asking_cfg).await;
+        let store: Arc<dyn ObjectStore> = asking.object_store().clone();
         // the objects probed for: held by both sides' keys
         // (small objects at the blocks' paths: a lookup HEADs them and reads nothing, and
         // 10,000 of 2 MiB would not fit this machine's disk)
@@ -107,13 +117,27 @@ fn main() {
         let puts: Vec<_> = futures::stream::iter(held.iter())
             .map(|k| {
                 let store = store.clone();
-                let p = ObjPath::from(tier.object_path(k));
+                let p = ObjPath::from(asking.object_path(k));
                 async move { store.put(&p, Bytes::from_static(&[7; 512]).into()).await }
             })
             .buffer_unordered(THREADS)
             .collect()
             .await;
         assert!(puts.iter().all(|r| r.is_ok()));
+        // connected once the objects are there: its first LIST finds them
+        let t = Instant::now();
+        let deployed = connect(cfg).await;
+        while deployed.stats().listings == 0 {
+            assert!(
+                t.elapsed().as_secs() < 300,
+                "the deployed tier's first LIST of {held_n} objects did not end in 300 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        println!(
+            "  the deployed tier's first listing ({held_n} objects) came {:.2} s after it connected",
+            t.elapsed().as_secs_f64()
+        );
 
         for round in 0..rounds {
             let probe_keys = |n: usize| -> Vec<BlockKey> {
@@ -125,7 +149,7 @@ fn main() {
             let n = std::sync::atomic::AtomicUsize::new(0);
             let tier_probe = |ask_all: bool| {
                 let keys = probe_keys(n.fetch_add(1, Ordering::Relaxed));
-                let tier = &tier;
+                let tier = if ask_all { &asking } else { &deployed };
                 async move {
                     if ask_all {
                         tier.clear_exists_cache();
@@ -139,7 +163,7 @@ fn main() {
                 let found: Vec<bool> = futures::stream::iter(keys.iter())
                     .map(|k| {
                         let store = store.clone();
-                        let path = ObjPath::from(tier.object_path(k));
+                        let path = ObjPath::from(asking.object_path(k));
                         async move { store.head(&path).await.is_ok() }
                     })
                     .buffer_unordered(THREADS)
@@ -148,7 +172,12 @@ fn main() {
                 assert_eq!(found.iter().filter(|b| **b).count(), 16);
             };
             let tier_write = |side: &str| {
-                let (tier, srcs) = (&tier, &srcs);
+                let tier = if side == "tier, as deployed" {
+                    &deployed
+                } else {
+                    &asking
+                };
+                let srcs = &srcs;
                 let salt = if side == "tier, as deployed" {
                     1 << 39
                 } else {
@@ -207,23 +236,15 @@ fn main() {
                         tier_write(side).await
                     }
                 };
-                if side == "tier, as deployed" {
-                    // a listing since the other side's lookups forgot it (LISTs of s3s-fs
-                    // walk the whole bucket per page: the relists space out, to fifty times
-                    // a LIST's time)
-                    let (listed, t) = (tier.stats().listings, Instant::now());
-                    while tier.stats().listings == listed {
-                        assert!(t.elapsed().as_secs() < 600, "no LIST in 600 s");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    }
-                    println!(
-                        "  round {round}: the listing came {:.1} s after the other side's lookups forgot it",
-                        t.elapsed().as_secs_f64()
-                    );
-                }
+                let before = match side {
+                    "tier, every key asked" => Some(asking.stats()),
+                    "tier, as deployed" => Some(deployed.stats()),
+                    _ => None,
+                };
                 // alone
                 let done = AtomicBool::new(true);
                 let idle = probe_until(&done, 50, probe).await;
+                let idle_n = idle.len();
                 // under writes
                 let done = AtomicBool::new(false);
                 let w = async {
@@ -232,6 +253,7 @@ fn main() {
                     d
                 };
                 let (busy, took) = futures::join!(probe_until(&done, 1, probe), w);
+                let busy_n = busy.len();
                 let mut put =
                     |stat: &str, v: f64| fig.entry(format!("{side}: {stat}")).or_default().push(v);
                 put("idle p50 ms", quantile(idle.clone(), 0.5));
@@ -240,12 +262,24 @@ fn main() {
                 put("busy p50 ms", quantile(busy.clone(), 0.5));
                 put("busy p99 ms", quantile(busy, 0.99));
                 put("write GB/s", gb / took.as_secs_f64());
+                if let Some(b) = before {
+                    let tier = if side == "tier, as deployed" {
+                        &deployed
+                    } else {
+                        &asking
+                    };
+                    let s = tier.stats();
+                    let keys = (idle_n + busy_n) as u64 * 16;
+                    println!(
+                        "  round {round}, {side}: of {keys} held and {keys} absent keys probed, {} answered by the cache, {} absent by the listing ({} LISTs installed); writes held back for reads {}, most requests in flight {}",
+                        s.exists_cache_hits - b.exists_cache_hits,
+                        s.listed_absent - b.listed_absent,
+                        s.listings - b.listings,
+                        s.writes_deferred - b.writes_deferred,
+                        s.max_in_flight
+                    );
+                }
             }
-            let s = tier.stats();
-            println!(
-                "  round {round}: tier writes held back for reads {}, most requests in flight {}",
-                s.writes_deferred, s.max_in_flight
-            );
         }
         drop(server);
     });
