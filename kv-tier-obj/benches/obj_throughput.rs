@@ -6,7 +6,10 @@
 //! - PUT and GET GB/s of 128 blocks of 2 MiB at 1 and 16 in flight (the tier's `io_threads`,
 //!   one store job and one load job into DRAM slots), and the process's CPU seconds per GB
 //!   moved (PUT and GET together); and the PUTs again with plain `object_store` writing as
-//!   the tier does, create-only (`If-None-Match: *`), the row `PUT GB/s create-only`.
+//!   the tier does, create-only (`If-None-Match: *`), the row `PUT GB/s create-only`; and
+//!   the GETs again with plain `object_store` reading each object as 4 ranged GETs at once,
+//!   the row `GET GB/s ranged` (plain only: whether a load would gain by splitting a block;
+//!   its ratio is to plain's whole-object GETs).
 //!
 //! Servers: `s3s` (s3s + s3s-fs in this process on 127.0.0.1: its CPU is in the figure),
 //! `s3s-20ms` (the same, every request held 20 ms first, standing for a remote region) and
@@ -40,6 +43,8 @@ use object_store::path::Path as ObjPath;
 
 const BLOCK: usize = 2 << 20;
 const N: usize = 128;
+/// The ranged GETs a block is read as in the plain `GET GB/s ranged` row.
+const RANGES: usize = 4;
 
 /// `moto_server` on a free port of 127.0.0.1, with the tests' bucket; killed on drop.
 struct Moto {
@@ -198,6 +203,26 @@ async fn round(endpoint: &str, round: usize, srcs: &[Bytes], cpu: &CpuTier, fig:
                     assert!(gets.iter().all(|&n| n == BLOCK));
                     out.push(("GET GB/s", gb / t.elapsed().as_secs_f64()));
                     out.push(("CPU s/GB", (cpu_seconds() - cpu0) / (2.0 * gb)));
+                    // the same objects, each as RANGES ranged GETs at once (`threads` objects
+                    // at a time): would the tier's loads gain by splitting a block? (after
+                    // the CPU figure, which they would inflate)
+                    let t = Instant::now();
+                    let gets: Vec<usize> = futures::stream::iter(paths.iter())
+                        .map(|p| async move {
+                            let part = (BLOCK / RANGES) as u64;
+                            let parts = futures::future::try_join_all(
+                                (0..RANGES as u64)
+                                    .map(|i| store.get_range(p, i * part..(i + 1) * part)),
+                            )
+                            .await
+                            .unwrap();
+                            parts.iter().map(|b| b.len()).sum::<usize>()
+                        })
+                        .buffer_unordered(threads)
+                        .collect()
+                        .await;
+                    assert!(gets.iter().all(|&n| n == BLOCK));
+                    out.push(("GET GB/s ranged", gb / t.elapsed().as_secs_f64()));
                     // the tier's kind of PUT (create-only, `If-None-Match: *`), to new paths
                     let t = Instant::now();
                     let puts: Vec<_> = futures::stream::iter(create_paths.iter().zip(srcs))
@@ -334,6 +359,18 @@ fn main() {
                 median(plain.clone()),
             ));
         }
+        let mut ranged: Vec<(String, f64, f64)> = Vec::new();
+        for (name, split) in fig.iter().filter(|(n, _)| n.ends_with(" ranged plain")) {
+            let base = name.trim_end_matches(" ranged plain");
+            let Some(whole) = fig.get(&format!("{base} plain")) else {
+                continue;
+            };
+            ranged.push((
+                format!("{base} ranged"),
+                median(split.clone()),
+                median(whole.clone()),
+            ));
+        }
         for (base, t, p) in rows {
             let (threads, what) = base.split_at(2);
             println!(
@@ -343,6 +380,21 @@ fn main() {
                 t,
                 p,
                 t / p
+            );
+        }
+        println!(
+            "  {:>9} {:>8} {:>10} {:>10} {:>7}",
+            "", "plain", "ranged", "whole", "ratio"
+        );
+        for (base, r, w) in ranged {
+            let (threads, what) = base.split_at(2);
+            println!(
+                "  {:>9} {:>8} {:>10.3} {:>10.3} {:>6.2}x",
+                threads.trim(),
+                what.trim(),
+                r,
+                w,
+                r / w
             );
         }
     }
