@@ -7,8 +7,8 @@
 //! listing and cache; nothing clears them, and the bench waits for its first LIST). In the
 //! same run, interleaved round by round, the fairest competitor: plain `object_store`, 32
 //! HEADs at 16 in flight while 256 PUTs run at 16 in flight, on the same server. Each side
-//! also alone (no writes), and each side's write GB/s under the probes; for the tiers, where
-//! their answers came from (HEADs sent, listing, cache).
+//! also alone (no writes), and each side's write GB/s under the probes; for the tiers, how
+//! many answers came from the existence cache and the listing (the rest were HEADs).
 //!
 //! `cargo bench -p kv-tier-obj --bench obj_probes` (rounds: `KV_TIER_BENCH_ROUNDS`, default
 //! 3; objects held: `KV_TIER_BENCH_HELD`, default 10,000)
