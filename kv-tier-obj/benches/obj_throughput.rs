@@ -109,6 +109,30 @@ impl Drop for Moto {
 /// One server's figures: name -> samples (one per round).
 type Figures = BTreeMap<String, Vec<f64>>;
 
+/// Prints, under `heads`, the median of each figure `<base><side>` beside that of
+/// `<base><against>` and their ratio, in a row named `<base><label>`.
+fn print_ratios(fig: &Figures, side: &str, against: &str, label: &str, heads: [&str; 4]) {
+    let [h0, h1, h2, h3] = heads;
+    println!("  {h0:>9} {h1:>8} {h2:>10} {h3:>10} {:>7}", "ratio");
+    for (name, a) in fig {
+        let Some(base) = name.strip_suffix(side) else {
+            continue;
+        };
+        let Some(b) = fig.get(&format!("{base}{against}")) else {
+            continue;
+        };
+        let row = format!("{base}{label}");
+        let (threads, what) = row.split_at(2);
+        let (a, b) = (median(a.clone()), median(b.clone()));
+        println!(
+            "  {:>9} {:>8} {a:>10.3} {b:>10.3} {:>6.2}x",
+            threads.trim(),
+            what.trim(),
+            a / b
+        );
+    }
+}
+
 async fn round(endpoint: &str, round: usize, srcs: &[Bytes], cpu: &CpuTier, fig: &mut Figures) {
     for threads in [1usize, 16, 64] {
         let mut cfg: ObjTierConfig = support::s3_config(endpoint);
@@ -343,59 +367,19 @@ fn main() {
         });
         let Some(fig) = fig else { continue };
         println!("{server}:");
-        println!(
-            "  {:>9} {:>8} {:>10} {:>10} {:>7}",
-            "in flight", "", "tier", "plain", "ratio"
+        print_ratios(
+            &fig,
+            " tier",
+            " plain",
+            "",
+            ["in flight", "", "tier", "plain"],
         );
-        let mut rows: Vec<(String, f64, f64)> = Vec::new();
-        for (name, tier) in fig.iter().filter(|(n, _)| n.ends_with(" tier")) {
-            let base = name.trim_end_matches(" tier");
-            let Some(plain) = fig.get(&format!("{base} plain")) else {
-                continue;
-            };
-            rows.push((
-                base.to_string(),
-                median(tier.clone()),
-                median(plain.clone()),
-            ));
-        }
-        let mut ranged: Vec<(String, f64, f64)> = Vec::new();
-        for (name, split) in fig.iter().filter(|(n, _)| n.ends_with(" ranged plain")) {
-            let base = name.trim_end_matches(" ranged plain");
-            let Some(whole) = fig.get(&format!("{base} plain")) else {
-                continue;
-            };
-            ranged.push((
-                format!("{base} ranged"),
-                median(split.clone()),
-                median(whole.clone()),
-            ));
-        }
-        for (base, t, p) in rows {
-            let (threads, what) = base.split_at(2);
-            println!(
-                "  {:>9} {:>8} {:>10.3} {:>10.3} {:>6.2}x",
-                threads.trim(),
-                what.trim(),
-                t,
-                p,
-                t / p
-            );
-        }
-        println!(
-            "  {:>9} {:>8} {:>10} {:>10} {:>7}",
-            "", "plain", "ranged", "whole", "ratio"
+        print_ratios(
+            &fig,
+            " ranged plain",
+            " plain",
+            " ranged",
+            ["", "plain", "ranged", "whole"],
         );
-        for (base, r, w) in ranged {
-            let (threads, what) = base.split_at(2);
-            println!(
-                "  {:>9} {:>8} {:>10.3} {:>10.3} {:>6.2}x",
-                threads.trim(),
-                what.trim(),
-                r,
-                w,
-                r / w
-            );
-        }
     }
 }
