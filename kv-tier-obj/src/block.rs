@@ -3,7 +3,7 @@
 //! request deadline; every future here can be dropped at any await point without leaving an
 //! entry, permit or protection behind.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,6 +48,12 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// `d` after `now`, or a century on where that is past what an instant holds.
+fn after(now: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
+}
+
 /// Why a request did not succeed.
 pub(crate) enum ReqError {
     Store(object_store::Error),
@@ -81,15 +87,13 @@ pub(crate) struct Shared {
     /// Lookups past their deadline, and with failed HEADs: said in the log once per interval.
     pub(crate) log_deadlines: kv_tier_core::stats::Throttle,
     pub(crate) log_probe_errors: kv_tier_core::stats::Throttle,
-    /// Positive existence answers, for lookups only (never to skip a PUT).
-    pub(crate) exists: moka::sync::Cache<BlockKey, ()>,
+    /// Positive existence answers, for lookups only (never to skip a PUT), and the one rule
+    /// for what fills them (see the `presence` module).
+    pub(crate) presence: crate::presence::Presence,
     /// How long the listing answers "absent" after its LIST began (`absent_ttl_s`).
     pub(crate) absent_ttl: Duration,
     /// What the last LIST found (unbounded tier, not shared): see the `listing` module.
-    pub(crate) listing: Mutex<Option<Listing>>,
-    /// Bumped whenever this tier deletes objects: a HEAD that overlapped a delete does not
-    /// fill the cache.
-    pub(crate) delete_epoch: AtomicU64,
+    pub(crate) listing: Mutex<crate::listing::Listings>,
     pub(crate) create_only: AtomicBool,
     pub(crate) protection: ProtectionSet,
     pub(crate) events: Arc<EventLog>,
@@ -124,23 +128,16 @@ pub(crate) enum PutBody {
 pub(crate) enum Kind {
     /// A lookup's HEAD: at most `io_threads`.
     Probe,
-    /// GET, LIST, a store's HEAD: loads wait for these. At most `io_threads`.
+    /// GET, LIST, a store's HEAD, a load's DELETE of the damaged object it read: loads wait
+    /// for these. At most `io_threads`.
     Read,
     /// The existence listing's LIST pages: a permit of the reads' bound, but not a read
     /// anything waits for, so writes are not held back for it.
     Listing,
-    /// PUT, DELETE: write-back and sweeps. At most `io_threads`, and while any probe or read
-    /// is waiting or in flight, a quarter of it (at least one).
-    // (a write held back a whole request deadline starts anyway: write-back backs off, it
-    // does not stop)
+    /// PUT, DELETE: write-back, a store's replacement of a damaged object, sweeps. At most
+    /// `io_threads`, and while any probe or read is waiting or in flight, a quarter of it (at
+    /// least one), for up to a quarter of its request deadline.
     Write,
-}
-
-/// The keys one LIST of the rank found, and when it began (the existence listing's state;
-/// the `listing` module keeps it).
-pub(crate) struct Listing {
-    pub(crate) keys: rustc_hash::FxHashSet<BlockKey>,
-    pub(crate) began: tokio::time::Instant,
 }
 
 /// One read or write counted active until dropped (however the request ends).
@@ -196,9 +193,9 @@ impl Drop for PutClaim<'_> {
     }
 }
 
-/// Forgets cached "present" answers of keys being deleted, and makes a HEAD that overlaps
-/// the deletion not cache one: bumps the delete epoch when made and again when dropped (the
-/// deletion ended, failed, or was cancelled mid-request), then drops the keys' cache entries.
+/// Keys this tier is deleting: seen gone when made and again when dropped (the deletion
+/// ended, failed, or was cancelled mid-request), so no read that overlapped the deletion
+/// caches "present" (see the `presence` module).
 pub(crate) struct Forget<'a> {
     inner: &'a Shared,
     keys: Vec<BlockKey>,
@@ -206,20 +203,14 @@ pub(crate) struct Forget<'a> {
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        self.inner.delete_epoch.fetch_add(1, Ordering::SeqCst);
-        for k in &self.keys {
-            self.inner.exists.invalidate(k);
-        }
+        self.inner.presence.gone(&self.keys);
     }
 }
 
 impl Shared {
     /// See [`Forget`].
     pub(crate) fn forget_after(&self, keys: Vec<BlockKey>) -> Forget<'_> {
-        self.delete_epoch.fetch_add(1, Ordering::SeqCst);
-        for k in &keys {
-            self.exists.invalidate(k);
-        }
+        self.presence.gone(&keys);
         Forget { inner: self, keys }
     }
 
@@ -230,7 +221,10 @@ impl Shared {
         Ok(())
     }
 
-    async fn slot(&self, kind: Kind) -> InFlight<'_> {
+    /// Holds a permit of `kind`'s bound (and, for a write, passes its gate) for one request,
+    /// and the instant that request's deadline ends: a request deadline after it got its
+    /// permit (a write's hold at the gate is part of it).
+    async fn slot(&self, kind: Kind) -> (InFlight<'_>, tokio::time::Instant) {
         let (permit, active) = match kind {
             Kind::Probe | Kind::Read => {
                 // counted from before the wait for a permit: a read that queues holds
@@ -257,9 +251,24 @@ impl Shared {
                     .acquire()
                     .await
                     .expect("semaphore never closes");
-                (permit, Some(self.write_gate().await))
+                let now = tokio::time::Instant::now();
+                let active = self.write_gate(after(now, self.request_deadline / 4)).await;
+                return (
+                    self.start(permit, Some(active)),
+                    after(now, self.request_deadline),
+                );
             }
         };
+        let until = after(tokio::time::Instant::now(), self.request_deadline);
+        (self.start(permit, active), until)
+    }
+
+    /// Counts a request that holds `permit` as started.
+    fn start<'a>(
+        &'a self,
+        permit: tokio::sync::SemaphorePermit<'a>,
+        active: Option<Active<'a>>,
+    ) -> InFlight<'a> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.counters
             .own
@@ -282,10 +291,10 @@ impl Shared {
     }
 
     /// Waits until a write may start: no probe or read active, or fewer writes past this gate
-    /// than [`Shared::writes_while_reading`] (the write permits bound the rest).
-    // (at most a request deadline: then it starts anyway)
-    async fn write_gate(&self) -> Active<'_> {
-        let until = tokio::time::Instant::now() + self.request_deadline;
+    /// than [`Shared::writes_while_reading`] (the write permits bound the rest); or `until`
+    /// (a quarter of the write's request deadline): then it starts anyway, since write-back
+    /// backs off, it does not stop.
+    async fn write_gate(&self, until: tokio::time::Instant) -> Active<'_> {
         let mut deferred = false;
         loop {
             let changed = self.budget_changed.notified();
@@ -330,8 +339,8 @@ impl Shared {
         kind: Kind,
         fut: impl Future<Output = std::result::Result<T, object_store::Error>>,
     ) -> std::result::Result<T, ReqError> {
-        let _s = self.slot(kind).await;
-        match tokio::time::timeout(self.request_deadline, fut).await {
+        let (_s, until) = self.slot(kind).await;
+        match tokio::time::timeout_at(until, fut).await {
             Ok(r) => r.map_err(ReqError::Store),
             Err(_) => {
                 bump(&self.counters.own.request_timeouts, 1);
@@ -418,9 +427,9 @@ impl Shared {
                 if idx.is_deleting(key) {
                     return None;
                 }
-                Some(idx.contains(key) || self.exists.contains_key(key))
+                Some(idx.contains(key) || self.presence.holds(key))
             }
-            None if self.exists.contains_key(key) => Some(true),
+            None if self.presence.holds(key) => Some(true),
             None if self.listed_absent(key) => {
                 bump(&self.counters.own.listed_absent, 1);
                 Some(false)
@@ -436,7 +445,7 @@ impl Shared {
         if self.is_deleting(key) {
             return Ok(false);
         }
-        if cached && self.exists.contains_key(key) {
+        if cached && self.presence.holds(key) {
             bump(&self.counters.own.exists_cache_hits, 1);
             return Ok(true);
         }
@@ -445,25 +454,25 @@ impl Shared {
             return Ok(false);
         }
         let path = self.path(key);
-        let epoch = self.delete_epoch.load(Ordering::SeqCst);
-        let present = match self.request_as(Kind::Probe, self.store.head(&path)).await {
-            Ok(_) => true,
-            Err(ReqError::Store(object_store::Error::NotFound { .. })) => false,
-            Err(e) => return Err(self.err(&format!("HEAD {path}"), e)),
-        };
-        self.note_presence(key, epoch, present);
-        Ok(present)
+        let sent = self.presence.stamp();
+        match self.request_as(Kind::Probe, self.store.head(&path)).await {
+            Ok(_) => {
+                self.presence.present(key, sent);
+                Ok(true)
+            }
+            Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
+                self.presence.gone([key]);
+                Ok(false)
+            }
+            Err(e) => Err(self.err(&format!("HEAD {path}"), e)),
+        }
     }
 
-    /// Caches what a HEAD sent at delete epoch `epoch` found: "present" only if no delete
-    /// began since (a HEAD that overlapped a DELETE does not cache "present"), "absent"
-    /// always.
-    pub(crate) fn note_presence(&self, key: &BlockKey, epoch: u64, present: bool) {
-        if !present {
-            self.exists.invalidate(key);
-        } else if epoch == self.delete_epoch.load(Ordering::SeqCst) {
-            self.exists.insert(*key, ());
-        }
+    /// This tier holds `key` now (it wrote it, or the backend confirmed it to a store): the
+    /// existence cache and the listing say so.
+    pub(crate) fn note_stored(&self, key: BlockKey) {
+        self.presence.stored(key);
+        self.listing_stored(key);
     }
 
     async fn wait_not_deleting(&self, key: &BlockKey) {
@@ -554,12 +563,12 @@ impl Shared {
         self.wait_not_deleting(&key).await;
         self.check_open()?;
         let path = self.path(&key);
-        if self.exists.contains_key(&key) {
+        if self.presence.holds(&key) {
             // The cache may save the upload, never the confirmation: ask the backend.
             bump(&self.counters.own.exists_cache_hits, 1);
             match self.existing(&key, &path).await? {
                 Existing::Usable => return Ok(self.confirmed(key)),
-                Existing::InTheWay => self.delete_corrupt(&key, &path).await,
+                Existing::InTheWay => self.delete_corrupt(&key, &path, Kind::Write).await,
                 Existing::Absent => {}
             }
         }
@@ -589,7 +598,7 @@ impl Shared {
                         return Err(in_the_way(&path));
                     }
                     Existing::InTheWay => {
-                        self.delete_corrupt(&key, &path).await;
+                        self.delete_corrupt(&key, &path, Kind::Write).await;
                         continue;
                     }
                     Existing::Absent => {}
@@ -621,7 +630,7 @@ impl Shared {
                 .put_opts(&path, PutPayload::from(bytes.clone()), opts);
             match self.request_as(Kind::Write, put).await {
                 Ok(_) => {
-                    self.exists.insert(key, ());
+                    self.note_stored(key);
                     bump(&self.counters.blocks.blocks_written, 1);
                     bump(&self.counters.blocks.bytes_written, self.block_size as u64);
                     return Ok(true);
@@ -636,7 +645,7 @@ impl Shared {
                             return Err(in_the_way(&path));
                         }
                         self.warn_in_the_way(&key);
-                        self.delete_corrupt(&key, &path).await;
+                        self.delete_corrupt(&key, &path, Kind::Write).await;
                         continue;
                     }
                     return Ok(self.confirmed(key));
@@ -666,7 +675,7 @@ impl Shared {
 
     /// The backend said the object exists: a skipped store.
     fn confirmed(&self, key: BlockKey) -> bool {
-        self.exists.insert(key, ());
+        self.note_stored(key);
         bump(&self.counters.blocks.stores_skipped, 1);
         if let Some(cap) = &self.cap {
             cap.lock().insert(key, self.block_size as u64);
@@ -684,12 +693,13 @@ impl Shared {
     /// the DELETE ends (one that times out or is dropped may still have run). The caller
     /// holds the key's put claim (a store of this tier cannot write it meanwhile, so the
     /// DELETE cannot remove a copy a store just reported). The object leaves the bound's
-    /// count only once the store confirms it gone; a HEAD that overlapped the DELETE does not
-    /// cache "present".
-    async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath) {
+    /// count only once the store confirms it gone; a read that overlapped the DELETE does not
+    /// cache "present". The DELETE counts as `kind`: a store's as a write, a load's as a
+    /// read (the load waits for it, and must not wait behind write-back).
+    async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath, kind: Kind) {
         self.events.push(vec![*key], true);
         let _forget = self.forget_after(vec![*key]);
-        match self.request_as(Kind::Write, self.store.delete(path)).await {
+        match self.request_as(kind, self.store.delete(path)).await {
             Ok(()) | Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
                 bump(&self.counters.blocks.corrupt_deleted, 1);
                 self.uncount(key);
@@ -716,10 +726,10 @@ impl Shared {
             Ok(meta) if read.is_some() && meta.e_tag.as_deref() != read => {
                 tracing::info!(tier = %self.name, %key, "a damaged object was replaced before its delete; the new one stays");
             }
-            Ok(_) => self.delete_corrupt(key, path).await,
+            Ok(_) => self.delete_corrupt(key, path, Kind::Read).await,
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
                 // gone meanwhile (a sweep, another process): it was reported if ours
-                self.exists.invalidate(key);
+                self.presence.gone([key]);
             }
             Err(e) => {
                 let err = self.err(&format!("HEAD {path}"), e);

@@ -150,9 +150,9 @@ pub struct ObjTierConfig {
     /// An unbounded tier (not `shared`) LISTs the rank's objects in the background, every
     /// half of this many seconds, and answers "absent" without a request for a key its last
     /// LIST did not find, for this long after that LIST began (default 5, range 0 to 3,600;
-    /// 0: no LIST, every key the existence cache does not hold is asked for with a HEAD;
-    /// at most `exists_ttl_s` is used, since a key this tier stored after a LIST began is
-    /// held from the existence cache). Another writer's new objects are found within this
+    /// 0: no LIST, every key the existence cache does not hold is asked for with a HEAD).
+    /// A key this tier stores is never answered absent from it. Another writer's new
+    /// objects are found within this
     /// long. A LIST that takes longer than a hundredth of this is followed by the next only
     /// fifty times its own time later (meanwhile the listing ages out and lookups ask); a rank
     /// of more than 1,048,576 objects is not listed again. (A bounded tier answers from its

@@ -1,8 +1,6 @@
 //! What a store finds at a block's path before it writes: nothing, a block a load will
 //! accept, or an object in the way (one HEAD tells presence, size and checksum).
 
-use std::sync::atomic::Ordering;
-
 use kv_tier_core::checksum::parse_crc_hex;
 use kv_tier_core::{BlockKey, Result};
 use object_store::path::Path as ObjPath;
@@ -19,10 +17,10 @@ impl Shared {
         if self.is_deleting(key) {
             return Ok(Existing::Absent);
         }
-        let epoch = self.delete_epoch.load(Ordering::SeqCst);
+        let sent = self.presence.stamp();
         match self.head_meta(path).await? {
             None => {
-                self.note_presence(key, epoch, false);
+                self.presence.gone([key]);
                 Ok(Existing::Absent)
             }
             Some(got) if self.unverifiable(&got) => {
@@ -30,7 +28,7 @@ impl Shared {
                 Ok(Existing::InTheWay)
             }
             Some(_) => {
-                self.note_presence(key, epoch, true);
+                self.presence.present(key, sent);
                 Ok(Existing::Usable)
             }
         }

@@ -70,14 +70,10 @@ impl ObjTier {
     }
 
     /// Forgets cached existence answers and the existence listing (for tests and benches of
-    /// the requests they save; the next relist fills both again). As a delete does, it makes
-    /// a HEAD or LIST under way keep what it found to itself: a LIST that began before the
-    /// cache was cleared may miss keys stored since, which only the cache held.
+    /// the requests they save; the next relist fills both again). A HEAD, GET or LIST under
+    /// way keeps what it found to itself, and a LIST under way installs no listing.
     pub fn clear_exists_cache(&self) {
-        self.shared
-            .delete_epoch
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.shared.exists.invalidate_all();
+        self.shared.presence.clear();
         self.shared.forget_listing();
     }
 

@@ -9,6 +9,7 @@ mod existing;
 mod inspect;
 mod listing;
 mod load;
+mod presence;
 mod shared;
 mod stats;
 mod sweep;

@@ -4,13 +4,13 @@
 //!
 //! Its rules are the existence cache's:
 //! - It answers "absent" only. "Present" comes from the existence cache, which each LIST
-//!   fills as a HEAD does (not for a key a delete of this tier overlapped), so a removal is
-//!   never hidden by it; stores never ask it.
+//!   fills as a HEAD does (see the `presence` module: not for a key seen gone since the LIST
+//!   began), so a removal is never hidden by it; stores never ask it.
 //! - It answers while its LIST began at most `absent_ttl_s` ago, and the rank is relisted
 //!   every half of that: another writer's new object is found within that long.
-//! - A key this tier stored after the LIST began is in the existence cache (its store put it
-//!   there), which is asked first; a LIST that a delete (or a cleared cache) overlapped is
-//!   not installed, since the cache may have lost such a key's answer.
+//! - A key this tier stores is added to the listing, and to the one a LIST under way will
+//!   install (which may not have found it): the listing never answers "absent" for a key
+//!   this tier stored since its LIST began, whatever the existence cache still holds.
 //! - A LIST that takes longer than a hundredth of `absent_ttl_s` is followed by the next
 //!   only fifty times its own time later (see [`relist_interval`]): the listing answers less
 //!   of the time, and LISTs never take more than a fiftieth of one request stream.
@@ -26,10 +26,36 @@ use kv_tier_core::BlockKey;
 use rustc_hash::FxHashSet;
 use tokio::time::Instant;
 
-use crate::block::{Listing, Shared, bump, lock};
+use crate::block::{Shared, bump, lock};
 
 /// The most keys a listing holds (about 40 MB of them).
 pub(crate) const MAX_LISTED_KEYS: usize = 1 << 20;
+
+/// The keys one LIST of the rank found (with the keys this tier stored since it began), and
+/// when it began.
+pub(crate) struct Listing {
+    keys: FxHashSet<BlockKey>,
+    began: Instant,
+}
+
+/// The listing's state: the one lookups ask, and the keys stored while a LIST is under way.
+#[derive(Default)]
+pub(crate) struct Listings {
+    current: Option<Listing>,
+    /// `Some` while a LIST is under way (and not forgotten since): the keys this tier stored
+    /// meanwhile, which the listing it installs holds whether or not the LIST found them.
+    stored_while_listing: Option<FxHashSet<BlockKey>>,
+}
+
+/// Ends the recording of the keys stored while a LIST is under way, however the LIST ends
+/// (dropped mid-request too).
+struct StopRecording<'a>(&'a Shared);
+
+impl Drop for StopRecording<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.listing).stored_while_listing = None;
+    }
+}
 
 /// Why a LIST gave no listing.
 pub(crate) enum Unlisted {
@@ -44,15 +70,36 @@ impl Shared {
     /// ago does not hold it.
     pub(crate) fn listed_absent(&self, key: &BlockKey) -> bool {
         lock(&self.listing)
+            .current
             .as_ref()
             .is_some_and(|l| l.began.elapsed() <= self.absent_ttl && !l.keys.contains(key))
     }
 
+    /// This tier stored `key`: the listing (and the one a LIST under way installs) holds it.
+    /// One that would hold more than [`MAX_LISTED_KEYS`] keys is dropped.
+    pub(crate) fn listing_stored(&self, key: BlockKey) {
+        let mut l = lock(&self.listing);
+        if let Some(during) = &mut l.stored_while_listing {
+            during.insert(key);
+            if during.len() > MAX_LISTED_KEYS {
+                l.stored_while_listing = None;
+            }
+        }
+        if let Some(cur) = &mut l.current {
+            cur.keys.insert(key);
+            if cur.keys.len() > MAX_LISTED_KEYS {
+                l.current = None;
+            }
+        }
+    }
+
     /// Lists the rank's objects, fills the existence cache with them and replaces the
-    /// listing.
+    /// listing (unless it was forgotten meanwhile).
     pub(crate) async fn relist(&self) -> std::result::Result<(), Unlisted> {
         let began = Instant::now();
-        let epoch = self.delete_epoch.load(Ordering::SeqCst);
+        let sent = self.presence.stamp();
+        lock(&self.listing).stored_while_listing = Some(FxHashSet::default());
+        let _stop = StopRecording(self);
         let mut keys = FxHashSet::default();
         let complete = self
             .list_rank_each(crate::block::Kind::Listing, |meta| {
@@ -67,28 +114,35 @@ impl Shared {
             .await
             .map_err(Unlisted::Failed)?;
         if !complete {
-            *lock(&self.listing) = None;
+            lock(&self.listing).current = None;
             return Err(Unlisted::TooMany);
         }
-        for (i, k) in keys.iter().enumerate() {
-            self.note_presence(k, epoch, true);
-            if i % 4096 == 4095 {
-                tokio::task::yield_now().await;
-            }
+        let listed: Vec<BlockKey> = keys.iter().copied().collect();
+        for chunk in listed.chunks(4096) {
+            self.presence.present_all(chunk, sent);
+            tokio::task::yield_now().await;
         }
-        // A delete or a cleared cache since the LIST began: its "absent" for a key stored
-        // meanwhile would rest on a cache answer that may be gone. The next LIST answers.
-        let mut listing = lock(&self.listing);
-        if self.delete_epoch.load(Ordering::SeqCst) == epoch {
-            bump(&self.counters.own.listings, 1);
-            *listing = Some(Listing { keys, began });
+        let mut l = lock(&self.listing);
+        // forgotten since the LIST began (or the keys stored meanwhile were too many): the
+        // next LIST answers
+        let Some(during) = l.stored_while_listing.take() else {
+            return Ok(());
+        };
+        keys.extend(during);
+        if keys.len() > MAX_LISTED_KEYS {
+            l.current = None;
+            return Err(Unlisted::TooMany);
         }
+        bump(&self.counters.own.listings, 1);
+        l.current = Some(Listing { keys, began });
         Ok(())
     }
 
-    /// Forgets the listing (with the existence cache's answers).
+    /// Forgets the listing, and the one a LIST under way would install.
     pub(crate) fn forget_listing(&self) {
-        *lock(&self.listing) = None;
+        let mut l = lock(&self.listing);
+        l.current = None;
+        l.stored_while_listing = None;
     }
 }
 

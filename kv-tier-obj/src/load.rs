@@ -80,10 +80,12 @@ impl Shared {
         let buf = sink.as_mut_slice();
         // the key's count as it was before the GET: a NotFound takes back only that one
         let counted = self.cap.as_ref().and_then(|c| c.lock().tick_of(&key));
+        let sent = self.presence.stamp();
         let f = match self.fetch_into(&path, buf).await {
             Ok(f) => f,
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
-                self.exists.invalidate(&key);
+                // no "present" of a read sent before this one is cached from now on
+                self.presence.gone([&key]);
                 // gone: it leaves the count, unless a store of it is in flight (whose count
                 // this is; under the claims' lock, so none starts meanwhile) or one counted
                 // it again since the GET was sent (it may be there now)
@@ -155,7 +157,7 @@ impl Shared {
                     .await);
             }
         }
-        self.exists.insert(key, ());
+        self.presence.present(&key, sent);
         self.touch_index(&[key]);
         bump(&self.counters.blocks.blocks_read, 1);
         bump(&self.counters.blocks.bytes_read, self.block_size as u64);

@@ -7,12 +7,12 @@ use std::sync::atomic::Ordering;
 use futures::{StreamExt, TryStreamExt};
 use kv_tier_core::{BlockKey, Result};
 use object_store::ObjectStoreExt as _;
-use object_store::path::Path as ObjPath;
 
-use crate::block::{Shared, bump};
+use crate::block::{Kind, ReqError, Shared, bump};
 use crate::capacity::Deleting;
 
-/// Victims decided (and deleted) per batch: one batched DELETE request each.
+/// Victims decided (and deleted, their DELETEs at once within the bound of writes) per
+/// batch.
 const BATCH: usize = 256;
 
 impl Shared {
@@ -79,47 +79,42 @@ impl Shared {
         deleted
     }
 
-    /// One batched DELETE of the batch's victims, within one request deadline, marking each
-    /// as gone as the store confirms it (so a batch that times out or is dropped part way
-    /// knows which deletes it saw end; see [`Deleting`] for the rest).
-    ///
-    /// Answers are matched to victims by position: `delete_stream` answers in the order of
-    /// its input (object_store documents it; S3's bulk delete and the default one-by-one
-    /// delete keep it), while the paths answers carry need not be the ones asked (a local
-    /// store's "not found" names the file, a prefixing wrapper's the prefixed path). A bulk
-    /// request's error stands for its whole chunk, which the batch size keeps to one: it
-    /// marks nothing.
+    /// The DELETEs of the batch's victims, at once, each a write request of its own (within
+    /// the `io_threads` bound of writes and its own request deadline), marking each victim
+    /// gone as the store confirms it (so a batch dropped part way knows which deletes it saw
+    /// end; see [`Deleting`] for the rest). One request per object, as the PUTs were: S3's
+    /// bulk delete would be one request for the batch, but as many DELETEs in flight at once
+    /// on a store without it (object_store's default runs ten), outside the bound.
     pub(crate) async fn delete_batch(&self, batch: &mut Deleting<'_>) {
         let _forget = self.forget_after(batch.victims.iter().map(|(k, _, _)| *k).collect());
-        let paths: Vec<ObjPath> = batch.victims.iter().map(|(k, _, _)| self.path(k)).collect();
-        let n = paths.len();
-        let gone = &mut batch.gone;
-        let mut errors = Vec::new();
-        let done = self
-            .request_as(crate::block::Kind::Write, async {
-                let stream = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
-                let mut results = self.store.delete_stream(stream);
-                let mut i = 0;
-                while let Some(r) = results.next().await {
-                    match r {
-                        // deleted, or already gone
-                        Ok(_) | Err(object_store::Error::NotFound { .. }) if i < n => {
-                            gone[i] = true;
-                        }
-                        Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                        Err(e) => errors.push(e),
-                    }
-                    i += 1;
+        let mut deletes: futures::stream::FuturesUnordered<_> = batch
+            .victims
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _, _))| {
+                let path = self.path(k);
+                async move {
+                    let r = self.request_as(Kind::Write, self.store.delete(&path)).await;
+                    (i, path, r)
                 }
-                Ok(())
             })
-            .await;
-        let doubtful = batch.victims.len() - batch.confirmed();
-        if let Err(e) = done {
-            let err = self.err("DELETE batch", e);
-            tracing::warn!(tier = %self.name, objects = doubtful, error = %err, "capacity delete did not end; the objects not confirmed gone are reported removed and stay counted");
-        } else if let Some(e) = errors.first() {
-            tracing::warn!(tier = %self.name, objects = doubtful, errors = errors.len(), error = %e, "capacity delete failed; the objects not confirmed gone are reported removed and stay counted");
+            .collect();
+        let mut failed = 0;
+        let mut first = None;
+        while let Some((i, path, r)) = deletes.next().await {
+            match r {
+                // deleted, or already gone
+                Ok(()) | Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
+                    batch.gone[i] = true;
+                }
+                Err(e) => {
+                    failed += 1;
+                    first.get_or_insert_with(|| self.err(&format!("DELETE {path}"), e));
+                }
+            }
+        }
+        if let Some(err) = first {
+            tracing::warn!(tier = %self.name, objects = failed, error = %err, "capacity deletes failed or did not end; the objects not confirmed gone are reported removed and stay counted");
         }
     }
 }

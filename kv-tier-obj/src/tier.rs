@@ -1,6 +1,6 @@
 //! [`ObjTier`]: blocks as objects, one per block, keyed like the fs tier's paths.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -190,15 +190,9 @@ impl ObjTier {
             budget_changed: tokio::sync::Notify::new(),
             log_deadlines: kv_tier_core::stats::Throttle::new(kv_tier_core::stats::LOG_INTERVAL),
             log_probe_errors: kv_tier_core::stats::Throttle::new(kv_tier_core::stats::LOG_INTERVAL),
-            exists: moka::sync::Cache::builder()
-                .max_capacity(1 << 20)
-                .time_to_live(exists_ttl(&cfg))
-                .build(),
-            // (at most the existence cache's TTL: a key stored after a LIST began is
-            // answered from the cache for as long as that LIST's listing answers)
-            absent_ttl: Duration::from_secs_f64(cfg.absent_ttl_s).min(exists_ttl(&cfg)),
-            listing: Mutex::new(None),
-            delete_epoch: AtomicU64::new(0),
+            presence: crate::presence::Presence::new(1 << 20, exists_ttl(&cfg)),
+            absent_ttl: Duration::from_secs_f64(cfg.absent_ttl_s),
+            listing: Mutex::new(Default::default()),
             create_only: AtomicBool::new(true),
             protection: ProtectionSet::new(),
             events: Arc::new(EventLog::new(name, Medium::Storage, Locality::Remote)),
@@ -457,7 +451,8 @@ impl SecondaryTier for ObjTier {
     }
 
     /// Refuses new work, then stops the background sweeps (each ends after its current
-    /// delete batch, within a request deadline; past that it is aborted) and awaits them.
+    /// batch of deletes, or is aborted a request deadline after shutdown began) and awaits
+    /// them.
     async fn shutdown(&self) -> Result<()> {
         self.shared.closed.store(true, Ordering::SeqCst);
         if self.shut_down.load(Ordering::SeqCst) {

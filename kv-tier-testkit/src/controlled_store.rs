@@ -91,6 +91,9 @@ struct Plan {
     /// LISTs of this prefix fail after their first object (a listing that breaks part
     /// way).
     fail_lists: Option<String>,
+    /// LISTs answer only once this gate opens (what they answer is taken when they are
+    /// sent).
+    list_gate: Option<Gate>,
     /// GET bodies of these paths go wrong.
     broken_bodies: HashMap<String, BodyFault>,
     /// PUTs that fail.
@@ -103,7 +106,8 @@ struct Plan {
 }
 
 /// An `ObjectStore` over [`InMemory`] whose requests can be held, slowed or failed (see the
-/// module docs). Listing, copies and multipart uploads pass straight through.
+/// module docs). Copies and multipart uploads pass straight through; LISTs can be held
+/// ([`ControlledStore::hold_lists`]) or broken ([`ControlledStore::fail_lists`]).
 ///
 /// ```
 /// # async fn demo() {
@@ -224,6 +228,26 @@ impl ControlledStore {
             }
             *o != op
         });
+    }
+
+    /// LISTs from now on see the objects there when they are sent, and answer only once the
+    /// returned gate opens (until [`Self::release_lists`]): a LIST whose answer is on its way
+    /// while the objects change. Holding them again returns the same gate.
+    pub fn hold_lists(&self) -> Gate {
+        self.ctl
+            .plan
+            .lock()
+            .unwrap()
+            .list_gate
+            .get_or_insert_with(Gate::new)
+            .clone()
+    }
+
+    /// Opens the gate of [`Self::hold_lists`] and lets later LISTs through.
+    pub fn release_lists(&self) {
+        if let Some(g) = self.ctl.plan.lock().unwrap().list_gate.take() {
+            g.open();
+        }
     }
 
     /// Requests of `op` take `d` (on tokio's clock) before they run.
@@ -580,11 +604,24 @@ impl ObjectStore for ControlledStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        let listing = self.inner.list(prefix);
-        let fails = match &self.ctl.plan.lock().unwrap().fail_lists {
-            Some(of) => prefix.is_some_and(|p| p.as_ref() == of.as_str()),
-            None => false,
+        // (InMemory's listing is what is there now, however late it is read)
+        let mut listing = self.inner.list(prefix);
+        let (fails, gate) = {
+            let p = self.ctl.plan.lock().unwrap();
+            let fails = match &p.fail_lists {
+                Some(of) => prefix.is_some_and(|p| p.as_ref() == of.as_str()),
+                None => false,
+            };
+            (fails, p.list_gate.clone())
         };
+        if let Some(gate) = gate {
+            listing = futures::StreamExt::boxed(futures::StreamExt::flatten(
+                futures::stream::once(async move {
+                    gate.pass().await;
+                    listing
+                }),
+            ));
+        }
         if !fails {
             return listing;
         }

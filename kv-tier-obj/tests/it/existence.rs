@@ -437,3 +437,167 @@ async fn a_tier_with_absent_ttl_s_0_lists_nothing() {
     );
     assert_eq!(tier.stats().listings, 0);
 }
+
+/// A load that began while a sweep was deleting its key, and whose GET read the object
+/// before the DELETE landed, serves the bytes it read; the removed key is not answered
+/// present after it (the load's "present" is older than the removal).
+#[tokio::test(start_paused = true)]
+async fn a_load_overlapping_a_sweeps_delete_does_not_answer_the_removed_key_present() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded(4)).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    let delete = s.hold_path(Op::Delete, &path);
+    // past the bound: the sweep deletes the oldest, `k` first
+    let more: Vec<_> = (10..14).map(test_key).collect();
+    assert!(obj_store(&tier, &more).await.is_success());
+    delete.wait_arrived(1).await;
+    s.delay_replies(Op::Get, Duration::from_secs(10));
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[k], BS).await });
+    wait_until_async("the GET ran", SETTLE_LIMIT, || s.count(Op::Get) == 1).await;
+    s.release(Op::Delete);
+    wait_sweeps_done(&tier).await;
+    assert!(!s.exists(&path).await, "the sweep kept the key");
+    let (r, data) = loading.await.unwrap();
+    assert!(r.is_success(), "{:?}", r.failed);
+    assert!(verify_block(&k, 0, &data[0].1));
+    assert_eq!(
+        tier.holds(&k),
+        Some(false),
+        "a key the sweep removed is held again after a load that overlapped its delete"
+    );
+    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false]);
+}
+
+/// A lookup's HEAD that saw the object, answered after a load found it gone, does not bring
+/// "present" back: the next lookup asks again, and answers absent.
+#[tokio::test(start_paused = true)]
+async fn a_head_answered_after_a_load_found_the_key_gone_does_not_bring_back_present() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    let k = test_key(1);
+    assert!(obj_store(&writer, &[k]).await.is_success());
+    let mut cfg = heads_only(ObjTierConfig::new("mem"));
+    cfg.lookup_timeout_s = 30.0;
+    let tier = tier_on(&s, cfg).await;
+    let heads = s.count(Op::Head);
+    s.delay_replies(Op::Head, Duration::from_secs(10));
+    let t = tier.clone();
+    let looking = tokio::spawn(async move { t.lookup(&[k]).await });
+    wait_until_async("the HEAD ran", SETTLE_LIMIT, || {
+        s.count(Op::Head) == heads + 1
+    })
+    .await;
+    s.inner
+        .delete(&Path::from(tier.object_path(&k)))
+        .await
+        .unwrap();
+    let (r, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        matches!(r.failed[..], [(_, Error::NotFound { .. })]),
+        "{:?}",
+        r.failed
+    );
+    assert_eq!(
+        looking.await.unwrap().unwrap(),
+        vec![true],
+        "the HEAD saw it"
+    );
+    assert_eq!(
+        tier.holds(&k),
+        None,
+        "a HEAD sent before the load found the key gone cached it present"
+    );
+    s.release_all();
+    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false]);
+}
+
+/// The same for the existence listing: a LIST that saw the object, answered after a load
+/// found it gone, lists the key (it is not answered absent) but does not cache it present.
+#[tokio::test(start_paused = true)]
+async fn a_list_answered_after_a_load_found_the_key_gone_does_not_bring_back_present() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    let k = test_key(1);
+    assert!(obj_store(&writer, &[k]).await.is_success());
+    let tier = tier_on(&s, ObjTierConfig::new("mem")).await;
+    wait_until_async("the first listing", SETTLE_LIMIT, || {
+        tier.stats().listings >= 1
+    })
+    .await;
+    // the next relist sees the object, and answers once the load found it gone
+    let lists = s.hold_lists();
+    lists.wait_arrived(1).await;
+    s.inner
+        .delete(&Path::from(tier.object_path(&k)))
+        .await
+        .unwrap();
+    let (r, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        matches!(r.failed[..], [(_, Error::NotFound { .. })]),
+        "{:?}",
+        r.failed
+    );
+    s.release_lists();
+    wait_until_async("the second listing", SETTLE_LIMIT, || {
+        tier.stats().listings >= 2
+    })
+    .await;
+    assert_eq!(
+        tier.holds(&k),
+        None,
+        "a LIST sent before the load found the key gone cached it present"
+    );
+    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false]);
+}
+
+/// A key the tier stores is never answered absent from its listing, also when the existence
+/// cache cannot hold it: a rank that fills the cache (1,048,576 objects, the most a listing
+/// keeps), then stores the tier makes; each is held, or asked for, never listed absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_key_is_not_listed_absent_when_the_rank_fills_the_existence_cache() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    let rank: Vec<_> = (1..=1u32 << 20)
+        .map(|i| test_key(1_000_000_000 + i as u64))
+        .collect();
+    for k in &rank[..rank.len() - 1] {
+        // (any size: the listing counts keys)
+        s.inner
+            .put(
+                &Path::from(writer.object_path(k)),
+                object_store::PutPayload::new(),
+            )
+            .await
+            .unwrap();
+    }
+    assert!(
+        obj_store(&writer, &rank[rank.len() - 1..])
+            .await
+            .is_success()
+    );
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.absent_ttl_s = 600.0;
+    let tier = tier_on(&s, cfg).await;
+    wait_until_async("the first listing", Duration::from_secs(600), || {
+        tier.stats().listings >= 1
+    })
+    .await;
+    assert_eq!(tier.holds(&test_key(1)), Some(false), "not listed");
+    let stored: Vec<_> = (1..=128).map(test_key).collect();
+    assert!(obj_store(&tier, &stored).await.is_success());
+    let absent: Vec<_> = stored
+        .iter()
+        .filter(|k| tier.holds(k) == Some(false))
+        .collect();
+    assert!(
+        absent.is_empty(),
+        "{} of {} stored keys answered absent: {:?}",
+        absent.len(),
+        stored.len(),
+        tier.stats()
+    );
+    assert_eq!(tier.lookup(&stored).await.unwrap(), vec![true; 128]);
+}

@@ -220,3 +220,77 @@ async fn reads_go_before_writes_and_probes_before_loads() {
         assert!(r.is_success(), "{:?}", r.failed);
     }
 }
+
+/// A load that finds its object damaged deletes it as a read: it ends while write-back holds
+/// every write permit, and the upload is left to run.
+#[tokio::test(start_paused = true)]
+async fn a_load_of_a_damaged_object_does_not_wait_behind_uploads() {
+    use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = checked();
+    cfg.io_threads = 1;
+    let tier = tier_on(&s, cfg).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    rot(&s, &tier.object_path(&k)).await;
+    let put = s.hold(Op::Put);
+    let t = tier.clone();
+    let uploading = tokio::spawn(async move { obj_store(&*t, &[test_key(2)]).await });
+    wait_until_async("the PUT is held", SETTLE_LIMIT, || put.arrived() == 1).await;
+    let (r, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        matches!(r.failed[..], [(_, kv_tier_core::Error::Corrupt { .. })]),
+        "{:?}",
+        r.failed
+    );
+    assert!(
+        !s.exists(&tier.object_path(&k)).await,
+        "the damaged object stayed"
+    );
+    assert!(
+        !uploading.is_finished(),
+        "the load ended only once the upload had"
+    );
+    assert_eq!(tier.stats().request_timeouts, 0, "{:?}", tier.stats());
+    s.release(Op::Put);
+    assert!(uploading.await.unwrap().is_success());
+}
+
+/// A write held back behind reads ends within one request deadline of getting its permit:
+/// the hold at the gate (at most a quarter of it) is part of that deadline, not added to it.
+#[tokio::test(start_paused = true)]
+async fn a_store_held_back_by_reads_ends_within_one_request_deadline() {
+    use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = one_second();
+    cfg.io_threads = 4;
+    cfg.validate().unwrap();
+    let deadline = cfg.request_deadline();
+    let tier = tier_on(&s, cfg).await;
+    let read = test_key(100);
+    assert!(obj_store(&tier, &[read]).await.is_success());
+    // a read in flight, and one write beside it (a quarter of io_threads): both held
+    let (get, put) = (s.hold(Op::Get), s.hold(Op::Put));
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[read], BS).await });
+    wait_until_async("the GET is held", SETTLE_LIMIT, || get.arrived() == 1).await;
+    let t = tier.clone();
+    let first = tokio::spawn(async move { obj_store(&*t, &[test_key(1)]).await });
+    wait_until_async("the first PUT is held", SETTLE_LIMIT, || put.arrived() == 1).await;
+    let started = tokio::time::Instant::now();
+    let r = obj_store(&tier, &[test_key(2)]).await;
+    let took = started.elapsed();
+    assert!(
+        took <= deadline,
+        "a one-block store took {took:?}; its request deadline is {deadline:?}"
+    );
+    assert!(
+        r.failed.iter().all(|(_, e)| is_timeout(e)),
+        "{:?}",
+        r.failed
+    );
+    assert_eq!(put.arrived(), 2, "the held-back write never started");
+    s.release_all();
+    let _ = loading.await.unwrap();
+    let _ = first.await.unwrap();
+}

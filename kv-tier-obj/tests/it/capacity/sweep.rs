@@ -248,3 +248,34 @@ async fn a_delete_whose_reply_is_lost_is_reported_removed_and_still_counted() {
     assert_eq!(tier.sweep_now().await, gone.len());
     assert_eq!(tier.stats().bytes, (5 - gone.len() as u64) * BS as u64);
 }
+
+/// A sweep's DELETEs are writes like the PUTs: at most `io_threads` in flight (one here),
+/// whatever the number of victims.
+#[tokio::test(start_paused = true)]
+async fn a_sweeps_deletes_stay_within_io_threads() {
+    use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    let keys: Vec<BlockKey> = (0..12).map(test_key).collect();
+    assert!(obj_store(&writer, &keys).await.is_success());
+    let deletes = s.hold(Op::Delete);
+    let mut cfg = bounded(4);
+    cfg.io_threads = 1;
+    let tier = tier_on(&s, cfg).await;
+    let t = tier.clone();
+    let sweeping = tokio::spawn(async move { t.sweep_now().await });
+    wait_until_async("a DELETE is held", SETTLE_LIMIT, || deletes.arrived() >= 1).await;
+    // (every task waits on the gate or a timer far off: nothing else can start meanwhile)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        deletes.arrived(),
+        1,
+        "DELETEs in flight beyond io_threads 1"
+    );
+    s.release(Op::Delete);
+    sweeping.await.unwrap();
+    wait_sweeps_done(&tier).await;
+    assert!(tier.stats().max_in_flight <= 1, "{:?}", tier.stats());
+    // down to the low watermark (two blocks)
+    assert_eq!(present_bytes(&s.inner), (2 * BS) as u64);
+}
