@@ -31,8 +31,8 @@ pub(crate) enum Existing {
     /// No object.
     Absent,
     /// An object a load accepts (a whole block; with checksums, a valid one, or none where
-    /// unverified objects are accepted).
-    Usable,
+    /// unverified objects are accepted), found by a HEAD sent at this stamp.
+    Usable(crate::presence::Stamp),
     /// An object a load would refuse: deleted, then written over.
     InTheWay,
 }
@@ -53,6 +53,10 @@ fn after(now: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
     now.checked_add(d)
         .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
 }
+
+/// How many times a store writes the block after a confirmation that a 404 contradicted,
+/// before it fails (the object keeps going as it is stored).
+const MAX_CONTRADICTED: usize = 3;
 
 /// Why a request did not succeed.
 pub(crate) enum ReqError {
@@ -135,8 +139,9 @@ pub(crate) enum Kind {
     /// anything waits for, so writes are not held back for it.
     Listing,
     /// PUT, DELETE: write-back, a store's replacement of a damaged object, sweeps. At most
-    /// `io_threads`, and while any probe or read is waiting or in flight, a quarter of it (at
-    /// least one), for up to a quarter of its request deadline.
+    /// `io_threads`, and while any probe or read is waiting or in flight, one starts only
+    /// while fewer than a quarter of it (at least one) are under way, or after waiting a
+    /// quarter of its request deadline.
     Write,
 }
 
@@ -410,9 +415,10 @@ impl Shared {
         self.cap.as_ref().is_some_and(|c| c.lock().is_deleting(key))
     }
 
-    /// See `ObjTier::holds`. Under the claims' lock, then the index's (the order a load's
-    /// NotFound takes them in): no store of the key starts or ends meanwhile, so an indexed
-    /// key with no store in flight was stored, confirmed or listed, and not removed since.
+    /// See `ObjTier::holds`. Under the claims' lock, then the index's (the order
+    /// [`Shared::found_missing`] takes them in): no store of the key starts or ends
+    /// meanwhile, so an indexed key with no store in flight, not in doubt, was stored,
+    /// confirmed or listed, and not found missing or removed since.
     pub(crate) fn holds(&self, key: &BlockKey) -> Option<bool> {
         if self.closed.load(Ordering::SeqCst) {
             return None;
@@ -427,7 +433,11 @@ impl Shared {
                 if idx.is_deleting(key) {
                     return None;
                 }
-                Some(idx.contains(key) || self.presence.holds(key))
+                match idx.stored_at(key) {
+                    Some(0) if !self.presence.holds(key) => None,
+                    Some(_) => Some(true),
+                    None => Some(self.presence.holds(key)),
+                }
             }
             None if self.presence.holds(key) => Some(true),
             None if self.listed_absent(key) => {
@@ -454,25 +464,57 @@ impl Shared {
             return Ok(false);
         }
         let path = self.path(key);
-        let sent = self.presence.stamp();
+        let (indexed, sent) = (self.indexed_at(key), self.presence.stamp());
         match self.request_as(Kind::Probe, self.store.head(&path)).await {
             Ok(_) => {
                 self.presence.present(key, sent);
                 Ok(true)
             }
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
-                self.presence.gone([key]);
+                self.found_missing(key, indexed);
                 Ok(false)
             }
             Err(e) => Err(self.err(&format!("HEAD {path}"), e)),
         }
     }
 
-    /// This tier holds `key` now (it wrote it, or the backend confirmed it to a store): the
-    /// existence cache and the listing say so.
-    pub(crate) fn note_stored(&self, key: BlockKey) {
-        self.presence.stored(key);
+    /// When `key` was last stored, confirmed or listed in the capacity index, if it is
+    /// indexed: taken before a request whose "missing" may take it out
+    /// ([`Shared::found_missing`]).
+    pub(crate) fn indexed_at(&self, key: &BlockKey) -> Option<u64> {
+        self.cap.as_ref().and_then(|c| c.lock().stored_at(key))
+    }
+
+    /// A request sent when `key` was indexed as `indexed` found no object: no read sent
+    /// before it caches "present" (see the `presence` module), and the key leaves the
+    /// capacity index, unless a store of it is in flight (whose count this is; under the
+    /// claims' lock, so none starts meanwhile) or one stored it again since the request was
+    /// sent (it may be there now).
+    pub(crate) fn found_missing(&self, key: &BlockKey, indexed: Option<u64>) {
+        self.presence.gone([key]);
+        if let (Some(cap), Some(stored)) = (&self.cap, indexed) {
+            let puts = lock(&self.puts);
+            if !puts.contains_key(key) {
+                cap.lock().remove_if_stored_at(key, stored);
+            }
+        }
+    }
+
+    /// This tier wrote `key`, or the backend confirmed it to a store, with a request sent at
+    /// `sent`: the listing holds it, and the existence cache too unless a request found it
+    /// missing since (see the `presence` module): whether it does. A bounded tier counts it
+    /// either way, in doubt if not cached.
+    fn note_stored(&self, key: BlockKey, sent: crate::presence::Stamp) -> bool {
         self.listing_stored(key);
+        let known = self.presence.present(&key, sent);
+        if let Some(cap) = &self.cap {
+            let mut idx = cap.lock();
+            idx.insert(key, self.block_size as u64);
+            if !known {
+                idx.doubt(&key);
+            }
+        }
+        known
     }
 
     async fn wait_not_deleting(&self, key: &BlockKey) {
@@ -567,7 +609,11 @@ impl Shared {
             // The cache may save the upload, never the confirmation: ask the backend.
             bump(&self.counters.own.exists_cache_hits, 1);
             match self.existing(&key, &path).await? {
-                Existing::Usable => return Ok(self.confirmed(key)),
+                Existing::Usable(sent) => {
+                    if let Some(skipped) = self.confirmed(key, sent) {
+                        return Ok(skipped);
+                    }
+                }
                 Existing::InTheWay => self.delete_corrupt(&key, &path, Kind::Write).await,
                 Existing::Absent => {}
             }
@@ -587,13 +633,32 @@ impl Shared {
             message: format!("an object without a valid checksum at {path} could not be replaced"),
             transient: true,
         };
+        // (a confirmation a later 404 contradicts writes the block instead, a few times)
+        let mut confirmations = 0;
+        let mut contradicted = |path: &ObjPath| {
+            confirmations += 1;
+            (confirmations > MAX_CONTRADICTED).then(|| Error::Backend {
+                tier: self.name.clone(),
+                message: format!(
+                    "{path} was found missing again and again while this store confirmed it"
+                ),
+                transient: true,
+            })
+        };
         loop {
             let create = self.create_only.load(Ordering::Relaxed);
             if !create {
                 // No conditional writes here: look first (a race may still replace a block
                 // with an identical one: blocks are content-addressed).
                 match self.existing(&key, &path).await? {
-                    Existing::Usable => return Ok(self.confirmed(key)),
+                    Existing::Usable(sent) => match self.confirmed(key, sent) {
+                        Some(skipped) => return Ok(skipped),
+                        None => {
+                            if let Some(e) = contradicted(&path) {
+                                return Err(e);
+                            }
+                        }
+                    },
                     Existing::InTheWay if std::mem::replace(&mut replaced, true) => {
                         return Err(in_the_way(&path));
                     }
@@ -628,9 +693,10 @@ impl Shared {
             let put = self
                 .store
                 .put_opts(&path, PutPayload::from(bytes.clone()), opts);
+            let sent = self.presence.stamp();
             match self.request_as(Kind::Write, put).await {
                 Ok(_) => {
-                    self.note_stored(key);
+                    self.note_stored(key, sent);
                     bump(&self.counters.blocks.blocks_written, 1);
                     bump(&self.counters.blocks.bytes_written, self.block_size as u64);
                     return Ok(true);
@@ -648,7 +714,15 @@ impl Shared {
                         self.delete_corrupt(&key, &path, Kind::Write).await;
                         continue;
                     }
-                    return Ok(self.confirmed(key));
+                    match self.confirmed(key, sent) {
+                        Some(skipped) => return Ok(skipped),
+                        None => {
+                            uncount(&key);
+                            if let Some(e) = contradicted(&path) {
+                                return Err(e);
+                            }
+                        }
+                    }
                 }
                 Err(ReqError::Store(object_store::Error::NotImplemented { .. })) if create => {
                     uncount(&key);
@@ -673,14 +747,15 @@ impl Shared {
         }
     }
 
-    /// The backend said the object exists: a skipped store.
-    fn confirmed(&self, key: BlockKey) -> bool {
-        self.note_stored(key);
-        bump(&self.counters.blocks.stores_skipped, 1);
-        if let Some(cap) = &self.cap {
-            cap.lock().insert(key, self.block_size as u64);
+    /// The backend said the object exists, answering a request sent at `sent`: a skipped
+    /// store (`Some(false)`), or `None` if a request found the key missing since (the
+    /// answer may be stale: the store writes the block).
+    fn confirmed(&self, key: BlockKey, sent: crate::presence::Stamp) -> Option<bool> {
+        if !self.note_stored(key, sent) {
+            return None;
         }
-        false
+        bump(&self.counters.blocks.stores_skipped, 1);
+        Some(false)
     }
 
     fn uncount(&self, key: &BlockKey) {

@@ -5,13 +5,32 @@ use std::sync::Mutex;
 
 use std::ops::Bound;
 
-use kv_tier_core::lru::{LruIndex, Rank, Slot};
+use kv_tier_core::lru::{LruEntry, LruIndex, Rank};
 use kv_tier_core::{BlockKey, EventLog, ProtectionSet};
 use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
-/// One indexed object: its size and its tick (larger: more recently used).
-pub(crate) type Entry = Slot<u64>;
+/// One indexed object: its size, its tick (larger: more recently used), and the tick it was
+/// last stored, confirmed or listed at: what a request that found it missing compares (a
+/// touch does not change it), and 0 while it is in doubt (put back after a DELETE that may
+/// have run, or a write whose "present" a later 404 contradicts): counted, but not known
+/// held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub(crate) size: u64,
+    pub(crate) at: u64,
+    pub(crate) stored: u64,
+}
+
+impl LruEntry for Entry {
+    type At = u64;
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn at(&self) -> u64 {
+        self.at
+    }
+}
 
 /// A sweep's victim: its key, its entry and its link (parent, depth), to put it back as it
 /// was if its DELETE is not confirmed.
@@ -31,7 +50,12 @@ impl CapIndex {
     pub(crate) fn insert(&mut self, key: BlockKey, size: u64) -> bool {
         self.clock += 1;
         let tick = self.clock;
-        self.lru.insert(key, Slot { size, at: tick }).is_none()
+        let e = Entry {
+            size,
+            at: tick,
+            stored: tick,
+        };
+        self.lru.insert(key, e).is_none()
     }
 
     /// Where indexed `key` sits in its chain: a sweep takes a chain's later objects first.
@@ -60,15 +84,25 @@ impl CapIndex {
         self.lru.get(key).map(|e| e.at)
     }
 
-    /// Removes `key` if its tick is still `tick` (not stored or used again since); returns
-    /// whether it did.
-    pub(crate) fn remove_if_at(&mut self, key: &BlockKey, tick: u64) -> bool {
-        if self.tick_of(key) == Some(tick) {
+    /// The tick `key` was last stored, confirmed or listed at (0: in doubt), if indexed.
+    pub(crate) fn stored_at(&self, key: &BlockKey) -> Option<u64> {
+        self.lru.get(key).map(|e| e.stored)
+    }
+
+    /// Removes `key` if it was not stored, confirmed or listed again since `stored` (see
+    /// [`CapIndex::stored_at`]); returns whether it did.
+    pub(crate) fn remove_if_stored_at(&mut self, key: &BlockKey, stored: u64) -> bool {
+        if self.stored_at(key) == Some(stored) {
             self.lru.remove(key);
             true
         } else {
             false
         }
+    }
+
+    /// Keeps `key` counted, in doubt: not known held until stored or confirmed again.
+    pub(crate) fn doubt(&mut self, key: &BlockKey) {
+        self.lru.update(key, |e| e.stored = 0);
     }
 
     pub(crate) fn total(&self) -> u64 {
@@ -82,11 +116,6 @@ impl CapIndex {
 
     pub(crate) fn len(&self) -> usize {
         self.lru.len()
-    }
-
-    /// Whether `key` is indexed.
-    pub(crate) fn contains(&self, key: &BlockKey) -> bool {
-        self.lru.contains(key)
     }
 
     pub(crate) fn is_deleting(&self, key: &BlockKey) -> bool {
@@ -294,7 +323,8 @@ impl Cap {
             let mut idx = self.lock();
             for (k, e, link) in victims {
                 if failed.contains(k) && !idx.lru.contains(k) {
-                    idx.lru.insert(*k, *e); // its old recency and link
+                    // its old recency and link, in doubt: the DELETE may have run
+                    idx.lru.insert(*k, Entry { stored: 0, ..*e });
                     if let Some((p, d)) = link {
                         idx.lru.link(k, *p, *d);
                     }
@@ -459,7 +489,19 @@ mod tests {
             kv_tier_core::Medium::Storage,
             kv_tier_core::Locality::Local,
         );
-        let d = Deleting::new(&cap, &log, vec![(k(2), Slot { size: 10, at: 3 }, None)]);
+        let d = Deleting::new(
+            &cap,
+            &log,
+            vec![(
+                k(2),
+                Entry {
+                    size: 10,
+                    at: 3,
+                    stored: 3,
+                },
+                None,
+            )],
+        );
         // reported removed as soon as it is taken (lookups answer absent from then on)
         let ev = log.take();
         drop(d); // dropped before it finished: the victim is restored
@@ -473,8 +515,24 @@ mod tests {
             &cap,
             &log,
             vec![
-                (k(3), Slot { size: 10, at: 4 }, None),
-                (k(4), Slot { size: 10, at: 5 }, None),
+                (
+                    k(3),
+                    Entry {
+                        size: 10,
+                        at: 4,
+                        stored: 4,
+                    },
+                    None,
+                ),
+                (
+                    k(4),
+                    Entry {
+                        size: 10,
+                        at: 5,
+                        stored: 5,
+                    },
+                    None,
+                ),
             ],
         );
         d.gone[0] = true;

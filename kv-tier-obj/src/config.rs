@@ -115,7 +115,7 @@ pub struct ObjTierConfig {
     pub prefix: String,
     /// Bound on concurrent requests of each kind (default 4, range 1 to 1,024): a lookup's
     /// HEADs, reads (GET, LIST), and writes (PUT, DELETE), of which a quarter (at least one)
-    /// run while reads wait or run: see the crate's README, "Reads before write-back".
+    /// start while reads wait or run: see the crate's README, "Reads before write-back".
     pub io_threads: usize,
     /// Integrity checking: `"none"` (default) or `"crc32c"`. The checksum covers the block's
     /// key and its bytes (an object copied to another key's path fails there) and is kept

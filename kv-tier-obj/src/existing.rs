@@ -11,8 +11,9 @@ use crate::config::ObjChecksum;
 
 impl Shared {
     /// What is at `key`'s path: nothing, a block a load will accept, or an object in the way
-    /// (see [`Shared::unverifiable`]), which is reported here. One HEAD: a present, usable
-    /// object is cached as present, as [`Shared::head`] does.
+    /// (see [`Shared::unverifiable`]), which is reported here. One HEAD; the caller holds
+    /// the key's put claim. A missing object leaves the capacity index (the caller's store
+    /// counts it again); a usable one is what the caller confirms (with the HEAD's stamp).
     pub(crate) async fn existing(&self, key: &BlockKey, path: &ObjPath) -> Result<Existing> {
         if self.is_deleting(key) {
             return Ok(Existing::Absent);
@@ -20,17 +21,18 @@ impl Shared {
         let sent = self.presence.stamp();
         match self.head_meta(path).await? {
             None => {
+                // (the caller holds the key's claim: its count is the caller's to make)
                 self.presence.gone([key]);
+                if let Some(cap) = &self.cap {
+                    cap.lock().remove(key);
+                }
                 Ok(Existing::Absent)
             }
             Some(got) if self.unverifiable(&got) => {
                 self.warn_in_the_way(key);
                 Ok(Existing::InTheWay)
             }
-            Some(_) => {
-                self.presence.present(key, sent);
-                Ok(Existing::Usable)
-            }
+            Some(_) => Ok(Existing::Usable(sent)),
         }
     }
 

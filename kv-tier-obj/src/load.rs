@@ -9,7 +9,7 @@ use object_store::Attribute;
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjPath;
 
-use crate::block::{CRC_METADATA_KEY, ReqError, Shared, bump, lock};
+use crate::block::{CRC_METADATA_KEY, ReqError, Shared, bump};
 use crate::config::ObjChecksum;
 use crate::error::not_found;
 
@@ -78,23 +78,11 @@ impl Shared {
         }
         let path = self.path(&key);
         let buf = sink.as_mut_slice();
-        // the key's count as it was before the GET: a NotFound takes back only that one
-        let counted = self.cap.as_ref().and_then(|c| c.lock().tick_of(&key));
-        let sent = self.presence.stamp();
+        let (indexed, sent) = (self.indexed_at(&key), self.presence.stamp());
         let f = match self.fetch_into(&path, buf).await {
             Ok(f) => f,
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
-                // no "present" of a read sent before this one is cached from now on
-                self.presence.gone([&key]);
-                // gone: it leaves the count, unless a store of it is in flight (whose count
-                // this is; under the claims' lock, so none starts meanwhile) or one counted
-                // it again since the GET was sent (it may be there now)
-                if let (Some(cap), Some(tick)) = (&self.cap, counted) {
-                    let puts = lock(&self.puts);
-                    if !puts.contains_key(&key) {
-                        cap.lock().remove_if_at(&key, tick);
-                    }
-                }
+                self.found_missing(&key, indexed);
                 bump(&self.counters.blocks.load_misses, 1);
                 return Err(not_found(&self.name, key));
             }

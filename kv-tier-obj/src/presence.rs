@@ -2,12 +2,12 @@
 //! one rule for what may fill it.
 //!
 //! Every answer that tells presence comes through [`Presence`], in order:
-//! - [`Presence::stored`]: this tier wrote the object, or the backend confirmed it to a
-//!   store. Cached as it is (a completed store is authoritative over an older answer).
-//! - [`Presence::present`]: a read found the object (a lookup's HEAD, a store's HEAD, a
-//!   load's GET, a LIST). Cached only if the key was not seen gone since the read was sent
-//!   (its [`Stamp`]): a request that a removal or a 404 overlapped may have seen the object
-//!   before it went, and its "present" would hide the removal.
+//! - [`Presence::present`]: a request found the object or wrote it (a lookup's HEAD, a
+//!   store's HEAD or PUT, a load's GET, a LIST). Cached only if the key was not seen gone
+//!   since the request was sent (its [`Stamp`]): a request that a removal or a 404
+//!   overlapped may have seen (or written) the object before it went, and its "present"
+//!   would hide the removal. Its answer says whether it was cached: a store whose
+//!   confirmation is refused writes the block instead.
 //! - [`Presence::gone`]: this tier deletes the key (when the delete starts and when it ends),
 //!   or a request found it missing. Forgets the cached answer, and refuses the "present" of
 //!   every read of the key sent before.
@@ -71,12 +71,15 @@ impl Presence {
         Stamp(lock(&self.seen).removals)
     }
 
-    /// A read sent at `sent` found `key`: cached unless the key was seen gone since.
-    pub(crate) fn present(&self, key: &BlockKey, sent: Stamp) {
+    /// A request sent at `sent` found `key` (or wrote it): cached unless the key was seen
+    /// gone since; whether it was.
+    pub(crate) fn present(&self, key: &BlockKey, sent: Stamp) -> bool {
         let seen = lock(&self.seen);
-        if seen.allows(key, sent) {
+        let allowed = seen.allows(key, sent);
+        if allowed {
             self.cache.insert(*key, ());
         }
+        allowed
     }
 
     /// [`Presence::present`] for many keys found by one read (a LIST), under one lock.
@@ -91,12 +94,6 @@ impl Presence {
                 self.cache.insert(*k, ());
             }
         }
-    }
-
-    /// This tier stored `key` (wrote it, or the backend confirmed it to a store).
-    pub(crate) fn stored(&self, key: BlockKey) {
-        let _seen = lock(&self.seen);
-        self.cache.insert(key, ());
     }
 
     /// `keys` are gone, or going (see the module docs).
@@ -155,11 +152,11 @@ mod tests {
     }
 
     #[test]
-    fn a_store_is_cached_whatever_was_seen_before() {
+    fn a_request_sent_after_a_removal_is_cached_and_a_later_removal_forgets_it() {
         let p = presence();
         let a = key(1);
         p.gone([&a]);
-        p.stored(a);
+        assert!(p.present(&a, p.stamp()));
         assert!(p.holds(&a));
         p.gone([&a]);
         assert!(!p.holds(&a));
@@ -188,7 +185,7 @@ mod tests {
     fn a_clear_refuses_every_read_sent_before_it() {
         let p = presence();
         let a = key(1);
-        p.stored(a);
+        p.present(&a, p.stamp());
         let before = p.stamp();
         p.clear();
         assert!(!p.holds(&a));

@@ -438,121 +438,6 @@ async fn a_tier_with_absent_ttl_s_0_lists_nothing() {
     assert_eq!(tier.stats().listings, 0);
 }
 
-/// A load that began while a sweep was deleting its key, and whose GET read the object
-/// before the DELETE landed, serves the bytes it read; the removed key is not answered
-/// present after it (the load's "present" is older than the removal).
-#[tokio::test(start_paused = true)]
-async fn a_load_overlapping_a_sweeps_delete_does_not_answer_the_removed_key_present() {
-    let s = Arc::new(ControlledStore::new());
-    let tier = tier_on(&s, bounded(4)).await;
-    let k = test_key(1);
-    assert!(obj_store(&tier, &[k]).await.is_success());
-    let path = tier.object_path(&k);
-    let delete = s.hold_path(Op::Delete, &path);
-    // past the bound: the sweep deletes the oldest, `k` first
-    let more: Vec<_> = (10..14).map(test_key).collect();
-    assert!(obj_store(&tier, &more).await.is_success());
-    delete.wait_arrived(1).await;
-    s.delay_replies(Op::Get, Duration::from_secs(10));
-    let t = tier.clone();
-    let loading = tokio::spawn(async move { load_keys(&*t, &[k], BS).await });
-    wait_until_async("the GET ran", SETTLE_LIMIT, || s.count(Op::Get) == 1).await;
-    s.release(Op::Delete);
-    wait_sweeps_done(&tier).await;
-    assert!(!s.exists(&path).await, "the sweep kept the key");
-    let (r, data) = loading.await.unwrap();
-    assert!(r.is_success(), "{:?}", r.failed);
-    assert!(verify_block(&k, 0, &data[0].1));
-    assert_eq!(
-        tier.holds(&k),
-        Some(false),
-        "a key the sweep removed is held again after a load that overlapped its delete"
-    );
-    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false]);
-}
-
-/// A lookup's HEAD that saw the object, answered after a load found it gone, does not bring
-/// "present" back: the next lookup asks again, and answers absent.
-#[tokio::test(start_paused = true)]
-async fn a_head_answered_after_a_load_found_the_key_gone_does_not_bring_back_present() {
-    let s = Arc::new(ControlledStore::new());
-    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
-    let k = test_key(1);
-    assert!(obj_store(&writer, &[k]).await.is_success());
-    let mut cfg = heads_only(ObjTierConfig::new("mem"));
-    cfg.lookup_timeout_s = 30.0;
-    let tier = tier_on(&s, cfg).await;
-    let heads = s.count(Op::Head);
-    s.delay_replies(Op::Head, Duration::from_secs(10));
-    let t = tier.clone();
-    let looking = tokio::spawn(async move { t.lookup(&[k]).await });
-    wait_until_async("the HEAD ran", SETTLE_LIMIT, || {
-        s.count(Op::Head) == heads + 1
-    })
-    .await;
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
-    let (r, _) = load_keys(&*tier, &[k], BS).await;
-    assert!(
-        matches!(r.failed[..], [(_, Error::NotFound { .. })]),
-        "{:?}",
-        r.failed
-    );
-    assert_eq!(
-        looking.await.unwrap().unwrap(),
-        vec![true],
-        "the HEAD saw it"
-    );
-    assert_eq!(
-        tier.holds(&k),
-        None,
-        "a HEAD sent before the load found the key gone cached it present"
-    );
-    s.release_all();
-    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false]);
-}
-
-/// The same for the existence listing: a LIST that saw the object, answered after a load
-/// found it gone, lists the key (it is not answered absent) but does not cache it present.
-#[tokio::test(start_paused = true)]
-async fn a_list_answered_after_a_load_found_the_key_gone_does_not_bring_back_present() {
-    let s = Arc::new(ControlledStore::new());
-    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
-    let k = test_key(1);
-    assert!(obj_store(&writer, &[k]).await.is_success());
-    let tier = tier_on(&s, ObjTierConfig::new("mem")).await;
-    wait_until_async("the first listing", SETTLE_LIMIT, || {
-        tier.stats().listings >= 1
-    })
-    .await;
-    // the next relist sees the object, and answers once the load found it gone
-    let lists = s.hold_lists();
-    lists.wait_arrived(1).await;
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
-    let (r, _) = load_keys(&*tier, &[k], BS).await;
-    assert!(
-        matches!(r.failed[..], [(_, Error::NotFound { .. })]),
-        "{:?}",
-        r.failed
-    );
-    s.release_lists();
-    wait_until_async("the second listing", SETTLE_LIMIT, || {
-        tier.stats().listings >= 2
-    })
-    .await;
-    assert_eq!(
-        tier.holds(&k),
-        None,
-        "a LIST sent before the load found the key gone cached it present"
-    );
-    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false]);
-}
-
 /// A key the tier stores is never answered absent from its listing, also when the existence
 /// cache cannot hold it: a rank that fills the cache (1,048,576 objects, the most a listing
 /// keeps), then stores the tier makes; each is held, or asked for, never listed absent.
@@ -600,4 +485,159 @@ async fn a_stored_key_is_not_listed_absent_when_the_rank_fills_the_existence_cac
         tier.stats()
     );
     assert_eq!(tier.lookup(&stored).await.unwrap(), vec![true; 128]);
+}
+
+/// LISTs racing stores and clears: a listing whose LIST is held while the tier stores keys
+/// and its cache is cleared; no key this tier stored is ever answered absent (holds or
+/// lookup), and after the LIST lands every stored key is held or asked.
+#[tokio::test(start_paused = true)]
+async fn stores_and_clears_racing_a_held_list_never_answer_a_stored_key_absent() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.absent_ttl_s = 4.0;
+    cfg.request_timeout_s = 30.0;
+    cfg.max_retries = 0;
+    let tier = tier_on(&s, cfg).await;
+    wait_until_async("the first listing", SETTLE_LIMIT, || {
+        tier.stats().listings >= 1
+    })
+    .await;
+    let mut stored = Vec::new();
+    for round in 0..6u64 {
+        let lists = s.hold_lists();
+        lists.wait_arrived(1).await;
+        let a = test_key(100 + round * 2);
+        let b = test_key(101 + round * 2);
+        assert!(obj_store(&tier, &[a]).await.is_success());
+        stored.push(a);
+        if round % 2 == 0 {
+            tier.clear_exists_cache();
+        }
+        assert!(obj_store(&tier, &[b]).await.is_success());
+        stored.push(b);
+        for k in &stored {
+            assert_ne!(
+                tier.holds(k),
+                Some(false),
+                "round {round}: {k} listed absent"
+            );
+        }
+        s.release_lists();
+        let n = tier.stats().listings;
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        let _ = n;
+        for k in &stored {
+            assert_ne!(
+                tier.holds(k),
+                Some(false),
+                "round {round} after: {k} listed absent"
+            );
+        }
+        assert_eq!(
+            tier.lookup(&stored).await.unwrap(),
+            vec![true; stored.len()]
+        );
+    }
+}
+
+/// A LIST that breaks part way (after its first object) while stores run: the old listing
+/// keeps the stored keys, and ages out; no stored key is answered absent.
+#[tokio::test(start_paused = true)]
+async fn a_list_breaking_part_way_keeps_stored_keys_out_of_absent() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.absent_ttl_s = 2.0;
+    let tier = tier_on(&s, cfg).await;
+    let seed: Vec<_> = (0..8).map(test_key).collect();
+    assert!(obj_store(&tier, &seed).await.is_success());
+    wait_until_async("a listing", SETTLE_LIMIT, || tier.stats().listings >= 2).await;
+    let rank = tier
+        .object_path(&seed[0])
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    s.fail_lists(Some(&rank));
+    let mut stored = seed.clone();
+    for i in 0..10u64 {
+        let k = test_key(1000 + i);
+        assert!(obj_store(&tier, &[k]).await.is_success());
+        stored.push(k);
+        tier.clear_exists_cache();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        for k in &stored {
+            assert_ne!(tier.holds(k), Some(false), "step {i}: {k}");
+        }
+    }
+    s.fail_lists(None);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for k in &stored {
+        assert_ne!(tier.holds(k), Some(false));
+    }
+    assert_eq!(
+        tier.lookup(&stored).await.unwrap(),
+        vec![true; stored.len()]
+    );
+}
+
+/// The listing is refreshed every half absent_ttl_s while LISTs are quick: 2 s, over 10 s.
+#[tokio::test(start_paused = true)]
+async fn the_listing_is_refreshed_every_half_absent_ttl_s() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.absent_ttl_s = 2.0;
+    let tier = tier_on(&s, cfg).await;
+    wait_until_async("a listing", SETTLE_LIMIT, || tier.stats().listings >= 1).await;
+    let n0 = tier.stats().listings;
+    tokio::time::sleep(Duration::from_millis(10_050)).await;
+    let n = tier.stats().listings - n0;
+    assert!((9..=11).contains(&n), "{n} listings in 10 s");
+}
+
+/// Lookups that pass their deadline concurrently, many of them, over several log intervals:
+/// the WARN lines' counts add up to `lookup_timeouts` (counting the last line's as of then).
+#[tokio::test(start_paused = true)]
+async fn concurrent_lookup_deadlines_are_counted_once_in_lines_and_stats() {
+    let (warnings, _log) = kv_tier_testkit::fixtures::logs::Warnings::capture();
+    let s = Arc::new(ControlledStore::new());
+    let mut c = one_second();
+    c.lookup_timeout_s = 0.25;
+    c.request_timeout_s = 600.0;
+    c.io_threads = 1;
+    let tier = tier_on(&s, heads_only(c)).await;
+    s.hold(Op::Head);
+    let keys: Vec<_> = (0..4).map(test_key).collect();
+    for round in 0..5 {
+        let mut hs = Vec::new();
+        for _ in 0..7 {
+            let t = tier.clone();
+            let ks = keys.clone();
+            hs.push(tokio::spawn(async move { t.lookup(&ks).await }));
+        }
+        for h in hs {
+            assert_eq!(h.await.unwrap().unwrap(), vec![false; 4]);
+        }
+        tokio::time::sleep(Duration::from_secs(if round % 2 == 0 { 11 } else { 3 })).await;
+    }
+    // one more, after the interval: its line carries what was only counted before
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(tier.lookup(&keys).await.unwrap(), vec![false; 4]);
+    let total = tier.stats().lookup_timeouts;
+    assert_eq!(total, 36);
+    let lines = warnings.lines();
+    let sum: u64 = lines
+        .iter()
+        .filter(|l| l.contains("passed their deadline"))
+        .map(|l| {
+            let at = l.find("lookups=").expect("a count") + "lookups=".len();
+            l[at..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(sum, total, "{lines:#?}");
+    s.release_all();
 }

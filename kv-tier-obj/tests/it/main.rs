@@ -4,7 +4,9 @@
 //!
 //! - `store_load`: stores and loads at the edges of the API;
 //! - `requests`: what the tier asks of its store (one PUT, one HEAD, looking first);
-//! - `existence`: what `lookup` answers (HEADs, the cache and its invalidation, deadlines);
+//! - `existence`: what `lookup` answers (HEADs, the cache and its invalidation, the listing,
+//!   deadlines);
+//! - `removals`: no removal hidden by an older answer, no store skipped on one;
 //! - `integrity`: no wrong bytes served (checksums, sizes, broken bodies, damaged objects);
 //! - `faults`: server errors, dropped connections, hangs and deadlines;
 //! - `events`: the stored and removed events say what is there;
@@ -26,6 +28,7 @@ mod existence;
 mod faults;
 mod integrity;
 mod layout;
+mod removals;
 mod requests;
 mod shared;
 mod shutdown;

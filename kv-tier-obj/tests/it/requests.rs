@@ -3,10 +3,12 @@
 //! create-only writes a store looks first. Counted on a controlled in-memory store.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kv_tier_core::SecondaryTier;
 use kv_tier_obj::{CRC_METADATA_KEY, ObjTierConfig, block_crc};
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
+use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
 use kv_tier_testkit::{block_bytes, load_keys, test_key, verify_block};
 use object_store::path::Path;
 use object_store::{
@@ -169,7 +171,6 @@ async fn without_conditional_writes_a_store_looks_first_and_replaces_once() {
 /// their own: one answers while loads hold every read permit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_go_before_writes_and_probes_before_loads() {
-    use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
     let s = Arc::new(ControlledStore::new());
     let mut cfg = ObjTierConfig::new("mem");
     cfg.io_threads = 4;
@@ -225,7 +226,6 @@ async fn reads_go_before_writes_and_probes_before_loads() {
 /// every write permit, and the upload is left to run.
 #[tokio::test(start_paused = true)]
 async fn a_load_of_a_damaged_object_does_not_wait_behind_uploads() {
-    use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
     let s = Arc::new(ControlledStore::new());
     let mut cfg = checked();
     cfg.io_threads = 1;
@@ -260,7 +260,6 @@ async fn a_load_of_a_damaged_object_does_not_wait_behind_uploads() {
 /// the hold at the gate (at most a quarter of it) is part of that deadline, not added to it.
 #[tokio::test(start_paused = true)]
 async fn a_store_held_back_by_reads_ends_within_one_request_deadline() {
-    use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
     let s = Arc::new(ControlledStore::new());
     let mut cfg = one_second();
     cfg.io_threads = 4;
@@ -293,4 +292,215 @@ async fn a_store_held_back_by_reads_ends_within_one_request_deadline() {
     s.release_all();
     let _ = loading.await.unwrap();
     let _ = first.await.unwrap();
+}
+
+/// A write held back behind a read that never ends starts within a quarter of its request
+/// deadline of getting its permit (io_threads 8: two run, six are held back).
+#[tokio::test(start_paused = true)]
+async fn a_held_back_write_starts_within_a_quarter_of_its_deadline() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.io_threads = 8;
+    cfg.request_timeout_s = 4.0;
+    cfg.max_retries = 0;
+    cfg.validate().unwrap();
+    let quarter = cfg.request_deadline() / 4;
+    let tier = tier_on(&s, cfg).await;
+    let read = test_key(100);
+    assert!(obj_store(&tier, &[read]).await.is_success());
+    let get = s.hold(Op::Get);
+    let t = tier.clone();
+    let _loading = tokio::spawn(async move { load_keys(&*t, &[read], BS).await });
+    get.wait_arrived(1).await;
+    let put = s.hold(Op::Put);
+    let t0 = tokio::time::Instant::now();
+    let t = tier.clone();
+    let storing =
+        tokio::spawn(
+            async move { obj_store(&*t, &(0..8).map(test_key).collect::<Vec<_>>()).await },
+        );
+    put.wait_arrived(2).await;
+    tokio::time::sleep(quarter / 2).await;
+    assert_eq!(put.arrived(), 2, "more than a quarter ran beside the read");
+    put.wait_arrived(8).await;
+    assert!(t0.elapsed() <= quarter, "{:?} > {quarter:?}", t0.elapsed());
+    assert_eq!(tier.stats().writes_deferred, 6);
+    s.release_all();
+    assert!(storing.await.unwrap().is_success());
+}
+
+/// A store dropped while its write waits at the gate leaves no count: once reads end,
+/// io_threads writes run side by side.
+#[tokio::test(start_paused = true)]
+async fn a_write_dropped_at_its_gate_leaves_nothing_behind() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.io_threads = 4;
+    cfg.request_timeout_s = 40.0;
+    cfg.max_retries = 0;
+    let tier = tier_on(&s, cfg).await;
+    let read = test_key(100);
+    assert!(obj_store(&tier, &[read]).await.is_success());
+    let get = s.hold(Op::Get);
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[read], BS).await });
+    get.wait_arrived(1).await;
+    let put = s.hold(Op::Put);
+    let t = tier.clone();
+    let first = tokio::spawn(async move { obj_store(&*t, &[test_key(1)]).await });
+    put.wait_arrived(1).await;
+    // three more held back at the gate, dropped there
+    let dropped = tokio::time::timeout(
+        Duration::from_secs(1),
+        obj_store(&*tier, &(2..5).map(test_key).collect::<Vec<_>>()),
+    )
+    .await;
+    assert!(dropped.is_err());
+    assert_eq!(tier.stats().writes_deferred, 3);
+    s.release(Op::Get);
+    let _ = loading.await.unwrap();
+    let t = tier.clone();
+    let more =
+        tokio::spawn(
+            async move { obj_store(&*t, &(10..13).map(test_key).collect::<Vec<_>>()).await },
+        );
+    put.wait_arrived(4).await;
+    assert_eq!(tier.stats().writes_deferred, 3, "{:?}", tier.stats());
+    s.release_all();
+    assert!(first.await.unwrap().is_success());
+    assert!(more.await.unwrap().is_success());
+    assert!(!tier.is_protected(&test_key(2)));
+}
+
+/// Each kind's bound across concurrent callers: io_threads 2; three lookups (HEADs held),
+/// a relist's LIST held with three loads (GETs held), and stores beside a sweep (PUTs and
+/// DELETEs held): at most two of each kind arrive at the store.
+#[tokio::test(start_paused = true)]
+async fn each_kind_stays_within_io_threads_across_callers() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = bounded(4);
+    cfg.io_threads = 2;
+    cfg.request_timeout_s = 600.0;
+    cfg.lookup_timeout_s = 600.0;
+    cfg.max_retries = 0;
+    let tier = tier_on(&s, cfg).await;
+    let keys: Vec<_> = (0..4).map(test_key).collect();
+    assert!(obj_store(&tier, &keys).await.is_success());
+    tier.clear_exists_cache();
+    // probes
+    let head = s.hold(Op::Head);
+    let mut hs = Vec::new();
+    for _ in 0..3 {
+        let t = tier.clone();
+        let ks = keys.clone();
+        hs.push(tokio::spawn(async move { t.lookup(&ks).await }));
+    }
+    head.wait_arrived(2).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(head.arrived(), 2, "probes over io_threads");
+    // reads
+    let get = s.hold(Op::Get);
+    let mut ls = Vec::new();
+    for k in keys.iter().take(3) {
+        let t = tier.clone();
+        let k = *k;
+        ls.push(tokio::spawn(async move { load_keys(&*t, &[k], BS).await }));
+    }
+    get.wait_arrived(2).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(get.arrived(), 2, "reads over io_threads");
+    s.release(Op::Head);
+    s.release(Op::Get);
+    for h in hs {
+        let _ = h.await.unwrap();
+    }
+    for h in ls {
+        let _ = h.await.unwrap();
+    }
+    // writes: stores past the bound start a sweep
+    let (put, del) = (s.hold(Op::Put), s.hold(Op::Delete));
+    let t = tier.clone();
+    let storing =
+        tokio::spawn(
+            async move { obj_store(&*t, &(10..16).map(test_key).collect::<Vec<_>>()).await },
+        );
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(
+        put.arrived() + del.arrived() <= 2,
+        "writes over io_threads: {} PUTs, {} DELETEs",
+        put.arrived(),
+        del.arrived()
+    );
+    assert!(tier.stats().max_in_flight <= 6, "{:?}", tier.stats());
+    s.release_all();
+    let _ = storing.await.unwrap();
+}
+
+/// io_threads 1024 and tiny/huge timeouts: lookups of 5,000 keys with every HEAD delayed
+/// answer within lookup_timeout_s (tiny), probes stay within io_threads.
+#[tokio::test(start_paused = true)]
+async fn a_thousand_io_threads_answer_within_a_tiny_lookup_timeout() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = heads_only(ObjTierConfig::new("mem"));
+    cfg.io_threads = 1024;
+    cfg.lookup_timeout_s = 0.001;
+    cfg.request_timeout_s = 3600.0;
+    cfg.max_retries = 100;
+    let tier = tier_on(&s, cfg).await;
+    s.delay(Op::Head, Duration::from_millis(5));
+    let keys: Vec<_> = (0..5000).map(test_key).collect();
+    let t0 = tokio::time::Instant::now();
+    assert_eq!(tier.lookup(&keys).await.unwrap(), vec![false; 5000]);
+    assert!(
+        t0.elapsed() <= Duration::from_millis(1),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(tier.stats().lookup_timeouts, 1);
+    assert!(tier.stats().max_in_flight <= 1024);
+    s.delay(Op::Head, Duration::ZERO);
+    assert!(obj_store(&tier, &keys[..3]).await.is_success());
+    tier.clear_exists_cache();
+    let mut cfg2 = heads_only(ObjTierConfig::new("mem"));
+    cfg2.lookup_timeout_s = 3600.0;
+    cfg2.request_timeout_s = 0.01;
+    let t2 = tier_on(&s, cfg2).await;
+    assert_eq!(
+        t2.lookup(&keys[..4]).await.unwrap(),
+        vec![true, true, true, false]
+    );
+}
+
+/// io_threads 1: a relist's LIST page held, a load of a damaged object (GET, HEAD, DELETE
+/// as reads) and a store beside it; everything ends within its deadlines and nothing wedges.
+#[tokio::test(start_paused = true)]
+async fn one_io_thread_serves_a_held_list_a_damaged_load_and_a_store() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = checked_half_second();
+    cfg.io_threads = 1;
+    cfg.absent_ttl_s = 2.0;
+    cfg.request_timeout_s = 2.0;
+    let tier = tier_on(&s, cfg.clone()).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    rot(&s, &tier.object_path(&k)).await;
+    wait_until_async("a listing", SETTLE_LIMIT, || tier.stats().listings >= 1).await;
+    let lists = s.hold_lists();
+    lists.wait_arrived(1).await;
+    let started = tokio::time::Instant::now();
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[k], BS).await });
+    let r = obj_store(&tier, &[test_key(2), k]).await;
+    assert!(r.is_success(), "{:?}", r.failed);
+    let (lr, _) = loading.await.unwrap();
+    assert!(lr.failed.len() <= 1);
+    assert!(
+        started.elapsed() <= cfg.request_deadline() * 6,
+        "{:?}",
+        started.elapsed()
+    );
+    s.release_lists();
+    assert!(obj_store(&tier, &[k, test_key(2)]).await.is_success());
+    let (lr, _) = load_keys(&*tier, &[test_key(2)], BS).await;
+    assert!(lr.is_success(), "{:?}", lr.failed);
 }

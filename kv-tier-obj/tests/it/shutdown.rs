@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kv_tier_core::{Error, SecondaryTier};
+use kv_tier_obj::ObjTierConfig;
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
 use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
 use kv_tier_testkit::{load_keys, test_key};
@@ -125,4 +126,78 @@ async fn a_second_shutdown_writes_nothing() {
         0,
         "a second shutdown PUT the recency snapshot again"
     );
+}
+
+/// Shutdown while a relist's LIST is held and stores run: shutdown ends, later calls fail
+/// with Shutdown, holds answers nothing, and nothing is left in flight past the LIST's
+/// deadline.
+#[tokio::test(start_paused = true)]
+async fn shutdown_during_a_held_list_and_stores() {
+    let s = Arc::new(ControlledStore::new());
+    let mut cfg = ObjTierConfig::new("mem");
+    cfg.absent_ttl_s = 2.0;
+    cfg.request_timeout_s = 5.0;
+    cfg.max_retries = 0;
+    cfg.io_threads = 1;
+    let tier = tier_on(&s, cfg.clone()).await;
+    wait_until_async("a listing", SETTLE_LIMIT, || tier.stats().listings >= 1).await;
+    let lists = s.hold_lists();
+    lists.wait_arrived(1).await;
+    let put = s.hold(Op::Put);
+    let t = tier.clone();
+    let storing = tokio::spawn(async move { obj_store(&*t, &[test_key(1)]).await });
+    put.wait_arrived(1).await;
+    tokio::time::timeout(cfg.request_deadline(), tier.shutdown())
+        .await
+        .expect("shutdown waited past a request deadline")
+        .unwrap();
+    s.release(Op::Put);
+    let r = storing.await.unwrap();
+    let _ = r;
+    assert!(matches!(
+        tier.lookup(&[test_key(1)]).await,
+        Err(Error::Shutdown { .. })
+    ));
+    assert_eq!(tier.holds(&test_key(1)), None);
+    s.release_lists();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let listings = tier.stats().listings;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(tier.stats().listings, listings, "a listing after shutdown");
+}
+
+/// A shutdown dropped while it awaits a sweep whose DELETE is held: no key stays "being
+/// deleted", a second shutdown ends, and the reopened tier's index matches the store.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_dropped_mid_sweep_then_shutdown_again() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded(4);
+    c.request_timeout_s = 5.0;
+    c.max_retries = 0;
+    let tier = tier_on(&s, c.clone()).await;
+    let keys: Vec<_> = (0..5).map(test_key).collect();
+    for k in &keys[..4] {
+        assert!(obj_store(&tier, &[*k]).await.is_success());
+    }
+    let del = s.hold(Op::Delete);
+    assert!(obj_store(&tier, &keys[4..]).await.is_success());
+    del.wait_arrived(1).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(10), tier.shutdown())
+            .await
+            .is_err()
+    );
+    s.release(Op::Delete);
+    tokio::time::timeout(c.request_deadline() * 2, tier.shutdown())
+        .await
+        .expect("the second shutdown did not end")
+        .unwrap();
+    for k in &keys {
+        assert_eq!(tier.holds(k), None, "closed");
+    }
+    let again = tier_on(&s, c).await;
+    for k in &keys {
+        let there = s.exists(&tier.object_path(k)).await;
+        assert_eq!(again.holds(k), Some(there), "{k}");
+    }
 }
