@@ -294,6 +294,14 @@ impl Gc {
         }
     }
 
+    /// Whether `key`, whose file was found missing when its entry had `seq`, is gone for
+    /// the index: not (re)inserted since, and no shared root's store of it under way (taken
+    /// under the index lock, as the sweep takes it: announcements come before the entries
+    /// they make).
+    fn found_gone(&self, idx: &Index, key: &BlockKey, seq: u64) -> bool {
+        idx.lru.get(key).is_some_and(|e| e.seq() == seq) && !self.announced(key)
+    }
+
     /// The index, with every `touch` made before this applied to it.
     fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
         let mut idx = self.lock_unstamped();
@@ -309,13 +317,16 @@ impl Gc {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Forgets keys whose files were verified absent, unless they were (re)inserted since,
-    /// and reports them removed (`BlockRemoved`). Returns those forgotten.
+    /// Forgets keys whose files were verified absent, unless they were (re)inserted since
+    /// or a shared root's store of them is under way (announced: its file may not be there
+    /// yet, and once published it must be counted), and reports them removed
+    /// (`BlockRemoved`). Returns those forgotten. Every removal of a key found gone goes
+    /// through here (see [`Gc::found_gone`]).
     pub(crate) fn forget(&self, keys: &[(BlockKey, u64)]) -> Vec<BlockKey> {
         let mut idx = self.lock();
         let mut out = Vec::new();
         for (k, seq) in keys {
-            if idx.lru.get(k).is_some_and(|e| e.seq() == *seq) {
+            if self.found_gone(&idx, k, *seq) {
                 idx.remove(k);
                 out.push(*k);
             }

@@ -98,9 +98,9 @@ impl Gc {
         let absent: Vec<(BlockKey, u64)> = missing
             .into_iter()
             .filter(|(k, _)| {
-                // (a shared root's announced store may not have landed yet)
-                !self.announced(k)
-                    && std::fs::symlink_metadata(self.at.ns.block_path(&self.at.root, k)).is_err()
+                // (`forget` keeps a shared root's announced stores, which may not have
+                // landed yet)
+                std::fs::symlink_metadata(self.at.ns.block_path(&self.at.root, k)).is_err()
             })
             .collect();
         let gone = self.forget(&absent);

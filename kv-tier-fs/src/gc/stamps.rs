@@ -246,7 +246,7 @@ impl Gc {
                 n_done += done.len() as u64;
                 for (k, seq) in gone {
                     // published again after the stamp was queued: the new file stands
-                    if idx.lru.get(k).map(|e| Some(e.seq())) == Some(*seq) {
+                    if seq.is_some_and(|seq| self.found_gone(&idx, k, seq)) {
                         idx.remove(k);
                         removed.push(*k);
                     }

@@ -500,6 +500,63 @@ async fn a_store_announced_by_another_instance_keeps_its_key_from_the_sweep() {
     assert_eq!(a.stats().gc.unwrap().files, on_disk);
 }
 
+/// The leader's load of a key another instance announced and has not written yet finds no
+/// file, and keeps the key's entry: a load that forgot it let that store publish a file no
+/// index counted (so the root grew past its cap, with no sweep able to take the file). Here
+/// `b`'s store of `k` is stopped between its announcement and its write, and `a` (the
+/// leader, which never stored `k`) loads `k` meanwhile: a miss; then `b` writes, and the
+/// leader's index counts what is on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_missing_a_key_whose_store_is_announced_keeps_its_entry() {
+    let dir = kv_tier_testkit::temp_root();
+    let root = dir.path().join("root");
+    let a = Arc::new(open_tight(&root, "a"));
+    wait_until("a leads", SETTLE_LIMIT, || a.stats().shared.unwrap().leader);
+    let b = Arc::new(open_tight(&root, "b"));
+    let k = tag_key(9, 0);
+    let (reached_tx, reached) = std::sync::mpsc::channel::<()>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let once = AtomicBool::new(false);
+    b.set_fault_injector(Some(Arc::new(move |op, _: &std::path::Path| {
+        if op == kv_tier_fs::FsOp::CreateTmp && !once.swap(true, Ordering::SeqCst) {
+            let _ = reached_tx.send(());
+            let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(60));
+        }
+        None
+    })));
+    let store = tokio::spawn({
+        let b = b.clone();
+        async move { store_keys(&*b, &[k], 0, SHARED_BS).await }
+    });
+    tokio::task::spawn_blocking(move || reached.recv_timeout(SETTLE_LIMIT))
+        .await
+        .unwrap()
+        .expect("b's store never reached its write");
+    wait_until("the leader read b's announcement", SETTLE_LIMIT, || {
+        a.stats().shared.unwrap().stores_under_way == 1
+    });
+    let (r, _) = kv_tier_testkit::load_keys(&*a, &[k], SHARED_BS).await;
+    assert!(
+        matches!(r.failed[..], [(_, kv_tier_core::Error::NotFound { .. })]),
+        "{:?}",
+        r.failed
+    );
+    go.send(()).unwrap();
+    let r = store.await.unwrap();
+    assert!(r.is_success(), "{:?}", r.failed);
+    wait_until("b's store ended at the leader", SETTLE_LIMIT, || {
+        a.stats().shared.unwrap().stores_under_way == 0
+    });
+    let on_disk = kv_tier_testkit::util::find_files(&rank_dir(&root), ".bin").len() as u64;
+    assert_eq!(on_disk, 1);
+    assert_eq!(
+        a.stats().gc.unwrap().files,
+        on_disk,
+        "a file on disk the leader's index does not count"
+    );
+}
+
 /// Three instances store the SAME keys at once, repeatedly, with a tiny cap; every block
 /// served verifies, no store hangs, the bound holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
