@@ -54,6 +54,9 @@ fn after(now: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
         .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
 }
 
+/// The most keys [`Shared::damaged`] remembers.
+pub(crate) const MAX_DAMAGED: usize = 4096;
+
 /// How many times a store writes the block after a confirmation that a 404 contradicted,
 /// before it fails (the object keeps going as it is stored).
 const MAX_CONTRADICTED: usize = 3;
@@ -112,6 +115,10 @@ pub(crate) struct Shared {
     /// instead of uploading the same bytes again (and racing it on stores whose writes are
     /// not atomic). Entries are owned by [`PutClaim`] guards.
     pub(crate) puts: Mutex<FxHashMap<BlockKey, Arc<Notify>>>,
+    /// Keys whose object a load found damaged and whose DELETE did not confirm (at most
+    /// [`MAX_DAMAGED`]): a store replaces such an object instead of confirming it, since
+    /// its metadata may well look whole.
+    pub(crate) damaged: Mutex<rustc_hash::FxHashSet<BlockKey>>,
     pub(crate) closed: AtomicBool,
 }
 
@@ -433,8 +440,8 @@ impl Shared {
                 if idx.is_deleting(key) {
                     return None;
                 }
-                match idx.stored_at(key) {
-                    Some(0) if !self.presence.holds(key) => None,
+                match idx.knows(key) {
+                    Some(false) if !self.presence.holds(key) => None,
                     Some(_) => Some(true),
                     None => Some(self.presence.holds(key)),
                 }
@@ -467,7 +474,7 @@ impl Shared {
         let (indexed, sent) = (self.indexed_at(key), self.presence.stamp());
         match self.request_as(Kind::Probe, self.store.head(&path)).await {
             Ok(_) => {
-                self.presence.present(key, sent);
+                self.found_present(key, sent);
                 Ok(true)
             }
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
@@ -500,6 +507,17 @@ impl Shared {
         }
     }
 
+    /// A read sent at `sent` found `key`: cached present (see the `presence` module) unless
+    /// a request found it missing since, and then known held in the capacity index if it is
+    /// counted in doubt there.
+    pub(crate) fn found_present(&self, key: &BlockKey, sent: crate::presence::Stamp) {
+        if self.presence.present(key, sent)
+            && let Some(cap) = &self.cap
+        {
+            cap.lock().doubt(key, crate::capacity::Doubt::Known);
+        }
+    }
+
     /// This tier wrote `key`, or the backend confirmed it to a store, with a request sent at
     /// `sent`: the listing holds it, and the existence cache too unless a request found it
     /// missing since (see the `presence` module): whether it does. A bounded tier counts it
@@ -511,7 +529,7 @@ impl Shared {
             let mut idx = cap.lock();
             idx.insert(key, self.block_size as u64);
             if !known {
-                idx.doubt(&key);
+                idx.doubt(&key, crate::capacity::Doubt::Unknown);
             }
         }
         known
@@ -678,13 +696,16 @@ impl Shared {
                 attributes: attributes.clone(),
                 ..PutOptions::default()
             };
-            // Counted toward the bound before the PUT: if it is cancelled or times out, the
-            // object may exist, and over-counting is the safe side of a bound. A failed PUT
-            // takes back only a count it added (an object indexed before may well be there).
+            // Counted toward the bound before the PUT, in doubt until it ends: if it is
+            // cancelled or times out, the object may exist (and may still land), and
+            // over-counting is the safe side of a bound (not known held, though: a lookup
+            // asks). A PUT refused for good takes back only a count it added (an object
+            // indexed before may well be there); one that failed in a way that may have
+            // followed its landing (a transport error, a 5xx) stays counted, in doubt.
             let added = self
                 .cap
                 .as_ref()
-                .is_some_and(|cap| cap.lock().insert(key, self.block_size as u64));
+                .is_some_and(|cap| cap.lock().insert_before_write(key, self.block_size as u64));
             let uncount = |key: &BlockKey| {
                 if added {
                     self.uncount(key);
@@ -705,7 +726,7 @@ impl Shared {
                     object_store::Error::AlreadyExists { .. }
                     | object_store::Error::Precondition { .. },
                 )) => {
-                    if self.existing_is_unverifiable(&path).await? {
+                    if self.existing_is_unverifiable(&key, &path).await? {
                         if std::mem::replace(&mut replaced, true) {
                             uncount(&key);
                             return Err(in_the_way(&path));
@@ -728,6 +749,12 @@ impl Shared {
                     uncount(&key);
                     tracing::warn!(tier = %self.name, "the store has no create-only writes; checking before writing instead");
                     self.create_only.store(false, Ordering::Relaxed);
+                }
+                Err(ReqError::Store(e @ object_store::Error::Generic { .. })) => {
+                    if let Some(cap) = &self.cap {
+                        cap.lock().doubt(&key, crate::capacity::Doubt::Unknown);
+                    }
+                    return Err(self.err(&format!("PUT {path}"), ReqError::Store(e)));
                 }
                 Err(e @ ReqError::Store(_)) => {
                     uncount(&key);
@@ -778,8 +805,18 @@ impl Shared {
             Ok(()) | Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
                 bump(&self.counters.blocks.corrupt_deleted, 1);
                 self.uncount(key);
+                lock(&self.damaged).remove(key);
             }
             Err(e) => {
+                let mut damaged = lock(&self.damaged);
+                if damaged.len() < MAX_DAMAGED {
+                    damaged.insert(*key);
+                }
+                drop(damaged);
+                if let Some(cap) = &self.cap {
+                    // (the DELETE may have run)
+                    cap.lock().doubt(key, crate::capacity::Doubt::Unknown);
+                }
                 let err = self.err(&format!("DELETE {path}"), e);
                 tracing::warn!(tier = %self.name, %key, error = %err, "a damaged object could not be deleted; it stays counted, and the next load or sweep tries again");
             }
@@ -803,8 +840,10 @@ impl Shared {
             }
             Ok(_) => self.delete_corrupt(key, path, Kind::Read).await,
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
-                // gone meanwhile (a sweep, another process): it was reported if ours
+                // gone meanwhile (a sweep, another process): it was reported if ours; under
+                // the key's claim, no store of this tier counts it meanwhile
                 self.presence.gone([key]);
+                self.uncount(key);
             }
             Err(e) => {
                 let err = self.err(&format!("HEAD {path}"), e);

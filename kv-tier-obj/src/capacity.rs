@@ -10,16 +10,30 @@ use kv_tier_core::{BlockKey, EventLog, ProtectionSet};
 use rustc_hash::FxHashMap;
 use tokio::sync::Notify;
 
-/// One indexed object: its size, its tick (larger: more recently used), and the tick it was
-/// last stored, confirmed or listed at: what a request that found it missing compares (a
-/// touch does not change it), and 0 while it is in doubt (put back after a DELETE that may
-/// have run, or a write whose "present" a later 404 contradicts): counted, but not known
-/// held.
+/// One indexed object: its size, its tick (larger: more recently used), the tick it was
+/// last indexed at (stored, confirmed, listed, or counted before a write: what a request
+/// that found it missing compares; a touch does not change it), and whether it is in doubt
+/// (counted, but not known held).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Entry {
     pub(crate) size: u64,
     pub(crate) at: u64,
     pub(crate) stored: u64,
+    pub(crate) doubt: Doubt,
+}
+
+/// Whether an indexed object is known to be there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Doubt {
+    /// Stored, confirmed or listed, and not found missing since.
+    Known,
+    /// A write of it under way, or one that timed out or was dropped: it may still land, so
+    /// a request that finds it missing does not take it out (a sweep, or a store, does).
+    Unended,
+    /// It may be there or not (a DELETE that may have run, a write that failed in a way
+    /// that may have followed its landing, a write whose "present" a later 404
+    /// contradicts): a request that finds it missing takes it out.
+    Unknown,
 }
 
 impl LruEntry for Entry {
@@ -54,8 +68,16 @@ impl CapIndex {
             size,
             at: tick,
             stored: tick,
+            doubt: Doubt::Known,
         };
         self.lru.insert(key, e).is_none()
+    }
+
+    /// [`CapIndex::insert`], [`Doubt::Unended`]: counted before a write.
+    pub(crate) fn insert_before_write(&mut self, key: BlockKey, size: u64) -> bool {
+        let added = self.insert(key, size);
+        self.doubt(&key, Doubt::Unended);
+        added
     }
 
     /// Where indexed `key` sits in its chain: a sweep takes a chain's later objects first.
@@ -84,15 +106,21 @@ impl CapIndex {
         self.lru.get(key).map(|e| e.at)
     }
 
-    /// The tick `key` was last stored, confirmed or listed at (0: in doubt), if indexed.
+    /// The tick `key` was last indexed at, if indexed.
     pub(crate) fn stored_at(&self, key: &BlockKey) -> Option<u64> {
         self.lru.get(key).map(|e| e.stored)
     }
 
-    /// Removes `key` if it was not stored, confirmed or listed again since `stored` (see
+    /// Whether `key` is indexed and known held (not in doubt).
+    pub(crate) fn knows(&self, key: &BlockKey) -> Option<bool> {
+        self.lru.get(key).map(|e| e.doubt == Doubt::Known)
+    }
+
+    /// Removes `key` if it was not indexed again since `stored` (see
     /// [`CapIndex::stored_at`]); returns whether it did.
     pub(crate) fn remove_if_stored_at(&mut self, key: &BlockKey, stored: u64) -> bool {
-        if self.stored_at(key) == Some(stored) {
+        let found = self.lru.get(key).copied();
+        if found.is_some_and(|e| e.stored == stored && e.doubt != Doubt::Unended) {
             self.lru.remove(key);
             true
         } else {
@@ -101,8 +129,8 @@ impl CapIndex {
     }
 
     /// Keeps `key` counted, in doubt: not known held until stored or confirmed again.
-    pub(crate) fn doubt(&mut self, key: &BlockKey) {
-        self.lru.update(key, |e| e.stored = 0);
+    pub(crate) fn doubt(&mut self, key: &BlockKey, doubt: Doubt) {
+        self.lru.update(key, |e| e.doubt = doubt);
     }
 
     pub(crate) fn total(&self) -> u64 {
@@ -324,7 +352,11 @@ impl Cap {
             for (k, e, link) in victims {
                 if failed.contains(k) && !idx.lru.contains(k) {
                     // its old recency and link, in doubt: the DELETE may have run
-                    idx.lru.insert(*k, Entry { stored: 0, ..*e });
+                    let e = Entry {
+                        doubt: Doubt::Unknown,
+                        ..*e
+                    };
+                    idx.lru.insert(*k, e);
                     if let Some((p, d)) = link {
                         idx.lru.link(k, *p, *d);
                     }
@@ -355,12 +387,15 @@ impl Cap {
 /// Victims not confirmed gone go back to the index with their old recency (they may still
 /// be there: counting them is the safe side of the bound, and a later sweep's delete of one
 /// that is gone is a no-op; found again, one is a hit that was reported removed, never a
-/// loss); all leave `deleting`, so no store waits for them forever.
+/// loss); all leave `deleting`, each as its own DELETE ends ([`Deleting::settle`]) or when
+/// the batch goes, so no store waits for them forever, nor for the rest of the batch.
 pub(crate) struct Deleting<'a> {
     pub(crate) cap: &'a Cap,
     pub(crate) victims: Vec<Victim>,
     /// Per victim: whether its DELETE was confirmed (or the object was already gone).
     pub(crate) gone: Vec<bool>,
+    /// Per victim: whether its deletion has ended.
+    settled: Vec<bool>,
 }
 
 impl<'a> Deleting<'a> {
@@ -369,7 +404,29 @@ impl<'a> Deleting<'a> {
     pub(crate) fn new(cap: &'a Cap, events: &EventLog, victims: Vec<Victim>) -> Self {
         events.push(victims.iter().map(|(k, _, _)| *k).collect(), true);
         let gone = vec![false; victims.len()];
-        Self { cap, victims, gone }
+        let settled = gone.clone();
+        Self {
+            cap,
+            victims,
+            gone,
+            settled,
+        }
+    }
+
+    /// Ends victim `i`'s deletion now: `gone`, it stays out of the index; else it goes back
+    /// (in doubt). A store waiting for it goes on.
+    pub(crate) fn settle(&mut self, i: usize, gone: bool) {
+        if std::mem::replace(&mut self.settled[i], true) {
+            return;
+        }
+        self.gone[i] = gone;
+        let v = &self.victims[i..=i];
+        let failed: &[BlockKey] = if gone {
+            &[]
+        } else {
+            std::slice::from_ref(&v[0].0)
+        };
+        self.cap.finish(v, failed);
     }
 
     /// How many victims are confirmed gone.
@@ -380,14 +437,17 @@ impl<'a> Deleting<'a> {
 
 impl Drop for Deleting<'_> {
     fn drop(&mut self) {
-        let doubtful: Vec<BlockKey> = self
-            .victims
+        let rest: Vec<(Victim, bool)> = (0..self.victims.len())
+            .filter(|&i| !self.settled[i])
+            .map(|i| (self.victims[i], self.gone[i]))
+            .collect();
+        let doubtful: Vec<BlockKey> = rest
             .iter()
-            .zip(&self.gone)
-            .filter(|(_, gone)| !**gone)
+            .filter(|(_, gone)| !gone)
             .map(|((k, _, _), _)| *k)
             .collect();
-        self.cap.finish(&self.victims, &doubtful);
+        let rest: Vec<Victim> = rest.into_iter().map(|(v, _)| v).collect();
+        self.cap.finish(&rest, &doubtful);
     }
 }
 
@@ -498,6 +558,7 @@ mod tests {
                     size: 10,
                     at: 3,
                     stored: 3,
+                    doubt: Doubt::Known,
                 },
                 None,
             )],
@@ -521,6 +582,7 @@ mod tests {
                         size: 10,
                         at: 4,
                         stored: 4,
+                        doubt: Doubt::Known,
                     },
                     None,
                 ),
@@ -530,6 +592,7 @@ mod tests {
                         size: 10,
                         at: 5,
                         stored: 5,
+                        doubt: Doubt::Known,
                     },
                     None,
                 ),

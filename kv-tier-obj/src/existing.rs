@@ -28,7 +28,7 @@ impl Shared {
                 }
                 Ok(Existing::Absent)
             }
-            Some(got) if self.unverifiable(&got) => {
+            Some(got) if self.unverifiable(&got) || self.known_damaged(key) => {
                 self.warn_in_the_way(key);
                 Ok(Existing::InTheWay)
             }
@@ -46,11 +46,21 @@ impl Shared {
     /// Whether the object at `path` is one a load would refuse; one gone meanwhile counts as
     /// in the way, so the caller's delete (harmless on a missing object) runs and the PUT
     /// writes the block.
-    pub(crate) async fn existing_is_unverifiable(&self, path: &ObjPath) -> Result<bool> {
+    pub(crate) async fn existing_is_unverifiable(
+        &self,
+        key: &BlockKey,
+        path: &ObjPath,
+    ) -> Result<bool> {
         Ok(self
             .head_meta(path)
             .await?
-            .is_none_or(|got| self.unverifiable(&got)))
+            .is_none_or(|got| self.unverifiable(&got) || self.known_damaged(key)))
+    }
+
+    /// Whether a load of this tier found `key`'s object damaged and could not delete it: a
+    /// store replaces it, whatever its metadata says.
+    fn known_damaged(&self, key: &BlockKey) -> bool {
+        crate::block::lock(&self.damaged).contains(key)
     }
 
     /// The object at `path`'s metadata and attributes (a HEAD), `None` if there is none.

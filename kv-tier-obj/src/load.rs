@@ -145,7 +145,7 @@ impl Shared {
                     .await);
             }
         }
-        self.presence.present(&key, sent);
+        self.found_present(&key, sent);
         self.touch_index(&[key]);
         bump(&self.counters.blocks.blocks_read, 1);
         bump(&self.counters.blocks.bytes_read, self.block_size as u64);

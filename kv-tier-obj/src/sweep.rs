@@ -79,15 +79,17 @@ impl Shared {
         deleted
     }
 
-    /// The DELETEs of the batch's victims, at once, each a write request of its own (within
-    /// the `io_threads` bound of writes and its own request deadline), marking each victim
-    /// gone as the store confirms it (so a batch dropped part way knows which deletes it saw
-    /// end; see [`Deleting`] for the rest). One request per object, as the PUTs were: S3's
-    /// bulk delete would be one request for the batch, but as many DELETEs in flight at once
-    /// on a store without it (object_store's default runs ten), outside the bound.
+    /// The DELETEs of the batch's victims, oldest first, each a write request of its own
+    /// (within its own request deadline), at most half of `io_threads` (at least one) at
+    /// once: write-back keeps the other half, and a PUT waits behind at most that many
+    /// DELETEs. Each victim is marked gone as the store confirms it, and its deletion ends as
+    /// its DELETE does (so a store of it waits for that DELETE alone; see [`Deleting`] for
+    /// the rest). One request per object, as the PUTs were: S3's bulk delete would be one
+    /// request for the batch, but as many DELETEs in flight at once on a store without it
+    /// (object_store's default runs ten), outside the bound.
     pub(crate) async fn delete_batch(&self, batch: &mut Deleting<'_>) {
         let _forget = self.forget_after(batch.victims.iter().map(|(k, _, _)| *k).collect());
-        let mut deletes: futures::stream::FuturesUnordered<_> = batch
+        let requests: Vec<_> = batch
             .victims
             .iter()
             .enumerate()
@@ -99,15 +101,18 @@ impl Shared {
                 }
             })
             .collect();
+        let mut deletes =
+            futures::stream::iter(requests).buffer_unordered(self.io_threads.div_ceil(2));
         let mut failed = 0;
         let mut first = None;
         while let Some((i, path, r)) = deletes.next().await {
             match r {
                 // deleted, or already gone
                 Ok(()) | Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
-                    batch.gone[i] = true;
+                    batch.settle(i, true);
                 }
                 Err(e) => {
+                    batch.settle(i, false);
                     failed += 1;
                     first.get_or_insert_with(|| self.err(&format!("DELETE {path}"), e));
                 }

@@ -202,6 +202,7 @@ impl ObjTier {
             request_deadline: cfg.request_deadline(),
             lookup_deadline: Duration::from_secs_f64(cfg.lookup_timeout_s),
             puts: Mutex::new(FxHashMap::default()),
+            damaged: Mutex::new(Default::default()),
             closed: AtomicBool::new(false),
         });
         let tier = Self {

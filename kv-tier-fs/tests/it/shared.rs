@@ -444,26 +444,22 @@ async fn lease_garbled_after_epochs_climb_stores_get_credit_again() {
     lease_lost_after_epochs_climb(true).await;
 }
 
-/// The leader's sweep keeps the key of a store another instance announced and has not
-/// ended, even with the key's file on disk: a sweep that deleted it let that store find the
-/// path empty and publish a file no index counted (three instances storing the same keys
-/// reached 1.62x the cap). Here `b`'s store of a key `a` holds is stopped between its
-/// announcement and its write, and `a` sweeps for space meanwhile (grace ignored, `k` the
-/// only file): the file stays, `b`'s store is a skip, and the index counts what is on disk.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_announced_by_another_instance_keeps_its_key_from_the_sweep() {
-    let dir = kv_tier_testkit::temp_root();
-    let root = dir.path().join("root");
-    let a = Arc::new(open_tight(&root, "a"));
-    wait_until("a leads", SETTLE_LIMIT, || a.stats().shared.unwrap().leader);
-    let b = Arc::new(open_tight(&root, "b"));
-    let k = tag_key(9, 0);
-    assert!(store_keys(&*a, &[k], 0, SHARED_BS).await.is_success());
+/// `b`'s store of `k`, stopped between its announcement and its write (at its first
+/// temporary file) until `go` sends, once the leader `a` has read the announcement.
+async fn a_store_held_at_its_write(
+    a: &FsTier,
+    b: &Arc<FsTier>,
+    k: BlockKey,
+) -> (
+    tokio::task::JoinHandle<kv_tier_core::JobResult>,
+    std::sync::mpsc::Sender<()>,
+) {
     let (reached_tx, reached) = std::sync::mpsc::channel::<()>();
     let (go, go_rx) = std::sync::mpsc::channel::<()>();
     let go_rx = std::sync::Mutex::new(go_rx);
+    let once = AtomicBool::new(false);
     b.set_fault_injector(Some(Arc::new(move |op, _: &std::path::Path| {
-        if op == kv_tier_fs::FsOp::CreateTmp {
+        if op == kv_tier_fs::FsOp::CreateTmp && !once.swap(true, Ordering::SeqCst) {
             let _ = reached_tx.send(());
             let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(60));
         }
@@ -480,6 +476,25 @@ async fn a_store_announced_by_another_instance_keeps_its_key_from_the_sweep() {
     wait_until("the leader read b's announcement", SETTLE_LIMIT, || {
         a.stats().shared.unwrap().stores_under_way == 1
     });
+    (store, go)
+}
+
+/// The leader's sweep keeps the key of a store another instance announced and has not
+/// ended, even with the key's file on disk: a sweep that deleted it let that store find the
+/// path empty and publish a file no index counted (three instances storing the same keys
+/// reached 1.62x the cap). Here `b`'s store of a key `a` holds is stopped between its
+/// announcement and its write, and `a` sweeps for space meanwhile (grace ignored, `k` the
+/// only file): the file stays, `b`'s store is a skip, and the index counts what is on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_announced_by_another_instance_keeps_its_key_from_the_sweep() {
+    let dir = kv_tier_testkit::temp_root();
+    let root = dir.path().join("root");
+    let a = Arc::new(open_tight(&root, "a"));
+    wait_until("a leads", SETTLE_LIMIT, || a.stats().shared.unwrap().leader);
+    let b = Arc::new(open_tight(&root, "b"));
+    let k = tag_key(9, 0);
+    assert!(store_keys(&*a, &[k], 0, SHARED_BS).await.is_success());
+    let (store, go) = a_store_held_at_its_write(&a, &b, k).await;
     a.gc_apply_stamps_now().unwrap();
     a.gc_sweep_for_space_now().unwrap();
     let path = a.block_path(&k);
@@ -514,31 +529,10 @@ async fn a_load_missing_a_key_whose_store_is_announced_keeps_its_entry() {
     wait_until("a leads", SETTLE_LIMIT, || a.stats().shared.unwrap().leader);
     let b = Arc::new(open_tight(&root, "b"));
     let k = tag_key(9, 0);
-    let (reached_tx, reached) = std::sync::mpsc::channel::<()>();
-    let (go, go_rx) = std::sync::mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    let once = AtomicBool::new(false);
-    b.set_fault_injector(Some(Arc::new(move |op, _: &std::path::Path| {
-        if op == kv_tier_fs::FsOp::CreateTmp && !once.swap(true, Ordering::SeqCst) {
-            let _ = reached_tx.send(());
-            let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(60));
-        }
-        None
-    })));
-    let store = tokio::spawn({
-        let b = b.clone();
-        async move { store_keys(&*b, &[k], 0, SHARED_BS).await }
-    });
-    tokio::task::spawn_blocking(move || reached.recv_timeout(SETTLE_LIMIT))
-        .await
-        .unwrap()
-        .expect("b's store never reached its write");
-    wait_until("the leader read b's announcement", SETTLE_LIMIT, || {
-        a.stats().shared.unwrap().stores_under_way == 1
-    });
-    let (r, _) = kv_tier_testkit::load_keys(&*a, &[k], SHARED_BS).await;
+    let (store, go) = a_store_held_at_its_write(&a, &b, k).await;
+    let (r, _) = load_keys(&*a, &[k], SHARED_BS).await;
     assert!(
-        matches!(r.failed[..], [(_, kv_tier_core::Error::NotFound { .. })]),
+        matches!(r.failed[..], [(_, Error::NotFound { .. })]),
         "{:?}",
         r.failed
     );

@@ -7,6 +7,7 @@ use std::time::Duration;
 use kv_tier_core::{BlockKey, SecondaryTier};
 use kv_tier_obj::{ObjTier, ObjTierConfig};
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
+use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
 use kv_tier_testkit::{load_keys, test_key, verify_block};
 
 use crate::support::*;
@@ -196,7 +197,6 @@ async fn dropped_sweep_now_leaves_nothing_wedged() {
 /// writes back: once the reads end, a store's writes run side by side again, none held back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_dropped_while_it_waits_for_a_permit_holds_no_write_back() {
-    use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
     let s = Arc::new(ControlledStore::new());
     let mut cfg = ObjTierConfig::new("mem");
     cfg.io_threads = 4;
@@ -242,4 +242,91 @@ async fn a_read_dropped_while_it_waits_for_a_permit_holds_no_write_back() {
     s.release(Op::Put);
     assert!(storing.await.unwrap().is_success());
     assert_eq!(tier.stats().writes_deferred, deferred, "{:?}", tier.stats());
+}
+
+/// A bounded tier's store dropped while its PUT is held (never ran): nothing at the path;
+/// `holds` must not answer "held" (cancellation leaves nothing claimed as held).
+#[tokio::test(start_paused = true)]
+async fn a_store_dropped_in_its_put_is_not_answered_held() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_long(64)).await;
+    let k = test_key(1);
+    let puts = s.hold(Op::Put);
+    let t = tier.clone();
+    let storing = tokio::spawn(async move { obj_store(&*t, &[k]).await });
+    puts.wait_arrived(1).await;
+    storing.abort();
+    let _ = storing.await;
+    s.release(Op::Put);
+    assert!(!s.exists(&tier.object_path(&k)).await);
+    assert_ne!(
+        tier.holds(&k),
+        Some(true),
+        "a store dropped before its PUT ran left the key answered held: {:?}",
+        tier.stats()
+    );
+}
+
+/// The same, dropped while it waits for the one write permit (io_threads 1, another key's
+/// PUT held): it never sent a PUT at all.
+#[tokio::test(start_paused = true)]
+async fn a_store_dropped_waiting_for_a_write_permit_is_not_answered_held() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded_long(64);
+    c.io_threads = 1;
+    let tier = tier_on(&s, c).await;
+    let (a, k) = (test_key(1), test_key(2));
+    let puts = s.hold(Op::Put);
+    let t = tier.clone();
+    let first = tokio::spawn(async move { obj_store(&*t, &[a]).await });
+    puts.wait_arrived(1).await;
+    let t = tier.clone();
+    let second = tokio::spawn(async move { obj_store(&*t, &[k]).await });
+    wait_until_async("the second store counted", SETTLE_LIMIT, || {
+        tier.stats().objects == 2
+    })
+    .await;
+    assert_eq!(s.count(Op::Put), 1, "the second store sent no PUT");
+    second.abort();
+    let _ = second.await;
+    s.release(Op::Put);
+    assert!(first.await.unwrap().is_success());
+    assert!(!s.exists(&tier.object_path(&k)).await);
+    assert_ne!(
+        tier.holds(&k),
+        Some(true),
+        "a store dropped before it sent its PUT left the key answered held: {:?}",
+        tier.stats()
+    );
+}
+
+/// A bounded tier's store whose PUT never ran (held at the server) and timed out: the store
+/// reports a timeout and nothing is at the path. `holds` must not answer "held" (the index
+/// may count it, in doubt, but the tier cannot tell it is there).
+#[tokio::test(start_paused = true)]
+async fn a_store_whose_put_timed_out_unrun_is_not_answered_held() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded(64);
+    c.request_timeout_s = 1.0;
+    c.max_retries = 0;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    let _puts = s.hold(Op::Put);
+    let r = obj_store(&tier, &[k]).await;
+    assert!(
+        matches!(&r.failed[..], [(_, e)] if is_timeout(e)),
+        "{:?}",
+        r.failed
+    );
+    s.release(Op::Put);
+    assert!(
+        !s.exists(&tier.object_path(&k)).await,
+        "the held PUT never ran"
+    );
+    assert_ne!(
+        tier.holds(&k),
+        Some(true),
+        "a key whose only store timed out without writing is answered held: {:?}",
+        tier.stats()
+    );
 }

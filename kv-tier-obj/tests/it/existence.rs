@@ -641,3 +641,55 @@ async fn concurrent_lookup_deadlines_are_counted_once_in_lines_and_stats() {
     assert_eq!(sum, total, "{lines:#?}");
     s.release_all();
 }
+
+/// An unbounded tier with its existence listing: a store runs while a LIST is held (the LIST
+/// saw no object); once the LIST installs, the stored key is not answered absent.
+#[tokio::test(start_paused = true)]
+async fn a_key_stored_during_a_held_list_is_not_listed_absent() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, ObjTierConfig::new("mem")).await;
+    wait_until_async("a listing", SETTLE_LIMIT, || tier.stats().listings >= 1).await;
+    let lists = s.hold_lists();
+    lists.wait_arrived(1).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let before = tier.stats().listings;
+    s.release_lists();
+    wait_until_async("the held listing installs", SETTLE_LIMIT, || {
+        tier.stats().listings > before
+    })
+    .await;
+    tier.clear_exists_cache();
+    wait_until_async("a listing after the clear", SETTLE_LIMIT, || {
+        tier.stats().listings > before + 1
+    })
+    .await;
+    assert_ne!(tier.holds(&k), Some(false));
+    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![true]);
+}
+
+/// The same with the existence cache cleared while the held LIST is under way (it installs
+/// nothing) and a confirmed (skipped) store during it: never answered absent.
+#[tokio::test(start_paused = true)]
+async fn a_key_confirmed_during_a_held_list_across_a_clear_is_not_listed_absent() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    let k = test_key(1);
+    let tier = tier_on(&s, ObjTierConfig::new("mem")).await;
+    wait_until_async("a listing", SETTLE_LIMIT, || tier.stats().listings >= 1).await;
+    assert_eq!(tier.holds(&k), Some(false));
+    let lists = s.hold_lists();
+    lists.wait_arrived(1).await;
+    assert!(obj_store(&writer, &[k]).await.is_success());
+    tier.clear_exists_cache();
+    assert!(obj_store(&tier, &[k]).await.is_success()); // create-only: already exists
+    assert_ne!(
+        tier.holds(&k),
+        Some(false),
+        "confirmed, then answered absent"
+    );
+    s.release_lists();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_ne!(tier.holds(&k), Some(false));
+    assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![true]);
+}

@@ -131,24 +131,35 @@ async fn a_list_answered_after_a_load_found_the_key_gone_does_not_bring_back_pre
     assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false]);
 }
 
-/// A store's HEAD sees the object; the object is then deleted behind the tier's back and a
-/// load of the tier sees the 404 *before* the HEAD's answer arrives. The store's
-/// confirmation is older than the 404: the store is not skipped on it, it writes the block
-/// (and what the tier answers after is what is there).
-#[tokio::test(start_paused = true)]
-async fn a_store_confirmed_by_a_head_older_than_a_404_writes_the_block() {
+/// How the tier learns that the object went while a store's confirming HEAD is answering.
+enum Learns {
+    /// A load of it finds it missing (a 404).
+    ByALoad,
+    /// Its existence cache is cleared (`clear_exists_cache`).
+    ByAClear,
+}
+
+/// A store of a key another writer stored (its create-only PUT answers "already exists",
+/// its HEAD runs and sees the object, the HEAD's answer takes 10 s); meanwhile the object is
+/// deleted behind the tier's back, and the tier learns it as `learns` says, before the
+/// HEAD's answer arrives. The store ends, succeeded; what it found is left to the caller.
+async fn a_store_confirmed_by_a_stale_head(
+    mut cfg: ObjTierConfig,
+    learns: Learns,
+) -> (
+    Arc<ControlledStore>,
+    Arc<kv_tier_obj::ObjTier>,
+    kv_tier_core::BlockKey,
+) {
     let s = Arc::new(ControlledStore::new());
     let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
     let k = test_key(1);
     assert!(obj_store(&writer, &[k]).await.is_success());
-    let mut cfg = heads_only(ObjTierConfig::new("mem"));
     cfg.request_timeout_s = 60.0;
     cfg.max_retries = 0;
     cfg.lookup_timeout_s = 60.0;
     let tier = tier_on(&s, cfg).await;
     let path = tier.object_path(&k);
-    // the store's create-only PUT answers "already exists"; its HEAD runs (sees the object)
-    // and its answer takes 10 s to arrive
     s.delay_replies(Op::Head, Duration::from_secs(10));
     let heads = s.count(Op::Head);
     let t = tier.clone();
@@ -157,19 +168,33 @@ async fn a_store_confirmed_by_a_head_older_than_a_404_writes_the_block() {
         s.count(Op::Head) == heads + 1
     })
     .await;
-    // removed behind the tier's back; a load of this tier sees it gone
-    s.inner.delete(&Path::from(path.clone())).await.unwrap();
-    let (r, _) = load_keys(&*tier, &[k], BS).await;
-    assert!(
-        matches!(r.failed[..], [(_, Error::NotFound { .. })]),
-        "{:?}",
-        r.failed
-    );
+    s.inner.delete(&Path::from(path)).await.unwrap();
+    match learns {
+        Learns::ByALoad => {
+            let (r, _) = load_keys(&*tier, &[k], BS).await;
+            assert!(
+                matches!(r.failed[..], [(_, Error::NotFound { .. })]),
+                "{:?}",
+                r.failed
+            );
+        }
+        Learns::ByAClear => tier.clear_exists_cache(),
+    }
     let res = storing.await.unwrap();
     assert!(res.is_success(), "{:?}", res.failed);
     s.release_all();
+    (s, tier, k)
+}
+
+/// A store's confirmation older than a 404 the tier saw (see
+/// [`a_store_confirmed_by_a_stale_head`]) does not skip the store: it writes the block, and
+/// what the tier answers after is what is there.
+#[tokio::test(start_paused = true)]
+async fn a_store_confirmed_by_a_head_older_than_a_404_writes_the_block() {
+    let heads_only_cfg = heads_only(ObjTierConfig::new("mem"));
+    let (s, tier, k) = a_store_confirmed_by_a_stale_head(heads_only_cfg, Learns::ByALoad).await;
     assert!(
-        s.exists(&path).await,
+        s.exists(&tier.object_path(&k)).await,
         "the store was skipped on a stale confirmation"
     );
     assert_eq!(tier.stats().blocks.stores_skipped, 0, "{:?}", tier.stats());
@@ -181,36 +206,9 @@ async fn a_store_confirmed_by_a_head_older_than_a_404_writes_the_block() {
 /// The same for a bounded tier (whose index would answer "held" from the confirmation).
 #[tokio::test(start_paused = true)]
 async fn a_bounded_store_confirmed_by_a_head_older_than_a_404_writes_the_block() {
-    let s = Arc::new(ControlledStore::new());
-    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
-    let k = test_key(1);
-    assert!(obj_store(&writer, &[k]).await.is_success());
-    let mut cfg = bounded(64);
-    cfg.request_timeout_s = 60.0;
-    cfg.max_retries = 0;
-    cfg.lookup_timeout_s = 60.0;
-    let tier = tier_on(&s, cfg).await;
-    let path = tier.object_path(&k);
-    s.delay_replies(Op::Head, Duration::from_secs(10));
-    let heads = s.count(Op::Head);
-    let t = tier.clone();
-    let storing = tokio::spawn(async move { obj_store(&*t, &[k]).await });
-    wait_until_async("the store's HEAD ran", SETTLE_LIMIT, || {
-        s.count(Op::Head) == heads + 1
-    })
-    .await;
-    s.inner.delete(&Path::from(path.clone())).await.unwrap();
-    let (r, _) = load_keys(&*tier, &[k], BS).await;
+    let (s, tier, k) = a_store_confirmed_by_a_stale_head(bounded(64), Learns::ByALoad).await;
     assert!(
-        matches!(r.failed[..], [(_, Error::NotFound { .. })]),
-        "{:?}",
-        r.failed
-    );
-    let res = storing.await.unwrap();
-    assert!(res.is_success(), "{:?}", res.failed);
-    s.release_all();
-    assert!(
-        s.exists(&path).await,
+        s.exists(&tier.object_path(&k)).await,
         "the store was skipped on a stale confirmation"
     );
     assert_eq!(tier.stats().blocks.stores_skipped, 0, "{:?}", tier.stats());
@@ -219,34 +217,12 @@ async fn a_bounded_store_confirmed_by_a_head_older_than_a_404_writes_the_block()
 }
 
 /// `clear_exists_cache`'s doc: "A HEAD, GET or LIST under way keeps what it found to
-/// itself". A store's confirming HEAD under way when the cache is cleared (the object gone
-/// behind the tier's back meanwhile) confirms nothing: the store writes the block.
+/// itself". A store's confirming HEAD under way when the cache is cleared confirms
+/// nothing: the store writes the block.
 #[tokio::test(start_paused = true)]
 async fn a_store_confirmation_under_way_across_a_clear_writes_the_block() {
-    let s = Arc::new(ControlledStore::new());
-    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
-    let k = test_key(1);
-    assert!(obj_store(&writer, &[k]).await.is_success());
-    let mut cfg = heads_only(ObjTierConfig::new("mem"));
-    cfg.request_timeout_s = 60.0;
-    cfg.max_retries = 0;
-    let tier = tier_on(&s, cfg).await;
-    s.delay_replies(Op::Head, Duration::from_secs(10));
-    let heads = s.count(Op::Head);
-    let t = tier.clone();
-    let storing = tokio::spawn(async move { obj_store(&*t, &[k]).await });
-    wait_until_async("the store's HEAD ran", SETTLE_LIMIT, || {
-        s.count(Op::Head) == heads + 1
-    })
-    .await;
-    // the object goes behind the tier's back while the HEAD's answer is on its way
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
-    tier.clear_exists_cache();
-    assert!(storing.await.unwrap().is_success());
-    s.release_all();
+    let heads_only_cfg = heads_only(ObjTierConfig::new("mem"));
+    let (s, tier, k) = a_store_confirmed_by_a_stale_head(heads_only_cfg, Learns::ByAClear).await;
     assert!(
         s.exists(&tier.object_path(&k)).await,
         "a HEAD under way across clear_exists_cache skipped the store"
@@ -341,54 +317,6 @@ async fn a_bounded_tier_does_not_hold_a_key_whose_store_saw_it_gone_and_failed()
         tier.holds(&k),
         Some(true),
         "held though the store's HEAD and the lookup both saw it missing"
-    );
-}
-
-/// A bounded tier's sweep DELETEs run on the store, their replies lost past the deadline:
-/// the victims are reported removed and gone. `holds` must not answer "held" for them
-/// (lookup answers absent).
-#[tokio::test(start_paused = true)]
-async fn a_bounded_tier_does_not_hold_a_victim_it_reported_removed() {
-    let s = Arc::new(ControlledStore::new());
-    let mut c = bounded(4);
-    c.request_timeout_s = 1.0;
-    c.max_retries = 0;
-    let tier = tier_on(&s, c).await;
-    let keys: Vec<_> = (0..5).map(test_key).collect();
-    for k in &keys[..4] {
-        assert!(obj_store(&tier, &[*k]).await.is_success());
-    }
-    tier.take_events();
-    s.delay_replies(Op::Delete, Duration::from_secs(3600));
-    assert!(obj_store(&tier, &keys[4..]).await.is_success());
-    tier.sweep_now().await;
-    wait_sweeps_done(&tier).await;
-    let removed: Vec<_> = tier
-        .take_events()
-        .into_iter()
-        .filter(|e| e.removed)
-        .flat_map(|e| e.keys)
-        .collect();
-    let mut gone = Vec::new();
-    for k in &keys {
-        if !s.exists(&tier.object_path(k)).await {
-            gone.push(*k);
-        }
-    }
-    assert!(!gone.is_empty());
-    let mut wrong = Vec::new();
-    for k in &gone {
-        assert!(removed.contains(k));
-        if tier.holds(k) == Some(true) {
-            wrong.push(*k);
-        }
-    }
-    assert!(
-        wrong.is_empty(),
-        "{} of {} keys reported removed and gone from the store are answered held: {:?}",
-        wrong.len(),
-        gone.len(),
-        tier.stats()
     );
 }
 
@@ -488,4 +416,210 @@ async fn many_keys_seen_gone_never_let_an_older_present_in() {
     s.release_all();
     assert_ne!(tier.holds(&k), Some(true));
     assert_eq!(tier.lookup(&[k]).await.unwrap(), vec![false]);
+}
+
+/// A load finds a damaged object; before its check of the object (HEAD) the object goes
+/// behind the tier's back, and the HEAD sees 404. A request of the tier found the key
+/// missing: it must leave the index (`holds` not "held").
+#[tokio::test(start_paused = true)]
+async fn a_damaged_loads_head_that_finds_the_key_gone_takes_it_out_of_the_index() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded_checked_1s(64);
+    c.request_timeout_s = 600.0;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    rot(&s, &path).await;
+    let heads = s.hold_path(Op::Head, &path);
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[k], BS).await });
+    heads.wait_arrived(1).await;
+    s.inner.delete(&Path::from(path.clone())).await.unwrap();
+    heads.open();
+    let (r, _) = loading.await.unwrap();
+    assert!(
+        matches!(r.failed[..], [(_, Error::Corrupt { .. })]),
+        "{:?}",
+        r.failed
+    );
+    s.release_all();
+    assert!(!s.exists(&path).await);
+    assert_ne!(
+        tier.holds(&k),
+        Some(true),
+        "held after the tier's own HEAD found it missing: {:?}",
+        tier.stats()
+    );
+}
+
+/// A load finds a damaged object and deletes it; the DELETE runs but its reply is lost past
+/// the deadline. The key was reported removed and is gone: `holds` must not answer "held".
+#[tokio::test(start_paused = true)]
+async fn a_damaged_object_deleted_with_a_lost_reply_is_not_answered_held() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_checked_1s(64)).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    rot(&s, &path).await;
+    let mut h = History::default();
+    h.take(&tier);
+    s.delay_replies(Op::Delete, Duration::from_secs(3600));
+    let (r, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        matches!(r.failed[..], [(_, Error::Corrupt { .. })]),
+        "{:?}",
+        r.failed
+    );
+    h.take(&tier);
+    assert_eq!(h.last(&k), Some(true), "reported removed");
+    assert!(!s.exists(&path).await, "the DELETE ran");
+    assert_ne!(
+        tier.holds(&k),
+        Some(true),
+        "a key reported removed and gone is answered held: {:?}",
+        tier.stats()
+    );
+}
+
+/// A bounded tier (index seeded at open, so its existence cache is empty) stores a key whose
+/// object went behind its back; while the PUT is in flight a lookup's HEAD sees the 404;
+/// then the PUT fails. The tier saw the key missing and its store wrote nothing: `holds`
+/// must not answer "held".
+#[tokio::test(start_paused = true)]
+async fn a_failed_store_across_a_lookups_404_does_not_leave_the_key_held() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    let k = test_key(1);
+    assert!(obj_store(&writer, &[k]).await.is_success());
+    let tier = tier_on(&s, bounded_long(64)).await;
+    assert_eq!(tier.holds(&k), Some(true), "listed at open");
+    let path = tier.object_path(&k);
+    s.inner.delete(&Path::from(path.clone())).await.unwrap();
+    let puts = s.hold(Op::Put);
+    s.fail_puts(PutFault::Refused, "", usize::MAX);
+    let t = tier.clone();
+    let storing = tokio::spawn(async move { obj_store(&*t, &[k]).await });
+    puts.wait_arrived(1).await;
+    assert_eq!(
+        tier.lookup(&[k]).await.unwrap(),
+        vec![false],
+        "the lookup's HEAD saw 404"
+    );
+    s.release(Op::Put);
+    let r = storing.await.unwrap();
+    assert!(!r.is_success(), "the PUT was refused");
+    s.stop_failing_puts();
+    assert!(!s.exists(&path).await);
+    assert_ne!(
+        tier.holds(&k),
+        Some(true),
+        "held though a lookup saw it missing and its store wrote nothing: {:?}",
+        tier.stats()
+    );
+}
+
+/// Two writes of one key end in doubt (each contradicted by a 404 that was on its way), and a
+/// lookup sent while the key was indexed in doubt, answering 404 after the second write
+/// landed, takes the key out of the index: the in-doubt 0 of the first matches that of the
+/// second. The object is there (the store reported it), uncounted, and `holds` answers it
+/// absent.
+#[tokio::test(start_paused = true)]
+async fn a_stale_404_does_not_uncount_a_later_write_in_doubt() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_long(64)).await;
+    let k = test_key(1);
+    let path = tier.object_path(&k);
+    s.delay_replies(Op::Head, Duration::from_secs(10));
+    let spawn_lookup = |t: &Arc<kv_tier_obj::ObjTier>| {
+        let t = t.clone();
+        tokio::spawn(async move { t.lookup(&[k]).await.unwrap() })
+    };
+    let head_ran = |n: usize| {
+        let s = s.clone();
+        async move {
+            wait_until_async("the HEAD ran", SETTLE_LIMIT, || s.count(Op::Head) >= n).await;
+        }
+    };
+    // 1. a first write in doubt: a lookup's 404 (sent before it) answers while its PUT runs
+    let l0 = spawn_lookup(&tier);
+    head_ran(1).await;
+    let puts = s.hold(Op::Put);
+    let t = tier.clone();
+    let s1 = tokio::spawn(async move { obj_store(&*t, &[k]).await });
+    puts.wait_arrived(1).await;
+    tokio::time::sleep(Duration::from_secs(11)).await; // l0's 404 arrives
+    s.release(Op::Put);
+    assert!(s1.await.unwrap().is_success());
+    assert_eq!(l0.await.unwrap(), vec![false]);
+    assert!(s.exists(&path).await);
+    assert_eq!(tier.holds(&k), None, "in doubt");
+    // 2. the object goes behind the tier's back (a lifecycle rule); two lookups' HEADs see
+    // the 404, their answers on the way
+    s.inner.delete(&Path::from(path.clone())).await.unwrap();
+    let l1 = spawn_lookup(&tier);
+    head_ran(2).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let l2 = spawn_lookup(&tier);
+    head_ran(3).await;
+    // 3. the block is stored again; l1's 404 answers while its PUT runs (in doubt again)
+    let puts = s.hold(Op::Put);
+    let t = tier.clone();
+    let s2 = tokio::spawn(async move { obj_store(&*t, &[k]).await });
+    puts.wait_arrived(1).await;
+    tokio::time::sleep(Duration::from_secs(6)).await; // l1's 404 arrives
+    s.release(Op::Put);
+    let r = s2.await.unwrap();
+    assert!(r.is_success(), "{:?}", r.failed);
+    assert_eq!(l1.await.unwrap(), vec![false]);
+    // 4. l2's 404 (sent before the second write) arrives after it
+    assert_eq!(l2.await.unwrap(), vec![false]);
+    s.release_all();
+    assert!(s.exists(&path).await, "the second store wrote the block");
+    let st = tier.stats();
+    let present = present_bytes(&s.inner);
+    assert!(
+        st.bytes >= present,
+        "under-count: stats().bytes {} < {present} bytes present, holds {:?} ({st:?})",
+        st.bytes,
+        tier.holds(&k)
+    );
+    assert_ne!(
+        tier.holds(&k),
+        Some(false),
+        "a block the tier stored (and is there) is answered absent"
+    );
+}
+
+/// A load finds a block damaged (bit rot) and its DELETE times out without running: the tier
+/// reported the key removed and knows the object there is damaged. A store of the key then
+/// reports it stored: the block there must be a readable one ("a reported store is a
+/// readable block").
+#[tokio::test(start_paused = true)]
+async fn a_store_after_a_damaged_objects_delete_timed_out_leaves_a_readable_block() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_checked_1s(64)).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    rot(&s, &path).await;
+    let _d = s.hold(Op::Delete);
+    let (r, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        matches!(r.failed[..], [(_, Error::Corrupt { .. })]),
+        "{:?}",
+        r.failed
+    );
+    s.release(Op::Delete);
+    assert!(s.exists(&path).await, "the DELETE never ran");
+    let r = obj_store(&tier, &[k]).await;
+    assert!(r.is_success(), "{:?}", r.failed);
+    let (r, data) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        r.is_success() && kv_tier_testkit::verify_block(&k, 0, &data[0].1),
+        "a store reported after the tier saw the object damaged left it damaged: {:?} {:?}",
+        r.failed,
+        tier.stats().blocks
+    );
 }

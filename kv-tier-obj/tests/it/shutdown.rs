@@ -201,3 +201,42 @@ async fn a_shutdown_dropped_mid_sweep_then_shutdown_again() {
         assert_eq!(again.holds(k), Some(there), "{k}");
     }
 }
+
+/// Shutdown of a bounded tier (io_threads 1) while several store jobs queue behind a held PUT
+/// and a sweep's DELETE is held: shutdown ends (within a few request deadlines of tokio's
+/// clock), and no store hangs.
+#[tokio::test(start_paused = true)]
+async fn shutdown_with_queued_stores_and_a_held_sweep_ends() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded(4);
+    c.request_timeout_s = 2.0;
+    c.max_retries = 0;
+    c.io_threads = 1;
+    let deadline = c.request_deadline();
+    let tier = tier_on(&s, c).await;
+    for i in 0..4 {
+        assert!(obj_store(&tier, &[test_key(i)]).await.is_success());
+    }
+    let _d = s.hold(Op::Delete);
+    assert!(obj_store(&tier, &[test_key(4)]).await.is_success()); // over: a sweep
+    let _p = s.hold(Op::Put);
+    let mut jobs = Vec::new();
+    for j in 0..4u64 {
+        let t = tier.clone();
+        let ks: Vec<_> = (0..3).map(|i| test_key(100 + j * 10 + i)).collect();
+        jobs.push(tokio::spawn(async move { obj_store(&*t, &ks).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let t0 = tokio::time::Instant::now();
+    tokio::time::timeout(deadline * 20, tier.shutdown())
+        .await
+        .expect("shutdown did not end")
+        .unwrap();
+    eprintln!("shutdown took {:?} (deadline {deadline:?})", t0.elapsed());
+    for j in jobs {
+        let _ = tokio::time::timeout(deadline * 20, j)
+            .await
+            .expect("a store hung past shutdown");
+    }
+    assert_eq!(tier.sweeps_running(), 0);
+}

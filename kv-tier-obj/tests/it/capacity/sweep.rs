@@ -8,6 +8,7 @@ use std::time::Duration;
 use kv_tier_core::{BlockKey, SecondaryTier};
 use kv_tier_obj::ObjTierConfig;
 use kv_tier_testkit::controlled_store::{ControlledStore, Op};
+use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
 use kv_tier_testkit::{load_keys, test_key};
 
 use crate::support::*;
@@ -259,7 +260,6 @@ async fn a_delete_whose_reply_is_lost_is_reported_removed_and_still_counted() {
 /// whatever the number of victims.
 #[tokio::test(start_paused = true)]
 async fn a_sweeps_deletes_stay_within_io_threads() {
-    use kv_tier_testkit::wait::{SETTLE_LIMIT, wait_until_async};
     let s = Arc::new(ControlledStore::new());
     let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
     let keys: Vec<BlockKey> = (0..12).map(test_key).collect();
@@ -284,4 +284,45 @@ async fn a_sweeps_deletes_stay_within_io_threads() {
     assert!(tier.stats().max_in_flight <= 1, "{:?}", tier.stats());
     // down to the low watermark (two blocks)
     assert_eq!(present_bytes(&s.inner), (2 * BS) as u64);
+}
+
+/// A sweep deletes a batch of victims one DELETE at a time (io_threads 1), each reply lost
+/// past its deadline. A store of the first victim (reported removed, and gone) waits for
+/// the deletion of that key, not for every DELETE of the batch: it ends within a few
+/// request deadlines.
+#[tokio::test(start_paused = true)]
+async fn a_store_of_a_swept_key_does_not_wait_for_the_whole_batch() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded(32);
+    c.request_timeout_s = 1.0;
+    c.max_retries = 0;
+    c.io_threads = 1;
+    let deadline = c.request_deadline();
+    let tier = tier_on(&s, c).await;
+    let keys: Vec<_> = (0..33).map(test_key).collect();
+    for k in &keys[..32] {
+        assert!(obj_store(&tier, &[*k]).await.is_success());
+    }
+    let mut h = History::default();
+    h.take(&tier);
+    s.delay_replies(Op::Delete, Duration::from_secs(3600));
+    assert!(obj_store(&tier, &keys[32..]).await.is_success()); // over: a sweep
+    wait_until_async("the first DELETE", SETTLE_LIMIT, || {
+        s.count(Op::Delete) >= 1
+    })
+    .await;
+    h.take(&tier);
+    let victims: Vec<_> = h.0.iter().filter(|(_, r)| *r).map(|(k, _)| *k).collect();
+    assert!(victims.len() > 8, "{victims:?}");
+    let k = keys[0];
+    assert!(victims.contains(&k));
+    let t0 = tokio::time::Instant::now();
+    let r = obj_store(&tier, &[k]).await;
+    let took = t0.elapsed();
+    assert!(r.is_success(), "{:?}", r.failed);
+    assert!(
+        took <= deadline * 4,
+        "a one-block store waited {took:?} (request deadline {deadline:?}) behind {} DELETEs",
+        victims.len()
+    );
 }

@@ -342,3 +342,13 @@ pub(crate) async fn until_loaded(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A bound of `blocks` blocks, low watermark 0.5, requests and lookups of 600 s (no retries):
+/// nothing times out unless a test holds it that long.
+pub(crate) fn bounded_long(blocks: usize) -> ObjTierConfig {
+    let mut c = bounded(blocks);
+    c.request_timeout_s = 600.0;
+    c.max_retries = 0;
+    c.lookup_timeout_s = 600.0;
+    c
+}
