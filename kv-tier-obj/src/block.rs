@@ -100,7 +100,7 @@ pub(crate) struct Shared {
     /// How long the listing answers "absent" after its LIST began (`absent_ttl_s`).
     pub(crate) absent_ttl: Duration,
     /// What the last LIST found (unbounded tier, not shared): see the `listing` module.
-    pub(crate) listing: Mutex<crate::listing::Listings>,
+    pub(crate) listing: Mutex<Listings>,
     pub(crate) create_only: AtomicBool,
     pub(crate) protection: ProtectionSet,
     pub(crate) events: Arc<EventLog>,
@@ -150,6 +150,23 @@ pub(crate) enum Kind {
     /// while fewer than a quarter of it (at least one) are under way, or after waiting a
     /// quarter of its request deadline.
     Write,
+}
+
+/// The keys one LIST of the rank found (with the keys this tier stored since it began), and
+/// when it began.
+pub(crate) struct Listing {
+    pub(crate) keys: rustc_hash::FxHashSet<BlockKey>,
+    pub(crate) began: tokio::time::Instant,
+}
+
+/// The existence listing's state (the `listing` module keeps it): the listing lookups ask,
+/// and the keys stored while a LIST is under way.
+#[derive(Default)]
+pub(crate) struct Listings {
+    pub(crate) current: Option<Listing>,
+    /// `Some` while a LIST is under way (and not forgotten since): the keys this tier stored
+    /// meanwhile, which the listing it installs holds whether or not the LIST found them.
+    pub(crate) stored_while_listing: Option<rustc_hash::FxHashSet<BlockKey>>,
 }
 
 /// One read or write counted active until dropped (however the request ends).

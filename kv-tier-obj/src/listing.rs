@@ -26,26 +26,10 @@ use kv_tier_core::BlockKey;
 use rustc_hash::FxHashSet;
 use tokio::time::Instant;
 
-use crate::block::{Shared, bump, lock};
+use crate::block::{Listing, Shared, bump, lock};
 
 /// The most keys a listing holds (about 40 MB of them).
 pub(crate) const MAX_LISTED_KEYS: usize = 1 << 20;
-
-/// The keys one LIST of the rank found (with the keys this tier stored since it began), and
-/// when it began.
-pub(crate) struct Listing {
-    keys: FxHashSet<BlockKey>,
-    began: Instant,
-}
-
-/// The listing's state: the one lookups ask, and the keys stored while a LIST is under way.
-#[derive(Default)]
-pub(crate) struct Listings {
-    current: Option<Listing>,
-    /// `Some` while a LIST is under way (and not forgotten since): the keys this tier stored
-    /// meanwhile, which the listing it installs holds whether or not the LIST found them.
-    stored_while_listing: Option<FxHashSet<BlockKey>>,
-}
 
 /// Ends the recording of the keys stored while a LIST is under way, however the LIST ends
 /// (dropped mid-request too).

@@ -19,7 +19,11 @@
 use kv_tier_core::BlockKey;
 use rustc_hash::FxHashMap;
 
-use crate::block::lock;
+/// The removals' lock: every critical section leaves them consistent before anything can
+/// panic, so a poisoned lock is still usable.
+fn lock(m: &std::sync::Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The most keys seen gone that are remembered one by one (about 3 MB of them).
 pub(crate) const MAX_GONE: usize = 1 << 16;
