@@ -222,6 +222,19 @@ impl Drop for PutClaim<'_> {
     }
 }
 
+/// A damaged object's delete under way: dropped unconfirmed (failed, timed out, cancelled),
+/// it leaves the key damaged ([`Shared::left_damaged`]).
+struct Damaged<'a> {
+    inner: &'a Shared,
+    key: BlockKey,
+}
+
+impl Drop for Damaged<'_> {
+    fn drop(&mut self) {
+        self.inner.left_damaged(&self.key);
+    }
+}
+
 /// Keys this tier is deleting: seen gone when made and again when dropped (the deletion
 /// ended, failed, or was cancelled mid-request), so no read that overlapped the deletion
 /// caches "present" (see the `presence` module).
@@ -558,8 +571,11 @@ impl Shared {
             let notified = cap.deleted.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !cap.lock().is_deleting(key) {
-                return;
+            {
+                let mut idx = cap.lock();
+                if !idx.is_deleting(key) || idx.take_back(key) {
+                    return;
+                }
             }
             notified.await;
         }
@@ -719,10 +735,9 @@ impl Shared {
             // asks). A PUT refused for good takes back only a count it added (an object
             // indexed before may well be there); one that failed in a way that may have
             // followed its landing (a transport error, a 5xx) stays counted, in doubt.
-            let added = self
-                .cap
-                .as_ref()
-                .is_some_and(|cap| cap.lock().insert_before_write(key, self.block_size as u64));
+            let (added, earlier_unended) = self.cap.as_ref().map_or((false, false), |cap| {
+                cap.lock().insert_before_write(key, self.block_size as u64)
+            });
             let uncount = |key: &BlockKey| {
                 if added {
                     self.uncount(key);
@@ -769,7 +784,13 @@ impl Shared {
                 }
                 Err(ReqError::Store(e @ object_store::Error::Generic { .. })) => {
                     if let Some(cap) = &self.cap {
-                        cap.lock().doubt(&key, crate::capacity::Doubt::Unknown);
+                        // (an earlier write that timed out may still land: it stays so)
+                        let doubt = if earlier_unended {
+                            crate::capacity::Doubt::Unended
+                        } else {
+                            crate::capacity::Doubt::Unknown
+                        };
+                        cap.lock().ended_in_doubt(&key, doubt);
                     }
                     return Err(self.err(&format!("PUT {path}"), ReqError::Store(e)));
                 }
@@ -818,25 +839,37 @@ impl Shared {
     async fn delete_corrupt(&self, key: &BlockKey, path: &ObjPath, kind: Kind) {
         self.events.push(vec![*key], true);
         let _forget = self.forget_after(vec![*key]);
+        // (however the DELETE ends short of confirmed, dropped included: the key is left
+        // damaged, counted in doubt)
+        let unsure = Damaged {
+            inner: self,
+            key: *key,
+        };
         match self.request_as(kind, self.store.delete(path)).await {
             Ok(()) | Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
+                std::mem::forget(unsure);
                 bump(&self.counters.blocks.corrupt_deleted, 1);
                 self.uncount(key);
                 lock(&self.damaged).remove(key);
             }
             Err(e) => {
-                let mut damaged = lock(&self.damaged);
-                if damaged.len() < MAX_DAMAGED {
-                    damaged.insert(*key);
-                }
-                drop(damaged);
-                if let Some(cap) = &self.cap {
-                    // (the DELETE may have run)
-                    cap.lock().doubt(key, crate::capacity::Doubt::Unknown);
-                }
+                drop(unsure);
                 let err = self.err(&format!("DELETE {path}"), e);
                 tracing::warn!(tier = %self.name, %key, error = %err, "a damaged object could not be deleted; it stays counted, and the next load or sweep tries again");
             }
+        }
+    }
+
+    /// A damaged object at `key` may still be there: the next store replaces it (at most
+    /// [`MAX_DAMAGED`] keys are remembered), and a bounded tier counts it in doubt.
+    pub(crate) fn left_damaged(&self, key: &BlockKey) {
+        let mut damaged = lock(&self.damaged);
+        if damaged.len() < MAX_DAMAGED {
+            damaged.insert(*key);
+        }
+        drop(damaged);
+        if let Some(cap) = &self.cap {
+            cap.lock().doubt(key, crate::capacity::Doubt::Unknown);
         }
     }
 
@@ -863,6 +896,7 @@ impl Shared {
                 self.uncount(key);
             }
             Err(e) => {
+                self.left_damaged(key);
                 let err = self.err(&format!("HEAD {path}"), e);
                 tracing::warn!(tier = %self.name, %key, error = %err, "a damaged object is left for the next load: its HEAD failed");
             }

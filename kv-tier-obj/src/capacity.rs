@@ -28,7 +28,8 @@ pub(crate) enum Doubt {
     /// Stored, confirmed or listed, and not found missing since.
     Known,
     /// A write of it under way, or one that timed out or was dropped: it may still land, so
-    /// a request that finds it missing does not take it out (a sweep, or a store, does).
+    /// a request that finds it missing does not take it out (a sweep, or a store, does; a
+    /// write landing after a sweep's DELETE is then not counted until the next open).
     Unended,
     /// It may be there or not (a DELETE that may have run, a write that failed in a way
     /// that may have followed its landing, a write whose "present" a later 404
@@ -56,6 +57,8 @@ pub(crate) type Victim = (BlockKey, Entry, Option<(BlockKey, u32)>);
 pub(crate) struct CapIndex {
     lru: LruIndex<Entry>,
     clock: u64,
+    /// Victims whose DELETE has been sent (the others a store may take back).
+    sending: rustc_hash::FxHashSet<BlockKey>,
 }
 
 impl CapIndex {
@@ -73,11 +76,28 @@ impl CapIndex {
         self.lru.insert(key, e).is_none()
     }
 
-    /// [`CapIndex::insert`], [`Doubt::Unended`]: counted before a write.
-    pub(crate) fn insert_before_write(&mut self, key: BlockKey, size: u64) -> bool {
+    /// [`CapIndex::insert`], [`Doubt::Unended`]: counted before a write. Returns whether it
+    /// was not indexed before, and whether an earlier write of it may still land (it was
+    /// `Unended` already).
+    pub(crate) fn insert_before_write(&mut self, key: BlockKey, size: u64) -> (bool, bool) {
+        let earlier = self
+            .lru
+            .get(&key)
+            .is_some_and(|e| e.doubt == Doubt::Unended);
         let added = self.insert(key, size);
         self.doubt(&key, Doubt::Unended);
-        added
+        (added, earlier)
+    }
+
+    /// A write of `key` ended without telling whether it landed: counted, in doubt, as of
+    /// now (a request sent before this is older than what it may have written).
+    pub(crate) fn ended_in_doubt(&mut self, key: &BlockKey, doubt: Doubt) {
+        self.clock += 1;
+        let tick = self.clock;
+        self.lru.update(key, |e| {
+            e.stored = tick;
+            e.doubt = doubt;
+        });
     }
 
     /// Where indexed `key` sits in its chain: a sweep takes a chain's later objects first.
@@ -148,6 +168,27 @@ impl CapIndex {
 
     pub(crate) fn is_deleting(&self, key: &BlockKey) -> bool {
         self.lru.is_deleting(key)
+    }
+
+    /// A sweep is about to send victim `key`'s DELETE: whether it is still a victim (a store
+    /// may have taken it back).
+    pub(crate) fn start_delete(&mut self, key: &BlockKey) -> bool {
+        let still = self.lru.is_deleting(key);
+        if still {
+            self.sending.insert(*key);
+        }
+        still
+    }
+
+    /// A store of victim `key` takes it back from its sweep if its DELETE is not sent yet
+    /// (the object is still there; the store counts it again): whether it was a victim whose
+    /// DELETE is not sent.
+    pub(crate) fn take_back(&mut self, key: &BlockKey) -> bool {
+        let back = self.lru.is_deleting(key) && !self.sending.contains(key);
+        if back {
+            self.lru.end_deletion(key);
+        }
+        back
     }
 
     /// The indexed keys, least recently used first.
@@ -245,6 +286,9 @@ pub(crate) struct Decision {
     pub(crate) examined: usize,
     /// Nothing more to decide: down to the low watermark, or no candidate left.
     pub(crate) done: bool,
+    /// The last victim's place in the order: a sweep whose deletes did not all confirm reads
+    /// on from here (the candidates after it were examined, not taken).
+    pub(crate) last_victim: Option<Rank<u64>>,
 }
 
 impl Cap {
@@ -328,6 +372,7 @@ impl Cap {
                 let link = idx.lru.parent(&key).map(|p| (p, rank.depth));
                 let e = idx.lru.take_for_deletion(&key).expect("checked above");
                 d.victims.push((key, e, link));
+                d.last_victim = Some(rank);
                 // its parent may be a candidate now: not done; and if it comes before the
                 // rest of this batch, the batch ends here and the next reads on from here
                 if let Some(pr) = link.and_then(|(p, _)| idx.lru.rank(&p)) {
@@ -350,6 +395,10 @@ impl Cap {
         {
             let mut idx = self.lock();
             for (k, e, link) in victims {
+                idx.sending.remove(k);
+                if !idx.lru.is_deleting(k) {
+                    continue; // taken back by a store, which counts it
+                }
                 if failed.contains(k) && !idx.lru.contains(k) {
                     // its old recency and link, in doubt: the DELETE may have run
                     let e = Entry {

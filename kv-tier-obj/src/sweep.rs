@@ -64,10 +64,21 @@ impl Shared {
             let d = cap.decide(&self.protection, keep, &mut cursor, BATCH);
             bump(&self.counters.own.skipped_in_flight, d.protected);
             examined += d.examined;
+            let mut short = false;
             if !d.victims.is_empty() {
                 let mut batch = Deleting::new(cap, &self.events, d.victims);
                 self.delete_batch(&mut batch).await;
                 deleted += batch.confirmed();
+                short = batch.confirmed() < batch.victims.len();
+            }
+            // A batch whose deletes did not all confirm (they go back, counted) leaves the
+            // count over: the sweep reads on after its last victim, so objects that can go
+            // are not kept behind ones that cannot. The cursor only moves on: it ends.
+            if short && cap.over() {
+                if let Some(r) = d.last_victim {
+                    cursor = std::ops::Bound::Excluded(r);
+                }
+                continue;
             }
             if d.done {
                 break;
@@ -82,7 +93,8 @@ impl Shared {
     /// The DELETEs of the batch's victims, oldest first, each a write request of its own
     /// (within its own request deadline), at most half of `io_threads` (at least one) at
     /// once: write-back keeps the other half, and a PUT waits behind at most that many
-    /// DELETEs. Each victim is marked gone as the store confirms it, and its deletion ends as
+    /// DELETEs. A store of a victim whose DELETE is not sent yet takes it back (it is left,
+    /// not deleted), so a store waits for one DELETE at most. Each victim is marked gone as the store confirms it, and its deletion ends as
     /// its DELETE does (so a store of it waits for that DELETE alone; see [`Deleting`] for
     /// the rest). One request per object, as the PUTs were: S3's bulk delete would be one
     /// request for the batch, but as many DELETEs in flight at once on a store without it
@@ -94,18 +106,29 @@ impl Shared {
             .iter()
             .enumerate()
             .map(|(i, (k, _, _))| {
-                let path = self.path(k);
+                let (k, path) = (*k, self.path(k));
+                let cap = batch.cap;
                 async move {
+                    // taken back by a store meanwhile (see `CapIndex::take_back`): left
+                    if !cap.lock().start_delete(&k) {
+                        return (i, k, path, None);
+                    }
                     let r = self.request_as(Kind::Write, self.store.delete(&path)).await;
-                    (i, path, r)
+                    (i, k, path, Some(r))
                 }
             })
             .collect();
         let mut deletes =
-            futures::stream::iter(requests).buffer_unordered(self.io_threads.div_ceil(2));
+            futures::stream::iter(requests).buffer_unordered((self.io_threads / 2).max(1));
         let mut failed = 0;
         let mut first = None;
-        while let Some((i, path, r)) = deletes.next().await {
+        while let Some((i, k, path, r)) = deletes.next().await {
+            let Some(r) = r else {
+                batch.settle(i, false);
+                continue;
+            };
+            // before its deletion ends: no read that overlapped the DELETE caches "present"
+            self.presence.gone([&k]);
             match r {
                 // deleted, or already gone
                 Ok(()) | Err(ReqError::Store(object_store::Error::NotFound { .. })) => {

@@ -330,3 +330,69 @@ async fn a_store_whose_put_timed_out_unrun_is_not_answered_held() {
         tier.stats()
     );
 }
+
+/// A load finds a damaged object and deletes it; the DELETE runs, its reply is slow, and the
+/// load is dropped meanwhile (the engine gave up). The key was reported removed and is gone:
+/// `holds` must not answer "held" (cancellation: nothing counted wrongly).
+#[tokio::test(start_paused = true)]
+async fn a_load_dropped_in_its_damaged_delete_does_not_leave_the_key_held() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded_checked_1s(64);
+    c.request_timeout_s = 600.0;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    rot(&s, &path).await;
+    let mut h = History::default();
+    h.take(&tier);
+    s.delay_replies(Op::Delete, Duration::from_secs(3600));
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[k], BS).await });
+    wait_until_async("the DELETE ran", SETTLE_LIMIT, || s.count(Op::Delete) >= 1).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    loading.abort();
+    let _ = loading.await;
+    s.release_all();
+    assert!(!s.exists(&path).await, "the DELETE ran");
+    h.take(&tier);
+    assert_eq!(h.last(&k), Some(true), "reported removed");
+    assert_ne!(
+        tier.holds(&k),
+        Some(true),
+        "a key reported removed and gone is answered held after its load was dropped: {:?}",
+        tier.stats()
+    );
+}
+
+/// A load finds a damaged object (bit rot, metadata whole) and is dropped while its DELETE
+/// waits (it never runs). A later store of the key reports it stored: the block must be a
+/// readable one ("a reported store is a readable block").
+#[tokio::test(start_paused = true)]
+async fn a_store_after_a_load_dropped_in_its_damaged_delete_leaves_a_readable_block() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded_checked_1s(64);
+    c.request_timeout_s = 600.0;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    rot(&s, &path).await;
+    let deletes = s.hold(Op::Delete);
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[k], BS).await });
+    deletes.wait_arrived(1).await;
+    loading.abort();
+    let _ = loading.await;
+    s.release(Op::Delete);
+    assert!(s.exists(&path).await, "the DELETE never ran");
+    let r = obj_store(&tier, &[k]).await;
+    assert!(r.is_success(), "{:?}", r.failed);
+    let (r, data) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        r.is_success() && verify_block(&k, 0, &data[0].1),
+        "a store reported after a dropped damaged-object delete left it damaged: {:?} {:?}",
+        r.failed,
+        tier.stats().blocks
+    );
+}

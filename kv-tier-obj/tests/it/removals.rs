@@ -623,3 +623,84 @@ async fn a_store_after_a_damaged_objects_delete_timed_out_leaves_a_readable_bloc
         tier.stats().blocks
     );
 }
+
+/// A sweep's batch: the DELETEs of victims `a` and `b` are held. A load of `a` reads it
+/// meanwhile (its GET was sent after the batch began: its "present" is allowed). Then `a`'s
+/// DELETE runs and settles (gone), while `b`'s still waits: `a` is gone and was reported
+/// removed; `holds` and `lookup` must not answer it present.
+#[tokio::test(start_paused = true)]
+async fn a_victim_settled_gone_while_its_batch_runs_on_is_not_answered_present() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_long(4)).await;
+    let (a, b) = (test_key(1), test_key(2));
+    assert!(obj_store(&tier, &[a]).await.is_success());
+    assert!(obj_store(&tier, &[b]).await.is_success());
+    let pa = tier.object_path(&a);
+    let ga = s.hold_path(Op::Delete, &pa);
+    let gb = s.hold_path(Op::Delete, &tier.object_path(&b));
+    let mut h = History::default();
+    h.take(&tier);
+    let more: Vec<_> = (10..14).map(test_key).collect();
+    assert!(obj_store(&tier, &more).await.is_success()); // over: a sweep
+    ga.wait_arrived(1).await;
+    gb.wait_arrived(1).await;
+    h.take(&tier);
+    assert_eq!(h.last(&a), Some(true), "a is a victim");
+    let (r, data) = load_keys(&*tier, &[a], BS).await;
+    assert!(
+        r.is_success() && verify_block(&a, 0, &data[0].1),
+        "{:?}",
+        r.failed
+    );
+    ga.open();
+    wait_until_async("a's DELETE ran", SETTLE_LIMIT, || {
+        futures::FutureExt::now_or_never(s.exists(&pa)) == Some(false)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !gb.is_open() && tier.sweeps_running() == 1,
+        "b's DELETE still waits"
+    );
+    let held = tier.holds(&a);
+    let looked = tier.lookup(&[a]).await.unwrap();
+    gb.open();
+    wait_sweeps_done(&tier).await;
+    assert!(
+        held != Some(true) && looked == vec![false],
+        "a victim deleted and reported removed is answered present: holds {held:?}, lookup {looked:?}"
+    );
+}
+
+/// A load finds a damaged object (bit rot, metadata whole); its check of the object (HEAD)
+/// before the DELETE times out, so the object "is left for the next load". A store of the key
+/// then reports it stored: the block there must be a readable one ("a reported store is a
+/// readable block"), as it is when the DELETE itself fails.
+#[tokio::test(start_paused = true)]
+async fn a_store_after_a_damaged_loads_head_timed_out_leaves_a_readable_block() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_checked_1s(64)).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    rot(&s, &path).await;
+    let heads = s.hold_path(Op::Head, &path);
+    let (r, _) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        matches!(r.failed[..], [(_, kv_tier_core::Error::Corrupt { .. })]),
+        "{:?}",
+        r.failed
+    );
+    assert_eq!(heads.arrived(), 1, "the load's HEAD timed out");
+    s.release(Op::Head);
+    assert!(s.exists(&path).await, "the damaged object is still there");
+    let r = obj_store(&tier, &[k]).await;
+    assert!(r.is_success(), "{:?}", r.failed);
+    let (r, data) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        r.is_success() && verify_block(&k, 0, &data[0].1),
+        "a store reported after a load found the object damaged left it damaged: {:?} {:?}",
+        r.failed,
+        tier.stats().blocks
+    );
+}

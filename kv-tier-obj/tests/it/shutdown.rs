@@ -240,3 +240,36 @@ async fn shutdown_with_queued_stores_and_a_held_sweep_ends() {
     }
     assert_eq!(tier.sweeps_running(), 0);
 }
+
+/// Shutdown while a sweep's per-victim DELETEs hang and a store of a victim waits for its
+/// DELETE: shutdown ends, and so does the store.
+#[tokio::test(start_paused = true)]
+async fn shutdown_with_a_victims_store_waiting_for_hung_deletes_ends() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded(4);
+    c.request_timeout_s = 1.0;
+    c.max_retries = 0;
+    c.io_threads = 1;
+    let deadline = c.request_deadline();
+    let tier = tier_on(&s, c).await;
+    let keys: Vec<_> = (0..5).map(test_key).collect();
+    for k in &keys[..4] {
+        assert!(obj_store(&tier, &[*k]).await.is_success());
+    }
+    let _d = s.hold(Op::Delete);
+    assert!(obj_store(&tier, &keys[4..]).await.is_success()); // over: a sweep
+    wait_until_async("a DELETE", SETTLE_LIMIT, || s.count(Op::Delete) >= 1).await;
+    let t = tier.clone();
+    let last = keys[2];
+    let storing = tokio::spawn(async move { obj_store(&*t, &[last]).await });
+    tokio::task::yield_now().await;
+    let t0 = tokio::time::Instant::now();
+    let r = tokio::time::timeout(deadline * 20, tier.shutdown()).await;
+    assert!(
+        r.is_ok(),
+        "shutdown did not end within 20 request deadlines"
+    );
+    let r = tokio::time::timeout(deadline * 20, storing).await;
+    assert!(r.is_ok(), "the store did not end");
+    assert!(t0.elapsed() <= deadline * 20);
+}

@@ -349,3 +349,80 @@ async fn a_mixed_faulty_workload_stays_in_bounds_and_never_under_counts() {
         }
     }
 }
+
+/// A bounded tier's PUT times out and lands later (counted Unended: "it may still land, so a
+/// request that finds it missing does not take it out"). The engine stores the key again and
+/// that PUT is refused with a 503: the entry turns Unknown, and a lookup's 404 (the first PUT
+/// has not landed yet) takes it out. Then the first PUT lands: the tier's own object is in the
+/// bucket, uncounted.
+#[tokio::test(start_paused = true)]
+async fn a_refused_retry_does_not_uncount_an_earlier_put_still_landing() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded(64);
+    c.request_timeout_s = 1.0;
+    c.max_retries = 0;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    let path = tier.object_path(&k);
+    s.land_puts_late("", Some(Duration::from_secs(30)));
+    let r = obj_store(&tier, &[k]).await;
+    assert!(
+        matches!(&r.failed[..], [(_, e)] if is_timeout(e)),
+        "{:?}",
+        r.failed
+    );
+    s.land_puts_late("", None);
+    assert_eq!(tier.stats().objects, 1, "counted: it may land");
+    s.fail_puts(PutFault::Refused, "", 1);
+    let r = obj_store(&tier, &[k]).await;
+    assert!(!r.is_success(), "the retry was refused");
+    assert_eq!(s.failed_puts(), 1);
+    assert_eq!(
+        tier.lookup(&[k]).await.unwrap(),
+        vec![false],
+        "not landed yet"
+    );
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert_eq!(s.landed_late(), 1);
+    assert!(s.exists(&path).await, "the first PUT landed");
+    if let Some(e) = under_count(&tier, &s) {
+        panic!("{e}; holds {:?}", tier.holds(&k));
+    }
+}
+
+/// A PUT lands and its reply is lost (a transport error: counted Unknown, "stays counted until
+/// a request finds it missing"). A lookup's HEAD that ran while the PUT was in flight (before
+/// it landed) answers 404 after the PUT failed: the stale 404 takes the tier's own object out
+/// of the count.
+#[tokio::test(start_paused = true)]
+async fn a_404_sent_while_a_put_was_under_way_does_not_uncount_it_after_its_reply_is_lost() {
+    let s = Arc::new(ControlledStore::new());
+    let tier = tier_on(&s, bounded_long(64)).await;
+    let k = test_key(1);
+    let path = tier.object_path(&k);
+    let puts = s.hold(Op::Put);
+    s.fail_puts(PutFault::ReplyLost, "", 1);
+    let t = tier.clone();
+    let storing = tokio::spawn(async move { obj_store(&*t, &[k]).await });
+    puts.wait_arrived(1).await;
+    s.delay_replies(Op::Head, Duration::from_secs(10));
+    let heads = s.count(Op::Head);
+    let t = tier.clone();
+    let looking = tokio::spawn(async move { t.lookup(&[k]).await.unwrap() });
+    wait_until_async("the HEAD ran", SETTLE_LIMIT, || s.count(Op::Head) > heads).await;
+    tokio::task::yield_now().await;
+    s.release(Op::Put);
+    let r = storing.await.unwrap();
+    assert!(!r.is_success(), "the reply was lost");
+    assert!(s.exists(&path).await, "the PUT landed");
+    assert_eq!(
+        looking.await.unwrap(),
+        vec![false],
+        "the HEAD ran before it landed"
+    );
+    s.release_all();
+    s.stop_failing_puts();
+    if let Some(e) = under_count(&tier, &s) {
+        panic!("{e}; holds {:?}", tier.holds(&k));
+    }
+}

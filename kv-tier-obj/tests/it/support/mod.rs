@@ -352,3 +352,16 @@ pub(crate) fn bounded_long(blocks: usize) -> ObjTierConfig {
     c.lookup_timeout_s = 600.0;
     c
 }
+
+/// What the tier under-counts: `None` if its count (`ObjStats::bytes`) is at least the bytes
+/// of block objects in `s`, else why not.
+pub(crate) fn under_count(tier: &ObjTier, s: &ControlledStore) -> Option<String> {
+    let st = tier.stats();
+    let present = present_bytes(&s.inner);
+    (st.bytes < present).then(|| {
+        format!(
+            "under-count: stats().bytes {} < {present} bytes present ({st:?})",
+            st.bytes
+        )
+    })
+}
