@@ -565,6 +565,8 @@ impl Shared {
         known
     }
 
+    /// Waits until a sweep is not deleting `key`: at once if its DELETE is not sent yet (the
+    /// store takes the victim back, see `CapIndex::take_back`), else until that DELETE ends.
     async fn wait_not_deleting(&self, key: &BlockKey) {
         let Some(cap) = &self.cap else { return };
         loop {

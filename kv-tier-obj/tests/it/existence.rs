@@ -84,10 +84,7 @@ async fn lookups_after_objects_change_behind_the_tiers_back() {
         tier.lookup(&[gone, replaced, fresh]).await.unwrap(),
         vec![true, true, false]
     );
-    s.inner
-        .delete(&Path::from(tier.object_path(&gone)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &gone).await;
     put_raw(&s.inner, &tier.object_path(&replaced), vec![3u8; BS], None).await;
     assert!(obj_store(&*other, &[fresh]).await.is_success());
     // fresh: written by another writer, never answered absent from a cache
@@ -275,10 +272,7 @@ async fn an_unbounded_tier_without_a_listing_holds_what_it_stored_and_asks_for_t
     assert_eq!(tier.holds(&a), Some(true));
     assert_eq!(tier.holds(&b), None);
     // deleted behind the tier's back: the failed load forgets it
-    s.inner
-        .delete(&Path::from(tier.object_path(&a)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &a).await;
     let (r, _) = load_keys(&*tier, &[a], BS).await;
     assert!(
         matches!(r.failed[..], [(_, Error::NotFound { .. })]),
@@ -380,10 +374,7 @@ async fn a_removed_listed_key_is_asked_for() {
     })
     .await;
     assert_eq!(tier.holds(&k), Some(true));
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &k).await;
     let (r, _) = load_keys(&*tier, &[k], BS).await;
     assert!(
         matches!(r.failed[..], [(_, Error::NotFound { .. })]),

@@ -68,10 +68,7 @@ async fn a_head_answered_after_a_load_found_the_key_gone_does_not_bring_back_pre
         s.count(Op::Head) == heads + 1
     })
     .await;
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &k).await;
     let (r, _) = load_keys(&*tier, &[k], BS).await;
     assert!(
         matches!(r.failed[..], [(_, Error::NotFound { .. })]),
@@ -108,10 +105,7 @@ async fn a_list_answered_after_a_load_found_the_key_gone_does_not_bring_back_pre
     // the next relist sees the object, and answers once the load found it gone
     let lists = s.hold_lists();
     lists.wait_arrived(1).await;
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &k).await;
     let (r, _) = load_keys(&*tier, &[k], BS).await;
     assert!(
         matches!(r.failed[..], [(_, Error::NotFound { .. })]),
@@ -275,10 +269,7 @@ async fn a_bounded_tier_does_not_hold_a_key_its_lookup_saw_gone() {
     assert!(obj_store(&writer, &[k]).await.is_success());
     let tier = tier_on(&s, bounded(64)).await;
     assert_eq!(tier.holds(&k), Some(true), "listed at open");
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &k).await;
     assert_eq!(
         tier.lookup(&[k]).await.unwrap(),
         vec![false],
@@ -303,10 +294,7 @@ async fn a_bounded_tier_does_not_hold_a_key_whose_store_saw_it_gone_and_failed()
     let tier = tier_on(&s, c).await;
     let k = test_key(1);
     assert!(obj_store(&tier, &[k]).await.is_success());
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &k).await;
     s.fail_puts(PutFault::Refused, "", usize::MAX);
     let r = obj_store(&tier, &[k]).await;
     assert!(!r.is_success());
@@ -332,10 +320,7 @@ async fn a_load_that_finds_a_touched_key_gone_takes_it_out_of_the_index() {
     let tier = tier_on(&s, c).await;
     let k = test_key(1);
     assert!(obj_store(&tier, &[k]).await.is_success());
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &k).await;
     s.delay_replies(Op::Get, Duration::from_secs(5));
     let t = tier.clone();
     let loading = tokio::spawn(async move { load_keys(&*t, &[k], BS).await });
@@ -366,10 +351,7 @@ async fn a_load_that_finds_an_indexed_key_gone_takes_it_out_of_the_index() {
     let tier = tier_on(&s, c).await;
     let k = test_key(1);
     assert!(obj_store(&tier, &[k]).await.is_success());
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &k).await;
     s.delay_replies(Op::Get, Duration::from_secs(5));
     let (r, _) = load_keys(&*tier, &[k], BS).await;
     assert!(matches!(r.failed[..], [(_, Error::NotFound { .. })]));

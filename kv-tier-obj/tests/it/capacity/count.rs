@@ -21,10 +21,7 @@ async fn a_block_gone_at_load_leaves_the_bound() {
     let k = test_key(1);
     assert!(obj_store(&t, &[k]).await.is_success());
     assert_eq!(t.stats().bytes, BS as u64);
-    s.inner
-        .delete(&Path::from(t.object_path(&k)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &t, &k).await;
     let (res, _) = load_keys(&*t, &[k], BS).await;
     assert_eq!(res.failed_keys(), vec![k]);
     assert_eq!((t.stats().objects, t.stats().bytes), (0, 0));
@@ -145,10 +142,7 @@ async fn a_late_not_found_does_not_uncount_a_key_stored_meanwhile() {
     let tier = tier_on(&s, bounded_checked_1s(64)).await;
     let k = test_key(1);
     assert!(obj_store(&tier, &[k]).await.is_success());
-    s.inner
-        .delete(&Path::from(tier.object_path(&k)))
-        .await
-        .unwrap();
+    delete_behind_the_back(&s, &tier, &k).await;
     s.delay_replies(Op::Get, Duration::from_millis(500));
     let gets = s.count(Op::Get);
     let t2 = tier.clone();

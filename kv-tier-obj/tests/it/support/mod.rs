@@ -365,3 +365,12 @@ pub(crate) fn under_count(tier: &ObjTier, s: &ControlledStore) -> Option<String>
         )
     })
 }
+
+/// Deletes `k`'s object from `s` behind `tier`'s back (another writer's delete, a lifecycle
+/// rule).
+pub(crate) async fn delete_behind_the_back(s: &ControlledStore, tier: &ObjTier, k: &BlockKey) {
+    s.inner
+        .delete(&Path::from(tier.object_path(k)))
+        .await
+        .unwrap();
+}
