@@ -575,7 +575,7 @@ impl Shared {
             notified.as_mut().enable();
             {
                 let mut idx = cap.lock();
-                if !idx.is_deleting(key) || idx.take_back(key) {
+                if !idx.is_deleting(key) || idx.take_back(key, self.block_size as u64) {
                     return;
                 }
             }
@@ -885,20 +885,30 @@ impl Shared {
         path: &ObjPath,
         read: Option<&str>,
     ) {
+        // (dropped before it knows, waiting for the claim or in the HEAD: left damaged)
+        let unsure = Damaged {
+            inner: self,
+            key: *key,
+        };
         let _claim = self.claim_put(*key).await;
         match self.request(self.store.head(path)).await {
             Ok(meta) if read.is_some() && meta.e_tag.as_deref() != read => {
+                std::mem::forget(unsure);
                 tracing::info!(tier = %self.name, %key, "a damaged object was replaced before its delete; the new one stays");
             }
-            Ok(_) => self.delete_corrupt(key, path, Kind::Read).await,
+            Ok(_) => {
+                std::mem::forget(unsure); // (its delete has a guard of its own)
+                self.delete_corrupt(key, path, Kind::Read).await;
+            }
             Err(ReqError::Store(object_store::Error::NotFound { .. })) => {
+                std::mem::forget(unsure);
                 // gone meanwhile (a sweep, another process): it was reported if ours; under
                 // the key's claim, no store of this tier counts it meanwhile
                 self.presence.gone([key]);
                 self.uncount(key);
             }
             Err(e) => {
-                self.left_damaged(key);
+                drop(unsure);
                 let err = self.err(&format!("HEAD {path}"), e);
                 tracing::warn!(tier = %self.name, %key, error = %err, "a damaged object is left for the next load: its HEAD failed");
             }

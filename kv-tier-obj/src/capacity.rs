@@ -180,15 +180,25 @@ impl CapIndex {
         still
     }
 
-    /// A store of victim `key` takes it back from its sweep if its DELETE is not sent yet
-    /// (the object is still there; the store counts it again): whether it was a victim whose
-    /// DELETE is not sent.
-    pub(crate) fn take_back(&mut self, key: &BlockKey) -> bool {
+    /// A store of victim `key` takes it back from its sweep if its DELETE is not sent yet:
+    /// the object is still there, so it is counted again (`size` bytes, in doubt, as of now:
+    /// however the store ends, it stays counted); whether it was a victim whose DELETE is not
+    /// sent.
+    pub(crate) fn take_back(&mut self, key: &BlockKey, size: u64) -> bool {
         let back = self.lru.is_deleting(key) && !self.sending.contains(key);
         if back {
             self.lru.end_deletion(key);
+            self.insert(*key, size);
+            self.doubt(key, Doubt::Unknown);
         }
         back
+    }
+
+    /// Takes `key` out, unless a write of it may still land ([`Doubt::Unended`]).
+    pub(crate) fn remove_unless_unended(&mut self, key: &BlockKey) {
+        if self.lru.get(key).is_some_and(|e| e.doubt != Doubt::Unended) {
+            self.lru.remove(key);
+        }
     }
 
     /// The indexed keys, least recently used first.

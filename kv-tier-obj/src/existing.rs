@@ -24,7 +24,8 @@ impl Shared {
                 // (the caller holds the key's claim: its count is the caller's to make)
                 self.presence.gone([key]);
                 if let Some(cap) = &self.cap {
-                    cap.lock().remove(key);
+                    // (an earlier write that timed out may still land: it stays counted)
+                    cap.lock().remove_unless_unended(key);
                 }
                 Ok(Existing::Absent)
             }

@@ -93,12 +93,12 @@ impl Shared {
     /// The DELETEs of the batch's victims, oldest first, each a write request of its own
     /// (within its own request deadline), at most half of `io_threads` (at least one) at
     /// once: write-back keeps the other half, and a PUT waits behind at most that many
-    /// DELETEs. A store of a victim whose DELETE is not sent yet takes it back (it is left,
-    /// not deleted), so a store waits for one DELETE at most. Each victim is marked gone as the store confirms it, and its deletion ends as
-    /// its DELETE does (so a store of it waits for that DELETE alone; see [`Deleting`] for
-    /// the rest). One request per object, as the PUTs were: S3's bulk delete would be one
-    /// request for the batch, but as many DELETEs in flight at once on a store without it
-    /// (object_store's default runs ten), outside the bound.
+    /// DELETEs. Each victim is seen gone and marked gone as the store confirms it, and its
+    /// deletion ends as its DELETE does; a store of a victim whose DELETE is not sent yet
+    /// takes it back (it is left, not deleted), so a store waits for one DELETE at most (see
+    /// [`Deleting`] for the rest). One request per object, as the PUTs were: S3's bulk
+    /// delete would be one request for the batch, but as many DELETEs in flight at once on a
+    /// store without it (object_store's default runs ten), outside the bound.
     pub(crate) async fn delete_batch(&self, batch: &mut Deleting<'_>) {
         let _forget = self.forget_after(batch.victims.iter().map(|(k, _, _)| *k).collect());
         let requests: Vec<_> = batch

@@ -396,3 +396,75 @@ async fn a_store_after_a_load_dropped_in_its_damaged_delete_leaves_a_readable_bl
         tier.stats().blocks
     );
 }
+
+/// A load finds a damaged object (bit rot, metadata whole) and is dropped during its HEAD
+/// before the DELETE (the engine gave up). A later store of the key reports it stored: the
+/// block must be a readable one, as when the load is dropped in the DELETE or the HEAD fails.
+#[tokio::test(start_paused = true)]
+async fn a_store_after_a_load_dropped_in_its_damaged_head_leaves_a_readable_block() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded_checked_1s(64);
+    c.request_timeout_s = 600.0;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    rot(&s, &path).await;
+    let heads = s.hold_path(Op::Head, &path);
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[k], BS).await });
+    heads.wait_arrived(1).await;
+    loading.abort();
+    let _ = loading.await;
+    s.release(Op::Head);
+    assert!(s.exists(&path).await, "the DELETE never ran");
+    let r = obj_store(&tier, &[k]).await;
+    assert!(r.is_success(), "{:?}", r.failed);
+    let (r, data) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        r.is_success() && verify_block(&k, 0, &data[0].1),
+        "a store reported after a load dropped before its damaged-object delete left it \
+         damaged: {:?} {:?}",
+        r.failed,
+        tier.stats().blocks
+    );
+}
+
+/// The same, the load dropped while it waits for the key's put claim (a store of the key
+/// holds it, its PUT held), before its HEAD.
+#[tokio::test(start_paused = true)]
+async fn a_load_dropped_waiting_for_its_damaged_claim_leaves_no_damaged_block_stored() {
+    let s = Arc::new(ControlledStore::new());
+    let mut c = bounded_checked_1s(64);
+    c.request_timeout_s = 600.0;
+    let tier = tier_on(&s, c).await;
+    let k = test_key(1);
+    assert!(obj_store(&tier, &[k]).await.is_success());
+    let path = tier.object_path(&k);
+    rot(&s, &path).await;
+    tier.clear_exists_cache();
+    // a store of the key holds its claim: its HEAD (presence cache cleared, create-only PUT
+    // answered AlreadyExists, then a HEAD) held
+    let heads = s.hold_path(Op::Head, &path);
+    let t = tier.clone();
+    let storing = tokio::spawn(async move { obj_store(&*t, &[k]).await });
+    heads.wait_arrived(1).await;
+    let gets = s.count(Op::Get);
+    let t = tier.clone();
+    let loading = tokio::spawn(async move { load_keys(&*t, &[k], BS).await });
+    wait_until_async("the load's GET", SETTLE_LIMIT, || s.count(Op::Get) > gets).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    loading.abort();
+    let _ = loading.await;
+    s.release(Op::Head);
+    let _ = storing.await.unwrap();
+    let r = obj_store(&tier, &[k]).await;
+    assert!(r.is_success(), "{:?}", r.failed);
+    let (r, data) = load_keys(&*tier, &[k], BS).await;
+    assert!(
+        r.is_success() && verify_block(&k, 0, &data[0].1),
+        "a store reported after a load found the object damaged left it damaged: {:?} {:?}",
+        r.failed,
+        tier.stats().blocks
+    );
+}

@@ -420,3 +420,44 @@ async fn a_404_sent_while_a_put_was_under_way_does_not_uncount_it_after_its_repl
         panic!("{e}; holds {:?}", tier.holds(&k));
     }
 }
+
+/// On a store without create-only writes: a PUT times out and lands later (Unended: "a
+/// request that finds it missing does not take it out"). The retry looks first (a HEAD: 404,
+/// not landed yet) and its PUT is refused with a 503; a lookup's 404 then takes it out, and
+/// the first PUT lands uncounted. (Round 4 fixed this for create-only writes.)
+#[tokio::test(start_paused = true)]
+async fn a_refused_retry_that_looked_first_does_not_uncount_an_earlier_put_still_landing() {
+    let s = Arc::new(ControlledStore::new());
+    s.refuse_create(true);
+    let mut c = bounded(64);
+    c.request_timeout_s = 1.0;
+    c.max_retries = 0;
+    let tier = tier_on(&s, c).await;
+    assert!(obj_store(&tier, &[test_key(0)]).await.is_success());
+    let k = test_key(1);
+    let path = tier.object_path(&k);
+    s.land_puts_late("", Some(Duration::from_secs(30)));
+    let r = obj_store(&tier, &[k]).await;
+    assert!(
+        matches!(&r.failed[..], [(_, e)] if is_timeout(e)),
+        "{:?}",
+        r.failed
+    );
+    s.land_puts_late("", None);
+    assert_eq!(tier.stats().objects, 2, "counted: it may land");
+    s.fail_puts(PutFault::Refused, "", 1);
+    let r = obj_store(&tier, &[k]).await;
+    assert!(!r.is_success(), "the retry was refused");
+    assert_eq!(s.failed_puts(), 1);
+    assert_eq!(
+        tier.lookup(&[k]).await.unwrap(),
+        vec![false],
+        "not landed yet"
+    );
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert_eq!(s.landed_late(), 1);
+    assert!(s.exists(&path).await, "the first PUT landed");
+    if let Some(e) = under_count(&tier, &s) {
+        panic!("{e}; holds {:?}", tier.holds(&k));
+    }
+}

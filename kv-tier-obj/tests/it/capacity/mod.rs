@@ -6,8 +6,10 @@
 //! - `sweep`: the sweep deletes the oldest unprotected keys down to the low watermark, and
 //!   stores, lookups and loads racing its DELETEs;
 //! - `recency`: the recency order saved at shutdown (per rank), touches surviving a restart, a
-//!   garbled snapshot.
+//!   garbled snapshot;
+//! - `take_back`: a store of a victim whose DELETE is not sent takes it back.
 
 mod count;
 mod recency;
 mod sweep;
+mod take_back;
