@@ -57,6 +57,8 @@ impl Shared {
         let mut cursor = std::ops::Bound::Unbounded;
         let mut deleted = 0;
         let mut examined = 0;
+        // batches in a row whose deletes confirmed none (a backend that does not delete)
+        let mut barren = 0;
         loop {
             if self.closed.load(Ordering::SeqCst) {
                 break;
@@ -70,11 +72,18 @@ impl Shared {
                 self.delete_batch(&mut batch).await;
                 deleted += batch.confirmed();
                 short = batch.confirmed() < batch.victims.len();
+                barren = if batch.confirmed() == 0 {
+                    barren + 1
+                } else {
+                    0
+                };
             }
             // A batch whose deletes did not all confirm (they go back, counted) leaves the
             // count over: the sweep reads on after its last victim, so objects that can go
-            // are not kept behind ones that cannot. The cursor only moves on: it ends.
-            if short && cap.over() {
+            // are not kept behind ones that cannot; but not past two batches in a row that
+            // confirmed nothing (the backend is not deleting: the next sweep tries again).
+            // The cursor only moves on: it ends.
+            if short && cap.over() && barren < 2 {
                 if let Some(r) = d.last_victim {
                     cursor = std::ops::Bound::Excluded(r);
                 }
@@ -91,8 +100,8 @@ impl Shared {
     }
 
     /// The DELETEs of the batch's victims, oldest first, each a write request of its own
-    /// (within its own request deadline), at most half of `io_threads` (at least one) at
-    /// once: write-back keeps the other half, and a PUT waits behind at most that many
+    /// (the batch within one request deadline), at most half of `io_threads` (at least one)
+    /// at once: write-back keeps the other half, and a PUT waits behind at most that many
     /// DELETEs. Each victim is seen gone and marked gone as the store confirms it, and its
     /// deletion ends as its DELETE does; a store of a victim whose DELETE is not sent yet
     /// takes it back (it is left, not deleted), so a store waits for one DELETE at most (see
@@ -122,7 +131,10 @@ impl Shared {
             futures::stream::iter(requests).buffer_unordered((self.io_threads / 2).max(1));
         let mut failed = 0;
         let mut first = None;
-        while let Some((i, k, path, r)) = deletes.next().await {
+        // the batch within one request deadline: the DELETEs not ended by then end their
+        // victims' deletion as not confirmed (see `Deleting`), and the sweep goes on
+        let until = tokio::time::Instant::now() + self.request_deadline;
+        while let Ok(Some((i, k, path, r))) = tokio::time::timeout_at(until, deletes.next()).await {
             let Some(r) = r else {
                 batch.settle(i, false);
                 continue;

@@ -469,3 +469,31 @@ async fn sweep_now_dropped_part_way_through_its_settled_victims_leaves_nothing_b
         }
     }
 }
+
+/// A sweep on a backend that deletes nothing (every DELETE hangs) ends within two request
+/// deadlines, whatever the number of victims: each batch within one deadline, and no reading
+/// on past two batches that confirmed nothing. The victims stay counted.
+#[tokio::test(start_paused = true)]
+async fn a_sweep_on_a_backend_that_deletes_nothing_ends_within_two_deadlines() {
+    let s = Arc::new(ControlledStore::new());
+    let writer = tier_on(&s, heads_only(ObjTierConfig::new("mem"))).await;
+    let keys: Vec<BlockKey> = (0..40).map(test_key).collect();
+    assert!(obj_store(&writer, &keys).await.is_success());
+    let _hung = s.hold(Op::Delete);
+    let mut cfg = bounded(4);
+    cfg.io_threads = 1;
+    cfg.request_timeout_s = 1.0;
+    cfg.max_retries = 0;
+    cfg.validate().unwrap();
+    let deadline = cfg.request_deadline();
+    let tier = tier_on(&s, cfg).await;
+    wait_sweeps_done(&tier).await;
+    let t0 = tokio::time::Instant::now();
+    assert_eq!(tier.sweep_now().await, 0);
+    let took = t0.elapsed();
+    assert!(
+        took <= deadline * 2,
+        "a sweep of a backend that deletes nothing took {took:?} (request deadline {deadline:?})"
+    );
+    assert_eq!(tier.stats().objects, 40, "{:?}", tier.stats());
+}
