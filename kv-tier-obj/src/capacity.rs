@@ -65,8 +65,7 @@ impl CapIndex {
     /// Indexes `key` as the most recently used object; returns whether it was not indexed
     /// before (so the caller's undo may remove it).
     pub(crate) fn insert(&mut self, key: BlockKey, size: u64) -> bool {
-        self.clock += 1;
-        let tick = self.clock;
+        let tick = self.tick();
         let e = Entry {
             size,
             at: tick,
@@ -74,6 +73,12 @@ impl CapIndex {
             doubt: Doubt::Known,
         };
         self.lru.insert(key, e).is_none()
+    }
+
+    /// The logical clock's next tick.
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
     }
 
     /// [`CapIndex::insert`], [`Doubt::Unended`]: counted before a write. Returns whether it
@@ -92,8 +97,7 @@ impl CapIndex {
     /// A write of `key` ended without telling whether it landed: counted, in doubt, as of
     /// now (a request sent before this is older than what it may have written).
     pub(crate) fn ended_in_doubt(&mut self, key: &BlockKey, doubt: Doubt) {
-        self.clock += 1;
-        let tick = self.clock;
+        let tick = self.tick();
         self.lru.update(key, |e| {
             e.stored = tick;
             e.doubt = doubt;
@@ -112,8 +116,7 @@ impl CapIndex {
 
     /// Makes `key` the most recently used, if indexed.
     pub(crate) fn touch(&mut self, key: &BlockKey) {
-        self.clock += 1;
-        let tick = self.clock;
+        let tick = self.tick();
         self.lru.update(key, |e| e.at = tick);
     }
 
@@ -496,17 +499,9 @@ impl<'a> Deleting<'a> {
 
 impl Drop for Deleting<'_> {
     fn drop(&mut self) {
-        let rest: Vec<(Victim, bool)> = (0..self.victims.len())
-            .filter(|&i| !self.settled[i])
-            .map(|i| (self.victims[i], self.gone[i]))
-            .collect();
-        let doubtful: Vec<BlockKey> = rest
-            .iter()
-            .filter(|(_, gone)| !gone)
-            .map(|((k, _, _), _)| *k)
-            .collect();
-        let rest: Vec<Victim> = rest.into_iter().map(|(v, _)| v).collect();
-        self.cap.finish(&rest, &doubtful);
+        for i in 0..self.victims.len() {
+            self.settle(i, self.gone[i]);
+        }
     }
 }
 

@@ -101,9 +101,9 @@ impl Shared {
             lock(&self.listing).current = None;
             return Err(Unlisted::TooMany);
         }
-        let listed: Vec<BlockKey> = keys.iter().copied().collect();
-        for chunk in listed.chunks(4096) {
-            self.presence.present_all(chunk, sent);
+        let mut listed = keys.iter();
+        while listed.len() > 0 {
+            self.presence.present_all(listed.by_ref().take(4096), sent);
             tokio::task::yield_now().await;
         }
         let mut l = lock(&self.listing);

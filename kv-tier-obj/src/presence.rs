@@ -78,12 +78,7 @@ impl Presence {
     /// A request sent at `sent` found `key` (or wrote it): cached unless the key was seen
     /// gone since; whether it was.
     pub(crate) fn present(&self, key: &BlockKey, sent: Stamp) -> bool {
-        let seen = lock(&self.seen);
-        let allowed = seen.allows(key, sent);
-        if allowed {
-            self.cache.insert(*key, ());
-        }
-        allowed
+        self.admit(&lock(&self.seen), key, sent)
     }
 
     /// [`Presence::present`] for many keys found by one read (a LIST), under one lock.
@@ -94,10 +89,17 @@ impl Presence {
     ) {
         let seen = lock(&self.seen);
         for k in keys {
-            if seen.allows(k, sent) {
-                self.cache.insert(*k, ());
-            }
+            self.admit(&seen, k, sent);
         }
+    }
+
+    /// Caches `key` unless `seen` refuses a request sent at `sent`; whether it did.
+    fn admit(&self, seen: &Seen, key: &BlockKey, sent: Stamp) -> bool {
+        let allowed = seen.allows(key, sent);
+        if allowed {
+            self.cache.insert(*key, ());
+        }
+        allowed
     }
 
     /// `keys` are gone, or going (see the module docs).

@@ -12,6 +12,25 @@ use kv_tier_testkit::{Gate, test_key};
 
 use crate::support::*;
 
+/// Lets the held sweep end; `v`, taken back and never deleted, is there and counted.
+async fn the_sweep_ends_with_the_victim_counted(
+    s: &ControlledStore,
+    tier: &ObjTier,
+    first: &Gate,
+    v: &BlockKey,
+) {
+    first.open();
+    s.release(Op::Delete);
+    wait_sweeps_done(tier).await;
+    assert!(
+        s.exists(&tier.object_path(v)).await,
+        "the taken-back victim was never deleted"
+    );
+    if let Some(e) = under_count(tier, s) {
+        panic!("{e}; holds {:?}", tier.holds(v));
+    }
+}
+
 /// A bounded tier of 8 blocks (io_threads 2: one DELETE at a time), `timeout_s` requests,
 /// filled and then over by one: a background sweep whose first DELETE (of keys[0]) is held.
 /// Returns the tier, the keys, the victims reported removed and the held DELETE's gate.
@@ -60,16 +79,7 @@ async fn a_victim_taken_back_by_a_store_whose_head_times_out_stays_counted() {
     let r = obj_store(&tier, &[v]).await;
     assert!(!r.is_success(), "its HEAD was held past its deadline");
     s.release(Op::Head);
-    first.open();
-    s.release(Op::Delete);
-    wait_sweeps_done(&tier).await;
-    assert!(
-        s.exists(&path).await,
-        "the taken-back victim was never deleted"
-    );
-    if let Some(e) = under_count(&tier, &s) {
-        panic!("{e}; holds {:?}", tier.holds(&v));
-    }
+    the_sweep_ends_with_the_victim_counted(&s, &tier, &first, &v).await;
 }
 
 /// The same, the store dropped in its HEAD (cancellation): the taken-back victim's object
@@ -88,16 +98,7 @@ async fn a_victim_taken_back_by_a_store_dropped_in_its_head_stays_counted() {
     storing.abort();
     let _ = storing.await;
     s.release(Op::Head);
-    first.open();
-    s.release(Op::Delete);
-    wait_sweeps_done(&tier).await;
-    assert!(
-        s.exists(&path).await,
-        "the taken-back victim was never deleted"
-    );
-    if let Some(e) = under_count(&tier, &s) {
-        panic!("{e}; holds {:?}", tier.holds(&v));
-    }
+    the_sweep_ends_with_the_victim_counted(&s, &tier, &first, &v).await;
 }
 
 /// Create-only writes: a store of an unsent victim takes it back and its PUT is refused
